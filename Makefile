@@ -1,0 +1,45 @@
+# rlm-pipeline developer commands.  Everything runs from .venv, created on demand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+RLM    := $(VENV)/bin/rlm
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo lint bench up clean-data
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# The whole suite, slow suites included, against real PostgreSQL+pgvector, Valkey and Celery workers
+# (embedded servers are started by the tests unless RLM_TEST_DATABASE_URL / RLM_TEST_BROKER_URL are set).
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# Ask this codebase about itself: load the project's own source and docs, then search them.
+demo: install
+	$(RLM) load rlm_workers rlm_api prompts README.md --buffer rlm-self
+	$(RLM) buffers
+	$(RLM) search "how are embedded servers reused by a second process" --buffer rlm-self --top-k 5
+	$(RLM) search "BM25Okapi" --buffer rlm-self --mode bm25 --top-k 3
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) bench/search.py
+	$(PY) bench/ingest.py
+
+up: install
+	$(RLM) up

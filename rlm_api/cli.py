@@ -1,0 +1,297 @@
+"""The ``rlm`` command line (DESIGN §5).
+
+Heavy modules (torch, sentence-transformers, celery) are imported inside the
+commands that need them, so ``rlm search`` starts fast.  Every known error
+prints one line on stderr and exits with the code DESIGN §5 gives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlm_workers.errors import InvalidInput, RLMError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.")
+buffer_app = typer.Typer(no_args_is_help=True, help="Inspect or remove one buffer.")
+services_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL and Valkey servers.")
+app.add_typer(buffer_app, name="buffer")
+app.add_typer(services_app, name="services")
+
+TENANT = "local"
+
+
+class Fmt(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class Chunker(str, Enum):
+    semantic = "semantic"
+    fixed = "fixed"
+    code = "code"
+
+
+class Mode(str, Enum):
+    hybrid = "hybrid"
+    semantic = "semantic"
+    bm25 = "bm25"
+
+
+def _err(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+
+
+@contextlib.contextmanager
+def _db():
+    from rlm_workers.config import get_settings
+    from rlm_workers.store.db import connect, resolve_url
+
+    settings = get_settings()
+    url = resolve_url(settings)
+    conn = connect(settings, url=url)
+    try:
+        yield settings, url, conn
+    finally:
+        conn.close()
+
+
+def _print_json(obj) -> None:  # noqa: ANN001
+    typer.echo(json.dumps(obj, ensure_ascii=False, indent=None))
+
+
+# --------------------------------------------------------------------------- load
+
+
+class _RichProgress:
+    def __init__(self, progress) -> None:  # noqa: ANN001
+        self.p = progress
+        self.files = progress.add_task("files", total=None)
+        self.wins = progress.add_task("embedding", total=0)
+
+    def files_total(self, n: int) -> None:
+        self.p.update(self.files, total=n)
+
+    def file_done(self, path: str) -> None:
+        self.p.update(self.files, advance=1, description=f"files [dim]{path[-40:]}[/]")
+
+    def windows_added(self, n: int) -> None:
+        task = self.p.tasks[self.wins]
+        self.p.update(self.wins, total=(task.total or 0) + n)
+
+    def windows_embedded(self, n: int) -> None:
+        self.p.update(self.wins, advance=n)
+
+
+@app.command()
+def load(
+    paths: Annotated[list[Path], typer.Argument(help="Files or directories (recursive).")],
+    buffer: Annotated[str, typer.Option("--buffer", "-b", help="Buffer to create or update.")],
+    chunker: Annotated[Chunker, typer.Option(help="How to cut files into chunks.")] = Chunker.semantic,
+    chunk_size: Annotated[int, typer.Option(help="Maximum characters per chunk.")] = 3000,
+    overlap: Annotated[int, typer.Option(help="Characters shared by consecutive chunks.")] = 500,
+    fmt: Annotated[Fmt, typer.Option("--format", help="Output format.")] = Fmt.text,
+) -> None:
+    """Load files into a buffer: unchanged files are skipped, changed ones replaced, in one transaction."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rlm_workers.ingest.embed import get_embedder
+    from rlm_workers.ingest.loader import load_paths
+
+    for p in paths:
+        if not p.exists():
+            raise InvalidInput(f"path not found: {p}")
+    with _db() as (settings, _url, conn):
+        embedder = get_embedder(settings.embedding_model)
+        console = Console(stderr=True)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True, disable=fmt == Fmt.json) as progress:
+            report = load_paths(
+                conn, buffer=buffer, paths=paths, chunker=chunker.value, chunk_size=chunk_size, overlap=overlap,
+                tenant=TENANT, embedder=embedder, embed_batch_size=settings.embed_batch_size,
+                max_file_bytes=settings.max_file_bytes, progress=_RichProgress(progress),
+            )
+        _warm_bm25(conn, settings, _url, buffer)
+    if fmt == Fmt.json:
+        _print_json(report.__dict__)
+        return
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
+    typer.echo(
+        f"buffer {report.buffer} v{report.version}: {report.files_loaded} files loaded, "
+        f"{report.files_unchanged} unchanged, {report.files_removed} removed; {report.chunks_written} chunks, "
+        f"{report.windows_embedded} windows embedded; skipped: {skipped} ({report.seconds:.1f}s)"
+    )
+
+
+def _warm_bm25(conn, settings, url: str, buffer: str) -> None:  # noqa: ANN001
+    """Build the BM25 cache now, so the first search after a load is fast."""
+    from rlm_workers.search import bm25_cache
+    from rlm_workers.store.buffers import require_buffers
+
+    (row,) = require_buffers(conn, tenant=TENANT, names=[buffer])
+    bm25_cache.index_for(conn, row, cache_dir=settings.data_dir / "cache", dbk=bm25_cache.db_key(url))
+    conn.commit()
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@app.command("buffers")
+def buffers_cmd(fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text) -> None:
+    """List buffers."""
+    from rlm_workers.store.buffers import list_buffers
+
+    with _db() as (_s, _u, conn):
+        rows = list_buffers(conn, tenant=TENANT)
+    if fmt == Fmt.json:
+        _print_json({"buffers": [r.model_dump() for r in rows]})
+        return
+    if not rows:
+        typer.echo("no buffers yet: load some with `rlm load PATH --buffer NAME`")
+        return
+    for r in rows:
+        typer.echo(f"{r.name:<24} v{r.version:<4} {r.files:>6} files {r.chunks:>8} chunks {_human(r.bytes):>10}")
+
+
+@buffer_app.command("show")
+def buffer_show(name: str, fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text) -> None:
+    """Show one buffer's size, chunking and model."""
+    from rlm_workers.store.buffers import buffer_info
+
+    with _db() as (_s, _u, conn):
+        info = buffer_info(conn, tenant=TENANT, name=name)
+    if fmt == Fmt.json:
+        _print_json(info.model_dump())
+        return
+    for key, value in info.model_dump().items():
+        typer.echo(f"{key:>16}: {value}")
+
+
+@buffer_app.command("rm")
+def buffer_rm(name: str) -> None:
+    """Delete a buffer with its chunks and embeddings."""
+    from rlm_workers.errors import BufferNotFound
+    from rlm_workers.store.buffers import delete_buffer
+
+    with _db() as (_s, _u, conn):
+        if not delete_buffer(conn, tenant=TENANT, name=name):
+            raise BufferNotFound(name)
+        conn.commit()
+    typer.echo(f"removed buffer {name}")
+
+
+# --------------------------------------------------------------------------- search
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to search; repeatable.")],
+    mode: Annotated[Mode, typer.Option("--mode")] = Mode.hybrid,
+    top_k: Annotated[int, typer.Option("--top-k")] = 10,
+    threshold: Annotated[float | None, typer.Option("--threshold", help="Minimum cosine similarity (semantic arm).")] = None,
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+) -> None:
+    """Search buffers without any LLM: bm25, semantic, or hybrid (RRF)."""
+    from rlm_workers.errors import NoChunks
+    from rlm_workers.search.service import search as run_search
+    from rlm_workers.search.service import validate_query, validate_search_params
+
+    validate_query(query)
+    validate_search_params(mode.value, top_k, threshold)
+    with _db() as (settings, url, conn):
+        hits = run_search(conn, settings=settings, url=url, tenant=TENANT, buffers=buffer, query=query,
+                          mode=mode.value, top_k=top_k, threshold=threshold)
+    if fmt == Fmt.json:
+        _print_json({"results": [h.model_dump() for h in hits]})
+        if not hits:
+            raise NoChunks("no chunks matched the query")
+        return
+    if not hits:
+        raise NoChunks("no chunks matched the query")
+    for i, h in enumerate(hits, 1):
+        typer.echo(f"{i:>3}. {h.score:.4f}  {h.buffer}:{h.path}:{h.start_line}-{h.end_line}  (chunk {h.chunk_id})")
+        lines = [ln for ln in h.text.strip().splitlines() if ln.strip()][:3]
+        for ln in lines:
+            typer.echo(f"       {ln[:110]}")
+
+
+# --------------------------------------------------------------------------- services
+
+
+@services_app.command("status")
+def services_status() -> None:
+    """Show which database and broker this machine's rlm commands use."""
+    from rlm_workers.config import get_settings
+    from rlm_workers.services import broker_url, database_url
+
+    s = get_settings()
+    typer.echo(f"database: {'configured' if s.database_url else 'embedded'} {database_url(s)}")
+    typer.echo(f"broker:   {'configured' if s.broker_url else 'embedded'} {broker_url(s)}")
+    typer.echo(f"data dir: {s.data_dir}")
+
+
+@services_app.command("stop")
+def services_stop() -> None:
+    """Stop the embedded PostgreSQL and Valkey (configured servers are never touched)."""
+    from rlm_workers.config import get_settings
+    from rlm_workers.services import stop_embedded
+
+    for name, stopped in stop_embedded(get_settings()).items():
+        typer.echo(f"{name}: {'stopped' if stopped else 'not running'}")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app(args=argv, standalone_mode=False)
+    except RLMError as exc:
+        _err(exc.message)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _err("interrupted; nothing half-written was kept")
+        return 130
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            return exc.exit_code
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return 2 if isinstance(exc, click.UsageError) else exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            return 1
+        raise
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,137 @@
+"""One settings object for every process: CLI, workers and API.
+
+Values come from the environment (DESIGN §4).  ``get_settings()`` caches one
+instance per process; tests call ``reset_settings()`` after changing the
+environment.  Validation errors are turned into one-line ``ConfigError``s so a
+typo in an env var reads as a sentence, not a pydantic traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigError
+
+
+def _default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("rlm-pipeline", appauthor=False))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLM_", extra="ignore", populate_by_name=True)
+
+    # --- LLM -------------------------------------------------------------
+    api_key: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("RLM_API_KEY", "OPENAI_API_KEY"),
+        description="LLM API key; absent means the offline extractive provider is used.",
+        repr=False,
+    )
+    base_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("RLM_BASE_URL", "OPENAI_BASE_URL"),
+        description="OpenAI-compatible endpoint; unset means OpenAI itself.",
+    )
+    primary_model: str = Field("gpt-5.2-2025-12-11", description="Planner model.")
+    subcall_model: str = Field("gpt-5-mini-2025-08-07", description="Analyst model.")
+    synthesizer_model: str = Field("gpt-5.2-2025-12-11", description="Synthesizer model.")
+    max_concurrency: int = Field(50, ge=1, le=10_000, description="Ceiling on in-flight LLM calls across all workers.")
+    rpm: int | None = Field(None, ge=1, description="Optional requests-per-minute budget shared by all workers.")
+    tpm: int | None = Field(None, ge=1, description="Optional tokens-per-minute budget shared by all workers.")
+    llm_timeout: float = Field(120.0, gt=0, description="Seconds before one LLM HTTP call is abandoned.")
+    llm_retries: int = Field(3, ge=0, le=20, description="Retries of a failed LLM call (429/5xx/timeouts).")
+
+    # --- query defaults ----------------------------------------------------
+    batch_size: int = Field(10, ge=1, le=1000, description="Default chunks per analyst batch.")
+    search_top_k: int = Field(200, ge=1, le=10_000, description="Default search depth.")
+    threshold: float = Field(0.3, ge=-1.0, le=1.0, description="Default similarity threshold for the semantic arm.")
+    finding_threshold: Literal["high", "medium", "low", "none"] = Field(
+        "low", description="Findings below this relevance are dropped by Collect."
+    )
+    prompt_dir: Path = Field(
+        Path("~/.config/rlm/prompts"), description="Directory whose primary.md/subcall.md/synthesizer.md override the shipped prompts."
+    )
+
+    # --- services ----------------------------------------------------------
+    database_url: str | None = Field(None, description="PostgreSQL with pgvector; unset starts the embedded server.")
+    broker_url: str | None = Field(None, description="Redis broker; unset starts embedded Valkey.")
+    result_backend: str | None = Field(None, description="Celery result backend; defaults to the broker URL.")
+    data_dir: Path = Field(default_factory=_default_data_dir, description="Embedded services' data and caches.")
+    visibility_timeout: int = Field(
+        3600, ge=60, description="Seconds before Redis redelivers an unacknowledged task; keep above the longest task."
+    )
+
+    # --- ingest ------------------------------------------------------------
+    embedding_model: str | None = Field(
+        None, description="sentence-transformers model name or path; unset uses the bundled all-MiniLM-L6-v2."
+    )
+    embed_batch_size: int = Field(64, ge=1, le=4096, description="Windows per encoder batch.")
+    max_file_bytes: int = Field(50 * 1024 * 1024, ge=1, description="Files larger than this are skipped by `rlm load`.")
+
+    # --- operations --------------------------------------------------------
+    log_format: Literal["text", "json"] = Field("text", description="Log line format.")
+    log_level: str = Field("INFO", description="Python logging level.")
+    flower_basic_auth: str | None = Field(None, description="user:password for Flower; required off loopback.", repr=False)
+
+    @field_validator("prompt_dir", "data_dir", mode="after")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
+
+    @field_validator("database_url")
+    @classmethod
+    def _pg_url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must start with postgresql://")
+        return v or None
+
+    @field_validator("broker_url", "result_backend")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis:// URL")
+        return v or None
+
+    @model_validator(mode="after")
+    def _backend_follows_broker(self) -> Settings:
+        if self.result_backend is None and self.broker_url:
+            self.result_backend = self.broker_url
+        return self
+
+    @property
+    def offline(self) -> bool:
+        """No key: the LLM stages use the extractive provider."""
+        return not self.api_key
+
+
+def _env_name(loc: tuple) -> str:
+    field = str(loc[0]) if loc else "?"
+    info = Settings.model_fields.get(field)
+    alias = getattr(info, "validation_alias", None) if info else None
+    if isinstance(alias, AliasChoices):
+        return " or ".join(str(c) for c in alias.choices)
+    return f"RLM_{field.upper()}"
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"invalid setting {_env_name(err['loc'])}: {err['msg']}") from None
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return load_settings()
+
+
+def reset_settings() -> None:
+    get_settings.cache_clear()

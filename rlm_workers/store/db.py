@@ -1,0 +1,95 @@
+"""Connections to PostgreSQL: one per CLI command, a pool per worker/API process.
+
+Every connection is checked for pgvector, migrated once per process and URL,
+and has the vector type registered, so callers can pass numpy arrays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ..config import Settings, get_settings
+from ..errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+_migrated: set[str] = set()
+_migrate_lock = threading.Lock()
+_pools: dict[str, ConnectionPool] = {}
+
+
+def _prepare(conn: psycopg.Connection, url: str) -> None:
+    from pgvector.psycopg import register_vector
+
+    from ..services import ensure_pgvector
+    from .migrations import migrate
+
+    if url not in _migrated:
+        with _migrate_lock:
+            if url not in _migrated:
+                prev = conn.autocommit
+                conn.autocommit = True
+                try:
+                    ensure_pgvector(conn)
+                    migrate(conn)
+                finally:
+                    conn.autocommit = prev
+                _migrated.add(url)
+    register_vector(conn)
+
+
+def resolve_url(settings: Settings | None = None) -> str:
+    from ..services import database_url
+
+    return database_url(settings or get_settings())
+
+
+def connect(settings: Settings | None = None, *, url: str | None = None) -> psycopg.Connection:
+    import psycopg
+
+    url = url or resolve_url(settings)
+    try:
+        conn = psycopg.connect(url, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ServiceUnavailable(f"cannot connect to PostgreSQL: {first}") from exc
+    try:
+        _prepare(conn, url)
+        conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextlib.contextmanager
+def connection(settings: Settings | None = None) -> Iterator[psycopg.Connection]:
+    """A connection from this process's pool (workers, API)."""
+    url = resolve_url(settings)
+    pool = _pools.get(url)
+    if pool is None:
+        from psycopg_pool import ConnectionPool
+
+        with _migrate_lock:
+            pool = _pools.get(url)
+            if pool is None:
+                # Migrate on a plain connection first: the pool's configure hook must stay cheap.
+                connect(url=url).close()
+                pool = ConnectionPool(
+                    url, min_size=1, max_size=20, open=True, configure=lambda c: _prepare(c, url),
+                    kwargs={"connect_timeout": 10}, name="rlm",
+                )
+                _pools[url] = pool
+    with pool.connection() as conn:
+        yield conn
+
+
+def close_pools() -> None:
+    for pool in list(_pools.values()):
+        pool.close()
+    _pools.clear()

@@ -1,0 +1,124 @@
+"""Append-only schema migrations, recorded in ``rlm_migrations``.
+
+Each migration is a name and SQL; they are applied in order, once, under a
+PostgreSQL advisory lock so two processes starting together cannot race.
+Never edit a shipped migration: add ``m00N_…`` instead, so an existing data
+directory upgrades by running only what it lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("rlm.store")
+
+#: arbitrary constant: the advisory lock key for schema changes
+_MIGRATION_LOCK = 727_272_001
+
+M001_INITIAL = """
+CREATE TABLE buffers (
+    id              bigserial PRIMARY KEY,
+    tenant          text NOT NULL DEFAULT 'local',
+    name            text NOT NULL,
+    version         integer NOT NULL DEFAULT 0,
+    chunker         text,
+    chunk_size      integer,
+    chunk_overlap   integer,
+    embedding_model text,
+    embedding_dim   integer,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant, name)
+);
+
+CREATE TABLE files (
+    id            bigserial PRIMARY KEY,
+    buffer_id     bigint NOT NULL REFERENCES buffers(id) ON DELETE CASCADE,
+    path          text NOT NULL,
+    content_hash  text NOT NULL,
+    size_bytes    bigint NOT NULL,
+    chunk_count   integer NOT NULL,
+    loaded_at     timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (buffer_id, path)
+);
+
+CREATE TABLE chunks (
+    id            bigserial PRIMARY KEY,
+    buffer_id     bigint NOT NULL REFERENCES buffers(id) ON DELETE CASCADE,
+    file_id       bigint NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+    ordinal       integer NOT NULL,
+    seq           integer NOT NULL,
+    path          text NOT NULL,
+    start_line    integer NOT NULL,
+    end_line      integer NOT NULL,
+    start_byte    bigint NOT NULL,
+    end_byte      bigint NOT NULL,
+    text          text NOT NULL,
+    token_count   integer NOT NULL,
+    content_hash  text NOT NULL,
+    -- BM25 tokens, space separated: rebuilding the index never re-tokenises
+    terms         text NOT NULL DEFAULT ''
+);
+CREATE INDEX chunks_buffer_ordinal ON chunks (buffer_id, ordinal);
+CREATE INDEX chunks_file ON chunks (file_id);
+"""
+
+MIGRATIONS: list[tuple[str, str]] = [
+    ("m001_initial", M001_INITIAL),
+]
+
+
+def embedding_table(dim: int) -> str:
+    """One table per vector width: an HNSW index needs a fixed dimension."""
+    if not (0 < int(dim) <= 16000):
+        raise ValueError(f"unsupported embedding dimension {dim}")
+    return f"chunk_embeddings_d{int(dim)}"
+
+
+def ensure_embedding_table(conn, dim: int) -> str:  # noqa: ANN001
+    table = embedding_table(dim)
+    exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
+    if exists is None:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK + 1,))
+        conn.execute(
+            f"""
+            CREATE TABLE IF NOT EXISTS {table} (
+                chunk_id   bigint NOT NULL REFERENCES chunks(id) ON DELETE CASCADE,
+                buffer_id  bigint NOT NULL,
+                win        smallint NOT NULL,
+                embedding  vector({int(dim)}) NOT NULL,
+                PRIMARY KEY (chunk_id, win)
+            );
+            CREATE INDEX IF NOT EXISTS {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops);
+            CREATE INDEX IF NOT EXISTS {table}_buffer ON {table} (buffer_id);
+            """
+        )
+    return table
+
+
+def applied(conn) -> list[str]:  # noqa: ANN001
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS rlm_migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    return [r[0] for r in conn.execute("SELECT name FROM rlm_migrations ORDER BY name")]
+
+
+def migrate(conn) -> list[str]:  # noqa: ANN001
+    """Apply missing migrations; returns the names applied now."""
+    done_now: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        have = set(applied(conn))
+        for name, sql in MIGRATIONS:
+            if name in have:
+                continue
+            log.info("applying migration %s", name)
+            conn.execute(sql)
+            conn.execute("INSERT INTO rlm_migrations (name) VALUES (%s)", (name,))
+            done_now.append(name)
+    return done_now
+
+
+def schema_version(conn) -> str | None:  # noqa: ANN001
+    names = applied(conn)
+    return names[-1] if names else None

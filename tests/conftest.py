@@ -1,0 +1,77 @@
+"""Shared fixtures: real PostgreSQL+pgvector and Valkey/Redis, isolated per test module."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No test may reach a real LLM by accident.
+for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL"):
+    os.environ.pop(_var, None)
+
+
+@pytest.fixture(scope="session")
+def test_services():
+    from tests.support.services import start_services
+
+    data_dir = Path(tempfile.mkdtemp(prefix="rlm-test-"))
+    svc = start_services(data_dir)
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def db_url(test_services) -> str:
+    return test_services.new_database()
+
+
+@pytest.fixture(scope="module")
+def rlm_env(test_services, db_url, tmp_path_factory):
+    """Environment for one module: its own database and data dir, the shared broker."""
+    from rlm_workers.config import reset_settings
+
+    data_dir = tmp_path_factory.mktemp("rlm-data")
+    env = {
+        "RLM_DATABASE_URL": db_url,
+        "RLM_BROKER_URL": test_services.broker_url,
+        "RLM_DATA_DIR": str(data_dir),
+        "RLM_PROMPT_DIR": str(data_dir / "prompts"),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    reset_settings()
+    yield env
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    reset_settings()
+
+
+@pytest.fixture(scope="module")
+def settings(rlm_env):
+    from rlm_workers.config import get_settings
+
+    return get_settings()
+
+
+@pytest.fixture(scope="module")
+def conn(settings):
+    from rlm_workers.store.db import connect
+
+    c = connect(settings)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from rlm_workers.ingest.embed import get_embedder
+
+    return get_embedder()

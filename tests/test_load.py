@@ -1,0 +1,171 @@
+"""Loading into real PostgreSQL+pgvector: mixed trees, re-loads, failures, long chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlm_workers.errors import InvalidInput
+from rlm_workers.ingest.loader import load_paths
+from rlm_workers.store import buffers as store
+from tests.support.corpus import long_chunk_text, write_mixed_tree
+
+
+def _chunk_ids(conn, buffer_id):
+    return {r[0]: (r[1], r[2]) for r in conn.execute(
+        "SELECT id, path, content_hash FROM chunks WHERE buffer_id = %s", (buffer_id,))}
+
+
+def _emb_count(conn, buffer_id):
+    return conn.execute("SELECT count(*) FROM chunk_embeddings_d384 WHERE buffer_id = %s", (buffer_id,)).fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return write_mixed_tree(tmp_path_factory.mktemp("mixed") / "proj")
+
+
+def test_schema_is_migrated_and_versioned(conn):
+    from rlm_workers.store.migrations import MIGRATIONS, migrate, schema_version
+
+    assert schema_version(conn) == MIGRATIONS[-1][0]
+    assert migrate(conn) == []  # idempotent: a second start applies nothing
+    ext = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    assert ext is not None
+
+
+def test_load_mixed_tree(conn, tree, embedder):
+    report = load_paths(conn, buffer="mixed", paths=[tree], embedder=embedder, chunk_size=400, overlap=50)
+    assert report.files_loaded == 2  # billing.py and guide.md
+    assert report.skipped == {"binary": 1, "not-utf8": 1, "empty": 1}
+    buf = store.get_buffer(conn, tenant="local", name="mixed")
+    assert buf.version == 1 and buf.embedding_dim == 384
+    paths = {p for p, _ in _chunk_ids(conn, buf.id).values()}
+    assert paths == {"proj/pkg/billing.py", "proj/docs/guide.md"}
+    # every chunk has at least one window vector, and the line numbers point at its text
+    assert _emb_count(conn, buf.id) >= len(_chunk_ids(conn, buf.id))
+    guide = (tree / "docs" / "guide.md").read_text().splitlines()
+    for start, end, text in conn.execute(
+        "SELECT start_line, end_line, text FROM chunks WHERE buffer_id = %s AND path = 'proj/docs/guide.md'", (buf.id,)
+    ):
+        assert text.strip().splitlines()[0] in guide[start - 1]
+        assert text.strip().splitlines()[-1] in guide[end - 1]
+
+
+def test_reload_unchanged_does_not_reembed(conn, tree, embedder):
+    buf = store.get_buffer(conn, tenant="local", name="mixed")
+    before = _chunk_ids(conn, buf.id)
+    report = load_paths(conn, buffer="mixed", paths=[tree], embedder=embedder, chunk_size=400, overlap=50)
+    assert report.files_unchanged == 2 and report.files_loaded == 0
+    assert report.windows_embedded == 0
+    assert report.version == buf.version
+    assert _chunk_ids(conn, buf.id) == before
+
+
+def test_changed_file_replaces_only_its_chunks(conn, tree, embedder):
+    buf = store.get_buffer(conn, tenant="local", name="mixed")
+    before = _chunk_ids(conn, buf.id)
+    (tree / "docs" / "guide.md").write_text((tree / "docs" / "guide.md").read_text() + "\n## Audits\n\nAudits happen yearly.\n")
+    report = load_paths(conn, buffer="mixed", paths=[tree], embedder=embedder, chunk_size=400, overlap=50)
+    assert report.files_loaded == 1 and report.files_unchanged == 1
+    after = _chunk_ids(conn, buf.id)
+    kept = {cid for cid, (path, _) in before.items() if path.endswith("billing.py")}
+    assert kept <= set(after)  # untouched file keeps its chunk ids
+    assert not ({cid for cid, (p, _) in before.items() if p.endswith("guide.md")} & set(after))
+    assert report.version == buf.version + 1
+    assert any("Audits happen yearly" in t for (t,) in conn.execute(
+        "SELECT text FROM chunks WHERE buffer_id = %s", (buf.id,)))
+
+
+def test_deleted_file_is_removed_on_reload(conn, tree, embedder):
+    buf = store.get_buffer(conn, tenant="local", name="mixed")
+    (tree / "pkg" / "billing.py").unlink()
+    report = load_paths(conn, buffer="mixed", paths=[tree], embedder=embedder, chunk_size=400, overlap=50)
+    assert report.files_removed == 1
+    paths = {p for p, _ in _chunk_ids(conn, buf.id).values()}
+    assert paths == {"proj/docs/guide.md"}
+    assert _emb_count(conn, buf.id) >= 1
+
+
+class _ExplodingEmbedder:
+    """Encodes the first batch, then fails: a crash half-way through a load."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+        self.model_id, self.dim = real.model_id, real.dim
+
+    def window_texts(self, text):
+        return self.real.window_texts(text)
+
+    def encode(self, texts, batch_size=64):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("encoder died")
+        return self.real.encode(texts, batch_size=batch_size)
+
+
+def test_failed_load_keeps_previous_version(conn, tmp_path, embedder):
+    src = tmp_path / "notes"
+    src.mkdir()
+    for i in range(6):
+        (src / f"n{i}.md").write_text(f"Note {i}. " + "Words about release planning and dates. " * 20)
+    load_paths(conn, buffer="atomic", paths=[src], embedder=embedder, chunk_size=300, overlap=0)
+    buf = store.get_buffer(conn, tenant="local", name="atomic")
+    before = _chunk_ids(conn, buf.id)
+    emb_before = _emb_count(conn, buf.id)
+    for i in range(6):
+        (src / f"n{i}.md").write_text(f"Rewritten {i}. " + "Entirely new content about budgets. " * 20)
+    with pytest.raises(RuntimeError, match="encoder died"):
+        load_paths(conn, buffer="atomic", paths=[src], embedder=_ExplodingEmbedder(embedder),
+                   chunk_size=300, overlap=0, embed_batch_size=4)
+    after_buf = store.get_buffer(conn, tenant="local", name="atomic")
+    assert after_buf.version == buf.version
+    assert _chunk_ids(conn, buf.id) == before
+    assert _emb_count(conn, buf.id) == emb_before
+
+
+def test_failed_first_load_leaves_no_half_buffer(conn, tmp_path, embedder):
+    src = tmp_path / "fresh"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}.txt").write_text("Some text about lighthouses and tides. " * 30)
+    with pytest.raises(RuntimeError):
+        load_paths(conn, buffer="never", paths=[src], embedder=_ExplodingEmbedder(embedder),
+                   chunk_size=300, overlap=0, embed_batch_size=2)
+    assert store.get_buffer(conn, tenant="local", name="never") is None
+
+
+def test_bad_input_is_rejected_before_writing(conn, tmp_path, embedder):
+    with pytest.raises(InvalidInput, match="nope"):
+        load_paths(conn, buffer="x", paths=[tmp_path / "nope"], embedder=embedder)
+    with pytest.raises(InvalidInput, match="buffer name"):
+        load_paths(conn, buffer="../etc", paths=[tmp_path], embedder=embedder)
+    with pytest.raises(InvalidInput, match="overlap"):
+        load_paths(conn, buffer="x", paths=[tmp_path], embedder=embedder, chunk_size=500, overlap=500)
+    assert store.get_buffer(conn, tenant="local", name="x") is None
+
+
+def test_long_chunk_is_embedded_whole(conn, tmp_path, embedder):
+    """A sentence at the END of a ~2,900-char chunk must still be findable semantically."""
+    from rlm_workers.search.semantic import semantic_search
+
+    needle = "The submarine's periscope was painted bright orange so that divers could spot it."
+    src = tmp_path / "long"
+    src.mkdir()
+    (src / "target.txt").write_text(long_chunk_text(needle))
+    for i in range(3):
+        (src / f"decoy{i}.txt").write_text(long_chunk_text(f"Tomato plant number {i} grew taller than the fence."))
+    load_paths(conn, buffer="long", paths=[src], embedder=embedder)
+    buf = store.get_buffer(conn, tenant="local", name="long")
+    (target_id, ntext), = conn.execute(
+        "SELECT id, text FROM chunks WHERE buffer_id = %s AND path = 'long/target.txt'", (buf.id,)).fetchall()
+    assert ntext.rstrip().endswith(needle) and len(ntext) > 2500
+    windows = conn.execute("SELECT count(*) FROM chunk_embeddings_d384 WHERE chunk_id = %s", (target_id,)).fetchone()[0]
+    assert windows >= 2, "a chunk longer than the model window must get several vectors"
+
+    q = embedder.encode_query("What colour was the submarine periscope?")
+    hits = semantic_search(conn, buffer_ids=[buf.id], dim=384, query_vec=q, limit=4, threshold=None)
+    assert hits[0][0] == target_id
+    # the first window alone (what a truncating embedder sees) does not know about the periscope
+    first_window = embedder.encode([embedder.window_texts(ntext)[0]])[0]
+    assert float(np.dot(first_window, q)) < hits[0][1] - 0.15
