@@ -106,6 +106,14 @@ def load(
     from rlm_workers.ingest.embed import get_embedder
     from rlm_workers.ingest.loader import load_paths
 
+    from rlm_workers.ingest.chunkers import validate_chunk_params
+    from rlm_workers.store.buffers import validate_buffer_name
+
+    validate_buffer_name(buffer)
+    try:
+        validate_chunk_params(chunker.value, chunk_size, overlap)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     for p in paths:
         if not p.exists():
             raise InvalidInput(f"path not found: {p}")
@@ -230,6 +238,123 @@ def search(
         lines = [ln for ln in h.text.strip().splitlines() if ln.strip()][:3]
         for ln in lines:
             typer.echo(f"       {ln[:110]}")
+
+
+# --------------------------------------------------------------------------- query
+
+
+def _print_result(result, fmt: Fmt) -> None:  # noqa: ANN001 - QueryResult
+    from rlm_workers.stages.report import status_line
+
+    if fmt == Fmt.json:
+        typer.echo(result.model_dump_json())
+        return
+    typer.echo(result.response.rstrip())
+    typer.echo("")
+    typer.echo(status_line(result))
+
+
+@app.command()
+def query(
+    text: Annotated[str, typer.Argument(metavar="QUERY", help="The question.")],
+    buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to query; repeatable.")],
+    skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
+    search_mode: Annotated[Mode | None, typer.Option("--search-mode")] = None,
+    threshold: Annotated[float | None, typer.Option("--threshold")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
+    max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
+    num_agents: Annotated[int | None, typer.Option("--num-agents", help="Split chunks evenly over N analysts.")] = None,
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show plan, parameters, timings and LLM calls.")] = False,
+    timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds.")] = 3600.0,
+) -> None:
+    """Ask a question: plan, search, fan out to analysts, collect, synthesize."""
+    from rich.console import Console
+
+    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.ephemeral import ensure_workers
+    from rlm_workers.errors import NoChunks
+    from rlm_workers.models import QueryResult
+    from rlm_workers.search.service import validate_query
+    from rlm_workers.submit import submit_query, validate_options, wait_for_job
+
+    validate_query(text)
+    options = validate_options({
+        "skip_plan": skip_plan or None, "search_mode": search_mode.value if search_mode else None,
+        "threshold": threshold, "top_k": top_k, "max_chunks": max_chunks, "batch_size": batch_size,
+        "num_agents": num_agents,
+    })
+    console = Console(stderr=True)
+    with _db() as (_settings, _url, conn):
+        from rlm_workers.store.buffers import require_buffers
+
+        require_buffers(conn, tenant=TENANT, names=buffer)
+        with ensure_workers(celery_app) as ephemeral:
+            job_id, _ = submit_query(conn, tenant=TENANT, query=text, buffers=buffer, options=options)
+            conn.commit()
+            if verbose:
+                console.print(f"job {job_id} ({'in-process worker' if ephemeral else 'running workers'})")
+            with console.status("queued", spinner="dots") as status:
+                def progress(job, done, total):  # noqa: ANN001
+                    extra = f" {done}/{total} batches" if total else ""
+                    status.update(f"{job.stage}{extra}")
+
+                job = wait_for_job(conn, job_id, timeout=timeout,
+                                   on_progress=None if fmt == Fmt.json and not console.is_terminal else progress)
+        if verbose:
+            _print_verbose(console, conn, job)
+    result = QueryResult.model_validate(job.result) if job.result else None
+    if job.status == "done" and result is not None:
+        _print_result(result, fmt)
+        return
+    err = job.error or {"type": "error", "message": f"job ended {job.status}"}
+    if result is not None and fmt == Fmt.json:
+        _print_result(result, fmt)  # findings are kept even when synthesis failed
+    if err.get("type") == "no_chunks":
+        raise NoChunks(err["message"].split(". Try:")[0])
+    if err.get("type") in ("invalid_input", "buffer_not_found", "config_error"):
+        raise InvalidInput(err["message"])
+    raise RLMError(f"{err.get('type')}: {err.get('message')}")
+
+
+def _print_verbose(console, conn, job) -> None:  # noqa: ANN001
+    console.print(f"[bold]plan[/]: {json.dumps(job.plan)}")
+    console.print(f"[bold]params[/]: {json.dumps(job.params)}")
+    console.print(f"[bold]timings[/]: {json.dumps(job.timings)}")
+    for row in conn.execute(
+        "SELECT stage, batch_no, model, tokens_in, tokens_out, latency_ms, status, error FROM llm_calls "
+        "WHERE job_id = %s ORDER BY id", (job.id,)):
+        console.print("  llm " + " ".join(str(x) for x in row if x is not None))
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues.")] = "rlm.control,rlm.analyst,rlm.ingest",
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
+    pool: Annotated[str, typer.Option("--pool", "-P", help="threads (I/O-bound analysts) or prefork (CPU).")] = "threads",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
+) -> None:
+    """Run a Celery worker (same as `celery -A rlm_workers worker`)."""
+    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.constants import ALL_QUEUES
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    unknown = [q for q in names if q not in ALL_QUEUES]
+    if unknown or not names:
+        raise InvalidInput(f"unknown queue {unknown[0] if unknown else '(none)'}: use {', '.join(ALL_QUEUES)}")
+    if pool not in ("threads", "prefork", "solo"):
+        raise InvalidInput(f"unknown pool {pool!r}: use threads, prefork or solo")
+    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-E"]
+    if concurrency:
+        argv += ["-c", str(concurrency)]
+    if hostname:
+        argv += ["-n", hostname]
+    celery_app.worker_main(argv)
 
 
 # --------------------------------------------------------------------------- services

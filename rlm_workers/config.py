@@ -65,7 +65,12 @@ class Settings(BaseSettings):
     result_backend: str | None = Field(None, description="Celery result backend; defaults to the broker URL.")
     data_dir: Path = Field(default_factory=_default_data_dir, description="Embedded services' data and caches.")
     visibility_timeout: int = Field(
-        3600, ge=60, description="Seconds before Redis redelivers an unacknowledged task; keep above the longest task."
+        3600, ge=5, description="Seconds before Redis redelivers an unacknowledged task; keep above the longest task."
+    )
+    job_timeout: int = Field(
+        1800, ge=5,
+        description="Seconds after fan-out starts before a job still waiting on batches is finished with what it has; "
+                    "keep below RLM_VISIBILITY_TIMEOUT.",
     )
 
     # --- ingest ------------------------------------------------------------

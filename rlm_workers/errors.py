@@ -84,6 +84,12 @@ class LLMError(RLMError):
 
     type = "llm_error"
 
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message, retryable=retryable)
+        #: every HTTP attempt behind this error, final one included, as dicts with status,
+        #: tokens_in, tokens_out, latency_ms, error (see Completion.failed_attempts); [] if none was made
+        self.attempts: list[dict] = []
+
 
 class RateLimited(LLMError):
     """429 from the provider; ``retry_after`` is the server's hint in seconds."""

@@ -119,9 +119,14 @@ def get_embedder(name: str | None = None) -> Embedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         t0 = time.perf_counter()
         model_id, path = _resolve_model(name)
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a load bar on stderr breaks one-line error output
 
         try:
             model = SentenceTransformer(path, device="cpu")

@@ -100,17 +100,23 @@ class _Ids:
         self.free: list[int] = []
 
     def take(self, n: int) -> list[int]:
-        while len(self.free) < n:
-            got: list[int] = []
-            done = threading.Event()
-            want = max(self.block, n - len(self.free))
-            self.writer.submit(lambda: (got.extend(store.reserve_ids(self.writer.conn, sequence=self.sequence, n=want)),
-                                        done.set()))
-            while not done.wait(0.05):
-                self.writer._raise()
-            self.free.extend(got)
+        if len(self.free) < n:
+            self.free.extend(self._reserve(max(self.block, n - len(self.free))))
         out, self.free = self.free[:n], self.free[n:]
         return out
+
+    def _reserve(self, want: int) -> list[int]:
+        got: list[int] = []
+        done = threading.Event()
+
+        def job() -> None:
+            got.extend(store.reserve_ids(self.writer.conn, sequence=self.sequence, n=want))
+            done.set()
+
+        self.writer.submit(job)
+        while not done.wait(0.05):
+            self.writer._raise()
+        return got
 
 
 def _roots(paths: Sequence[Path]) -> list[tuple[str, bool]]:

@@ -69,7 +69,7 @@ def connect(settings: Settings | None = None, *, url: str | None = None) -> psyc
 
 @contextlib.contextmanager
 def connection(settings: Settings | None = None) -> Iterator[psycopg.Connection]:
-    """A connection from this process's pool (workers, API)."""
+    """An autocommit connection from this process's pool (workers, API); use conn.transaction() for atomic steps."""
     url = resolve_url(settings)
     pool = _pools.get(url)
     if pool is None:
@@ -82,7 +82,7 @@ def connection(settings: Settings | None = None) -> Iterator[psycopg.Connection]
                 connect(url=url).close()
                 pool = ConnectionPool(
                     url, min_size=1, max_size=20, open=True, configure=lambda c: _prepare(c, url),
-                    kwargs={"connect_timeout": 10}, name="rlm",
+                    kwargs={"connect_timeout": 10, "autocommit": True}, name="rlm",
                 )
                 _pools[url] = pool
     with pool.connection() as conn:

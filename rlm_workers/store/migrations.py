@@ -63,8 +63,78 @@ CREATE INDEX chunks_buffer_ordinal ON chunks (buffer_id, ordinal);
 CREATE INDEX chunks_file ON chunks (file_id);
 """
 
+M002_JOBS = """
+CREATE TABLE jobs (
+    id              text PRIMARY KEY,
+    tenant          text NOT NULL DEFAULT 'local',
+    status          text NOT NULL DEFAULT 'queued',
+    stage           text NOT NULL DEFAULT 'queued',
+    query           text NOT NULL,
+    buffers         text[] NOT NULL,
+    options         jsonb NOT NULL DEFAULT '{}',
+    plan            jsonb,
+    params          jsonb,
+    scaling_tier    text,
+    chunks_available integer,
+    chunk_load_failures integer NOT NULL DEFAULT 0,
+    batches_total   integer NOT NULL DEFAULT 0,
+    collected       jsonb,
+    result          jsonb,
+    error           jsonb,
+    timings         jsonb NOT NULL DEFAULT '{}',
+    task_ids        text[] NOT NULL DEFAULT '{}',
+    idempotency_key text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    started_at      timestamptz,
+    finished_at     timestamptz
+);
+CREATE INDEX jobs_tenant_created ON jobs (tenant, created_at DESC);
+CREATE UNIQUE INDEX jobs_idempotency ON jobs (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX jobs_unfinished ON jobs (status) WHERE status IN ('queued', 'running');
+
+CREATE TABLE job_batches (
+    job_id      text NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    batch_no    integer NOT NULL,
+    chunk_ids   bigint[] NOT NULL,
+    status      text NOT NULL DEFAULT 'pending',
+    error       jsonb,
+    attempts    integer NOT NULL DEFAULT 0,
+    started_at  timestamptz,
+    finished_at timestamptz,
+    PRIMARY KEY (job_id, batch_no)
+);
+
+CREATE TABLE job_findings (
+    job_id     text NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    batch_no   integer NOT NULL,
+    chunk_id   bigint NOT NULL,
+    relevance  text NOT NULL,
+    findings   jsonb NOT NULL DEFAULT '[]',
+    summary    text NOT NULL DEFAULT '',
+    follow_up  jsonb NOT NULL DEFAULT '[]',
+    PRIMARY KEY (job_id, batch_no, chunk_id)
+);
+
+CREATE TABLE llm_calls (
+    id          bigserial PRIMARY KEY,
+    job_id      text REFERENCES jobs(id) ON DELETE CASCADE,
+    stage       text NOT NULL,
+    batch_no    integer,
+    provider    text NOT NULL,
+    model       text NOT NULL,
+    tokens_in   integer NOT NULL DEFAULT 0,
+    tokens_out  integer NOT NULL DEFAULT 0,
+    latency_ms  integer NOT NULL DEFAULT 0,
+    status      text NOT NULL,
+    error       text,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX llm_calls_job ON llm_calls (job_id);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
+    ("m002_jobs", M002_JOBS),
 ]
 
 

@@ -1,0 +1,44 @@
+"""An in-process worker for one-shot ``rlm query`` when no worker is running.
+
+Runs Celery's real consumer (threads pool) in a background thread of the
+CLI process, on the same broker, so the query still goes through the real
+chord, not eager mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+
+from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL
+
+log = logging.getLogger("rlm.worker")
+
+
+def served_queues(app, timeout: float = 0.6) -> set[str]:  # noqa: ANN001
+    """Queues some running worker consumes (empty when none answers)."""
+    try:
+        replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    except Exception:  # noqa: BLE001 - an unreachable broker surfaces on submit with a clear error
+        return set()
+    return {q["name"] for queues in replies.values() for q in queues}
+
+
+@contextlib.contextmanager
+def ensure_workers(app, *, needed: Sequence[str] = (QUEUE_CONTROL, QUEUE_ANALYST),  # noqa: ANN001
+                   concurrency: int = 16) -> Iterator[bool]:
+    """Yield True if an ephemeral worker was started for queues nobody serves."""
+    missing = [q for q in needed if q not in served_queues(app)]
+    if not missing:
+        yield False
+        return
+    from celery.contrib.testing.worker import start_worker
+
+    log.info("no worker serves %s: starting an in-process worker", ", ".join(missing))
+    with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
+                      queues=list(missing), loglevel="WARNING", shutdown_timeout=30):
+        yield True
+
+
+__all__ = ["ALL_QUEUES", "ensure_workers", "served_queues"]

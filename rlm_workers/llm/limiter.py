@@ -1,0 +1,341 @@
+"""Global LLM limits shared by every worker process on every host, kept in Redis.
+
+Celery's ``rate_limit`` is per worker (DESIGN §9), so the ceiling on in-flight
+calls (``RLM_MAX_CONCURRENCY``) and the provider's RPM/TPM budget live here:
+
+* ``ConcurrencyLimiter``: a lease-based semaphore.  Each holder owns a member
+  of a sorted set scored by its expiry; a worker that dies simply stops
+  renewing and its slot comes back after ``lease_seconds``.
+* ``RateBudget``: sliding-window request and token budgets.  Tokens are
+  charged with an estimate before the call and corrected with real usage.
+* ``Limits``: both behind one ``with limits.call(estimate) as record:``.
+
+All clocks are the Redis server's (``TIME`` inside Lua), so hosts with skewed
+clocks still agree on when a lease or a window entry expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import constants
+from ..errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+log = logging.getLogger("rlm.limiter")
+
+# Polling rather than pub/sub wake-ups: a released slot needs no notification
+# path that could be lost, and 10-50 ms of jitter spreads contending workers.
+_POLL_MIN, _POLL_MAX = 0.010, 0.050
+
+# Effects replication must be on before TIME is followed by writes on old
+# Redis (<5); newer servers ignore it, and pcall keeps servers without it happy.
+_LUA_NOW_MS = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS[1] lease zset; ARGV: limit, lease_ms, lease id.  1 = acquired.
+_ACQUIRE_LUA = _LUA_NOW_MS + """
+local key, limit, lease_ms = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+if redis.call('ZCARD', key) >= limit + 1 then return 0 end
+redis.call('ZADD', key, now + lease_ms, ARGV[3])
+-- the whole key vanishes if every holder dies, without shortening live leases
+if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
+return 1
+"""
+
+# A lease that already expired is not revived: another holder may have its slot.
+_RENEW_LUA = _LUA_NOW_MS + """
+local key, lease_ms = KEYS[1], tonumber(ARGV[1])
+local score = redis.call('ZSCORE', key, ARGV[2])
+if not score or tonumber(score) <= now then
+  redis.call('ZREM', key, ARGV[2])
+  return 0
+end
+redis.call('ZADD', key, 'XX', now + lease_ms, ARGV[2])
+if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
+return 1
+"""
+
+
+def _owner_tag() -> str:
+    # Lease ids say who holds them, so `ZRANGE rlm:limiter:inflight 0 -1` is readable in an incident.
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _redis_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    import redis
+
+    try:
+        return fn(*args, **kwargs)
+    except redis.RedisError as exc:
+        raise ServiceUnavailable(f"LLM limiter cannot reach Redis: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    key: str
+
+
+class ConcurrencyLimiter:
+    """At most ``limit`` leases on ``key`` at once, across every process sharing the Redis."""
+
+    def __init__(self, redis_client: Any, *, limit: int, key: str = constants.LIMITER_KEY_PREFIX + "inflight",
+                 lease_seconds: float = 180.0) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        if lease_seconds <= 0:
+            raise ValueError("lease_seconds must be > 0")
+        self.redis = redis_client
+        self.limit = limit
+        self.key = key
+        self.lease_seconds = lease_seconds
+        self._acquire = redis_client.register_script(_ACQUIRE_LUA)
+        self._renew = redis_client.register_script(_RENEW_LUA)
+
+    @property
+    def _lease_ms(self) -> int:
+        return max(1, int(self.lease_seconds * 1000))
+
+    def try_acquire(self) -> Lease | None:
+        """One atomic attempt: a lease, or None when all ``limit`` slots are held."""
+        lease_id = _owner_tag()
+        got = _redis_call(self._acquire, keys=[self.key], args=[self.limit, self._lease_ms, lease_id])
+        return Lease(lease_id, self.key) if int(got) == 1 else None
+
+    def acquire(self, timeout: float | None = None) -> Lease:
+        """Block until a slot is free; ``TimeoutError`` after ``timeout`` seconds (None: wait forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            lease = self.try_acquire()
+            if lease is not None:
+                return lease
+            pause = random.uniform(_POLL_MIN, _POLL_MAX)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no free slot on {self.key} (limit {self.limit}) within {timeout:g}s")
+                pause = min(pause, left)
+            time.sleep(pause)
+
+    def release(self, lease: Lease) -> None:
+        _redis_call(self.redis.zrem, lease.key, lease.id)
+
+    def renew(self, lease: Lease) -> bool:
+        """Push the lease's expiry ``lease_seconds`` ahead; False if it had already expired."""
+        return int(_redis_call(self._renew, keys=[lease.key], args=[self._lease_ms, lease.id])) == 1
+
+    def held(self) -> int:
+        """Live leases right now (expired ones not yet swept are excluded)."""
+        now_s, now_us = _redis_call(self.redis.time)
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
+        return int(_redis_call(self.redis.zcount, self.key, f"({now_ms}", "+inf"))
+
+    @contextmanager
+    def slot(self, timeout: float | None = None) -> Iterator[Lease]:
+        """Hold one slot for the block, renewing it in the background so slow calls keep it."""
+        lease = self.acquire(timeout)
+        keeper = _LeaseKeeper(self, lease)
+        keeper.start()
+        try:
+            yield lease
+        finally:
+            keeper.stop()
+            try:
+                self.release(lease)
+            except ServiceUnavailable:
+                # The lease expires on its own; a Redis blip must not mask the call's outcome.
+                log.warning("could not release lease %s on %s; it expires in %.0fs",
+                            lease.id, lease.key, self.lease_seconds)
+
+
+class _LeaseKeeper:
+    """Renews one lease every third of its lifetime until stopped (a thread per slot, no fork hazards)."""
+
+    def __init__(self, limiter: ConcurrencyLimiter, lease: Lease) -> None:
+        self._limiter = limiter
+        self._lease = lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-keeper-{lease.id[-12:]}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        interval = self._limiter.lease_seconds / 3
+        while not self._stop.wait(interval):
+            try:
+                if not self._limiter.renew(self._lease):
+                    log.warning("lease %s on %s expired before renewal; the limit may be briefly exceeded",
+                                self._lease.id, self._lease.key)
+                    return
+            except ServiceUnavailable as exc:
+                log.warning("lease renewal failed, will retry: %s", exc)
+
+
+def limiter_from_settings(settings: Settings, redis_client: Any) -> ConcurrencyLimiter:
+    """The process-wide ceiling ``RLM_MAX_CONCURRENCY`` on in-flight LLM calls."""
+    return ConcurrencyLimiter(redis_client, limit=settings.max_concurrency)
+
+
+# KEYS: log zset (entry id -> time), tokens hash (entry id -> tokens), running token total.
+# ARGV: rpm (0 = none), tpm (0 = none), estimated tokens, entry id, window ms.
+# Returns {0, entry id} when charged, else {wait_ms} until the oldest entry leaves the window.
+_CHARGE_LUA = _LUA_NOW_MS + """
+local zlog, toks, total = KEYS[1], KEYS[2], KEYS[3]
+local rpm, tpm, est, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local cutoff = now - window
+while true do
+  -- in pages: unpack() of a huge list would overflow the Lua stack
+  local old = redis.call('ZRANGEBYSCORE', zlog, '-inf', cutoff, 'LIMIT', 0, 500)
+  if #old == 0 then break end
+  local gone = 0
+  for _, v in ipairs(redis.call('HMGET', toks, unpack(old))) do gone = gone + (tonumber(v) or 0) end
+  redis.call('DECRBY', total, gone)
+  redis.call('HDEL', toks, unpack(old))
+  redis.call('ZREM', zlog, unpack(old))
+end
+local count = redis.call('ZCARD', zlog)
+local used = tonumber(redis.call('GET', total) or '0')
+-- a single call larger than the whole token budget still runs once the window is empty
+local over_tokens = tpm > 0 and count > 0 and used + est > tpm
+if (rpm > 0 and count >= rpm) or over_tokens then
+  local first = redis.call('ZRANGE', zlog, 0, 0, 'WITHSCORES')
+  return {math.max(1, tonumber(first[2]) + window - now)}
+end
+redis.call('ZADD', zlog, now, ARGV[4])
+redis.call('HSET', toks, ARGV[4], est)
+redis.call('INCRBY', total, est)
+for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, window * 2) end
+return {0, ARGV[4]}
+"""
+
+# KEYS as above; ARGV: entry id, actual tokens.  An entry that already left the
+# window is not re-added: the provider counted it when it was sent.
+_CORRECT_LUA = """
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+if not old then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('INCRBY', KEYS[3], tonumber(ARGV[2]) - tonumber(old))
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One request counted against the budget; ``id`` is None when no budget is configured."""
+
+    id: str | None
+    estimated_tokens: int
+
+
+class RateBudget:
+    """Requests-per-minute and tokens-per-minute budgets over a sliding window."""
+
+    def __init__(self, redis_client: Any, *, rpm: int | None, tpm: int | None,
+                 key: str = constants.RATE_KEY_PREFIX + "default", window_seconds: float = 60.0) -> None:
+        self.redis = redis_client
+        self.rpm = rpm or 0
+        self.tpm = tpm or 0
+        self.window_seconds = window_seconds
+        # One hash tag: the three keys land in one cluster slot, as a Lua script requires.
+        self._keys = [f"{{{key}}}:log", f"{{{key}}}:tokens", f"{{{key}}}:total"]
+        self._charge = redis_client.register_script(_CHARGE_LUA)
+        self._correct = redis_client.register_script(_CORRECT_LUA)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.rpm or self.tpm)
+
+    def try_charge(self, estimated_tokens: int) -> tuple[Charge | None, float]:
+        """Charge one request now, or return (None, seconds to wait before trying again)."""
+        est = max(0, int(estimated_tokens))
+        if not self.enabled:
+            return Charge(None, est), 0.0
+        entry = _owner_tag()
+        got = _redis_call(self._charge, keys=self._keys,
+                          args=[self.rpm, self.tpm, est, entry, int(self.window_seconds * 1000)])
+        if int(got[0]) == 0:
+            return Charge(entry, est), 0.0
+        return None, int(got[0]) / 1000
+
+    def wait_for_capacity(self, estimated_tokens: int, timeout: float | None = None) -> Charge:
+        """Block until one more request of ``estimated_tokens`` fits; ``TimeoutError`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            charge, wait = self.try_charge(estimated_tokens)
+            if charge is not None:
+                return charge
+            # Jitter so workers woken by the same expiring entry do not all retry at once.
+            pause = min(wait, 1.0) + random.uniform(0, _POLL_MAX)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"rate budget (rpm={self.rpm}, tpm={self.tpm}) still full after {timeout:g}s")
+                pause = min(pause, left)
+            time.sleep(pause)
+
+    def record(self, charge: Charge, actual_tokens: int) -> None:
+        """Replace the estimate with the tokens the provider reported."""
+        if charge.id is None:
+            return
+        _redis_call(self._correct, keys=self._keys, args=[charge.id, max(0, int(actual_tokens))])
+
+    def used(self) -> tuple[int, int]:
+        """(requests, tokens) in the current window, as of the last charge."""
+        return (int(_redis_call(self.redis.zcard, self._keys[0])),
+                int(_redis_call(self.redis.get, self._keys[2]) or 0))
+
+
+class Limits:
+    """What the provider goes through for every HTTP attempt: a global slot, then the rate budget."""
+
+    def __init__(self, concurrency: ConcurrencyLimiter | None = None, budget: RateBudget | None = None, *,
+                 acquire_timeout: float | None = None) -> None:
+        self.concurrency = concurrency
+        self.budget = budget if budget is not None and budget.enabled else None
+        self.acquire_timeout = acquire_timeout
+
+    @classmethod
+    def from_settings(cls, settings: Settings, redis_client: Any) -> Limits:
+        budget = RateBudget(redis_client, rpm=settings.rpm, tpm=settings.tpm) if settings.rpm or settings.tpm else None
+        return cls(limiter_from_settings(settings, redis_client), budget)
+
+    @contextmanager
+    def call(self, estimated_tokens: int) -> Iterator[Callable[[int], None]]:
+        """Hold a slot and a budget charge for one request; call the yielded ``record(actual_tokens)``.
+
+        The slot is taken first and the budget charged right before the request
+        goes out, so the window sees the request when the provider does; a call
+        that never records keeps its (conservative) estimate.
+        """
+        slot: AbstractContextManager[Any] = (self.concurrency.slot(self.acquire_timeout)
+                                             if self.concurrency else nullcontext())
+        with slot:
+            charge = self.budget.wait_for_capacity(estimated_tokens, self.acquire_timeout) if self.budget else None
+
+            def record(actual_tokens: int) -> None:
+                if self.budget is not None and charge is not None:
+                    self.budget.record(charge, actual_tokens)
+
+            yield record

@@ -1,0 +1,250 @@
+"""Any OpenAI-compatible chat endpoint, through the official ``openai`` client.
+
+The client's own retries are off (``max_retries=0``): we retry here so every
+HTTP attempt passes through the global limiter and is reported to the caller,
+who logs it on the job (DESIGN §6: ``total_tokens`` includes retried calls).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, LLMError, QuotaExhausted, RateLimited
+from .limiter import ConcurrencyLimiter, Limits
+from .protocol import Completion, CompletionRequest, ToolCall
+
+if TYPE_CHECKING:
+    import openai
+
+    from ..config import Settings
+
+log = logging.getLogger("rlm.llm")
+
+
+class _BadResponse(Exception):
+    """A 200 whose body is not a usable chat completion (proxies and gateways do this)."""
+
+
+def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the server asked us to wait (``retry-after-ms``, ``retry-after`` seconds or HTTP date)."""
+    if not headers:
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    value = headers.get("retry-after")
+    if value:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+    return None
+
+
+def estimate_tokens(request: CompletionRequest) -> int:
+    """What the TPM budget is charged before the call: ~4 chars a token plus the output allowance."""
+    chars = len(json.dumps(request.messages, ensure_ascii=False))
+    if request.tools:
+        chars += len(json.dumps(request.tools))
+    return chars // 4 + request.max_tokens
+
+
+class OpenAIProvider:
+    name = "openai"
+
+    #: exponential backoff when the server gives no Retry-After (class attributes so tests can shorten them)
+    BACKOFF_BASE = 0.5
+    BACKOFF_CAP = 20.0
+    RETRY_AFTER_CAP = 60.0
+
+    def __init__(self, settings: Settings, limiter: Limits | ConcurrencyLimiter | None = None) -> None:
+        self.settings = settings
+        if isinstance(limiter, ConcurrencyLimiter):
+            limiter = Limits(limiter)
+        self.limits = limiter
+        self._client: openai.OpenAI | None = None
+        self._client_lock = threading.Lock()
+        # Parameters a model's server rejected, learned once per model so later calls skip the doomed try.
+        self._unsupported: dict[str, set[str]] = {}
+
+    # --- client ------------------------------------------------------------
+
+    @property
+    def client(self) -> openai.OpenAI:
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    if not self.settings.api_key:
+                        raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
+                    import openai
+
+                    self._client = openai.OpenAI(api_key=self.settings.api_key, base_url=self.settings.base_url,
+                                                 timeout=self.settings.llm_timeout, max_retries=0)
+        return self._client
+
+    # --- one logical call --------------------------------------------------
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        attempts: list[dict[str, Any]] = []
+        retries_left = self.settings.llm_retries
+        retry_no = 0
+        client = self.client  # built before the clock starts: the first import of openai is slow
+        while True:
+            params = self._params(request)
+            t0 = time.perf_counter()
+            usage = (0, 0)
+            try:
+                response = self._send(client, params, estimate_tokens(request))
+                usage = _usage(response)
+                completion = _to_completion(response, request.model, usage)
+            except Exception as exc:  # noqa: BLE001 - classified below; anything unknown is re-raised
+                latency = int((time.perf_counter() - t0) * 1000)
+                adapted = self._learn_unsupported(exc, request.model, params)
+                error, retry_after = self._classify(exc, request)
+                retry = adapted or (error.retryable and retries_left > 0)
+                attempts.append({"status": "retried" if retry else "error", "tokens_in": usage[0],
+                                 "tokens_out": usage[1], "latency_ms": latency, "error": error.message})
+                self._log(request, attempts[-1]["status"], usage, latency, error.message)
+                if adapted:
+                    continue
+                if not retry:
+                    error.attempts = attempts
+                    raise error from exc
+                retries_left -= 1
+                time.sleep(self._backoff(retry_no, retry_after))
+                retry_no += 1
+                continue
+            completion.latency_ms = int((time.perf_counter() - t0) * 1000)
+            completion.failed_attempts = attempts
+            self._log(request, "ok", usage, completion.latency_ms, None)
+            return completion
+
+    def _params(self, request: CompletionRequest) -> dict[str, Any]:
+        dropped = self._unsupported.get(request.model, set())
+        params: dict[str, Any] = {"model": request.model, "messages": request.messages}
+        params["max_tokens" if "max_completion_tokens" in dropped else "max_completion_tokens"] = request.max_tokens
+        if "temperature" not in dropped:
+            params["temperature"] = request.temperature
+        if request.json_output and "response_format" not in dropped:
+            params["response_format"] = {"type": "json_object"}
+        if request.tools:
+            params["tools"] = request.tools
+        return params
+
+    def _send(self, client: openai.OpenAI, params: dict[str, Any], estimated_tokens: int) -> Any:
+        if self.limits is None:
+            return client.chat.completions.create(**params)
+        try:
+            with self.limits.call(estimated_tokens) as record:
+                response = client.chat.completions.create(**params)
+                record(sum(_usage(response)))
+                return response
+        except TimeoutError as exc:
+            raise LLMError(f"no global LLM slot free in time ({exc}); raise RLM_MAX_CONCURRENCY or wait",
+                           retryable=True) from exc
+
+    def _learn_unsupported(self, exc: Exception, model: str, params: dict[str, Any]) -> bool:
+        """On a 400 naming a parameter we can live without, drop it for this model; True if we did."""
+        import openai
+
+        if not isinstance(exc, openai.BadRequestError):
+            return False
+        text = f"{exc.message} {exc.param or ''}".lower()
+        # Older servers know only max_tokens; reasoning models accept only the default temperature.
+        for name in ("max_completion_tokens", "response_format", "temperature"):
+            if name in params and name in text:
+                self._unsupported.setdefault(model, set()).add(name)
+                log.warning("model %s rejected %s; retrying without it: %s", model, name, exc.message)
+                return True
+        return False
+
+    def _classify(self, exc: Exception, request: CompletionRequest) -> tuple[LLMError, float | None]:
+        """The user-facing error for a failed attempt, and the server's Retry-After if any."""
+        import openai
+
+        where = self.settings.base_url or "api.openai.com"
+        if isinstance(exc, LLMError):
+            return exc, None
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMError(f"{request.model} did not answer within {self.settings.llm_timeout:g}s "
+                            "(RLM_LLM_TIMEOUT)", retryable=True), None
+        if isinstance(exc, openai.APIConnectionError):
+            return LLMError(f"cannot connect to the LLM endpoint {where}: {exc.__cause__ or exc}",
+                            retryable=True), None
+        if isinstance(exc, openai.APIStatusError):
+            return _status_error(exc, request.model, where)
+        if isinstance(exc, _BadResponse | json.JSONDecodeError | openai.APIResponseValidationError):
+            return LLMError(f"malformed response from {where}: {exc}", retryable=True), None
+        raise exc
+
+    def _backoff(self, retry_no: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.RETRY_AFTER_CAP)
+        delay = min(self.BACKOFF_CAP, self.BACKOFF_BASE * 2**retry_no)
+        return min(self.BACKOFF_CAP, delay * random.uniform(0.5, 1.5))
+
+    def _log(self, request: CompletionRequest, status: str, usage: tuple[int, int], latency_ms: int,
+             error: str | None) -> None:
+        level = logging.INFO if status == "ok" else logging.WARNING
+        log.log(level, "llm call model=%s role=%s status=%s tokens_in=%d tokens_out=%d latency_ms=%d%s",
+                request.model, request.role, status, usage[0], usage[1], latency_ms,
+                f" error={error}" if error else "",
+                extra={"llm_model": request.model, "llm_role": request.role, "llm_status": status,
+                       "llm_tokens_in": usage[0], "llm_tokens_out": usage[1], "llm_latency_ms": latency_ms})
+
+
+def _status_error(exc: openai.APIStatusError, model: str, where: str) -> tuple[LLMError, float | None]:
+    status = exc.status_code
+    retry_after = parse_retry_after(exc.response.headers)
+    detail = (exc.message or "").strip()
+    if status == 429:
+        if "insufficient_quota" in (exc.code or "", exc.type or ""):
+            return QuotaExhausted(f"the API key's quota is exhausted (429 insufficient_quota): check the "
+                                  f"account's billing and limits; waiting will not help. {detail}"), None
+        return RateLimited(f"rate limited by {where} (429): {detail}", retry_after=retry_after), retry_after
+    if status >= 500 or status == 408:
+        return LLMError(f"{where} answered {status}: {detail}", retryable=True), retry_after
+    hint = {
+        401: "check OPENAI_API_KEY / RLM_API_KEY",
+        403: f"check the key's project may use model {model!r}",
+        404: f"check the model name {model!r} (RLM_*_MODEL) and OPENAI_BASE_URL",
+    }.get(status, f"check the model name {model!r} and the request parameters")
+    return LLMError(f"{where} rejected the request ({status}): {detail}; {hint}", retryable=False), None
+
+
+def _usage(response: Any) -> tuple[int, int]:
+    usage = getattr(response, "usage", None)
+    if usage is None:
+        return 0, 0
+    return int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
+
+
+def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Completion:
+    choices = getattr(response, "choices", None)
+    if not choices or getattr(choices[0], "message", None) is None:
+        raise _BadResponse(f"no choices in the response: {str(response)[:200]}")
+    message = choices[0].message
+    tool_calls = [ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
+                  for tc in (message.tool_calls or []) if getattr(tc, "function", None) is not None]
+    raw: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if tool_calls:
+        raw["tool_calls"] = [{"id": tc.id, "type": "function",
+                              "function": {"name": tc.name, "arguments": tc.arguments}} for tc in tool_calls]
+    return Completion(text=message.content or "", model=getattr(response, "model", None) or model,
+                      tokens_in=usage[0], tokens_out=usage[1], tool_calls=tool_calls, raw_message=raw)

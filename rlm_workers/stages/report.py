@@ -1,0 +1,71 @@
+"""Assemble the QueryResult from what the job stored (pure: no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..models import AnalysisPlan, BatchError, Elapsed, QueryResult, Source
+
+SNIPPET_CHARS = 300
+
+
+def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
+    out = []
+    for f in collected:
+        snippet = (f.get("findings") or [f.get("summary") or ""])[0]
+        out.append(Source(chunk_id=f["chunk_id"], buffer=f["buffer"], path=f["path"], start_line=f["start_line"],
+                          end_line=f["end_line"], relevance=f["relevance"], snippet=snippet[:SNIPPET_CHARS]))
+    return out
+
+
+def build_result(
+    *,
+    job_id: str,
+    response: str,
+    provider: str,
+    tier: str,
+    params: dict[str, Any],
+    collected: Sequence[dict[str, Any]],
+    findings_filtered: int,
+    batches: Sequence[tuple[int, list[int], str, dict | None]],
+    chunks_available: int,
+    chunk_load_failures: int,
+    usage: tuple[int, int, int],
+    elapsed_seconds: float,
+) -> QueryResult:
+    ok = [b for b in batches if b[2] == "ok"]
+    failed = [b for b in batches if b[2] == "failed"]
+    analyzed = sorted({cid for b in ok for cid in b[1]})
+    calls, tokens_in, tokens_out = usage
+    plan_fields = set(AnalysisPlan.model_fields)
+    return QueryResult(
+        job_id=job_id,
+        response=response,
+        provider=provider,  # type: ignore[arg-type]
+        scaling_tier=tier,
+        plan=AnalysisPlan(**{k: v for k, v in params.items() if k in plan_fields}),
+        findings_count=len(collected),
+        findings_filtered=findings_filtered,
+        chunks_analyzed=len(analyzed),
+        analyzed_chunk_ids=analyzed,
+        chunks_available=chunks_available,
+        batches_processed=len(ok),
+        batches_failed=len(failed),
+        chunk_load_failures=chunk_load_failures,
+        batch_errors=[BatchError(batch=b[0], type=(b[3] or {}).get("type", "error"),
+                                 message=(b[3] or {}).get("message", ""), chunk_ids=b[1]) for b in failed],
+        sources=sources_from(collected),
+        llm_calls=calls,
+        total_tokens=tokens_in + tokens_out,
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
+        elapsed=Elapsed.from_seconds(elapsed_seconds),
+    )
+
+
+def status_line(r: QueryResult) -> str:
+    """The one-line summary printed under a text report (DESIGN §5)."""
+    return (f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed | "
+            f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
+            f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s")

@@ -1,0 +1,199 @@
+"""The synthesizer's tools: read-only calls back into storage.
+
+Arguments come from the model, so they are untrusted: size-capped, parsed as
+JSON, validated, and scoped to the job's tenant.  Regexes run on RE2 (linear
+time), never Python's backtracking engine.  A bad call returns an error object
+to the model instead of raising, so one mistake does not end the report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..constants import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
+
+MAX_CHUNKS_PER_CALL = 20
+MAX_TEXT_CHARS = 4000
+MAX_GREP_RESULTS = 50
+#: stop grepping after this much text, so one call stays cheap on huge buffers
+MAX_GREP_SCAN_BYTES = 50 * 1024 * 1024
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+
+
+TOOL_SPECS: list[dict[str, Any]] = [
+    _fn("get_chunks", "Full text of chunks by id (at most 20).",
+        {"chunk_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": MAX_CHUNKS_PER_CALL}}, ["chunk_ids"]),
+    _fn("search", "Hybrid/semantic/bm25 search over the job's buffers (or the named ones).",
+        {"query": {"type": "string"}, "buffers": {"type": "array", "items": {"type": "string"}},
+         "mode": {"type": "string", "enum": ["hybrid", "semantic", "bm25"]},
+         "top_k": {"type": "integer", "minimum": 1, "maximum": 20}}, ["query"]),
+    _fn("grep_chunks", "Lines matching an RE2 regular expression (at most 500 bytes) in the job's buffers.",
+        {"pattern": {"type": "string"}, "buffers": {"type": "array", "items": {"type": "string"}},
+         "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS}}, ["pattern"]),
+    _fn("get_buffer", "Size, chunking and model of one buffer.", {"name": {"type": "string"}}, ["name"]),
+    _fn("list_buffers", "All buffers you may read.", {}, []),
+    _fn("storage_stats", "Totals: buffers, files, chunks, bytes.", {}, []),
+]
+TOOL_NAMES = {spec["function"]["name"] for spec in TOOL_SPECS}
+
+
+class ToolError(Exception):
+    """A bad tool call; its message goes back to the model."""
+
+
+@dataclass
+class ToolContext:
+    conn: Any
+    tenant: str
+    buffers: list[str]
+    settings: Any
+    url: str
+
+
+def parse_arguments(raw: str | None) -> dict[str, Any]:
+    raw = raw or "{}"
+    if len(raw.encode()) > MAX_TOOL_ARGS_BYTES:
+        raise ToolError(f"tool arguments are {len(raw.encode())} bytes; the limit is {MAX_TOOL_ARGS_BYTES}")
+    try:
+        args = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ToolError(f"arguments are not valid JSON: {exc.msg}") from None
+    if not isinstance(args, dict):
+        raise ToolError("arguments must be a JSON object")
+    return args
+
+
+def run_tool(ctx: ToolContext, name: str, raw_arguments: str | None) -> str:
+    """Run one call; always returns JSON text for the model."""
+    try:
+        if name not in TOOL_NAMES:
+            raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(TOOL_NAMES))}")
+        args = parse_arguments(raw_arguments)
+        result = _DISPATCH[name](ctx, args)
+    except ToolError as exc:
+        result = {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - e.g. an unknown buffer: the model can correct itself
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        result = {"error": message[:500]}
+    return json.dumps(result, ensure_ascii=False)
+
+
+def _buffers(ctx: ToolContext, args: dict[str, Any]) -> list[str]:
+    names = args.get("buffers") or ctx.buffers
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(names) > 50:
+        raise ToolError("buffers must be a list of at most 50 buffer names")
+    return names
+
+
+def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    from ..store.buffers import get_chunks
+
+    ids = args.get("chunk_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ToolError("chunk_ids must be a list of integers")
+    if len(ids) > MAX_CHUNKS_PER_CALL:
+        raise ToolError(f"at most {MAX_CHUNKS_PER_CALL} chunk ids per call")
+    rows = get_chunks(ctx.conn, tenant=ctx.tenant, chunk_ids=ids)
+    return {"chunks": [
+        {"chunk_id": c.id, "buffer": c.buffer, "path": c.path, "lines": f"{c.start_line}-{c.end_line}",
+         "text": c.text[:MAX_TEXT_CHARS]} for c in (rows.get(i) for i in ids) if c is not None
+    ], "missing": [i for i in ids if i not in rows]}
+
+
+def _search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    from ..search.service import search
+
+    query = args.get("query")
+    if not isinstance(query, str):
+        raise ToolError("query must be a string")
+    top_k = args.get("top_k", 10)
+    if not isinstance(top_k, int) or not 1 <= top_k <= 20:
+        raise ToolError("top_k must be an integer from 1 to 20")
+    hits = search(ctx.conn, settings=ctx.settings, url=ctx.url, tenant=ctx.tenant, buffers=_buffers(ctx, args),
+                  query=query, mode=args.get("mode", "hybrid"), top_k=top_k)
+    return {"results": [{"chunk_id": h.chunk_id, "buffer": h.buffer, "path": h.path,
+                         "lines": f"{h.start_line}-{h.end_line}", "score": h.score, "text": h.text[:600]}
+                        for h in hits]}
+
+
+def compile_regex(pattern: Any):  # noqa: ANN401, ANN201
+    import re2
+
+    if not isinstance(pattern, str) or not pattern:
+        raise ToolError("pattern must be a non-empty string")
+    if len(pattern.encode()) > MAX_REGEX_BYTES:
+        raise ToolError(f"pattern is {len(pattern.encode())} bytes; the limit is {MAX_REGEX_BYTES}")
+    options = re2.Options()
+    options.max_mem = 8 << 20
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        raise ToolError(f"invalid RE2 pattern: {exc}") from None
+
+
+def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    from ..store.buffers import require_buffers
+
+    regex = compile_regex(args.get("pattern"))
+    limit = args.get("max_results", 20)
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_GREP_RESULTS:
+        raise ToolError(f"max_results must be an integer from 1 to {MAX_GREP_RESULTS}")
+    rows = require_buffers(ctx.conn, tenant=ctx.tenant, names=_buffers(ctx, args))
+    matches, scanned, truncated = [], 0, False
+    with ctx.conn.transaction(), ctx.conn.cursor(name="rlm_grep") as cur:
+        cur.itersize = 500
+        cur.execute("""SELECT c.id, b.name, c.path, c.start_line, c.text FROM chunks c JOIN buffers b ON b.id = c.buffer_id
+                       WHERE c.buffer_id = ANY(%s) ORDER BY b.name, c.ordinal""", ([r.id for r in rows],))
+        for cid, buf, path, start, text in cur:
+            scanned += len(text)
+            for offset, line in enumerate(text.split("\n")):
+                if regex.search(line):
+                    matches.append({"chunk_id": cid, "buffer": buf, "path": path, "line": start + offset,
+                                    "text": line[:300]})
+                    if len(matches) >= limit:
+                        break
+            if len(matches) >= limit or scanned > MAX_GREP_SCAN_BYTES:
+                truncated = True
+                break
+    return {"matches": matches, "truncated": truncated}
+
+
+def _get_buffer(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    from ..store.buffers import buffer_info
+
+    name = args.get("name")
+    if not isinstance(name, str):
+        raise ToolError("name must be a string")
+    return buffer_info(ctx.conn, tenant=ctx.tenant, name=name).model_dump()
+
+
+def _list_buffers(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    from ..store.buffers import list_buffers
+
+    return {"buffers": [{"name": b.name, "files": b.files, "chunks": b.chunks, "bytes": b.bytes}
+                        for b in list_buffers(ctx.conn, tenant=ctx.tenant)]}
+
+
+def _storage_stats(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    from ..store.buffers import list_buffers
+
+    infos = list_buffers(ctx.conn, tenant=ctx.tenant)
+    return {"buffers": len(infos), "files": sum(b.files for b in infos), "chunks": sum(b.chunks for b in infos),
+            "bytes": sum(b.bytes for b in infos)}
+
+
+_DISPATCH = {
+    "get_chunks": _get_chunks,
+    "search": _search,
+    "grep_chunks": _grep,
+    "get_buffer": _get_buffer,
+    "list_buffers": _list_buffers,
+    "storage_stats": _storage_stats,
+}

@@ -1,0 +1,239 @@
+"""SQL for query jobs: state, batches, findings and the LLM call log.
+
+Job state lives here, not in Redis, so a lost worker or a restarted broker
+loses no job.  Writes are idempotent (upserts keyed by job and batch) because
+Celery may deliver a stage twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from ..errors import InvalidInput
+from ..models import Finding, JobStatus, LLMCall
+
+TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
+
+
+@dataclass
+class JobRow:
+    id: str
+    tenant: str
+    status: str
+    stage: str
+    query: str
+    buffers: list[str]
+    options: dict[str, Any]
+    plan: dict[str, Any] | None
+    params: dict[str, Any] | None
+    scaling_tier: str | None
+    chunks_available: int | None
+    chunk_load_failures: int
+    batches_total: int
+    collected: dict[str, Any] | None
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    timings: dict[str, float]
+    task_ids: list[str]
+    created_at: Any
+    started_at: Any
+    finished_at: Any
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+_JOB_COLS = ("id, tenant, status, stage, query, buffers, options, plan, params, scaling_tier, chunks_available, "
+             "chunk_load_failures, batches_total, collected, result, error, timings, task_ids, created_at, started_at, finished_at")
+
+
+def create_job(conn, *, job_id: str, tenant: str, query: str, buffers: Sequence[str], options: dict[str, Any],  # noqa: ANN001
+               idempotency_key: str | None = None) -> tuple[str, bool]:
+    """Insert a queued job; with an idempotency key already used, return the existing job instead."""
+    row = conn.execute(
+        """INSERT INTO jobs (id, tenant, query, buffers, options, idempotency_key)
+           VALUES (%s, %s, %s, %s, %s, %s)
+           ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+           RETURNING id""",
+        (job_id, tenant, query, list(buffers), Jsonb(options), idempotency_key),
+    ).fetchone()
+    if row:
+        return row[0], True
+    existing = conn.execute("SELECT id FROM jobs WHERE tenant = %s AND idempotency_key = %s",
+                            (tenant, idempotency_key)).fetchone()
+    return existing[0], False
+
+
+def get_job(conn, *, job_id: str, tenant: str | None = None) -> JobRow | None:  # noqa: ANN001
+    sql = f"SELECT {_JOB_COLS} FROM jobs WHERE id = %s"
+    args: tuple = (job_id,)
+    if tenant is not None:
+        sql += " AND tenant = %s"
+        args = (job_id, tenant)
+    row = conn.execute(sql, args).fetchone()
+    return JobRow(*row) if row else None
+
+
+def set_stage(conn, *, job_id: str, stage: str) -> bool:  # noqa: ANN001
+    """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled)."""
+    cur = conn.execute(
+        """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now())
+           WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')""",
+        (stage, job_id),
+    )
+    return cur.rowcount > 0
+
+
+def add_timing(conn, *, job_id: str, stage: str, seconds: float) -> None:  # noqa: ANN001
+    conn.execute("UPDATE jobs SET timings = timings || jsonb_build_object(%s::text, %s::float8) WHERE id = %s",
+                 (stage, round(seconds, 4), job_id))
+
+
+def add_task_ids(conn, *, job_id: str, task_ids: Sequence[str]) -> None:  # noqa: ANN001
+    conn.execute("UPDATE jobs SET task_ids = task_ids || %s::text[] WHERE id = %s", (list(task_ids), job_id))
+
+
+def save_plan(conn, *, job_id: str, plan: dict[str, Any] | None) -> None:  # noqa: ANN001
+    conn.execute("UPDATE jobs SET plan = %s WHERE id = %s", (Jsonb(plan) if plan is not None else None, job_id))
+
+
+def save_search(conn, *, job_id: str, params: dict[str, Any], tier: str, chunks_available: int,  # noqa: ANN001
+                chunk_load_failures: int, batches: Sequence[Sequence[int]]) -> None:
+    conn.execute(
+        """UPDATE jobs SET params = %s, scaling_tier = %s, chunks_available = %s, chunk_load_failures = %s,
+               batches_total = %s WHERE id = %s""",
+        (Jsonb(params), tier, chunks_available, chunk_load_failures, len(batches), job_id),
+    )
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO job_batches (job_id, batch_no, chunk_ids) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            [(job_id, i, list(ids)) for i, ids in enumerate(batches)],
+        )
+
+
+def save_collected(conn, *, job_id: str, collected: dict[str, Any]) -> None:  # noqa: ANN001
+    conn.execute("UPDATE jobs SET collected = %s WHERE id = %s", (Jsonb(collected), job_id))
+
+
+def add_chunk_load_failures(conn, *, job_id: str, n: int) -> None:  # noqa: ANN001
+    if n:
+        conn.execute("UPDATE jobs SET chunk_load_failures = chunk_load_failures + %s WHERE id = %s", (n, job_id))
+
+
+def batch_chunk_ids(conn, *, job_id: str, batch_no: int) -> tuple[list[int], str] | None:  # noqa: ANN001
+    row = conn.execute("SELECT chunk_ids, status FROM job_batches WHERE job_id = %s AND batch_no = %s",
+                       (job_id, batch_no)).fetchone()
+    return (list(row[0]), row[1]) if row else None
+
+
+def start_batch(conn, *, job_id: str, batch_no: int) -> None:  # noqa: ANN001
+    conn.execute("""UPDATE job_batches SET attempts = attempts + 1, started_at = coalesce(started_at, now())
+                    WHERE job_id = %s AND batch_no = %s""", (job_id, batch_no))
+
+
+def finish_batch(conn, *, job_id: str, batch_no: int, findings: Sequence[Finding] = (),  # noqa: ANN001
+                 error: dict[str, Any] | None = None) -> None:
+    """Store a batch's outcome; replaces anything an earlier delivery stored."""
+    conn.execute("DELETE FROM job_findings WHERE job_id = %s AND batch_no = %s", (job_id, batch_no))
+    if findings:
+        with conn.cursor() as cur:
+            cur.executemany(
+                """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
+                   SET relevance = EXCLUDED.relevance, findings = EXCLUDED.findings, summary = EXCLUDED.summary,
+                       follow_up = EXCLUDED.follow_up""",
+                [(job_id, batch_no, f.chunk_id, f.relevance, Jsonb(f.findings), f.summary, Jsonb(f.follow_up))
+                 for f in findings],
+            )
+    conn.execute(
+        "UPDATE job_batches SET status = %s, error = %s, finished_at = now() WHERE job_id = %s AND batch_no = %s",
+        ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
+    )
+
+
+def fail_unfinished_batches(conn, *, job_id: str, reason: dict[str, Any]) -> int:  # noqa: ANN001
+    return conn.execute(
+        "UPDATE job_batches SET status = 'failed', error = %s, finished_at = now() WHERE job_id = %s AND status = 'pending'",
+        (Jsonb(reason), job_id),
+    ).rowcount
+
+
+def batches(conn, *, job_id: str) -> list[tuple[int, list[int], str, dict | None]]:  # noqa: ANN001
+    return [(r[0], list(r[1]), r[2], r[3]) for r in conn.execute(
+        "SELECT batch_no, chunk_ids, status, error FROM job_batches WHERE job_id = %s ORDER BY batch_no", (job_id,))]
+
+
+def batch_progress(conn, *, job_id: str) -> tuple[int, int]:  # noqa: ANN001
+    row = conn.execute(
+        """SELECT count(*) FILTER (WHERE status <> 'pending'), count(*) FROM job_batches WHERE job_id = %s""",
+        (job_id,)).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def findings_of(conn, *, job_id: str) -> list[tuple[int, Finding]]:  # noqa: ANN001
+    rows = conn.execute(
+        """SELECT batch_no, chunk_id, relevance, findings, summary, follow_up FROM job_findings
+           WHERE job_id = %s ORDER BY batch_no, chunk_id""", (job_id,)).fetchall()
+    return [(r[0], Finding(chunk_id=r[1], relevance=r[2], findings=r[3], summary=r[4], follow_up=r[5]))
+            for r in rows]
+
+
+def record_llm_call(conn, *, job_id: str | None, call: LLMCall) -> None:  # noqa: ANN001
+    conn.execute(
+        """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (job_id, call.stage, call.batch, call.provider, call.model, call.tokens_in, call.tokens_out,
+         call.latency_ms, call.status, (call.error or None) and call.error[:1000]),
+    )
+
+
+def usage_totals(conn, *, job_id: str) -> tuple[int, int, int]:  # noqa: ANN001
+    """(calls, tokens_in, tokens_out) over every call logged for the job, retries included."""
+    row = conn.execute(
+        "SELECT count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) FROM llm_calls WHERE job_id = %s",
+        (job_id,)).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def finish_job(conn, *, job_id: str, status: JobStatus, result: dict[str, Any] | None = None,  # noqa: ANN001
+               error: dict[str, Any] | None = None) -> bool:
+    """End the job once; a second delivery of a final stage changes nothing."""
+    cur = conn.execute(
+        """UPDATE jobs SET status = %s, stage = %s, result = coalesce(%s, result), error = %s, finished_at = now()
+           WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')""",
+        (status.value, status.value, Jsonb(result) if result is not None else None,
+         Jsonb(error) if error is not None else None, job_id),
+    )
+    return cur.rowcount > 0
+
+
+def cancel_job(conn, *, job_id: str, tenant: str) -> JobRow | None:  # noqa: ANN001
+    job = get_job(conn, job_id=job_id, tenant=tenant)
+    if job is None:
+        return None
+    finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error={"type": "cancelled", "message": "cancelled by the user"})
+    return get_job(conn, job_id=job_id, tenant=tenant)
+
+
+def unfinished_jobs(conn, *, older_than_seconds: float) -> list[str]:  # noqa: ANN001
+    return [r[0] for r in conn.execute(
+        """SELECT id FROM jobs WHERE status IN ('queued', 'running')
+           AND created_at < now() - make_interval(secs => %s) ORDER BY created_at""", (older_than_seconds,))]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, default=str)
+
+
+def require_options(options: dict[str, Any]) -> dict[str, Any]:
+    try:
+        json.dumps(options)
+    except TypeError as exc:
+        raise InvalidInput(f"query options must be JSON values: {exc}") from None
+    return options

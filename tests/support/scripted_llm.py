@@ -1,0 +1,446 @@
+"""A scripted OpenAI-protocol HTTP server: real sockets, real wire format, no model.
+
+In-process::
+
+    with ScriptedLLM(fixed("hello", latency_ms=50)) as srv:
+        settings = Settings(api_key="test", base_url=srv.base_url)
+        ...
+        assert srv.max_concurrency <= 3
+
+Standalone (for worker-process tests and benchmarks)::
+
+    python -m tests.support.scripted_llm --port 0 --latency-ms 500 --content '[]'
+
+prints ``listening on http://127.0.0.1:PORT/v1`` and serves ``GET /_stats``
+(max_concurrency, calls, usage) and ``POST /_reset`` for out-of-process readers.
+
+A responder maps the request JSON to a ``Reply`` (or a plain string); the
+helpers below cover fixed latency, failing the first N calls, always failing,
+malformed output and rules keyed on the last user message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    """What the server answers to one chat completion request."""
+
+    content: str | None = "ok"
+    #: [{"name": str, "arguments": dict | str, "id": optional str}]
+    tool_calls: list[dict[str, Any]] | None = None
+    #: None: estimated from the request / content (~4 chars a token)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    include_usage: bool = True
+    status: int = 200
+    #: OpenAI's error object: {"message", "type", "code", "param"}
+    error: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    #: seconds to wait before answering
+    delay: float = 0.0
+    #: sent verbatim instead of a JSON completion (a broken gateway)
+    raw_body: bytes | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def text(cls, content: str, *, prompt_tokens: int | None = None, completion_tokens: int | None = None,
+             delay: float = 0.0) -> Reply:
+        return cls(content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, delay=delay)
+
+    @classmethod
+    def tools(cls, *calls: tuple[str, dict[str, Any] | str], content: str | None = None, **kw: Any) -> Reply:
+        return cls(content=content, tool_calls=[{"name": n, "arguments": a} for n, a in calls], **kw)
+
+    @classmethod
+    def http_error(cls, status: int, message: str = "scripted error", *, type: str = "server_error",
+                   code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None,
+                   delay: float = 0.0) -> Reply:
+        return cls(content=None, status=status, error={"message": message, "type": type, "code": code, "param": param},
+                   headers=dict(headers or {}), delay=delay)
+
+    @classmethod
+    def malformed_body(cls, body: bytes = b"<html>502 Bad Gateway</html>") -> Reply:
+        return cls(content=None, raw_body=body)
+
+
+Responder = Callable[[dict[str, Any]], "Reply | str"]
+
+
+# --- ready-made responders -------------------------------------------------
+
+def fixed(content: str = "ok", *, latency_ms: float = 0, prompt_tokens: int | None = None,
+          completion_tokens: int | None = None) -> Responder:
+    return lambda _req: Reply.text(content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                   delay=latency_ms / 1000)
+
+
+def with_latency(responder: Responder, latency_ms: float) -> Responder:
+    def respond(req: dict[str, Any]) -> Reply:
+        reply = _as_reply(responder(req))
+        reply.delay += latency_ms / 1000
+        return reply
+    return respond
+
+
+def fail_first(n: int, then: Responder | None = None, *, status: int = 429, retry_after: float | None = 1,
+               message: str = "Rate limit reached", code: str | None = "rate_limit_exceeded") -> Responder:
+    """The first ``n`` calls fail (429 with Retry-After by default), later ones go to ``then``."""
+    then = then or fixed()
+    counter = itertools.count()
+    lock = threading.Lock()
+    headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else {}
+    kind = "requests" if status == 429 else "server_error"
+
+    def respond(req: dict[str, Any]) -> Reply | str:
+        with lock:
+            i = next(counter)
+        if i < n:
+            return Reply.http_error(status, message, type=kind, code=code, headers=headers)
+        return then(req)
+    return respond
+
+
+def always_error(status: int = 500, message: str = "The server had an error", **kw: Any) -> Responder:
+    return lambda _req: Reply.http_error(status, message, **kw)
+
+
+def quota_exhausted() -> Responder:
+    return always_error(429, "You exceeded your current quota, please check your plan and billing details.",
+                        type="insufficient_quota", code="insufficient_quota")
+
+
+def malformed_json(content: str = '{"chunk_id": 1, "relevance": "hi') -> Responder:
+    """A 200 whose message content is not valid JSON (the model's fault, not the HTTP layer's)."""
+    return fixed(content)
+
+
+def rules(table: Sequence[tuple[str, Reply | str | Responder]], default: Reply | str | Responder = "ok") -> Responder:
+    """First rule whose substring occurs in the last user message wins."""
+    def pick(value: Reply | str | Responder, req: dict[str, Any]) -> Reply | str:
+        if callable(value):
+            return value(req)
+        return _copy(value) if isinstance(value, Reply) else value
+
+    def respond(req: dict[str, Any]) -> Reply | str:
+        text = last_user_message(req)
+        for needle, value in table:
+            if needle in text:
+                return pick(value, req)
+        return pick(default, req)
+    return respond
+
+
+def last_user_message(req: dict[str, Any]) -> str:
+    for msg in reversed(req.get("messages") or []):
+        if msg.get("role") == "user":
+            content = msg.get("content")
+            if isinstance(content, list):  # content parts
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content or ""
+    return ""
+
+
+def _copy(reply: Reply) -> Reply:
+    from dataclasses import replace
+
+    return replace(reply, headers=dict(reply.headers))
+
+
+def _as_reply(value: Reply | str) -> Reply:
+    return Reply.text(value) if isinstance(value, str) else value
+
+
+# --- the server ------------------------------------------------------------
+
+@dataclass
+class RecordedRequest:
+    path: str
+    body: dict[str, Any]
+    arrived: float
+    #: lower-cased names
+    headers: dict[str, str]
+
+
+class _Stats:
+    """Everything a test asserts on, behind one lock (handlers run on many threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self.in_flight = 0
+        self.max_concurrency = 0
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self.ids = itertools.count(1)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"calls": len(self.requests), "max_concurrency": self.max_concurrency,
+                    "in_flight": self.in_flight, "usage": dict(self.usage)}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/v1/models":
+            self._json(200, {"object": "list", "data": [
+                {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "scripted"}]})
+        elif path == "/_stats":
+            self._json(200, self.server.stats.snapshot())
+        elif path == "/_requests":
+            with self.server.stats.lock:
+                rows = [{"path": r.path, "body": r.body, "arrived": r.arrived} for r in self.server.stats.requests]
+            self._json(200, {"requests": rows})
+        else:
+            self._json(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?")[0].rstrip("/")
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if path == "/_reset":
+            with self.server.stats.lock:
+                self.server.stats.reset()
+            self._json(200, {"ok": True})
+            return
+        if path != "/v1/chat/completions":
+            self._json(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            self._json(400, {"error": {"message": "request body is not JSON", "type": "invalid_request_error"}})
+            return
+        self._chat(body)
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        stats = self.server.stats
+        with stats.lock:
+            stats.requests.append(RecordedRequest(self.path, body, time.time(),
+                                                 {k.lower(): v for k, v in self.headers.items()}))
+            stats.in_flight += 1
+            stats.max_concurrency = max(stats.max_concurrency, stats.in_flight)
+            call_id = next(stats.ids)
+        usage: dict[str, int] | None = None
+        try:
+            reply = _as_reply(self.server.responder(body))
+            if reply.delay > 0:
+                time.sleep(reply.delay)
+            status, payload, usage = _render(reply, body, call_id)
+        except Exception as exc:  # noqa: BLE001 - a broken responder is a 500, not a dead server thread
+            reply = Reply()
+            status, payload = 500, {"error": {"message": f"responder failed: {exc!r}", "type": "server_error"}}
+        finally:
+            # Leave the in-flight count BEFORE answering: a client that got its answer and
+            # released its limiter slot must never still be counted here.
+            with stats.lock:
+                stats.in_flight -= 1
+                for k in stats.usage if usage else ():
+                    stats.usage[k] += usage[k]
+        if reply.raw_body is not None:
+            self._send(status, reply.raw_body, "application/json", reply.headers)
+        else:
+            self._json(status, payload, reply.headers)
+
+    def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json", headers or {})
+
+    def _send(self, status: int, data: bytes, ctype: str, headers: dict[str, str]) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (its timeout): exactly what timeout tests provoke
+
+
+def _estimate(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+def _render(reply: Reply, req: dict[str, Any], call_id: int) -> tuple[int, dict[str, Any], dict[str, int] | None]:
+    if reply.raw_body is not None:
+        return reply.status, {}, None
+    if reply.status >= 400:
+        return reply.status, {"error": reply.error or {"message": "scripted error", "type": "server_error"}}, None
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+    out_text = reply.content or ""
+    if reply.tool_calls:
+        message["tool_calls"] = []
+        for i, tc in enumerate(reply.tool_calls):
+            args = tc["arguments"] if isinstance(tc["arguments"], str) else json.dumps(tc["arguments"])
+            message["tool_calls"].append({"id": tc.get("id") or f"call_{call_id}_{i}", "type": "function",
+                                          "function": {"name": tc["name"], "arguments": args}})
+            out_text += tc["name"] + args
+    prompt = reply.prompt_tokens if reply.prompt_tokens is not None else _estimate(json.dumps(req.get("messages")))
+    completion = reply.completion_tokens if reply.completion_tokens is not None else _estimate(out_text)
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    payload: dict[str, Any] = {
+        "id": f"chatcmpl-scripted-{call_id}", "object": "chat.completion", "created": int(time.time()),
+        "model": req.get("model") or "scripted",
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")}],
+    }
+    if reply.include_usage:
+        payload["usage"] = usage
+    return 200, payload, usage if reply.include_usage else None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The default backlog of 5 makes a burst of parallel clients wait on SYN retries (~1 s each).
+    request_queue_size = 256
+
+    def __init__(self, addr: tuple[str, int], responder: Responder, model_name: str) -> None:
+        super().__init__(addr, _Handler)
+        self.responder = responder
+        self.model_name = model_name
+        self.stats = _Stats()
+
+
+class ScriptedLLM:
+    """The server in a background thread; ``base_url`` ends in ``/v1`` like OpenAI's."""
+
+    def __init__(self, responder: Responder | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 model_name: str = "scripted-model") -> None:
+        self._server = _Server((host, port), responder or fixed(), model_name)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def responder(self) -> Responder:
+        return self._server.responder
+
+    @responder.setter
+    def responder(self, value: Responder) -> None:
+        self._server.responder = value
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._server.server_address[0]}:{self.port}/v1"
+
+    def start(self) -> ScriptedLLM:
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="scripted-llm", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- what tests read ---------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._server.stats.lock:
+            return list(self._server.stats.requests)
+
+    @property
+    def calls(self) -> int:
+        return len(self.requests)
+
+    @property
+    def max_concurrency(self) -> int:
+        return self._server.stats.snapshot()["max_concurrency"]
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return self._server.stats.snapshot()["usage"]
+
+    def stats(self) -> dict[str, Any]:
+        return self._server.stats.snapshot()
+
+    def reset(self) -> None:
+        with self._server.stats.lock:
+            self._server.stats.reset()
+
+
+# --- standalone process ----------------------------------------------------
+
+def _load_responder(spec: str) -> Responder:
+    """``module:attr``: a responder, or a zero-argument factory returning one."""
+    module, _, attr = spec.partition(":")
+    obj = getattr(importlib.import_module(module), attr or "responder")
+    try:
+        made = obj()
+    except TypeError:
+        return obj
+    return made if callable(made) else obj
+
+
+def build_responder(args: argparse.Namespace) -> Responder:
+    if args.responder:
+        base = _load_responder(args.responder)
+    elif args.always_status:
+        base = always_error(args.always_status)
+    elif args.malformed:
+        base = malformed_json()
+    else:
+        base = fixed(args.content, prompt_tokens=args.prompt_tokens, completion_tokens=args.completion_tokens)
+    if args.fail_first:
+        base = fail_first(args.fail_first, base, status=args.fail_status, retry_after=args.retry_after)
+    return with_latency(base, args.latency_ms) if args.latency_ms else base
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.support.scripted_llm", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    p.add_argument("--latency-ms", type=float, default=0, help="delay before every answer")
+    p.add_argument("--content", default="ok", help="the assistant's reply text")
+    p.add_argument("--prompt-tokens", type=int, default=None)
+    p.add_argument("--completion-tokens", type=int, default=None)
+    p.add_argument("--fail-first", type=int, default=0, help="fail the first N calls")
+    p.add_argument("--fail-status", type=int, default=429)
+    p.add_argument("--retry-after", type=float, default=1, help="Retry-After seconds on --fail-first errors")
+    p.add_argument("--always-status", type=int, default=0, help="answer every call with this HTTP error")
+    p.add_argument("--malformed", action="store_true", help="reply with content that is not valid JSON")
+    p.add_argument("--responder", default=None, help="module:callable responder (or zero-arg factory)")
+    args = p.parse_args(argv)
+    srv = ScriptedLLM(build_responder(args), host=args.host, port=args.port)
+    print(f"listening on {srv.base_url}", flush=True)
+    try:
+        srv._server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv._server.server_close()
+
+
+if __name__ == "__main__":
+    main()

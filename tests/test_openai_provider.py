@@ -1,0 +1,267 @@
+"""OpenAIProvider against the scripted server: real HTTP, the real openai client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rlm_workers.config import Settings
+from rlm_workers.errors import LLMError, QuotaExhausted, RateLimited
+from rlm_workers.llm.openai_provider import OpenAIProvider, parse_retry_after
+from rlm_workers.llm.protocol import CompletionRequest
+from tests.support.scripted_llm import (
+    Reply,
+    ScriptedLLM,
+    always_error,
+    fail_first,
+    fixed,
+    quota_exhausted,
+    rules,
+)
+
+MODEL = "gpt-test"
+
+
+def _settings(srv: ScriptedLLM, **kw: object) -> Settings:
+    return Settings(api_key="sk-test", base_url=srv.base_url, **{"llm_timeout": 5.0, "llm_retries": 2, **kw})
+
+
+def _request(text: str = "hello", **kw: object) -> CompletionRequest:
+    return CompletionRequest(role="analyst", model=MODEL, messages=[{"role": "user", "content": text}],
+                             max_tokens=64, **kw)
+
+
+@pytest.fixture
+def srv():
+    with ScriptedLLM() as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch):
+    # Keeps unhinted retries quick; Retry-After (what the 429 test checks) is not affected.
+    monkeypatch.setattr(OpenAIProvider, "BACKOFF_BASE", 0.05)
+
+
+def test_success_maps_text_usage_and_parameters(srv):
+    srv.responder = fixed("the answer", prompt_tokens=123, completion_tokens=45)
+    c = OpenAIProvider(_settings(srv)).complete(_request(temperature=0.0))
+    assert (c.text, c.tokens_in, c.tokens_out, c.model) == ("the answer", 123, 45, MODEL)
+    assert c.failed_attempts == [] and c.tool_calls == [] and c.latency_ms >= 0
+    assert c.raw_message == {"role": "assistant", "content": "the answer"}
+    body = srv.requests[0].body
+    assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
+    assert body["temperature"] == 0.0 and "response_format" not in body
+    assert srv.requests[0].headers.get("authorization") == "Bearer sk-test"
+    assert srv.usage == {"prompt_tokens": 123, "completion_tokens": 45, "total_tokens": 168}
+
+
+def test_missing_usage_counts_zero(srv):
+    srv.responder = lambda _r: Reply(content="x", include_usage=False)
+    c = OpenAIProvider(_settings(srv)).complete(_request())
+    assert (c.tokens_in, c.tokens_out) == (0, 0)
+
+
+def test_429_retry_after_is_honoured_and_attempt_recorded(srv):
+    srv.responder = fail_first(1, fixed("late", prompt_tokens=5, completion_tokens=2), retry_after=1)
+    t0 = time.monotonic()
+    c = OpenAIProvider(_settings(srv)).complete(_request())
+    assert c.text == "late"
+    assert srv.calls == 2
+    gap = srv.requests[1].arrived - srv.requests[0].arrived
+    assert gap >= 0.95 and time.monotonic() - t0 >= 0.95
+    [failed] = c.failed_attempts
+    assert failed["status"] == "retried" and "429" in failed["error"]
+    assert set(failed) == {"status", "tokens_in", "tokens_out", "latency_ms", "error"}
+
+
+def test_retry_after_ms_header_wins():
+    assert parse_retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert parse_retry_after({"retry-after": "2"}) == 2.0
+    assert parse_retry_after({"retry-after": "soon"}) is None
+    assert parse_retry_after({}) is None
+
+
+def test_retry_after_capped_at_60s(srv):
+    p = OpenAIProvider(_settings(srv))
+    assert p._backoff(0, 3600.0) == 60.0
+    assert p._backoff(30, None) <= OpenAIProvider.BACKOFF_CAP
+
+
+def test_insufficient_quota_fails_at_once(srv):
+    srv.responder = quota_exhausted()
+    with pytest.raises(QuotaExhausted) as ei:
+        OpenAIProvider(_settings(srv)).complete(_request())
+    assert srv.calls == 1
+    assert ei.value.retryable is False
+    assert [a["status"] for a in ei.value.attempts] == ["error"]
+
+
+def test_persistent_429_raises_rate_limited_with_every_attempt(srv):
+    srv.responder = fail_first(100, retry_after=0)
+    with pytest.raises(RateLimited) as ei:
+        OpenAIProvider(_settings(srv, llm_retries=2)).complete(_request())
+    assert srv.calls == 3 and ei.value.retryable
+    assert [a["status"] for a in ei.value.attempts] == ["retried", "retried", "error"]
+
+
+def test_persistent_500_is_retryable_after_all_retries(srv):
+    srv.responder = always_error(500)
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv, llm_retries=2)).complete(_request())
+    assert ei.value.retryable is True
+    assert srv.calls == 3
+    assert len(ei.value.attempts) == 3 and all("500" in a["error"] for a in ei.value.attempts)
+
+
+def test_timeout_is_retryable(srv):
+    srv.responder = fixed("too slow", latency_ms=1500)
+    t0 = time.monotonic()
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv, llm_timeout=0.5, llm_retries=1)).complete(_request())
+    assert ei.value.retryable and "0.5s" in ei.value.message
+    assert srv.calls == 2
+    assert time.monotonic() - t0 < 3.0  # the client gave up, it did not wait for the answers
+
+
+def test_auth_error_is_not_retried_and_says_what_to_check(srv):
+    srv.responder = always_error(401, "Incorrect API key provided", type="invalid_request_error",
+                                 code="invalid_api_key")
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv)).complete(_request())
+    assert srv.calls == 1 and not ei.value.retryable
+    assert "OPENAI_API_KEY" in ei.value.message
+
+
+def test_unknown_model_404_names_the_model(srv):
+    srv.responder = always_error(404, "The model `gpt-test` does not exist", type="invalid_request_error",
+                                 code="model_not_found")
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv)).complete(_request())
+    assert srv.calls == 1 and not ei.value.retryable and MODEL in ei.value.message
+
+
+def test_malformed_body_is_retryable(srv):
+    srv.responder = lambda _r: Reply.malformed_body()
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv, llm_retries=1)).complete(_request())
+    assert ei.value.retryable and srv.calls == 2
+
+
+def test_json_output_sends_response_format(srv):
+    srv.responder = fixed('{"ok": true}')
+    c = OpenAIProvider(_settings(srv)).complete(_request(json_output=True))
+    assert json.loads(c.text) == {"ok": True}
+    assert srv.requests[0].body["response_format"] == {"type": "json_object"}
+
+
+def test_unsupported_response_format_falls_back_once(srv):
+    def responder(req: dict) -> Reply | str:
+        if "response_format" in req:
+            return Reply.http_error(400, "'response_format' of type 'json_object' is not supported with this model.",
+                                    type="invalid_request_error", param="response_format")
+        return '{"ok": true}'
+
+    srv.responder = responder
+    p = OpenAIProvider(_settings(srv))
+    c = p.complete(_request(json_output=True))
+    assert c.text == '{"ok": true}' and len(c.failed_attempts) == 1
+    # learned for the model: the next call does not repeat the doomed request
+    p.complete(_request(json_output=True))
+    assert [("response_format" in r.body) for r in srv.requests] == [True, False, False]
+
+
+def test_max_tokens_and_temperature_fallbacks(srv):
+    def responder(req: dict) -> Reply | str:
+        if "max_completion_tokens" in req:
+            return Reply.http_error(400, "Unrecognized request argument supplied: max_completion_tokens",
+                                    type="invalid_request_error")
+        if "temperature" in req:
+            return Reply.http_error(400, "Unsupported value: 'temperature' does not support 0 with this model.",
+                                    type="invalid_request_error", param="temperature")
+        return "fine"
+
+    srv.responder = responder
+    c = OpenAIProvider(_settings(srv, llm_retries=0)).complete(_request())
+    assert c.text == "fine" and len(c.failed_attempts) == 2
+    assert srv.requests[-1].body["max_tokens"] == 64
+
+
+def test_other_400_is_not_retried(srv):
+    srv.responder = always_error(400, "messages: too long", type="invalid_request_error")
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv)).complete(_request())
+    assert srv.calls == 1 and not ei.value.retryable and MODEL in ei.value.message
+
+
+def test_tool_call_round_trip(srv):
+    def responder(req: dict) -> Reply | str:
+        if any(m.get("role") == "tool" for m in req["messages"]):
+            return "report using " + req["messages"][-1]["content"]
+        return Reply.tools(("get_chunks", {"chunk_ids": [1, 2]}), prompt_tokens=20, completion_tokens=8)
+
+    srv.responder = responder
+    tools = [{"type": "function", "function": {"name": "get_chunks", "parameters": {"type": "object"}}}]
+    p = OpenAIProvider(_settings(srv))
+    messages: list[dict] = [{"role": "user", "content": "synthesize"}]
+    first = p.complete(CompletionRequest(role="synthesizer", model=MODEL, messages=messages, max_tokens=32,
+                                         tools=tools))
+    [call] = first.tool_calls
+    assert call.name == "get_chunks" and json.loads(call.arguments) == {"chunk_ids": [1, 2]}
+    assert (first.tokens_in, first.tokens_out) == (20, 8)
+    assert first.raw_message["tool_calls"][0]["function"]["name"] == "get_chunks"
+    assert srv.requests[0].body["tools"] == tools
+
+    messages += [first.raw_message, {"role": "tool", "tool_call_id": call.id, "content": "chunk text"}]
+    second = p.complete(CompletionRequest(role="synthesizer", model=MODEL, messages=messages, max_tokens=32,
+                                          tools=tools))
+    assert second.text == "report using chunk text" and second.tool_calls == []
+    sent = srv.requests[1].body["messages"]
+    assert sent[1]["role"] == "assistant" and sent[1]["tool_calls"][0]["id"] == call.id
+
+
+def test_rules_match_last_user_message(srv):
+    srv.responder = rules([("alpha", "A"), ("beta", Reply.text("B"))], default="Z")
+    p = OpenAIProvider(_settings(srv))
+    assert [p.complete(_request(t)).text for t in ("say alpha", "beta!", "gamma")] == ["A", "B", "Z"]
+
+
+def test_no_api_key_is_a_config_error():
+    from rlm_workers.errors import ConfigError
+
+    p = OpenAIProvider(Settings(api_key=None, base_url="http://127.0.0.1:9/v1"))
+    with pytest.raises(ConfigError):
+        p.complete(_request())
+
+
+def test_standalone_server_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_llm", "--port", "0",
+                             "--latency-ms", "50", "--content", "standalone", "--fail-first", "1",
+                             "--retry-after", "0"],
+                            cwd=root, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), line
+        base = line.split()[-1]
+        c = OpenAIProvider(Settings(api_key="k", base_url=base, llm_retries=1)).complete(_request())
+        assert c.text == "standalone" and len(c.failed_attempts) == 1
+        root_url = base.removesuffix("/v1")
+        stats = json.load(urllib.request.urlopen(root_url + "/_stats"))
+        assert stats["calls"] == 2 and stats["max_concurrency"] == 1 and stats["usage"]["total_tokens"] > 0
+        urllib.request.urlopen(urllib.request.Request(root_url + "/_reset", data=b"", method="POST"))
+        assert json.load(urllib.request.urlopen(root_url + "/_stats"))["calls"] == 0
+        models = json.load(urllib.request.urlopen(base + "/models"))
+        assert models["data"][0]["object"] == "model"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
