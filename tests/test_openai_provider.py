@@ -126,6 +126,19 @@ def test_timeout_is_retryable(srv):
     assert time.monotonic() - t0 < 3.0  # the client gave up, it did not wait for the answers
 
 
+def test_connection_refused_is_retryable():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(api_key="k", base_url=f"http://127.0.0.1:{port}/v1", llm_retries=1)
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(settings).complete(_request())
+    assert ei.value.retryable and "cannot connect" in ei.value.message
+    assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
+
+
 def test_auth_error_is_not_retried_and_says_what_to_check(srv):
     srv.responder = always_error(401, "Incorrect API key provided", type="invalid_request_error",
                                  code="invalid_api_key")

@@ -52,7 +52,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 _ACQUIRE_LUA = _LUA_NOW_MS + """
 local key, limit, lease_ms = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-if redis.call('ZCARD', key) >= limit + 1 then return 0 end
+if redis.call('ZCARD', key) >= limit then return 0 end
 redis.call('ZADD', key, now + lease_ms, ARGV[3])
 -- the whole key vanishes if every holder dies, without shortening live leases
 if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
