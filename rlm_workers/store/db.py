@@ -27,7 +27,7 @@ def _prepare(conn: psycopg.Connection, url: str) -> None:
     from pgvector.psycopg import register_vector
 
     from ..services import ensure_pgvector
-    from .migrations import migrate
+    from .migrations import MIGRATION_LOCK, migrate
 
     if url not in _migrated:
         with _migrate_lock:
@@ -35,7 +35,10 @@ def _prepare(conn: psycopg.Connection, url: str) -> None:
                 prev = conn.autocommit
                 conn.autocommit = True
                 try:
-                    ensure_pgvector(conn)
+                    # two first starts at once must not race on CREATE EXTENSION
+                    with conn.transaction():
+                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                        ensure_pgvector(conn)
                     migrate(conn)
                 finally:
                     conn.autocommit = prev

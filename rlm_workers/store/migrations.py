@@ -13,7 +13,7 @@ import logging
 log = logging.getLogger("rlm.store")
 
 #: arbitrary constant: the advisory lock key for schema changes
-_MIGRATION_LOCK = 727_272_001
+MIGRATION_LOCK = 727_272_001
 
 M001_INITIAL = """
 CREATE TABLE buffers (
@@ -149,7 +149,7 @@ def ensure_embedding_table(conn, dim: int) -> str:  # noqa: ANN001
     table = embedding_table(dim)
     exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
     if exists is None:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK + 1,))
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK + 1,))
         conn.execute(
             f"""
             CREATE TABLE IF NOT EXISTS {table} (
@@ -177,7 +177,7 @@ def migrate(conn) -> list[str]:  # noqa: ANN001
     """Apply missing migrations; returns the names applied now."""
     done_now: list[str] = []
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         have = set(applied(conn))
         for name, sql in MIGRATIONS:
             if name in have:
