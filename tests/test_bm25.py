@@ -56,7 +56,7 @@ def _assert_parity(idx: BM25Index, ref: BM25Okapi, queries: list[list[str]]) -> 
 
 def _zipf_queries(docs: list[list[str]]) -> list[list[str]]:
     return [["w0"], ["w0", "w1", "w2"], ["w5", "w5", "w17"], ["w399", "w398", "nope"], ["w50", "w120", "w3"],
-            ["w1", "w1", "w1"], ["w250"], ["missing", "also_missing"]]
+            ["w1", "w1", "w1"], ["w250"], ["w300", "w300", "w399"], ["missing", "also_missing"]]
 
 
 def test_hand_corpus_matches_rank_bm25() -> None:
@@ -180,10 +180,12 @@ def test_top_k_matches_brute_force(zipf_docs: list[list[str]], k: int) -> None:
         np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-12)
 
 
-def test_top_k_ties_break_by_ascending_chunk_id() -> None:
+@pytest.mark.parametrize("filler", [0, 300])  # 300 filler docs switch top_k to its sparse path
+def test_top_k_ties_break_by_ascending_chunk_id(filler: int) -> None:
     # identical docs under shuffled ids, plus a weaker and a non-matching doc
     docs = [(30, ["alpha", "beta"]), (10, ["alpha", "beta"]), (99, ["gamma"]), (20, ["alpha", "beta"]),
             (5, ["alpha", "beta", "beta", "delta", "delta", "delta"]), (7, ["gamma", "gamma"])]
+    docs += [(1000 + i, ["filler", f"f{i}"]) for i in range(filler)]
     idx = BM25Index.build(docs)
     full = idx.top_k(["alpha"], 10)
     assert [c for c, _ in full] == [10, 20, 30, 5]

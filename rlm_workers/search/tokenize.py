@@ -34,7 +34,7 @@ _CAMEL = re.compile(r"[A-Z0-9]+(?=[A-Z][a-z])|[A-Z]?[a-z0-9]+|[A-Z0-9]+")
 
 
 def _camel_parts_unicode(word: str) -> list[str]:
-    """Rare path: camelCase split for non-ASCII words, same rules as ``_CAMEL``."""
+    """Rare path: camelCase split for non-ASCII words, mirroring ``_CAMEL``."""
     parts: list[str] = []
     start = 0
     n = len(word)
