@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
-from .constants import QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
+from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
 
 TASK_MODULES = [
     "rlm_workers.tasks.plan",
@@ -22,6 +22,7 @@ TASK_MODULES = [
     "rlm_workers.tasks.collect",
     "rlm_workers.tasks.synthesize",
     "rlm_workers.tasks.salvage",
+    "rlm_workers.tasks.batch",
 ]
 
 app = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)
@@ -47,19 +48,25 @@ def celery_config(settings) -> dict:  # noqa: ANN001 - Settings
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "worker_deduplicate_successful_tasks": True,
-        "task_track_started": True,
+        # Job state lives in PostgreSQL: a STARTED state in the result backend would cost every task a
+        # SET and a PUBLISH on the critical path and tell nobody anything (Flower reads task events).
+        "task_track_started": False,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "result_expires": 86400,
         "result_extended": False,
         "task_default_queue": QUEUE_CONTROL,
-        "task_queues": [Queue(QUEUE_CONTROL), Queue(QUEUE_ANALYST), Queue(QUEUE_INGEST)],
+        # Each queue gets its own exchange and key: a bare Queue(name) is bound to the default exchange with
+        # the default key, so every queue would receive every task.
+        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in ALL_QUEUES],
         "task_routes": {
             "rlm.analyst": {"queue": QUEUE_ANALYST},
             "rlm.ingest": {"queue": QUEUE_INGEST},
             "rlm.embed": {"queue": QUEUE_INGEST},
             "rlm.*": {"queue": QUEUE_CONTROL},
         },
+        # a batch job's low priority (set on its first task) carries over to every later stage
+        "task_inherit_parent_priority": True,
         "worker_hijack_root_logger": False,
         "worker_soft_shutdown_timeout": 10.0,
         "worker_enable_soft_shutdown_on_idle": True,
@@ -90,3 +97,60 @@ class _LazyConfig(Mapping):
 
 
 app.config_from_object(_LazyConfig())
+
+
+def reconfigure() -> None:
+    """Re-read Settings into the app after ``reset_settings()`` (tests switch databases and brokers).
+
+    Without this a process keeps publishing to the broker of the first configuration it saw.
+    """
+    if app._conf is None:  # never configured: the lazy mapping will read the new settings
+        return
+    from .config import get_settings
+
+    app.conf.update(celery_config(get_settings()))
+    # Dropped, not closed: kombu's process-wide producer registry may still hand out pools built on it
+    # (keyed by broker URL), and closing it would break the next publish to an unchanged broker.
+    app._pool = None
+    # cached helpers that hold producer pools or connections to the old broker
+    for attr in ("amqp", "control", "events"):
+        app.__dict__.pop(attr, None)
+    # the result backend is cached per app (thread-safe backends) or per thread
+    app._backend_cache = None
+    if app._local is not None:
+        app._local.__dict__.pop("backend", None)
+
+def _patch_kombu_redis_reconnect() -> None:
+    """Keep a worker alive when Redis goes away under it (kombu 5.x).
+
+    On connection loss the consumer closes its channel; closing tries to put unacked messages
+    back, which needs a fresh client, whose parameters come from a connection already torn down
+    (``conninfo`` is None) -> AttributeError -> "Unrecoverable error" and the worker exits
+    (same family as kombu#582, celery#8030).  Raising the transport's own ConnectionError
+    instead lets kombu's ignore_errors() swallow it; the messages are redelivered later by
+    Redis after the visibility timeout, as for any lost connection.
+    """
+    try:
+        import redis
+        from kombu.transport import redis as kredis
+    except ImportError:
+        return
+    original = kredis.Channel._connparams
+    if getattr(original, "_rlm_patched", False):
+        return
+
+    def _connparams(self, asynchronous=False):  # noqa: ANN001, ANN202, FBT002
+        if self.connection is None or self.connection.client is None:
+            raise redis.exceptions.ConnectionError("connection already closed")
+        return original(self, asynchronous=asynchronous)
+
+    _connparams._rlm_patched = True  # type: ignore[attr-defined]
+    kredis.Channel._connparams = _connparams
+
+
+_patch_kombu_redis_reconnect()
+
+# Signals only (cheap): JSON or text logs with job id and stage, configured when a worker starts.
+from .logs import connect_celery_signals  # noqa: E402
+
+connect_celery_signals()

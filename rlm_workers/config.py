@@ -69,8 +69,8 @@ class Settings(BaseSettings):
     )
     job_timeout: int = Field(
         1800, ge=5,
-        description="Seconds after fan-out starts before a job still waiting on batches is finished with what it has; "
-                    "keep below RLM_VISIBILITY_TIMEOUT.",
+        description="Seconds a job's fan-out may go without progress (no batch started or finished) before it is "
+                    "finished with what it has; keep below RLM_VISIBILITY_TIMEOUT.",
     )
 
     # --- ingest ------------------------------------------------------------
@@ -84,6 +84,22 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: str = Field("INFO", description="Python logging level.")
     flower_basic_auth: str | None = Field(None, description="user:password for Flower; required off loopback.", repr=False)
+
+    # --- HTTP API and batches ----------------------------------------------
+    api_host: str = Field("127.0.0.1", description="Address `rlm api` / `rlm up` bind the HTTP API to.")
+    api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API.")
+    flower_host: str = Field("127.0.0.1", description="Address Flower binds to; off loopback it needs basic auth.")
+    flower_port: int = Field(5555, ge=0, le=65535, description="Port of Flower.")
+    max_request_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Largest HTTP request body (413 above).")
+    batch_parallel: int = Field(
+        4, ge=1, le=1000,
+        description="Batch items in flight at once per batch; the rest of the LLM budget stays free for interactive "
+                    "queries.")
+    batch_tick_seconds: float = Field(2.0, gt=0, le=600, description="How often a running batch is advanced.")
+    reconcile_seconds: float = Field(
+        60.0, gt=0, le=3600,
+        description="How often one worker looks for jobs whose stage stopped moving for RLM_JOB_TIMEOUT and "
+                    "pushes them on (lost tasks after a broker or worker crash).")
 
     @field_validator("prompt_dir", "data_dir", mode="after")
     @classmethod
@@ -139,4 +155,9 @@ def get_settings() -> Settings:
 
 
 def reset_settings() -> None:
+    import sys
+
     get_settings.cache_clear()
+    celery_app = sys.modules.get("rlm_workers.celery_app")
+    if celery_app is not None:
+        celery_app.reconfigure()

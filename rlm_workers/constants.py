@@ -8,6 +8,10 @@ ALL_QUEUES = (QUEUE_CONTROL, QUEUE_ANALYST, QUEUE_INGEST)
 #: Redis key prefixes (everything the project writes to Redis starts with "rlm:")
 LIMITER_KEY_PREFIX = "rlm:limiter:"
 RATE_KEY_PREFIX = "rlm:rate:"
+#: held by the worker whose reconciler sweeps this interval
+RECONCILE_LOCK_KEY = "rlm:reconcile:lock"
+#: PostgreSQL NOTIFY channel: the id of every job that just ended (waiters wake without polling)
+JOB_ENDED_CHANNEL = "rlm_job_ended"
 
 SEARCH_MODES = ("hybrid", "semantic", "bm25")
 RRF_K = 60

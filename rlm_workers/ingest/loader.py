@@ -41,6 +41,8 @@ class LoadReport:
     windows_embedded: int = 0
     bytes_loaded: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    #: names of files refused for size, so the CLI can say which (never read, only stat'ed)
+    too_large: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def skip(self, reason: str, n: int = 1) -> None:
@@ -158,6 +160,7 @@ def load_paths(
 
     report = LoadReport(buffer=buffer, files_seen=len(candidates))
     report.skip("too-large", len(disc.skipped_too_large))
+    report.too_large = list(disc.skipped_too_large)
     report.skip("symlink", disc.skipped_symlinks)
     if embedder is None:
         from .embed import get_embedder

@@ -73,6 +73,11 @@ return 1
 """
 
 
+#: Short, because the keeper renews live leases every third of it: a dead worker's slots come back
+#: within this many seconds instead of blocking every other worker for the length of a call.
+LEASE_SECONDS = 20.0
+
+
 def _owner_tag() -> str:
     # Lease ids say who holds them, so `ZRANGE rlm:limiter:inflight 0 -1` is readable in an incident.
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -97,7 +102,7 @@ class ConcurrencyLimiter:
     """At most ``limit`` leases on ``key`` at once, across every process sharing the Redis."""
 
     def __init__(self, redis_client: Any, *, limit: int, key: str = constants.LIMITER_KEY_PREFIX + "inflight",
-                 lease_seconds: float = 180.0) -> None:
+                 lease_seconds: float = LEASE_SECONDS) -> None:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         if lease_seconds <= 0:

@@ -6,14 +6,19 @@ Used by ``rlm search``, the pipeline's Search stage and the synthesizer's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..constants import MAX_QUERY_BYTES, RRF_K, SEARCH_MODES
 from ..errors import InvalidInput
 from ..models import SearchHit
 from ..store.buffers import BufferRow, get_chunks, require_buffers
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,16 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[
     return have, (have[0].embedding_dim if have else None)
 
 
+@functools.lru_cache(maxsize=256)
+def query_vector(model: str | None, query: str) -> np.ndarray:
+    """The query's embedding, memoised per process (a job's plan stage computes it ahead of its search)."""
+    from ..ingest.embed import get_query_encoder
+
+    vec = get_query_encoder(model).encode_query(query)
+    vec.setflags(write=False)  # shared between callers
+    return vec
+
+
 def rank(conn, *, settings: Settings, url: str, rows: Sequence[BufferRow], query: str, mode: str, top_k: int,  # noqa: ANN001
          threshold: float | None) -> list[Ranked]:
     """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses with RRF (k=60)."""
@@ -83,12 +98,11 @@ def rank(conn, *, settings: Settings, url: str, rows: Sequence[BufferRow], query
     if mode in ("bm25", "hybrid"):
         lexical = _bm25_index(conn, rows, settings, url).top_k(tokenize(query), depth)
     if mode in ("semantic", "hybrid"):
-        from ..ingest.embed import get_query_encoder
         from .semantic import semantic_search
 
         vec_rows, dim = _semantic_rows(rows, settings)
         if dim:
-            vec = get_query_encoder(settings.embedding_model).encode_query(query)
+            vec = query_vector(settings.embedding_model, query)
             dense = semantic_search(conn, buffer_ids=[r.id for r in vec_rows], dim=dim, query_vec=vec,
                                     limit=depth, threshold=threshold)
     if mode == "bm25":

@@ -210,7 +210,8 @@ def get_chunks(conn, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, Chun
 
 def iter_terms(conn, *, buffer_id: int, batch: int = 5000):  # noqa: ANN001, ANN201
     """(chunk_id, terms) of a buffer in id order, streamed: feeds the BM25 index build."""
-    with conn.cursor(name="rlm_terms") as cur:
+    # a server-side cursor lives in a transaction; workers' pooled connections are autocommit
+    with conn.transaction(), conn.cursor(name="rlm_terms") as cur:
         cur.itersize = batch
         cur.execute("SELECT id, terms FROM chunks WHERE buffer_id = %s ORDER BY id", (buffer_id,))
         for cid, terms in cur:

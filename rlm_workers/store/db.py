@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 _migrated: set[str] = set()
-_migrate_lock = threading.Lock()
+# re-entrant: connection() creates its pool under the lock and migrates through connect() inside it
+_migrate_lock = threading.RLock()
 _pools: dict[str, ConnectionPool] = {}
 
 
@@ -85,6 +86,8 @@ def connection(settings: Settings | None = None) -> Iterator[psycopg.Connection]
                 connect(url=url).close()
                 pool = ConnectionPool(
                     url, min_size=1, max_size=20, open=True, configure=lambda c: _prepare(c, url),
+                    # a connection broken by a PostgreSQL restart is replaced at checkout, not handed out
+                    check=ConnectionPool.check_connection,
                     kwargs={"connect_timeout": 10, "autocommit": True}, name="rlm",
                 )
                 _pools[url] = pool

@@ -14,6 +14,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from ..constants import JOB_ENDED_CHANNEL
 from ..errors import InvalidInput
 from ..models import Finding, JobStatus, LLMCall
 
@@ -83,7 +84,7 @@ def get_job(conn, *, job_id: str, tenant: str | None = None) -> JobRow | None:  
 def set_stage(conn, *, job_id: str, stage: str) -> bool:  # noqa: ANN001
     """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled)."""
     cur = conn.execute(
-        """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now())
+        """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now()), stage_at = now()
            WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')""",
         (stage, job_id),
     )
@@ -126,35 +127,63 @@ def add_chunk_load_failures(conn, *, job_id: str, n: int) -> None:  # noqa: ANN0
         conn.execute("UPDATE jobs SET chunk_load_failures = chunk_load_failures + %s WHERE id = %s", (n, job_id))
 
 
-def batch_chunk_ids(conn, *, job_id: str, batch_no: int) -> tuple[list[int], str] | None:  # noqa: ANN001
-    row = conn.execute("SELECT chunk_ids, status FROM job_batches WHERE job_id = %s AND batch_no = %s",
-                       (job_id, batch_no)).fetchone()
-    return (list(row[0]), row[1]) if row else None
+#: a job's last sign of life: its stage moved, or one of its batches started or finished
+_LAST_ACTIVITY = """greatest(j.stage_at, (SELECT greatest(max(b.started_at), max(b.finished_at))
+                                         FROM job_batches b WHERE b.job_id = j.id))"""
 
 
-def start_batch(conn, *, job_id: str, batch_no: int) -> None:  # noqa: ANN001
-    conn.execute("""UPDATE job_batches SET attempts = attempts + 1, started_at = coalesce(started_at, now())
-                    WHERE job_id = %s AND batch_no = %s""", (job_id, batch_no))
+def claim_batch(conn, *, job_id: str, batch_no: int) -> list[int] | None:  # noqa: ANN001
+    """Start a pending batch of an open job and return its chunk ids; None means: do not call the LLM
+    (the job ended, the batch was salvaged, or an earlier delivery already finished it).
+
+    One statement holding a share lock on the job row: analysts of a job never wait for each other,
+    but a salvage (which takes that row ``FOR UPDATE``) runs either wholly before a claim (which then
+    finds its batch marked lost) or after it (and sees the fresh ``started_at`` as progress), so a
+    batch is never billed for a job whose report is already written.
+    """
+    row = conn.execute(
+        """WITH open_job AS (SELECT id FROM jobs WHERE id = %(j)s AND status IN ('queued', 'running') FOR SHARE)
+           UPDATE job_batches SET attempts = attempts + 1, started_at = now()
+           WHERE job_id = (SELECT id FROM open_job) AND batch_no = %(b)s AND status = 'pending'
+           RETURNING chunk_ids""", {"j": job_id, "b": batch_no}).fetchone()
+    return list(row[0]) if row else None
+
+
+def lock_for_salvage(conn, *, job_id: str, min_idle_seconds: float | None = None) -> bool:  # noqa: ANN001
+    """Inside a transaction: lock the open job; False if it ended or (with ``min_idle_seconds``) moved lately."""
+    if conn.execute("SELECT 1 FROM jobs WHERE id = %s AND status IN ('queued', 'running') FOR UPDATE",
+                    (job_id,)).fetchone() is None:
+        return False
+    if min_idle_seconds is None:
+        return True
+    # a second statement: its snapshot includes claims that committed while we waited for the lock
+    idle = conn.execute(f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s",
+                        (job_id,)).fetchone()[0]
+    return float(idle) >= min_idle_seconds
 
 
 def finish_batch(conn, *, job_id: str, batch_no: int, findings: Sequence[Finding] = (),  # noqa: ANN001
-                 error: dict[str, Any] | None = None) -> None:
-    """Store a batch's outcome; replaces anything an earlier delivery stored."""
-    conn.execute("DELETE FROM job_findings WHERE job_id = %s AND batch_no = %s", (job_id, batch_no))
-    if findings:
-        with conn.cursor() as cur:
-            cur.executemany(
-                """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
-                   SET relevance = EXCLUDED.relevance, findings = EXCLUDED.findings, summary = EXCLUDED.summary,
-                       follow_up = EXCLUDED.follow_up""",
-                [(job_id, batch_no, f.chunk_id, f.relevance, Jsonb(f.findings), f.summary, Jsonb(f.follow_up))
-                 for f in findings],
-            )
-    conn.execute(
-        "UPDATE job_batches SET status = %s, error = %s, finished_at = now() WHERE job_id = %s AND batch_no = %s",
-        ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
-    )
+                 error: dict[str, Any] | None = None) -> bool:
+    """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost."""
+    with conn.transaction():
+        if conn.execute(
+            """UPDATE job_batches SET status = %s, error = %s, finished_at = now()
+               WHERE job_id = %s AND batch_no = %s AND status = 'pending' RETURNING batch_no""",
+            ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
+        ).fetchone() is None:
+            return False
+        conn.execute("DELETE FROM job_findings WHERE job_id = %s AND batch_no = %s", (job_id, batch_no))
+        if findings:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
+                       SET relevance = EXCLUDED.relevance, findings = EXCLUDED.findings, summary = EXCLUDED.summary,
+                           follow_up = EXCLUDED.follow_up""",
+                    [(job_id, batch_no, f.chunk_id, f.relevance, Jsonb(f.findings), f.summary, Jsonb(f.follow_up))
+                     for f in findings],
+                )
+    return True
 
 
 def fail_unfinished_batches(conn, *, job_id: str, reason: dict[str, Any]) -> int:  # noqa: ANN001
@@ -210,7 +239,11 @@ def finish_job(conn, *, job_id: str, status: JobStatus, result: dict[str, Any] |
         (status.value, status.value, Jsonb(result) if result is not None else None,
          Jsonb(error) if error is not None else None, job_id),
     )
-    return cur.rowcount > 0
+    if cur.rowcount == 0:
+        return False
+    # delivered at commit: a waiting `rlm query` wakes at once instead of at its next poll
+    conn.execute("SELECT pg_notify(%s, %s)", (JOB_ENDED_CHANNEL, job_id))
+    return True
 
 
 def cancel_job(conn, *, job_id: str, tenant: str) -> JobRow | None:  # noqa: ANN001
@@ -219,6 +252,20 @@ def cancel_job(conn, *, job_id: str, tenant: str) -> JobRow | None:  # noqa: ANN
         return None
     finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error={"type": "cancelled", "message": "cancelled by the user"})
     return get_job(conn, job_id=job_id, tenant=tenant)
+
+
+def touch_job(conn, *, job_id: str) -> None:  # noqa: ANN001
+    """Progress without a stage change (a batch finished): the job is not stuck."""
+    conn.execute("UPDATE jobs SET stage_at = now() WHERE id = %s", (job_id,))
+
+
+def stale_jobs(conn, *, idle_seconds: float, limit: int = 100) -> list[tuple[str, str, float]]:  # noqa: ANN001
+    """(id, stage, idle seconds) of open jobs with no sign of life (stage, batch start or end) that long."""
+    return [(r[0], r[1], float(r[2])) for r in conn.execute(
+        f"""SELECT id, stage, idle FROM (
+                SELECT j.id, j.stage, j.stage_at, extract(epoch FROM now() - {_LAST_ACTIVITY}) AS idle FROM jobs j
+                WHERE j.status IN ('queued', 'running') AND j.stage_at < now() - make_interval(secs => %(s)s)) c
+            WHERE idle >= %(s)s ORDER BY stage_at LIMIT %(n)s""", {"s": idle_seconds, "n": limit})]
 
 
 def unfinished_jobs(conn, *, older_than_seconds: float) -> list[str]:  # noqa: ANN001

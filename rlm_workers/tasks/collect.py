@@ -9,7 +9,7 @@ from celery import shared_task
 
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
-from .common import StageTimer, db, log
+from .common import StageTimer, db, log, survives_outages
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:
@@ -36,16 +36,21 @@ def collect_job(conn, job) -> int:  # noqa: ANN001 - JobRow
 
 
 @shared_task(name="rlm.collect", bind=True, acks_late=True)
+@survives_outages
 def collect(self, job_id: str) -> str:  # noqa: ANN001
-    from .synthesize import synthesize
+    from .synthesize import run_synthesis
 
     with db() as conn:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
             return "skipped"
         job_store.set_stage(conn, job_id=job_id, stage="collect")
+        # Every header task has returned; a batch still pending never ran (its task was skipped or lost).
+        from .salvage import LOST
+
+        job_store.fail_unfinished_batches(conn, job_id=job_id, reason=LOST)
         with StageTimer(conn, job_id, "collect"):
             filtered = collect_job(conn, job)
     log.info("job %s collected (%d filtered)", job_id, filtered)
-    synthesize.apply_async((job_id,), argsrepr=f"job={job_id}")
-    return "ok"
+    # In-process: one broker hop less on the critical path; a crash redelivers collect, which is idempotent.
+    return run_synthesis(job_id)

@@ -11,11 +11,22 @@ from celery import chord, shared_task
 
 from ..config import get_settings
 from ..store import jobs as job_store
-from .common import db
+from .common import db, survives_outages
 
 
 @shared_task(name="rlm.fan_out", bind=True, acks_late=True)
+@survives_outages
 def fan_out(self, job_id: str) -> str:  # noqa: ANN001
+    return launch(job_id)
+
+
+def launch(job_id: str) -> str:
+    """Send the chord for a job whose batches are cut; idempotent (a second call sends nothing).
+
+    ``rlm.search`` calls this in-process right after cutting the batches, saving a broker round
+    trip on every query's critical path; the ``rlm.fan_out`` task runs the same code when a stage
+    is re-sent by the reconciler.
+    """
     from .analyst import analyst
     from .collect import collect
     from .salvage import salvage, watchdog

@@ -11,7 +11,7 @@ from ..errors import NoChunks, RLMError
 from ..models import AnalysisPlan
 from ..store import jobs as job_store
 from ..store.buffers import require_buffers
-from .common import StageTimer, db, fail_job, log
+from .common import DB_OUTAGE, StageTimer, db, fail_job, log, survives_outages
 
 
 def options_from(job_options: dict) -> object:
@@ -22,12 +22,19 @@ def options_from(job_options: dict) -> object:
 
 
 @shared_task(name="rlm.search", bind=True, acks_late=True)
+@survives_outages
 def search(self, job_id: str) -> str:  # noqa: ANN001
+    """The stage as its own task: sent by the reconciler, or by a plan task from before this release."""
+    return run_search(job_id)
+
+
+def run_search(job_id: str) -> str:
+    """Search, scale, cut batches, launch the chord; idempotent. ``rlm.plan`` calls it in-process."""
     from ..search.service import rank
     from ..services import database_url
     from ..stages.params import make_batches, resolve_params
     from ..stages.scale import scaling_profile
-    from .fanout import fan_out
+    from .fanout import launch
 
     settings = get_settings()
     with db() as conn:
@@ -36,7 +43,7 @@ def search(self, job_id: str) -> str:  # noqa: ANN001
             return "skipped"
         if job.batches_total and job.params is not None:
             # a redelivered search: batches are already cut, only make sure fan-out happens
-            fan_out.apply_async((job_id,), argsrepr=f"job={job_id}")
+            launch(job_id)
             return "redelivered"
         job_store.set_stage(conn, job_id=job_id, stage="search")
         try:
@@ -61,6 +68,8 @@ def search(self, job_id: str) -> str:  # noqa: ANN001
                 with conn.transaction():
                     job_store.save_search(conn, job_id=job_id, params=params.as_dict(), tier=profile.tier,
                                           chunks_available=total, chunk_load_failures=0, batches=batches)
+        except DB_OUTAGE:
+            raise  # not the job's fault: the task retries
         except RLMError as exc:
             fail_job(conn, job_id=job_id, exc=exc)
             return "failed"
@@ -68,5 +77,5 @@ def search(self, job_id: str) -> str:  # noqa: ANN001
             log.exception("search stage crashed for job %s", job_id)
             fail_job(conn, job_id=job_id, exc=exc, prefix="search failed")
             return "failed"
-    fan_out.apply_async((job_id,), argsrepr=f"job={job_id}")
+    launch(job_id)  # in-process: one broker hop less on every query's critical path
     return "ok"

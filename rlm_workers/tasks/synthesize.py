@@ -11,7 +11,7 @@ from ..errors import LLMError
 from ..llm.protocol import CompletionRequest
 from ..models import JobStatus
 from ..store import jobs as job_store
-from .common import StageTimer, call_llm, db, fail_job, log, provider_name
+from .common import StageTimer, call_llm, db, durable_write, fail_job, log, provider_name, survives_outages
 
 SYNTH_MAX_TOKENS = 4096
 MAX_TURNS = 10
@@ -51,7 +51,6 @@ def run_synthesizer(conn, job, kept: list[dict]) -> str:  # noqa: ANN001 - JobRo
 def finish_with_report(conn, job) -> None:  # noqa: ANN001 - JobRow
     """Write the report (or the canned no-findings answer) and end the job; findings are kept either way."""
     from ..stages.prompting import canned_no_findings_report
-    from ..stages.report import build_result
 
     collected = job.collected or {"kept": [], "filtered": 0}
     kept = collected.get("kept") or []
@@ -65,6 +64,13 @@ def finish_with_report(conn, job) -> None:  # noqa: ANN001 - JobRow
         except Exception as exc:  # noqa: BLE001 - reported on the job, findings kept
             log.warning("synthesis failed for job %s: %s", job.id, exc)
             response, error = "", exc
+    # The report is paid for: from here on, a database blink is waited out, never answered by a rerun.
+    durable_write(conn, lambda c: _store_report(c, job, response, kept, collected, error), what=f"report of job {job.id}")
+
+
+def _store_report(conn, job, response: str, kept: list[dict], collected: dict, error: BaseException | None) -> None:  # noqa: ANN001
+    from ..stages.report import build_result
+
     created = job.created_at
     elapsed = time.time() - created.timestamp()
     result = build_result(
@@ -81,7 +87,13 @@ def finish_with_report(conn, job) -> None:  # noqa: ANN001 - JobRow
 
 
 @shared_task(name="rlm.synthesize", bind=True, acks_late=True)
+@survives_outages
 def synthesize(self, job_id: str) -> str:  # noqa: ANN001
+    """The stage as its own task (the reconciler re-sends it); ``rlm.collect`` calls ``run_synthesis`` in-process."""
+    return run_synthesis(job_id)
+
+
+def run_synthesis(job_id: str) -> str:
     with db() as conn:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:

@@ -1,0 +1,84 @@
+"""The claim/salvage protocol on a real PostgreSQL: a batch is never billed for a job already reported."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+
+@pytest.fixture()
+def job(settings):
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    job_id = "js" + uuid.uuid4().hex
+    with connection() as conn:
+        job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["b"], options={})
+        job_store.set_stage(conn, job_id=job_id, stage="fan_out")
+        job_store.save_search(conn, job_id=job_id, params={}, tier="tiny", chunks_available=3,
+                              chunk_load_failures=0, batches=[[1], [2], [3]])
+    return job_id
+
+
+def _age(conn, job_id, seconds):  # noqa: ANN001
+    """Pretend the job's last sign of life (stage change, batch start or end) was ``seconds`` ago."""
+    ago = "now() - make_interval(secs => %s)"
+    conn.execute(f"UPDATE jobs SET stage_at = {ago} WHERE id = %s", (seconds, job_id))
+    conn.execute(f"UPDATE job_batches SET started_at = {ago} WHERE job_id = %s AND started_at IS NOT NULL",
+                 (seconds, job_id))
+
+
+def test_a_claim_counts_as_progress_and_a_salvage_backs_off(job):
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+    from rlm_workers.tasks.salvage import salvage_job
+
+    with connection() as conn:
+        _age(conn, job, 600)
+        assert [j for j, _, idle in job_store.stale_jobs(conn, idle_seconds=300) if idle >= 600] == [job]
+        assert job_store.claim_batch(conn, job_id=job, batch_no=0) == [1]
+        assert job not in [j for j, _, _ in job_store.stale_jobs(conn, idle_seconds=300)]
+        assert not salvage_job(conn, job, "test", min_idle_seconds=300)  # batch 0 just started
+        assert job_store.get_job(conn, job_id=job).status == "running"
+        assert job_store.finish_batch(conn, job_id=job, batch_no=0)
+        assert not job_store.finish_batch(conn, job_id=job, batch_no=0)  # stored once
+
+
+def test_after_a_salvage_no_batch_can_start_or_store(job):
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+    from rlm_workers.tasks.salvage import salvage_job
+
+    with connection() as conn:
+        assert job_store.claim_batch(conn, job_id=job, batch_no=0) == [1]  # in flight when the salvage comes
+        _age(conn, job, 600)
+        assert salvage_job(conn, job, "test", min_idle_seconds=300)
+        row = job_store.get_job(conn, job_id=job)
+        assert row.status == "done" and row.result["batches_failed"] == 3 and row.result["total_tokens"] == 0
+        assert job_store.claim_batch(conn, job_id=job, batch_no=1) is None
+        assert not job_store.finish_batch(conn, job_id=job, batch_no=0)  # its late answer stays out
+        assert {b[2] for b in job_store.batches(conn, job_id=job)} == {"failed"}
+        assert not salvage_job(conn, job, "twice")
+
+
+def test_a_claim_waits_for_a_salvage_in_progress_and_then_declines(job, settings):
+    import threading
+
+    import psycopg
+
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.tasks.salvage import LOST
+
+    got: list[bool] = []
+    with psycopg.connect(settings.database_url, autocommit=True) as salvager, \
+            psycopg.connect(settings.database_url, autocommit=True) as analyst:
+        with salvager.transaction():
+            assert job_store.lock_for_salvage(salvager, job_id=job)
+            claim = threading.Thread(target=lambda: got.append(job_store.claim_batch(analyst, job_id=job, batch_no=1)))
+            claim.start()
+            claim.join(1.0)
+            assert claim.is_alive() and not got  # blocked on the job row
+            job_store.fail_unfinished_batches(salvager, job_id=job, reason=LOST)
+        claim.join(10)
+    assert got == [None]
