@@ -24,6 +24,18 @@ buffer_app = typer.Typer(no_args_is_help=True, help="Inspect or remove one buffe
 services_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL and Valkey servers.")
 app.add_typer(buffer_app, name="buffer")
 app.add_typer(services_app, name="services")
+# Sub-command groups live in their own modules (typer-only imports, so the CLI stays fast to start).
+from .cli_batch import batch_app  # noqa: E402
+from .cli_doctor import doctor_command  # noqa: E402
+from .cli_keys import api_command, keys_app  # noqa: E402
+from .cli_up import flower_command, up_command  # noqa: E402
+
+app.add_typer(keys_app, name="keys")
+app.add_typer(batch_app, name="batch")
+app.command("flower")(flower_command)
+app.command("up")(up_command)
+app.command("doctor")(doctor_command)
+app.command("api")(api_command)
 
 TENANT = "local"
 
@@ -43,6 +55,12 @@ class Mode(str, Enum):
     hybrid = "hybrid"
     semantic = "semantic"
     bm25 = "bm25"
+
+
+def _settings_max_file_bytes() -> int:
+    from rlm_workers.config import get_settings
+
+    return get_settings().max_file_bytes
 
 
 def _err(message: str) -> None:
@@ -103,10 +121,9 @@ def load(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rlm_workers.ingest.chunkers import validate_chunk_params
     from rlm_workers.ingest.embed import get_embedder
     from rlm_workers.ingest.loader import load_paths
-
-    from rlm_workers.ingest.chunkers import validate_chunk_params
     from rlm_workers.store.buffers import validate_buffer_name
 
     validate_buffer_name(buffer)
@@ -131,6 +148,11 @@ def load(
     if fmt == Fmt.json:
         _print_json(report.__dict__)
         return
+    for name in report.too_large[:5]:
+        typer.echo(f"warning: skipped {name}: larger than RLM_MAX_FILE_BYTES ({_settings_max_file_bytes()} bytes); "
+                   "not read", err=True)
+    if len(report.too_large) > 5:
+        typer.echo(f"warning: … and {len(report.too_large) - 5} more files over the size limit", err=True)
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
     typer.echo(
         f"buffer {report.buffer} v{report.version}: {report.files_loaded} files loaded, "
@@ -349,7 +371,9 @@ def worker(
         raise InvalidInput(f"unknown queue {unknown[0] if unknown else '(none)'}: use {', '.join(ALL_QUEUES)}")
     if pool not in ("threads", "prefork", "solo"):
         raise InvalidInput(f"unknown pool {pool!r}: use threads, prefork or solo")
-    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-E"]
+    # Gossip and mingle add nothing here (state lives in PostgreSQL) and their bootsteps are where a
+    # worker breaks when Redis restarts under it (celery#8030, kombu#582): leave them out.
+    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-E", "--without-gossip", "--without-mingle"]
     if concurrency:
         argv += ["-c", str(concurrency)]
     if hostname:
@@ -393,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app(args=argv, standalone_mode=False)
+        # Outside standalone mode click returns the code of typer.Exit instead of raising it.
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            return rc
     except RLMError as exc:
         _err(exc.message)
         return exc.exit_code

@@ -39,8 +39,12 @@ def test_concurrent_first_start_applies_each_migration_once(test_services):
     results: list[list[str]] = []
 
     def start():
+        from rlm_workers.services import ensure_pgvector
+
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            with conn.transaction():  # what store.db does on a first start: the extension under the lock
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (migrations.MIGRATION_LOCK,))
+                ensure_pgvector(conn)
             results.append(migrations.migrate(conn))
 
     threads = [threading.Thread(target=start) for _ in range(4)]
@@ -48,5 +52,6 @@ def test_concurrent_first_start_applies_each_migration_once(test_services):
         t.start()
     for t in threads:
         t.join()
+    assert len(results) == len(threads)  # no thread died on the way
     flat = [name for r in results for name in r]
     assert sorted(flat) == sorted(name for name, _ in migrations.MIGRATIONS)

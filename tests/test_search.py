@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
-from rlm_workers.search.tokenize import tokenize
 
 from rlm_workers.ingest.loader import load_paths
 from rlm_workers.search.service import rank, search
+from rlm_workers.search.tokenize import tokenize
 from rlm_workers.store import buffers as store
 from tests.support.corpus import GUIDE_MD, PY_MODULE
 

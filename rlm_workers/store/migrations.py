@@ -132,9 +132,91 @@ CREATE TABLE llm_calls (
 CREATE INDEX llm_calls_job ON llm_calls (job_id);
 """
 
+M003_API = """
+CREATE TABLE api_keys (
+    id          bigserial PRIMARY KEY,
+    tenant      text NOT NULL,
+    -- sha256 of the whole key; the key itself is shown once and never stored
+    key_hash    text NOT NULL UNIQUE,
+    -- the first characters, so an operator can tell keys apart in `rlm keys list`
+    prefix      text NOT NULL,
+    name        text NOT NULL DEFAULT '',
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz
+);
+CREATE INDEX api_keys_tenant ON api_keys (tenant);
+
+CREATE TABLE batches (
+    id              text PRIMARY KEY,
+    tenant          text NOT NULL,
+    options         jsonb NOT NULL DEFAULT '{}',
+    run_at          timestamptz NOT NULL DEFAULT now(),
+    priority        integer NOT NULL DEFAULT 3,
+    token_budget    bigint,
+    status          text NOT NULL DEFAULT 'scheduled',
+    idempotency_key text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    last_tick_at    timestamptz
+);
+CREATE INDEX batches_tenant_created ON batches (tenant, created_at DESC);
+CREATE INDEX batches_open ON batches (status) WHERE status IN ('scheduled', 'running');
+CREATE UNIQUE INDEX batches_idempotency ON batches (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL;
+
+CREATE TABLE batch_items (
+    batch_id    text NOT NULL REFERENCES batches(id) ON DELETE CASCADE,
+    item_no     integer NOT NULL,
+    query       text NOT NULL,
+    buffer      text NOT NULL,
+    -- pending (not submitted) | running (job submitted) | done | failed | cancelled | skipped (budget)
+    status      text NOT NULL DEFAULT 'pending',
+    job_id      text REFERENCES jobs(id) ON DELETE SET NULL,
+    cache_key   text,
+    from_cache  boolean NOT NULL DEFAULT false,
+    result      jsonb,
+    error       jsonb,
+    tokens      bigint NOT NULL DEFAULT 0,
+    submitted_at timestamptz,
+    finished_at timestamptz,
+    PRIMARY KEY (batch_id, item_no)
+);
+CREATE INDEX batch_items_open ON batch_items (batch_id, status);
+
+-- Finished answers keyed by (query, buffer version, parameters, models): an identical item is served
+-- from here with no LLM call.
+CREATE TABLE result_cache (
+    cache_key   text PRIMARY KEY,
+    tenant      text NOT NULL,
+    result      jsonb NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+M004_JOB_STAGE_TIME = """
+-- when the job last changed stage (or showed progress): the reconciler's measure of "stuck"
+ALTER TABLE jobs ADD COLUMN stage_at timestamptz NOT NULL DEFAULT now();
+CREATE INDEX jobs_open_stage_at ON jobs (stage_at) WHERE status IN ('queued', 'running');
+"""
+
+M005_BATCH_RECOVERY = """
+-- The tick chain of a batch: only the tick holding the current token re-arms itself; the reconciler
+-- starts a new chain (new token) when next_tick_at is long past (the tick message was lost).
+ALTER TABLE batches ADD COLUMN tick_token text;
+ALTER TABLE batches ADD COLUMN next_tick_at timestamptz;
+-- The broker epoch an item's job was enqueued under: a Redis that lost its data gets a new epoch,
+-- so the job's messages are known lost.  attempts counts resubmissions after a loss.
+ALTER TABLE batch_items ADD COLUMN broker_epoch text;
+ALTER TABLE batch_items ADD COLUMN attempts integer NOT NULL DEFAULT 0;
+CREATE INDEX batch_items_job ON batch_items (job_id) WHERE job_id IS NOT NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
+    ("m003_api", M003_API),
+    ("m004_job_stage_time", M004_JOB_STAGE_TIME),
+    ("m005_batch_recovery", M005_BATCH_RECOVERY),
 ]
 
 

@@ -1,0 +1,206 @@
+"""`rlm batch …`: overnight batches of queries × buffers.
+
+``rlm batch submit`` only stores the batch and prints its id: the running
+workers do the work (`rlm worker` / `rlm up`; a batch waits in PostgreSQL
+until one serves ``rlm.control``).  Like the rest of the CLI it talks to the
+database and the broker directly, as tenant ``local``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlm_workers.errors import InvalidInput
+
+batch_app = typer.Typer(no_args_is_help=True, help="Batches of queries over many buffers (run by the workers).")
+
+_RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ResultFmt(str, Enum):
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+class StatusFmt(str, Enum):
+    text = "text"
+    json = "json"
+
+
+def parse_at(value: str, *, now: datetime | None = None) -> datetime:
+    """ISO 8601 (no zone = this machine's local time) or relative: +30m, +2h, +1d."""
+    now = now or datetime.now(UTC)
+    m = _RELATIVE.match(value.strip())
+    if m:
+        return now + timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        ts = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidInput(f"invalid --at {value!r}: use ISO 8601 (2030-01-01T02:00, +00:00 for UTC) "
+                           "or +30m / +2h / +1d") from None
+    return ts.astimezone() if ts.tzinfo is None else ts
+
+
+def read_queries(path: str) -> list[str]:
+    from rlm_workers.tasks.batch import MAX_QUERIES_FILE_BYTES, parse_queries
+
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise InvalidInput(f"queries file not found: {path}")
+        if p.stat().st_size > MAX_QUERIES_FILE_BYTES:
+            raise InvalidInput(f"queries file over {MAX_QUERIES_FILE_BYTES} bytes: {path}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(f"queries file is not UTF-8: {path}") from None
+    return parse_queries(text)
+
+
+def _warn_if_no_worker() -> None:
+    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
+    from rlm_workers.ephemeral import served_queues
+
+    missing = [q for q in (QUEUE_CONTROL, QUEUE_ANALYST) if q not in served_queues(celery_app, timeout=1.0)]
+    if missing:
+        typer.echo(f"warning: no running worker serves {', '.join(missing)}: the batch waits until one does "
+                   "(start `rlm worker` or `rlm up`)", err=True)
+
+
+@batch_app.command("submit")
+def submit(
+    queries: Annotated[str, typer.Option("--queries", "-q", help="File: one query a line (# comments, blank lines "
+                                                                 "skipped) or JSON lines {\"query\": ...}; - for stdin.")],
+    buffer: Annotated[list[str] | None, typer.Option("--buffer", "-b", help="Buffer to query; repeatable.")] = None,
+    buffers_glob: Annotated[str | None, typer.Option("--buffers-glob", help="Also every buffer matching this glob, "
+                                                                          "e.g. 'logs-*'.")] = None,
+    at: Annotated[str | None, typer.Option("--at", help="Start no earlier than this: ISO 8601 (no zone = local "
+                                                        "time) or +30m / +2h.")] = None,
+    priority: Annotated[int, typer.Option(help="1 soonest … 9 latest; interactive queries always go first.")] = 3,
+    token_budget: Annotated[int | None, typer.Option("--token-budget", help="Stop scheduling new items once this "
+                                                                           "many tokens are spent.")] = None,
+    skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
+    search_mode: Annotated[str | None, typer.Option("--search-mode")] = None,
+    threshold: Annotated[float | None, typer.Option("--threshold")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
+    max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Submitting the same key again "
+                                                                                 "returns the first batch.")] = None,
+    check_workers: Annotated[bool, typer.Option("--check-workers/--no-check-workers",
+                                                help="Warn on stderr when no worker is running.")] = True,
+) -> None:
+    """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
+    from rlm_workers.submit import validate_options
+    from rlm_workers.tasks.batch import submit_batch
+
+    from .cli import TENANT, _db
+
+    texts = read_queries(queries)
+    run_at = parse_at(at) if at else None
+    options = validate_options({"skip_plan": skip_plan or None, "search_mode": search_mode, "threshold": threshold,
+                                "top_k": top_k, "max_chunks": max_chunks, "batch_size": batch_size})
+    with _db() as (_settings, _url, conn):
+        batch_id, _created = submit_batch(conn, tenant=TENANT, queries=texts, buffers=buffer or [],
+                                          buffers_glob=buffers_glob, options=options, run_at=run_at,
+                                          priority=priority, token_budget=token_budget,
+                                          idempotency_key=idempotency_key)
+    typer.echo(batch_id)
+    if check_workers:
+        _warn_if_no_worker()
+
+
+def _get(conn, batch_id: str):  # noqa: ANN001, ANN202
+    from rlm_workers.store.batches import get_batch
+
+    from .cli import TENANT
+
+    batch = get_batch(conn, batch_id=batch_id, tenant=TENANT)
+    if batch is None:
+        raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
+    return batch
+
+
+def _status_line(st: dict) -> str:
+    c = st["counts"]
+    parts = [f"{st['batch_id']}  {st['status']}", f"{c['done']}/{st['total']} done"]
+    parts += [f"{c[k]} {k}" for k in ("running", "pending", "failed", "skipped", "cancelled") if c[k]]
+    if st["from_cache"]:
+        parts.append(f"{st['from_cache']} from cache")
+    budget = f"/{st['token_budget']}" if st["token_budget"] else ""
+    parts.append(f"tokens {st['tokens_spent']}{budget}")
+    if st["status"] == "scheduled":
+        parts.append(f"starts {st['run_at']}")
+    elif st["eta_seconds"] is not None and st["status"] == "running":
+        parts.append(f"ETA {st['eta_seconds']:.0f}s")
+    return " | ".join(parts)
+
+
+@batch_app.command("status")
+def status(batch_id: str, fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text) -> None:
+    """Counts by state, tokens spent, ETA."""
+    from rlm_workers.tasks.batch import status_of
+
+    from .cli import _db
+
+    with _db() as (_settings, _url, conn):
+        st = status_of(conn, _get(conn, batch_id))
+    typer.echo(json.dumps(st) if fmt == StatusFmt.json else _status_line(st))
+
+
+@batch_app.command("results")
+def results(batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] = ResultFmt.jsonl) -> None:
+    """Every item, in order: JSON lines {batch_id, query, buffer, status, result, …} or CSV."""
+    from rlm_workers.tasks.batch import iter_csv, iter_jsonl
+
+    from .cli import _db
+
+    with _db() as (_settings, _url, conn):
+        _get(conn, batch_id)
+        out = sys.stdout
+        for chunk in (iter_csv if fmt == ResultFmt.csv else iter_jsonl)(conn, batch_id):
+            out.write(chunk)
+        out.flush()
+
+
+@batch_app.command("cancel")
+def cancel(batch_id: str) -> None:
+    """Stop a batch: nothing new starts, running items' jobs are cancelled."""
+    from rlm_workers.tasks.batch import cancel_batch, status_of
+
+    from .cli import TENANT, _db
+
+    with _db() as (_settings, _url, conn):
+        _get(conn, batch_id)
+        st = status_of(conn, cancel_batch(conn, tenant=TENANT, batch_id=batch_id))
+    typer.echo(_status_line(st))
+
+
+@batch_app.command("list")
+def list_cmd(limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+             fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text) -> None:
+    """The most recent batches, newest first."""
+    from rlm_workers.store.batches import list_batches
+    from rlm_workers.tasks.batch import status_of
+
+    from .cli import TENANT, _db
+
+    with _db() as (_settings, _url, conn):
+        rows = [status_of(conn, b) for b in list_batches(conn, tenant=TENANT, limit=limit)]
+    if fmt == StatusFmt.json:
+        typer.echo(json.dumps(rows))
+    else:
+        for st in rows:
+            typer.echo(_status_line(st))

@@ -1,0 +1,82 @@
+"""`rlm keys …` (API keys, printed once) and `rlm api` (the HTTP API under uvicorn)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (printed once), list, revoke.")
+
+
+def _conn():  # noqa: ANN202
+    from rlm_workers.store.db import connect
+
+    return connect()
+
+
+@keys_app.command("create")
+def create(tenant: Annotated[str, typer.Option("--tenant", help="Tenant the key acts for.")],
+           name: Annotated[str, typer.Option("--name", help="A label to tell keys apart.")] = "") -> None:
+    """Create a key; it is printed once on stdout and only its hash is stored."""
+    from .auth import create_key
+
+    conn = _conn()
+    try:
+        key, info = create_key(conn, tenant=tenant, name=name)
+        conn.commit()
+    finally:
+        conn.close()
+    typer.echo(key)
+    typer.echo(f"key {info.prefix}… for tenant {tenant} created; store it now, it cannot be shown again", err=True)
+
+
+@keys_app.command("list")
+def list_(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> None:
+    """Keys by prefix (never the keys themselves)."""
+    from .auth import list_keys
+
+    conn = _conn()
+    try:
+        for k in list_keys(conn, tenant=tenant):
+            typer.echo(f"{k.prefix}…  {k.tenant:<20} {'revoked' if k.revoked else 'active ':<8} {k.created_at}  {k.name}")
+    finally:
+        conn.close()
+
+
+@keys_app.command("revoke")
+def revoke(key: Annotated[str, typer.Argument(help="The key, or the prefix `rlm keys list` shows.")]) -> None:
+    """Revoke a key at once; requests with it answer 401 from then on."""
+    from rlm_workers.errors import InvalidInput
+
+    from .auth import revoke_key
+
+    conn = _conn()
+    try:
+        n = revoke_key(conn, key_or_prefix=key.rstrip("…"))
+        conn.commit()
+    finally:
+        conn.close()
+    if not n:
+        raise InvalidInput("no active key matches")
+    typer.echo(f"revoked {n} key(s)")
+
+
+def api_command(
+    host: Annotated[str | None, typer.Option("--host", help="Bind address (default RLM_API_HOST, 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port (default RLM_API_PORT, 8000).")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="uvicorn worker processes.")] = 1,
+) -> None:
+    """Serve the HTTP API (OpenAPI at /docs)."""
+    import uvicorn
+
+    from rlm_workers.config import get_settings
+    from rlm_workers.services import broker_url, database_url
+
+    s = get_settings()
+    # Resolve (and start, when embedded) the servers once here, not in every request.
+    database_url(s)
+    broker_url(s)
+    uvicorn.run("rlm_api.app:create_app", factory=True, host=host or s.api_host,
+                port=port if port is not None else s.api_port, workers=workers, log_level="info",
+                proxy_headers=False)

@@ -1,0 +1,174 @@
+"""`rlm flower` and `rlm up`: Flower on the same broker, and the whole stack in one foreground command."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlm_workers.errors import InvalidInput
+
+LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def flower_argv(host: str, port: int, basic_auth: str | None) -> tuple[list[str], dict[str, str]]:
+    """The Flower command line and extra env; refuses an unauthenticated bind off loopback.
+
+    Flower's own ``/metrics`` and ``/healthcheck`` skip auth, so off loopback the only safe
+    default is to demand credentials for everything.
+    """
+    if not is_loopback(host) and not basic_auth:
+        raise InvalidInput(f"Flower on {host} would be open to the network: set RLM_FLOWER_BASIC_AUTH=user:password "
+                           "or bind to 127.0.0.1")
+    if basic_auth and ":" not in basic_auth:
+        raise InvalidInput("RLM_FLOWER_BASIC_AUTH must look like user:password")
+    argv = [sys.executable, "-m", "celery", "-A", "rlm_workers", "flower", f"--address={host}", f"--port={port}"]
+    env: dict[str, str] = {}
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    else:
+        # Loopback only (checked above): let local tools read Flower's HTTP API without credentials.
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
+    return argv, env
+
+
+def flower_command(
+    host: Annotated[str | None, typer.Option("--host", help="Bind address (default RLM_FLOWER_HOST, 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port (default RLM_FLOWER_PORT, 5555).")] = None,
+) -> None:
+    """Run Flower against the configured (or embedded) broker; basic auth is required off loopback."""
+    from rlm_workers.config import get_settings
+    from rlm_workers.services import broker_url
+
+    s = get_settings()
+    argv, extra = flower_argv(host or s.flower_host, port if port is not None else s.flower_port, s.flower_basic_auth)
+    env = {**os.environ, **extra, "RLM_BROKER_URL": broker_url(s)}
+    raise typer.Exit(subprocess.call(argv, env=env))
+
+
+# --------------------------------------------------------------------------- rlm up
+
+
+def local_api_key(conn, key_file: Path) -> tuple[str, bool]:  # noqa: ANN001
+    """The local tenant's key: created on first start (file 0600 under the data dir), reused later."""
+    from .auth import create_key, tenant_for_key
+
+    if key_file.is_file():
+        key = key_file.read_text().strip()
+        if tenant_for_key(conn, key):
+            return key, False
+    key, _ = create_key(conn, tenant="local", name="rlm up")
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key + "\n")
+    return key, True
+
+
+def up_command(
+    api_port: Annotated[int | None, typer.Option("--api-port", help="API port (default RLM_API_PORT, 8000).")] = None,
+    flower_port: Annotated[int | None, typer.Option("--flower-port", help="Flower port (default 5555).")] = None,
+    analyst_concurrency: Annotated[int, typer.Option("--analysts", help="Analyst worker threads.")] = 16,
+    no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
+) -> None:
+    """Run everything in the foreground: database, broker, workers, API and Flower; Ctrl-C stops it all."""
+    from rlm_workers.config import get_settings
+    from rlm_workers.services import broker_url, database_url, stop_embedded
+    from rlm_workers.store.db import connect
+
+    s = get_settings()
+    db, broker = database_url(s), broker_url(s)
+    conn = connect(s, url=db)
+    try:
+        key, created = local_api_key(conn, s.data_dir / "local-api-key")
+        conn.commit()
+    finally:
+        conn.close()
+    # Children get the resolved URLs, so none of them races to start its own embedded server.
+    env = {**os.environ, "RLM_DATABASE_URL": db, "RLM_BROKER_URL": broker}
+    me = [sys.executable, "-m", "rlm_api.cli"]
+    a_port = api_port if api_port is not None else s.api_port
+    f_port = flower_port if flower_port is not None else s.flower_port
+    procs: dict[str, list[str]] = {
+        "control worker": me + ["worker", "-Q", "rlm.control", "-c", "4", "-P", "threads", "-n", "control@%h"],
+        "analyst worker": me + ["worker", "-Q", "rlm.analyst", "-c", str(analyst_concurrency), "-P", "threads",
+                                "-n", "analyst@%h"],
+        "ingest worker": me + ["worker", "-Q", "rlm.ingest", "-c", "1", "-P", "prefork", "-n", "ingest@%h"],
+        "api": me + ["api", "--host", s.api_host, "--port", str(a_port)],
+    }
+    if not no_flower:
+        procs["flower"] = me + ["flower", "--port", str(f_port)]
+    running: dict[str, subprocess.Popen] = {}
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for name, argv in procs.items():
+            running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
+        typer.echo(f"database  {'configured' if s.database_url else 'embedded'}  {_redact(db)}")
+        typer.echo(f"broker    {'configured' if s.broker_url else 'embedded'}  {_redact(broker)}")
+        typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs)")
+        if not no_flower:
+            typer.echo(f"flower    http://{s.flower_host}:{f_port}")
+        typer.echo(f"api key   {key}   ({'created now' if created else 'stored in'} {s.data_dir / 'local-api-key'})")
+        typer.echo("Ctrl-C stops everything.")
+        while not stopping:
+            for name, p in running.items():
+                if p.poll() is not None:
+                    typer.echo(f"{name} exited with {p.returncode}; stopping the rest", err=True)
+                    stopping = True
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _shutdown(running)
+        if not s.database_url or not s.broker_url:
+            stop_embedded(s)
+        typer.echo("stopped")
+
+
+def _shutdown(running: dict[str, subprocess.Popen], timeout: float = 30.0) -> None:
+    """SIGTERM everyone (workers finish or re-queue their tasks: warm/soft shutdown), then SIGKILL stragglers."""
+    for p in running.values():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout
+    for p in running.values():
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _redact(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

@@ -1,0 +1,145 @@
+"""Batches over HTTP (DESIGN §8): submit queries × buffers, follow progress, stream results as JSONL.
+
+A batch and its items live in PostgreSQL; workers advance it (``rlm.batch.tick``).  Other tenants'
+batches are 404, never 403, so ids do not leak.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlm_workers.errors import RLMError
+
+from ..deps import ConnDep, TenantDep
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+class NotFound(RLMError):
+    type = "not_found"
+
+
+class BatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[str] = Field(min_length=1, max_length=10_000, description="The questions (duplicates dropped).")
+    buffers: list[str] = Field(default_factory=list, max_length=10_000, description="Buffer names.")
+    buffers_glob: str | None = Field(None, max_length=200, description="Also every buffer matching this glob.")
+    run_at: datetime | None = Field(None, description="Do not start before this time (ISO 8601; no zone = UTC).")
+    priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
+    token_budget: int | None = Field(None, ge=1, description="Stop scheduling new items once this many tokens are spent.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Query options, as for POST /v1/queries.")
+
+
+class BatchCreated(BaseModel):
+    batch_id: str
+    status_url: str
+    results_url: str
+    created: bool
+
+
+class BatchStatus(BaseModel):
+    batch_id: str
+    status: Literal["scheduled", "running", "done", "cancelled"]
+    total: int
+    counts: dict[str, int] = Field(description="Items by state: pending, running, done, failed, cancelled, skipped.")
+    from_cache: int
+    tokens_spent: int
+    token_budget: int | None
+    priority: int
+    options: dict[str, Any]
+    run_at: str | None
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    last_tick_at: str | None
+    eta_seconds: float | None = Field(description="Mean item time × remaining rounds (+ wait for run_at); "
+                                                  "null until an item has finished.")
+
+
+def _urls(batch_id: str) -> tuple[str, str]:
+    return f"/v1/batches/{batch_id}", f"/v1/batches/{batch_id}/results"
+
+
+def _batch_or_404(conn, tenant: str, batch_id: str):  # noqa: ANN001, ANN202
+    from rlm_workers.store.batches import get_batch
+
+    batch = get_batch(conn, batch_id=batch_id, tenant=tenant) if len(batch_id) <= 64 else None
+    if batch is None:
+        raise NotFound(f"no batch {batch_id}")
+    return batch
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=BatchCreated,
+             responses={200: {"description": "Replay of an Idempotency-Key: the batch made the first time."}})
+def create_batch(body: BatchIn, conn: ConnDep, tenant: TenantDep, response: Response,
+                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> BatchCreated:
+    """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
+    from rlm_workers.tasks.batch import submit_batch
+
+    run_at = body.run_at
+    if run_at is not None and run_at.tzinfo is None:
+        run_at = run_at.replace(tzinfo=UTC)
+    batch_id, created = submit_batch(conn, tenant=tenant, queries=body.queries, buffers=body.buffers,
+                                     buffers_glob=body.buffers_glob, options=body.options, run_at=run_at,
+                                     priority=body.priority, token_budget=body.token_budget,
+                                     idempotency_key=idempotency_key)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    status_url, results_url = _urls(batch_id)
+    response.headers["Location"] = status_url
+    return BatchCreated(batch_id=batch_id, status_url=status_url, results_url=results_url, created=created)
+
+
+@router.get("", response_model=list[BatchStatus])
+def list_batches(conn: ConnDep, tenant: TenantDep,
+                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
+    """The tenant's most recent batches, newest first."""
+    from rlm_workers.store.batches import list_batches as rows
+    from rlm_workers.tasks.batch import status_of
+
+    return [status_of(conn, b) for b in rows(conn, tenant=tenant, limit=limit)]
+
+
+@router.get("/{batch_id}", response_model=BatchStatus)
+def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
+    """Counts by state, tokens spent, ETA."""
+    from rlm_workers.tasks.batch import status_of
+
+    return status_of(conn, _batch_or_404(conn, tenant, batch_id))
+
+
+@router.delete("/{batch_id}", response_model=BatchStatus)
+def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
+    """Cancel: nothing new starts, running items' jobs are cancelled; finished items keep their results."""
+    from rlm_workers.tasks.batch import cancel_batch as cancel
+    from rlm_workers.tasks.batch import status_of
+
+    _batch_or_404(conn, tenant, batch_id)
+    return status_of(conn, cancel(conn, tenant=tenant, batch_id=batch_id))
+
+
+@router.get("/{batch_id}/results", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-ndjson": {}, "text/csv": {}},
+                             "description": 'One line per item: {"batch_id", "query", "buffer", "status", "result", '
+                                            '"item", "from_cache", "tokens", "error"}'}})
+def batch_results(batch_id: str, conn: ConnDep, tenant: TenantDep,
+                  format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl") -> StreamingResponse:  # noqa: A002
+    """Every item in order, finished or not (``status`` tells), streamed from the database."""
+    _batch_or_404(conn, tenant, batch_id)
+
+    def lines():  # noqa: ANN202 - its own pooled connection: the request's may be returned before streaming ends
+        from rlm_workers.store.db import connection
+        from rlm_workers.tasks.batch import iter_csv, iter_jsonl
+
+        with connection() as c:
+            yield from (iter_csv if format == "csv" else iter_jsonl)(c, batch_id)
+
+    media = "text/csv" if format == "csv" else "application/x-ndjson"
+    return StreamingResponse(lines(), media_type=media,
+                             headers={"Content-Disposition": f'inline; filename="batch-{batch_id}.{format}"'})

@@ -1,0 +1,89 @@
+"""Query jobs: submit (202, idempotent), follow, cancel.  Another tenant's id is simply not found."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Response, status
+
+from rlm_workers.models import QueryResult
+
+from ..deps import ConnDep, TenantDep
+from ..schemas import ErrorBody, JobView, Progress, QueryAccepted, QueryRequest
+
+router = APIRouter(prefix="/v1/queries", tags=["queries"])
+NOT_FOUND = {404: {"description": "no such job for this tenant"}}
+
+
+def job_view(conn, job) -> JobView:  # noqa: ANN001 - JobRow
+    from rlm_workers.store.jobs import batch_progress
+
+    done, total = batch_progress(conn, job_id=job.id)
+    return JobView(job_id=job.id, status=job.status, stage=job.stage,
+                   progress=Progress(batches_done=done, batches_total=total),
+                   result=QueryResult.model_validate(job.result) if job.result else None,
+                   error=ErrorBody(**{k: str(job.error.get(k, "")) for k in ("type", "message")}) if job.error else None)
+
+
+def _job_or_404(conn, job_id: str, tenant: str):  # noqa: ANN001, ANN202
+    from rlm_workers.store.jobs import get_job
+
+    # Ids that cannot exist (too long, NUL, which PostgreSQL text refuses) are not looked up at all.
+    ok = len(job_id) <= 64 and "\x00" not in job_id
+    job = get_job(conn, job_id=job_id, tenant=tenant) if ok else None
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no query job {job_id[:64]!r}")
+    return job
+
+
+@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=QueryAccepted,
+             responses={404: {"description": "a named buffer does not exist for this tenant"},
+                        422: {"description": "invalid body: missing query, unknown option, query over 10 KB, …"}})
+def submit(body: QueryRequest, response: Response, conn: ConnDep, tenant: TenantDep,
+           idempotency_key: Annotated[str | None, Header(max_length=200, description=(
+               "Retrying with the same key (per tenant) returns the job the first request made, with the "
+               "same 202, instead of starting another.  The body of a replay is not compared: a different "
+               "query under a used key still answers with the first job."))] = None) -> QueryAccepted:
+    """Queue a query; poll ``status_url`` (also the ``Location`` header) until its status is final."""
+    from rlm_workers.submit import submit_query
+
+    job_id, _ = submit_query(conn, tenant=tenant, query=body.query, buffers=body.buffers,
+                             options=body.options.model_dump(exclude_none=True), idempotency_key=idempotency_key)
+    # Relative like the batches' URLs: right behind any proxy, whatever Host the client used.
+    url = f"{router.prefix}/{job_id}"
+    response.headers["Location"] = url
+    return QueryAccepted(job_id=job_id, status_url=url)
+
+
+@router.get("/{job_id}", response_model=JobView, responses=NOT_FOUND, name="get_query")
+def get_query(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
+    """Status, stage and batch progress; ``result`` once done (kept, partial, when synthesis failed)."""
+    return job_view(conn, _job_or_404(conn, job_id, tenant))
+
+
+@router.delete("/{job_id}", response_model=JobView, responses=NOT_FOUND)
+def cancel(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
+    """Cancel: the job is marked cancelled (its tasks see that and stop) and its queued tasks are revoked."""
+    from rlm_workers.store.jobs import cancel_job
+
+    job = _job_or_404(conn, job_id, tenant)
+    if not job.terminal:
+        job = cancel_job(conn, job_id=job_id, tenant=tenant) or job
+        if job.task_ids:
+            _revoke(job.task_ids)
+    return job_view(conn, job)
+
+
+def _revoke(task_ids: list[str]) -> None:
+    """Best effort: tasks check the job's status before doing work, so a missed revoke only costs a dequeue."""
+    import logging
+
+    from rlm_workers.celery_app import app
+
+    try:
+        # kombu retries a broadcast forever while the broker is down: connect once with a bound, then publish.
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=3)
+            app.control.revoke(task_ids, connection=connection)
+    except Exception as exc:  # noqa: BLE001
+        logging.getLogger("rlm.api").warning("could not revoke %d task(s): %s", len(task_ids), exc)

@@ -1,0 +1,147 @@
+"""Request and response bodies of the HTTP API (DESIGN §8); QueryResult is shared with the CLI."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rlm_workers.constants import MAX_QUERY_BYTES
+from rlm_workers.models import BufferInfo, QueryResult
+
+#: most files one upload may carry (JSON documents or multipart parts)
+MAX_UPLOAD_FILES = 10_000
+
+
+def describe_errors(errors: list[dict]) -> str:
+    """The first pydantic error as one line a person can act on: ``options.top_k: Input should be …``."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown field"
+    return f"{where}: {msg}"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(description="Machine-readable: invalid_input, unauthorized, not_found, buffer_not_found, "
+                                  "too_large, service_unavailable, …")
+    message: str = Field(description="What went wrong and how to fix it, for a person.")
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx body of the API."""
+
+    error: ErrorBody
+
+
+class QueryOptions(Strict):
+    """The knobs of ``rlm query``; unset ones resolve through plan → scaling → config → default."""
+
+    search_mode: Literal["hybrid", "semantic", "bm25"] | None = None
+    threshold: float | None = Field(None, ge=-1.0, le=1.0)
+    top_k: int | None = Field(None, ge=1, le=10_000)
+    max_chunks: int | None = Field(None, ge=1, le=100_000)
+    batch_size: int | None = Field(None, ge=1, le=1000)
+    num_agents: int | None = Field(None, ge=1, le=10_000)
+    skip_plan: bool | None = None
+    finding_threshold: Literal["high", "medium", "low", "none"] | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_batch(self) -> QueryOptions:
+        # Said here in the API's own words; submit.validate_options repeats the check for the CLI.
+        if self.batch_size is not None and self.num_agents is not None:
+            raise ValueError("batch_size and num_agents exclude each other: give one")
+        return self
+
+
+def _query_ok(v: str) -> str:
+    if not v.strip():
+        raise ValueError("query is empty")
+    if "\x00" in v:  # PostgreSQL text cannot hold NUL: refuse it here rather than fail in the INSERT
+        raise ValueError("query contains a NUL character")
+    if len(v.encode("utf-8")) > MAX_QUERY_BYTES:
+        raise ValueError(f"query is over {MAX_QUERY_BYTES} bytes")
+    return v
+
+
+class QueryRequest(Strict):
+    query: str = Field(..., description="The question (at most 10 KB).")
+    buffers: list[str] = Field(..., min_length=1, max_length=50, description="Buffers to search.")
+    options: QueryOptions = Field(default_factory=QueryOptions)
+
+    _check_query = field_validator("query")(classmethod(lambda cls, v: _query_ok(v)))
+    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [_buffer_name_ok(n) for n in v]))
+
+
+def _buffer_name_ok(name: str) -> str:
+    from rlm_workers.errors import InvalidInput
+    from rlm_workers.store.buffers import validate_buffer_name
+
+    try:
+        return validate_buffer_name(name)
+    except InvalidInput as exc:  # pydantic reports ValueErrors only
+        raise ValueError(exc.message) from None
+
+
+class QueryAccepted(BaseModel):
+    job_id: str
+    status_url: str
+
+
+class Progress(BaseModel):
+    batches_done: int
+    batches_total: int
+
+
+class JobView(BaseModel):
+    job_id: str
+    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    stage: str
+    progress: Progress
+    result: QueryResult | None = None
+    error: ErrorBody | None = None
+
+
+class Document(Strict):
+    path: str = Field(..., min_length=1, max_length=1024, description="Relative path, e.g. docs/intro.md.")
+    text: str
+
+
+class BufferOptions(Strict):
+    """What a multipart upload sends as form fields next to its ``files`` parts."""
+
+    name: str = Field(..., min_length=1, max_length=128, description="Buffer to create or update.")
+    chunker: Literal["semantic", "fixed", "code"] = "semantic"
+    chunk_size: int = Field(3000, ge=100, le=100_000, description="Maximum characters per chunk.")
+    overlap: int = Field(500, ge=0, le=50_000, description="Characters shared by consecutive chunks.")
+
+    _check_name = field_validator("name")(classmethod(lambda cls, v: _buffer_name_ok(v)))
+
+
+class BufferCreate(BufferOptions):
+    """A JSON upload: the documents travel in the body, each under a relative path."""
+
+    documents: list[Document] = Field(..., min_length=1, max_length=MAX_UPLOAD_FILES)
+
+
+class LoadResponse(BaseModel):
+    """The loader's report (as `rlm load --format json` prints it) and the buffer as it now is."""
+
+    buffer: BufferInfo
+    version: int
+    files_loaded: int
+    files_unchanged: int
+    files_removed: int = Field(description="Files under an uploaded top-level directory that the upload no "
+                                           "longer has (same rule as `rlm load DIR`).")
+    chunks_written: int
+    windows_embedded: int
+    skipped: dict[str, int] = Field(description="Files not loaded, by reason (binary, not-utf8, too-large, …).")
+    too_large: list[str]
+    seconds: float

@@ -1,0 +1,369 @@
+"""SQL for batches: the batch row, its (query, buffer) items and the result cache.
+
+A batch lives entirely in PostgreSQL: Redis only carries the tick that advances
+it and the jobs of the items in flight, so a restarted API, worker or Redis
+loses nothing (the reconciler in ``rlm_workers.tasks.batch`` re-arms what was
+lost).  Every function takes a connection; the tick calls the ``*_locked``
+helpers inside one transaction that holds the batch row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+OPEN = ("scheduled", "running")
+ITEM_STATES = ("pending", "running", "done", "failed", "cancelled", "skipped")
+ITEM_FINAL = ("done", "failed", "cancelled", "skipped")
+
+
+@dataclass
+class BatchRow:
+    id: str
+    tenant: str
+    options: dict[str, Any]
+    run_at: datetime
+    priority: int
+    token_budget: int | None
+    status: str
+    idempotency_key: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_tick_at: datetime | None
+    tick_token: str | None
+    next_tick_at: datetime | None
+
+    @property
+    def open(self) -> bool:
+        return self.status in OPEN
+
+
+_BATCH_COLS = ("id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
+               "started_at, finished_at, last_tick_at, tick_token, next_tick_at")
+
+
+@dataclass
+class ItemRow:
+    item_no: int
+    query: str
+    buffer: str
+    status: str
+    job_id: str | None
+    cache_key: str | None
+    from_cache: bool
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    tokens: int
+    submitted_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+
+
+_ITEM_COLS = ("item_no, query, buffer, status, job_id, cache_key, from_cache, result, error, tokens, submitted_at, "
+              "finished_at, attempts")
+
+
+# --------------------------------------------------------------------------- creation and reading
+
+
+def create_batch(conn, *, batch_id: str, tenant: str, queries: Sequence[str], buffers: Sequence[str],  # noqa: ANN001
+                 options: dict[str, Any], run_at: datetime | None, priority: int, token_budget: int | None,
+                 tick_token: str, idempotency_key: str | None = None) -> tuple[str, bool]:
+    """Insert the batch and its items (queries outer, buffers inner) in one transaction.
+
+    With an idempotency key already used by this tenant, nothing is written and the existing id returned.
+    """
+    with conn.transaction():
+        row = conn.execute(
+            """INSERT INTO batches (id, tenant, options, run_at, priority, token_budget, idempotency_key,
+                                    tick_token, next_tick_at)
+               VALUES (%s, %s, %s, coalesce(%s, now()), %s, %s, %s, %s, now())
+               ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+               RETURNING id""",
+            (batch_id, tenant, Jsonb(options), run_at, priority, token_budget, idempotency_key, tick_token),
+        ).fetchone()
+        if row is None:
+            existing = conn.execute("SELECT id FROM batches WHERE tenant = %s AND idempotency_key = %s",
+                                    (tenant, idempotency_key)).fetchone()
+            return existing[0], False
+        with conn.cursor() as cur, cur.copy("COPY batch_items (batch_id, item_no, query, buffer) FROM STDIN") as cp:
+            n = 0
+            for q in queries:
+                for b in buffers:
+                    cp.write_row((batch_id, n, q, b))
+                    n += 1
+    return batch_id, True
+
+
+def get_batch(conn, *, batch_id: str, tenant: str | None = None) -> BatchRow | None:  # noqa: ANN001
+    sql = f"SELECT {_BATCH_COLS} FROM batches WHERE id = %s"
+    args: tuple = (batch_id,)
+    if tenant is not None:
+        sql += " AND tenant = %s"
+        args = (batch_id, tenant)
+    row = conn.execute(sql, args).fetchone()
+    return BatchRow(*row) if row else None
+
+
+def list_batches(conn, *, tenant: str, limit: int = 50) -> list[BatchRow]:  # noqa: ANN001
+    rows = conn.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
+                        (tenant, limit)).fetchall()
+    return [BatchRow(*r) for r in rows]
+
+
+@dataclass
+class Progress:
+    counts: dict[str, int]
+    total: int
+    tokens: int
+    from_cache: int
+    #: mean seconds from submission to finish over items that ran (not served from the cache)
+    mean_item_seconds: float | None
+
+
+def progress(conn, *, batch_id: str) -> Progress:  # noqa: ANN001
+    counts = dict.fromkeys(ITEM_STATES, 0)
+    for status, n in conn.execute("SELECT status, count(*) FROM batch_items WHERE batch_id = %s GROUP BY status",
+                                  (batch_id,)):
+        counts[status] = int(n)
+    row = conn.execute(
+        """SELECT coalesce(sum(tokens), 0), count(*) FILTER (WHERE from_cache),
+                  avg(extract(epoch FROM finished_at - submitted_at))
+                      FILTER (WHERE NOT from_cache AND status IN ('done', 'failed') AND submitted_at IS NOT NULL)
+           FROM batch_items WHERE batch_id = %s""", (batch_id,)).fetchone()
+    return Progress(counts=counts, total=sum(counts.values()), tokens=int(row[0]), from_cache=int(row[1]),
+                    mean_item_seconds=float(row[2]) if row[2] is not None else None)
+
+
+def iter_items(conn, *, batch_id: str, page: int = 500) -> Iterator[ItemRow]:  # noqa: ANN001
+    """Every item in order, read in pages (keyset on item_no) so a big batch never sits in memory."""
+    after = -1
+    while True:
+        rows = conn.execute(
+            f"SELECT {_ITEM_COLS} FROM batch_items WHERE batch_id = %s AND item_no > %s ORDER BY item_no LIMIT %s",
+            (batch_id, after, page)).fetchall()
+        if not rows:
+            return
+        for r in rows:
+            yield ItemRow(*r)
+        after = rows[-1][0]
+
+
+def items(conn, *, batch_id: str) -> list[ItemRow]:  # noqa: ANN001
+    return list(iter_items(conn, batch_id=batch_id))
+
+
+# --------------------------------------------------------------------------- the tick (inside one transaction)
+
+
+def lock_batch(conn, *, batch_id: str) -> BatchRow | None:  # noqa: ANN001
+    """The batch row locked for this transaction; None if missing or another tick holds it (SKIP LOCKED)."""
+    row = conn.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE id = %s FOR UPDATE SKIP LOCKED",
+                       (batch_id,)).fetchone()
+    return BatchRow(*row) if row else None
+
+
+def db_now(conn) -> datetime:  # noqa: ANN001
+    return conn.execute("SELECT now()").fetchone()[0]
+
+
+def mark_started(conn, *, batch_id: str) -> None:  # noqa: ANN001
+    conn.execute("""UPDATE batches SET status = 'running', started_at = coalesce(started_at, now())
+                    WHERE id = %s AND status = 'scheduled'""", (batch_id,))
+
+
+def mark_ticked(conn, *, batch_id: str, next_in: float | None = None, token: str | None = None) -> None:  # noqa: ANN001
+    """Record this tick; with ``token`` also hand the chain to the tick about to be sent."""
+    if token is None:
+        conn.execute("UPDATE batches SET last_tick_at = now() WHERE id = %s", (batch_id,))
+    else:
+        conn.execute(
+            """UPDATE batches SET last_tick_at = now(), tick_token = %s,
+                   next_tick_at = now() + make_interval(secs => %s) WHERE id = %s""",
+            (token, float(next_in or 0), batch_id))
+
+
+def finish_batch(conn, *, batch_id: str, status: str = "done") -> None:  # noqa: ANN001
+    conn.execute("""UPDATE batches SET status = %s, finished_at = now(), last_tick_at = now(), tick_token = NULL,
+                        next_tick_at = NULL WHERE id = %s AND status IN ('scheduled', 'running')""",
+                 (status, batch_id))
+
+
+@dataclass
+class FinishedJob:
+    item_no: int
+    job_id: str
+    job_status: str
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    tokens: int
+    cache_key: str | None
+
+
+def finished_jobs(conn, *, batch_id: str) -> list[FinishedJob]:  # noqa: ANN001
+    """Running items whose job has ended, with the job's exact token bill (every logged call)."""
+    rows = conn.execute(
+        """SELECT i.item_no, i.job_id, j.status, j.result, j.error,
+                  coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0),
+                  i.cache_key
+           FROM batch_items i JOIN jobs j ON j.id = i.job_id
+           WHERE i.batch_id = %s AND i.status = 'running' AND j.status IN ('done', 'failed', 'cancelled')
+           ORDER BY i.item_no""", (batch_id,)).fetchall()
+    return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6]) for r in rows]
+
+
+def finish_item(conn, *, batch_id: str, item_no: int, status: str, result: dict[str, Any] | None,  # noqa: ANN001
+                error: dict[str, Any] | None, tokens: int = 0, from_cache: bool = False,
+                cache_key: str | None = None) -> None:
+    conn.execute(
+        """UPDATE batch_items SET status = %s, result = %s, error = %s, tokens = tokens + %s, from_cache = %s,
+               cache_key = coalesce(%s, cache_key), finished_at = now()
+           WHERE batch_id = %s AND item_no = %s""",
+        (status, Jsonb(result) if result is not None else None, Jsonb(error) if error is not None else None,
+         tokens, from_cache, cache_key, batch_id, item_no))
+
+
+@dataclass
+class InFlight:
+    item_no: int
+    job_id: str | None
+    job_status: str | None
+    broker_epoch: str | None
+    attempts: int
+    #: seconds since anything last happened to the job (created, a stage started, a batch or LLM call ended)
+    idle_seconds: float | None
+    tokens: int
+
+
+def in_flight(conn, *, batch_id: str) -> list[InFlight]:  # noqa: ANN001
+    """Running items whose job has not ended (or vanished), with how long the job has been idle."""
+    rows = conn.execute(
+        """SELECT i.item_no, i.job_id, j.status, i.broker_epoch, i.attempts,
+                  extract(epoch FROM now() - greatest(
+                      j.created_at, j.started_at,
+                      (SELECT max(greatest(b.started_at, b.finished_at)) FROM job_batches b WHERE b.job_id = j.id),
+                      (SELECT max(c.created_at) FROM llm_calls c WHERE c.job_id = j.id))),
+                  coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0)
+           FROM batch_items i LEFT JOIN jobs j ON j.id = i.job_id
+           WHERE i.batch_id = %s AND i.status = 'running'
+             AND (j.id IS NULL OR j.status IN ('queued', 'running'))
+           ORDER BY i.item_no""", (batch_id,)).fetchall()
+    return [InFlight(r[0], r[1], r[2], r[3], int(r[4]), float(r[5]) if r[5] is not None else None, int(r[6]))
+            for r in rows]
+
+
+def requeue_item(conn, *, batch_id: str, item_no: int, tokens: int) -> None:  # noqa: ANN001
+    """A lost item goes back to pending; the abandoned job's tokens stay on its bill."""
+    conn.execute(
+        """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL,
+               attempts = attempts + 1, tokens = tokens + %s WHERE batch_id = %s AND item_no = %s""",
+        (tokens, batch_id, item_no))
+
+
+def pending_items(conn, *, batch_id: str, after: int = -1, limit: int = 500) -> list[tuple[int, str, str]]:  # noqa: ANN001
+    return [(r[0], r[1], r[2]) for r in conn.execute(
+        """SELECT item_no, query, buffer FROM batch_items WHERE batch_id = %s AND status = 'pending' AND item_no > %s
+           ORDER BY item_no LIMIT %s""", (batch_id, after, limit))]
+
+
+def count_status(conn, *, batch_id: str, status: str) -> int:  # noqa: ANN001
+    return int(conn.execute("SELECT count(*) FROM batch_items WHERE batch_id = %s AND status = %s",
+                            (batch_id, status)).fetchone()[0])
+
+
+def tokens_spent(conn, *, batch_id: str) -> int:  # noqa: ANN001
+    """Tokens of every finished item plus those already logged by the jobs in flight."""
+    row = conn.execute(
+        """SELECT (SELECT coalesce(sum(tokens), 0) FROM batch_items WHERE batch_id = %(b)s)
+                + (SELECT coalesce(sum(c.tokens_in + c.tokens_out), 0) FROM llm_calls c
+                   JOIN batch_items r ON r.job_id = c.job_id WHERE r.batch_id = %(b)s AND r.status = 'running')""",
+        {"b": batch_id}).fetchone()
+    return int(row[0])
+
+
+def mark_submitted(conn, *, batch_id: str, item_no: int, job_id: str, cache_key: str,  # noqa: ANN001
+                   broker_epoch: str | None) -> None:
+    conn.execute(
+        """UPDATE batch_items SET status = 'running', job_id = %s, cache_key = %s, broker_epoch = %s,
+               submitted_at = now(), error = NULL WHERE batch_id = %s AND item_no = %s""",
+        (job_id, cache_key, broker_epoch, batch_id, item_no))
+
+
+def close_pending(conn, *, batch_id: str, status: str, error: dict[str, Any]) -> int:  # noqa: ANN001
+    """Every pending item → ``status`` (skipped by the budget, cancelled with the batch)."""
+    return conn.execute(
+        """UPDATE batch_items SET status = %s, error = %s, finished_at = now()
+           WHERE batch_id = %s AND status = 'pending'""", (status, Jsonb(error), batch_id)).rowcount
+
+
+def running_job_ids(conn, *, batch_id: str) -> list[tuple[int, str | None]]:  # noqa: ANN001
+    return [(r[0], r[1]) for r in conn.execute(
+        "SELECT item_no, job_id FROM batch_items WHERE batch_id = %s AND status = 'running' ORDER BY item_no",
+        (batch_id,))]
+
+
+def buffer_versions(conn, *, tenant: str, names: Sequence[str]) -> dict[str, int]:  # noqa: ANN001
+    return {r[0]: int(r[1]) for r in conn.execute(
+        "SELECT name, version FROM buffers WHERE tenant = %s AND name = ANY(%s)", (tenant, list(set(names))))}
+
+
+# --------------------------------------------------------------------------- reconciler
+
+
+def claim_stale(conn, *, grace_seconds: float, limit: int = 100) -> list[tuple[str, str]]:  # noqa: ANN001
+    """Open batches whose next tick is overdue by ``grace_seconds``: each gets a new tick token, atomically.
+
+    Returns (batch id, new token) for the caller to send; two reconcilers never claim the same batch twice.
+    """
+    rows = conn.execute(
+        """WITH stale AS (
+               SELECT id FROM batches
+               WHERE status IN ('scheduled', 'running')
+                 AND coalesce(next_tick_at, created_at) < now() - make_interval(secs => %s)
+               ORDER BY coalesce(next_tick_at, created_at) LIMIT %s
+               FOR UPDATE SKIP LOCKED)
+           UPDATE batches b SET tick_token = md5(random()::text || clock_timestamp()::text),
+                  next_tick_at = now()
+           FROM stale WHERE b.id = stale.id
+           RETURNING b.id, b.tick_token""", (grace_seconds, limit)).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+# --------------------------------------------------------------------------- result cache
+
+
+def cache_get(conn, *, tenant: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:  # noqa: ANN001
+    if not keys:
+        return {}
+    return {r[0]: r[1] for r in conn.execute(
+        "SELECT cache_key, result FROM result_cache WHERE tenant = %s AND cache_key = ANY(%s)",
+        (tenant, list(set(keys))))}
+
+
+def cache_put(conn, *, tenant: str, key: str, result: dict[str, Any]) -> None:  # noqa: ANN001
+    conn.execute(
+        """INSERT INTO result_cache (cache_key, tenant, result) VALUES (%s, %s, %s)
+           ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, created_at = now()""",
+        (key, tenant, Jsonb(result)))
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def cancel_batch(conn, *, batch_id: str) -> list[str]:  # noqa: ANN001
+    """Inside a transaction holding the row: close the batch, its pending and running items.
+
+    Returns the job ids that were in flight (the caller cancels the jobs).
+    """
+    jobs = [j for _, j in running_job_ids(conn, batch_id=batch_id) if j]
+    cancelled = {"type": "cancelled", "message": "the batch was cancelled"}
+    conn.execute(
+        """UPDATE batch_items SET status = 'cancelled', error = %s, finished_at = now()
+           WHERE batch_id = %s AND status IN ('pending', 'running')""", (Jsonb(cancelled), batch_id))
+    finish_batch(conn, batch_id=batch_id, status="cancelled")
+    return jobs

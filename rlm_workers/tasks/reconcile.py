@@ -1,0 +1,86 @@
+"""The reconciler: jobs whose stage stopped moving are pushed on, so no job is stuck forever.
+
+Celery with Redis can lose a message (a broker restarted without persistence,
+a task that failed while PostgreSQL was away).  Job state lives in
+PostgreSQL, so one periodic sweep can see every job that has not moved for
+``RLM_JOB_TIMEOUT`` and act: re-send the stage task (stages are idempotent)
+or, once the fan-out had its chance, finish the job from what is stored.
+
+It runs as a thread in every worker; a Redis lock lets one of them sweep per
+interval.  Every action is logged with the job id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..config import Settings, get_settings
+from ..constants import RECONCILE_LOCK_KEY
+from ..store import jobs as job_store
+from .common import db, log
+
+#: stages whose task is simply sent again; later stages are salvaged instead
+RESEND = {"queued": "rlm.plan", "plan": "rlm.plan", "search": "rlm.search"}
+
+
+def reconcile_jobs(conn, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:  # noqa: ANN001
+    """One sweep; returns a line per action taken (also logged)."""
+    from .salvage import salvage_job
+
+    actions = []
+    for job_id, stage, idle in job_store.stale_jobs(conn, idle_seconds=idle_seconds):
+        if stage in RESEND:
+            # Reset the clock first: a second sweep must wait a full period before acting again.
+            job_store.touch_job(conn, job_id=job_id)
+            send(RESEND[stage], job_id)
+            action = f"re-sent {RESEND[stage]}"
+        elif salvage_job(conn, job_id, f"reconciler: stuck in {stage} for {idle:.0f}s",
+                         min_idle_seconds=idle_seconds):
+            action = "salvaged from stored findings"
+        else:
+            continue  # a batch started or the job ended since the sweep looked: not stuck after all
+        line = f"job {job_id} idle {idle:.0f}s in {stage}: {action}"
+        log.warning("reconciler: %s", line)
+        actions.append(line)
+    return actions
+
+
+def sweep_once(settings: Settings | None = None) -> list[str]:
+    """Sweep if no other worker did within the interval; [] when another holds the turn."""
+    from ..celery_app import app
+    from .common import redis_client
+
+    settings = settings or get_settings()
+    if not redis_client().set(RECONCILE_LOCK_KEY, "1", nx=True, ex=max(1, int(settings.reconcile_seconds))):
+        return []
+
+    def send(task: str, job_id: str) -> None:
+        app.send_task(task, (job_id,), argsrepr=f"job={job_id}")
+
+    actions: list[str] = []
+    with db() as conn:
+        actions += reconcile_jobs(conn, send=send, idle_seconds=settings.job_timeout)
+        try:
+            from .batch import reconcile_batches  # overnight batches, when that module provides it
+        except ImportError:
+            reconcile_batches = None
+        if reconcile_batches is not None:
+            actions += reconcile_batches(conn) or []
+    return actions
+
+
+def start_reconciler(stop: threading.Event) -> threading.Thread:
+    """The periodic sweep in a daemon thread; broker or database outages are logged and outlived."""
+    settings = get_settings()
+
+    def run() -> None:
+        while not stop.wait(settings.reconcile_seconds):
+            try:
+                sweep_once(settings)
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.warning("reconciler sweep failed: %s", exc)
+
+    thread = threading.Thread(target=run, name="rlm-reconciler", daemon=True)
+    thread.start()
+    return thread

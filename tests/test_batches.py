@@ -1,0 +1,545 @@
+"""Batches end to end: real worker processes, a Valkey of this module's own (the last test wipes it), real
+PostgreSQL+pgvector, and a scripted OpenAI-protocol server.
+
+Workers ``ctl`` (rlm.control: plan/search/collect/synthesize and the batch ticks) and ``an`` (rlm.analyst) run
+as ``rlm worker`` subprocesses; the CLI runs as ``rlm`` subprocesses; the HTTP API in-process (TestClient).
+Tests share state in order: the cache test re-submits what the first one computed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_message
+from tests.support.workers import ROOT, WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+QUERIES = ["What do practitioners of falconry disagree about?",
+           "How old is the history of canal locks?",
+           "Which instruments are used for sundials today?"]
+LINE_KEYS = {"batch_id", "query", "buffer", "status", "result"}
+_CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
+
+
+def _essay(topic: str, extra: str = "") -> str:
+    return (f"# Notes on {topic}\n\nPeople who study {topic} keep careful records. The history of {topic} goes "
+            f"back several centuries. Practitioners of {topic} often disagree about methods.\n\nModern work on "
+            f"{topic} uses better instruments, yet the basic questions remain the same.\n{extra}\n")
+
+
+# --------------------------------------------------------------------------- scripted model
+
+
+class Model:
+    """Planner: hybrid search keeping everything.  Analyst: a finding per chunk.  Synthesizer: echoes the query."""
+
+    def __init__(self) -> None:
+        self.analyst_delay = 0.0
+
+    def __call__(self, req: dict) -> Reply | str:
+        model, text = req.get("model"), last_user_message(req)
+        if model == "plan-model":
+            return json.dumps({"search_mode": "hybrid", "threshold": -1.0})
+        if model == "analyst-model":
+            out = [{"chunk_id": int(cid), "relevance": "medium", "findings": [body.strip().splitlines()[0]],
+                    "summary": "notes", "follow_up": []} for cid, body in _CHUNK.findall(text)]
+            return Reply.text(json.dumps({"findings": out}), delay=self.analyst_delay)
+        query = re.search(r"## Query\n\n(.*?)\n\n", text, re.S)
+        return f"## Answer\n\nScripted answer to: {query.group(1) if query else '?'}"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def valkey(tmp_path_factory):
+    """This module's own embedded Valkey: the Redis-restart test stops and wipes it."""
+    from rlm_workers import services
+
+    root = tmp_path_factory.mktemp("batch-valkey")
+    url = services.embedded_valkey_url(root)
+    yield root, url
+    services.stop_embedded_valkey(root)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Model()
+
+
+@pytest.fixture(scope="module")
+def llm(model):
+    with ScriptedLLM(model) as srv:
+        yield srv
+
+
+def _point_celery_at(url: str) -> None:
+    """The test process sends tasks too (API submit): its Celery app must use this module's broker."""
+    from rlm_workers.celery_app import app
+    from rlm_workers.tasks import common
+
+    app.conf.broker_url = url
+    app.conf.result_backend = url
+    app._pool = None
+    app.amqp._producer_pool = None
+    app._local.__dict__.pop("backend", None)
+    common.redis_client.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def env(rlm_env, llm, valkey):
+    from rlm_workers.config import reset_settings
+
+    extra = {
+        "RLM_BROKER_URL": valkey[1],
+        "OPENAI_API_KEY": "sk-test-not-a-real-key",
+        "OPENAI_BASE_URL": llm.base_url,
+        "RLM_PRIMARY_MODEL": "plan-model",
+        "RLM_SUBCALL_MODEL": "analyst-model",
+        "RLM_SYNTHESIZER_MODEL": "synth-model",
+        "RLM_LLM_RETRIES": "1",
+        "RLM_LLM_TIMEOUT": "30",
+        "RLM_MAX_CONCURRENCY": "8",
+        "RLM_BATCH_PARALLEL": "2",
+        "RLM_BATCH_TICK_SECONDS": "0.5",
+        "RLM_RECONCILE_SECONDS": "1",
+        "RLM_VISIBILITY_TIMEOUT": "60",
+        "RLM_JOB_TIMEOUT": "50",
+        "HF_HUB_OFFLINE": "1",
+    }
+    from rlm_workers.celery_app import app
+
+    # read before our broker URL is in the environment: the first read configures the app lazily
+    saved = (app.conf.broker_url, app.conf.result_backend)
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    reset_settings()
+    _point_celery_at(valkey[1])
+    yield {**rlm_env, **extra}
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    reset_settings()
+    _point_celery_at(saved[0])
+    app.conf.result_backend = saved[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(env, conn, embedder, tmp_path_factory):
+    from rlm_workers.ingest.loader import load_paths
+
+    root = tmp_path_factory.mktemp("batch-corpus")
+    for name, topics in (("alpha", ["falconry", "canal locks", "sundials", "windmills"]),
+                         ("beta", ["salt marshes", "clockmaking", "kelp forests", "ice cores"])):
+        d = root / name
+        d.mkdir()
+        for i, topic in enumerate(topics):
+            (d / f"{i}-{topic.replace(' ', '-')}.md").write_text(_essay(topic))
+        load_paths(conn, buffer=name, paths=[d], embedder=embedder)
+        conn.commit()
+    return root
+
+
+@pytest.fixture(scope="module")
+def workers(env, corpus, valkey, tmp_path_factory):
+    import redis
+
+    redis.Redis.from_url(valkey[1]).flushdb()
+    logs = tmp_path_factory.mktemp("batch-worker-logs")
+    ws = {"ctl": WorkerProcess("bctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
+          "an": WorkerProcess("ban", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8)}
+    for w in ws.values():
+        w.start()
+    yield ws
+    for w in ws.values():
+        w.stop()
+
+
+@pytest.fixture(scope="module")
+def api(env, conn):
+    from fastapi.testclient import TestClient
+
+    from rlm_api.app import create_app
+    from rlm_api.auth import create_key
+
+    key, _ = create_key(conn, tenant="local", name="batch tests")
+    other, _ = create_key(conn, tenant="someone-else", name="batch tests")
+    conn.commit()
+    client = TestClient(create_app())
+    client.headers["Authorization"] = f"Bearer {key}"
+    client.other_key = other
+    return client
+
+
+@pytest.fixture()
+def fresh(llm, model, workers):
+    model.analyst_delay = 0.0
+    for w in workers.values():
+        if not w.alive:
+            w.start()
+    llm.reset()
+    return llm
+
+
+def run_rlm(env, *args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "rlm_api.cli", *args], cwd=ROOT, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=180, input=stdin)
+
+
+def wait_batch(conn, batch_id, workers, timeout=120.0, on_poll=None):
+    from rlm_workers.store import batches as store
+
+    deadline = time.monotonic() + timeout
+    while True:
+        b = store.get_batch(conn, batch_id=batch_id)
+        if on_poll is not None:
+            on_poll(store.progress(conn, batch_id=batch_id))
+        conn.commit()
+        if b.status in ("done", "cancelled"):
+            return b
+        if time.monotonic() > deadline:
+            p = store.progress(conn, batch_id=batch_id)
+            conn.commit()
+            tails = "\n".join(f"--- {n}\n{w.tail(40)}" for n, w in workers.items())
+            raise AssertionError(f"batch {batch_id} still {b.status} after {timeout}s: {p.counts}\n{tails}")
+        time.sleep(0.2)
+
+
+def jsonl(text):
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def plans(llm):
+    """Jobs that reached the model: one planner call each."""
+    return sum(1 for r in llm.requests if r.body.get("model") == "plan-model")
+
+
+def llm_call_rows(conn):
+    n = conn.execute("SELECT count(*) FROM llm_calls").fetchone()[0]
+    conn.commit()
+    return n
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def test_queries_file_formats():
+    from rlm_workers.errors import InvalidInput
+    from rlm_workers.tasks.batch import parse_queries
+
+    text = "# nightly questions\n\nWhat is A?\n  {\"query\": \"What is B?\", \"tag\": 1}\nWhat is A?\n\n"
+    assert parse_queries(text) == ["What is A?", "What is B?"]
+    for bad, msg in (("# only a comment\n\n", "no query"), ('{"q": 1}\n', "line 1"),
+                     ("ok\n{not json\n", "line 2"), ("x" * 20_000, "line 1")):
+        with pytest.raises(InvalidInput, match=msg):
+            parse_queries(bad)
+
+
+def test_cache_key_covers_buffer_version_options_and_models():
+    from rlm_workers.config import Settings
+    from rlm_workers.tasks.batch import cache_key, fingerprint
+
+    s1 = Settings(api_key="k", subcall_model="m1")
+    s2 = Settings(api_key="k", subcall_model="m2")
+    fp1, fp2 = fingerprint(s1), fingerprint(s2)
+    base = dict(tenant="t", query="q", buffer="b", version=1, options={}, fp=fp1)
+    k = cache_key(**base)
+    assert k == cache_key(**base)
+    assert fp1 != fp2 and fp1 != fingerprint(Settings())  # other model; offline provider
+    for change in ({"version": 2}, {"options": {"top_k": 5}}, {"fp": fp2}, {"tenant": "u"}, {"buffer": "c"},
+                   {"query": "q2"}):
+        assert cache_key(**{**base, **change}) != k
+
+
+def test_at_accepts_iso_and_relative_times():
+    from rlm_api.cli_batch import parse_at
+    from rlm_workers.errors import InvalidInput
+
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    assert parse_at("+90m", now=now) == now + timedelta(minutes=90)
+    assert parse_at("2030-01-02T03:00:00+00:00") == datetime(2030, 1, 2, 3, tzinfo=UTC)
+    assert parse_at("2030-01-02T03:00").tzinfo is not None  # local time
+    with pytest.raises(InvalidInput):
+        parse_at("tomorrow")
+
+
+def test_broker_priority_keeps_batches_behind_interactive_queries():
+    from rlm_workers.tasks.batch import broker_priority
+
+    assert [broker_priority(p) for p in range(1, 10)] == [3, 3, 3, 6, 6, 6, 9, 9, 9]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_cli_batch_runs_every_item_with_bounded_parallelism(env, conn, fresh, workers, api, tmp_path):
+    qfile = tmp_path / "queries.txt"
+    qfile.write_text(f"# three questions\n\n{QUERIES[0]}\n{json.dumps({'query': QUERIES[1]})}\n\n{QUERIES[2]}\n")
+    proc = run_rlm(env, "batch", "submit", "--queries", str(qfile), "--buffer", "alpha", "--buffer", "beta")
+    assert proc.returncode == 0, proc.stderr
+    batch_id = proc.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", batch_id), proc.stdout
+    assert "no running worker" not in proc.stderr
+
+    most_running = []
+    b = wait_batch(conn, batch_id, workers, on_poll=lambda p: most_running.append(p.counts["running"]))
+    assert b.status == "done"
+    assert max(most_running) <= 2  # RLM_BATCH_PARALLEL
+
+    # results: CLI JSONL, CLI CSV, API JSONL agree
+    proc = run_rlm(env, "batch", "results", batch_id)
+    assert proc.returncode == 0, proc.stderr
+    lines = jsonl(proc.stdout)
+    assert len(lines) == 6
+    assert all(LINE_KEYS <= set(line) for line in lines)
+    assert {(x["query"], x["buffer"]) for x in lines} == {(q, b) for q in QUERIES for b in ("alpha", "beta")}
+    for line in lines:
+        assert line["batch_id"] == batch_id and line["status"] == "done" and not line["from_cache"]
+        assert line["result"]["response"] == f"## Answer\n\nScripted answer to: {line['query']}"
+        assert {s["buffer"] for s in line["result"]["sources"]} == {line["buffer"]}
+    proc = run_rlm(env, "batch", "results", batch_id, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"done"}
+    assert rows[0]["response"].startswith("## Answer")
+    r = api.get(f"/v1/batches/{batch_id}/results")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    assert jsonl(r.text) == lines
+
+    # progress: counts, exact tokens (the sum of every logged LLM call of the items' jobs), ETA 0
+    st = api.get(f"/v1/batches/{batch_id}").json()
+    assert st["status"] == "done" and st["total"] == 6 and st["counts"]["done"] == 6 and st["eta_seconds"] == 0
+    job_ids = [line["result"]["job_id"] for line in lines]
+    assert len(set(job_ids)) == 6
+    billed = conn.execute("SELECT sum(tokens_in + tokens_out), count(*) FROM llm_calls WHERE job_id = ANY(%s)",
+                          (job_ids,)).fetchone()
+    conn.commit()
+    assert st["tokens_spent"] == billed[0] == fresh.usage["total_tokens"] > 0
+    assert billed[1] == fresh.calls
+    per_item = conn.execute("SELECT job_id, count(*) FILTER (WHERE stage = 'plan'), count(*) FILTER (WHERE stage = "
+                            "'synthesize') FROM llm_calls WHERE job_id = ANY(%s) GROUP BY job_id", (job_ids,)).fetchall()
+    conn.commit()
+    assert len(per_item) == 6 and all(row[1] == 1 and row[2] == 1 for row in per_item)  # each item ran once
+    proc = run_rlm(env, "batch", "status", batch_id)
+    assert proc.returncode == 0 and "done" in proc.stdout and "6/6 done" in proc.stdout
+
+    # another tenant sees nothing
+    other = {"Authorization": f"Bearer {api.other_key}"}
+    for path in (f"/v1/batches/{batch_id}", f"/v1/batches/{batch_id}/results"):
+        assert api.get(path, headers=other).status_code == 404
+    assert api.get("/v1/batches", headers=other).json() == []
+
+
+def test_resubmitted_batch_is_served_from_the_cache_without_llm_calls(env, conn, fresh, workers, api, embedder,
+                                                                      corpus):
+    calls_before = llm_call_rows(conn)
+    jobs_before = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    conn.commit()
+    r = api.post("/v1/batches", json={"queries": QUERIES, "buffers": ["alpha", "beta"]})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["status_url"] == f"/v1/batches/{body['batch_id']}"
+    b = wait_batch(conn, body["batch_id"], workers, timeout=30)
+    assert b.status == "done"
+    lines = jsonl(api.get(body["results_url"]).text)
+    assert len(lines) == 6 and all(x["status"] == "done" and x["from_cache"] for x in lines)
+    assert fresh.calls == 0 and llm_call_rows(conn) == calls_before
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == jobs_before  # not even a job
+    conn.commit()
+    assert api.get(body["status_url"]).json()["from_cache"] == 6
+
+    # reloading a buffer bumps its version: only that buffer's items run again
+    from rlm_workers.ingest.loader import load_paths
+
+    (corpus / "beta" / "9-extra.md").write_text(_essay("tea ceremonies"))
+    load_paths(conn, buffer="beta", paths=[corpus / "beta"], embedder=embedder)
+    conn.commit()
+    r = api.post("/v1/batches", json={"queries": QUERIES, "buffers": ["alpha", "beta"]})
+    wait_batch(conn, r.json()["batch_id"], workers)
+    lines = jsonl(api.get(r.json()["results_url"]).text)
+    assert {x["buffer"] for x in lines if x["from_cache"]} == {"alpha"}
+    assert {x["buffer"] for x in lines if not x["from_cache"]} == {"beta"}
+    assert all(x["status"] == "done" for x in lines) and plans(fresh) == 3
+
+
+def test_run_at_in_the_future_does_not_start_early(env, conn, fresh, workers, api):
+    run_at = datetime.now(UTC) + timedelta(seconds=5)
+    r = api.post("/v1/batches", json={"queries": ["Why do people study windmills?"], "buffers": ["alpha"],
+                                      "run_at": run_at.isoformat(), "priority": 7})
+    assert r.status_code == 202, r.text
+    batch_id = r.json()["batch_id"]
+    while datetime.now(UTC) < run_at - timedelta(seconds=0.5):
+        st = api.get(f"/v1/batches/{batch_id}").json()
+        assert st["status"] == "scheduled" and st["counts"]["pending"] == 1, st
+        assert fresh.calls == 0
+        time.sleep(0.3)
+    b = wait_batch(conn, batch_id, workers)
+    assert b.status == "done" and b.started_at >= run_at - timedelta(milliseconds=50)
+    assert plans(fresh) == 1
+
+
+def test_token_budget_stops_scheduling(env, conn, fresh, workers, api):
+    queries = [f"Budget question {i} about ice cores?" for i in range(3)]
+    r = api.post("/v1/batches", json={"queries": queries, "buffers": ["beta"], "token_budget": 1})
+    batch_id = r.json()["batch_id"]
+    wait_batch(conn, batch_id, workers)
+    st = api.get(f"/v1/batches/{batch_id}").json()
+    # two items were in flight (RLM_BATCH_PARALLEL) before anything was spent; the third never starts
+    assert st["counts"]["done"] == 2 and st["counts"]["skipped"] == 1, st
+    assert st["tokens_spent"] == fresh.usage["total_tokens"] and plans(fresh) == 2
+    skipped = [x for x in jsonl(api.get(f"/v1/batches/{batch_id}/results").text) if x["status"] == "skipped"]
+    assert skipped[0]["error"]["type"] == "token_budget" and skipped[0]["result"] is None
+
+
+def test_ticks_never_fork_the_chain(env, conn, fresh, workers, settings):
+    """Only the tick holding the current token re-arms (and hands on a new one); a locked batch is skipped."""
+    import psycopg
+
+    from rlm_workers.store import batches as store
+    from rlm_workers.tasks.batch import submit_batch, tick_batch
+
+    batch_id, _ = submit_batch(conn, tenant="local", queries=["Chain question?"], buffers=["alpha"],
+                               run_at=datetime.now(UTC) + timedelta(hours=1))
+    # the worker runs the first tick and re-arms for a minute later; wait for it so nothing races the test
+    deadline = time.monotonic() + 30
+    while store.get_batch(conn, batch_id=batch_id).last_tick_at is None:
+        conn.commit()
+        assert time.monotonic() < deadline, "the worker never ran the batch's first tick"
+        time.sleep(0.05)
+    conn.commit()
+    res = tick_batch(conn, batch_id, "not-the-owner", epoch=None)
+    assert res.status == "waiting" and res.next_token is None and not res.to_send
+    token = store.get_batch(conn, batch_id=batch_id).tick_token
+    conn.commit()
+    res = tick_batch(conn, batch_id, token, epoch=None)
+    assert res.status == "waiting" and res.next_token not in (None, token) and 0 < res.next_in <= 60
+    assert store.get_batch(conn, batch_id=batch_id).tick_token == res.next_token
+    conn.commit()
+    with psycopg.connect(env["RLM_DATABASE_URL"]) as other:
+        other.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
+        assert tick_batch(conn, batch_id, res.next_token, epoch=None).status == "busy"
+    assert tick_batch(conn, "0" * 32, None, epoch=None).status == "missing"
+    from rlm_workers.tasks.batch import cancel_batch
+
+    assert cancel_batch(conn, tenant="local", batch_id=batch_id).status == "cancelled"
+    assert tick_batch(conn, batch_id, res.next_token, epoch=None).status == "cancelled"
+    assert fresh.calls == 0
+
+
+def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
+    later = (datetime.now(UTC) + timedelta(hours=2)).isoformat()
+    body = {"queries": ["Idempotent question?"], "buffers": ["alpha"], "run_at": later}
+    first = api.post("/v1/batches", json=body, headers={"Idempotency-Key": "nightly-1"})
+    again = api.post("/v1/batches", json=body, headers={"Idempotency-Key": "nightly-1"})
+    assert first.status_code == 202 and again.status_code == 200
+    assert first.json()["batch_id"] == again.json()["batch_id"]
+    batch_id = first.json()["batch_id"]
+    r = api.delete(f"/v1/batches/{batch_id}")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["counts"]["cancelled"] == 1
+    assert fresh.calls == 0
+
+    for bad, code, kind in (({"queries": [], "buffers": ["alpha"]}, 422, "invalid_input"),
+                            ({"queries": ["q"], "buffers": ["nope"]}, 404, "buffer_not_found"),
+                            ({"queries": ["q"], "buffers": []}, 422, "invalid_input"),
+                            ({"queries": ["q"], "buffers": ["alpha"], "priority": 0}, 422, "invalid_input"),
+                            ({"queries": ["q"], "buffers": ["alpha"], "options": {"top_k": -1}}, 422, "invalid_input"),
+                            ({"queries": ["q"], "buffers_glob": "zz-*"}, 422, "invalid_input")):
+        r = api.post("/v1/batches", json=bad)
+        assert r.status_code == code and r.json()["error"]["type"] == kind, (bad, r.text)
+    assert api.get("/v1/batches/0123456789abcdef").status_code == 404
+    assert api.get("/v1/batches", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+    proc = run_rlm(env, "batch", "submit", "--queries", "/nonexistent/q.txt", "--buffer", "alpha")
+    assert proc.returncode == 2 and "queries file not found" in proc.stderr and proc.stdout == ""
+    proc = run_rlm(env, "batch", "submit", "--queries", "-", "--buffer", "alpha", "--at", "soon", stdin="q\n")
+    assert proc.returncode == 2 and "--at" in proc.stderr
+    proc = run_rlm(env, "batch", "submit", "--queries", "-", "--buffers-glob", "al*", "--at", "+1h",
+                   "--no-check-workers", stdin="Glob question?\n")
+    assert proc.returncode == 0, proc.stderr
+    st = json.loads(run_rlm(env, "batch", "status", proc.stdout.strip(), "--format", "json").stdout)
+    assert st["status"] == "scheduled" and st["total"] == 1
+    assert run_rlm(env, "batch", "cancel", proc.stdout.strip()).returncode == 0
+    assert run_rlm(env, "batch", "status", "f" * 32).returncode == 2
+
+
+def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model, workers, api):
+    """Batch items are bounded per batch and start behind interactive work: a query submitted mid-batch ends first."""
+    from rlm_workers.store import batches as store
+    from rlm_workers.submit import submit_query, wait_for_job
+
+    model.analyst_delay = 1.0
+    queries = [f"Long batch question {i} about clockmaking?" for i in range(6)]
+    r = api.post("/v1/batches", json={"queries": queries, "buffers": ["beta"], "priority": 9})
+    batch_id = r.json()["batch_id"]
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    job_id, _ = submit_query(conn, tenant="local", query="Interactive: what about salt marshes?", buffers=["beta"],
+                             options={})
+    conn.commit()
+    job = wait_for_job(conn, job_id, timeout=60)
+    took = time.monotonic() - t0
+    assert job.status == "done"
+    p = store.progress(conn, batch_id=batch_id)
+    conn.commit()
+    assert p.counts["pending"] + p.counts["running"] > 0, "the batch should still be running"
+    assert took < 10, took
+    wait_batch(conn, batch_id, workers)
+
+
+def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, model, workers, api, valkey):
+    """Valkey stopped, its data deleted (a Redis without persistence), started again on the same port."""
+    from rlm_workers import services
+    from rlm_workers.store import batches as store
+
+    model.analyst_delay = 1.5
+    queries = [f"After the restart, what about {t}?" for t in ("falconry", "kelp", "sundials")]
+    r = api.post("/v1/batches", json={"queries": queries, "buffers": ["alpha", "beta"]})
+    batch_id = r.json()["batch_id"]
+    deadline = time.monotonic() + 60
+    while True:
+        p = store.progress(conn, batch_id=batch_id)
+        conn.commit()
+        if p.counts["done"] >= 1 and p.counts["running"] >= 1:
+            break
+        assert time.monotonic() < deadline, p.counts
+        time.sleep(0.1)
+
+    root, url = valkey
+    vdir = root / services.VALKEY_DIRNAME
+    state = (vdir / "server.json").read_text()
+    assert services.stop_embedded_valkey(root)
+    for p in vdir.iterdir():
+        if p.name.startswith("appendonly") or p.suffix == ".rdb":
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    time.sleep(2.0)  # workers notice the broker is gone
+    (vdir / "server.json").write_text(state)  # the old port is reused: every client reconnects to the same URL
+    assert services.embedded_valkey_url(root) == url
+
+    b = wait_batch(conn, batch_id, workers, timeout=180)
+    assert b.status == "done"
+    items = store.items(conn, batch_id=batch_id)
+    conn.commit()
+    assert len(items) == 6 and all(i.status == "done" for i in items), [(i.item_no, i.status, i.error) for i in items]
+    lines = jsonl(api.get(f"/v1/batches/{batch_id}/results").text)
+    assert len(lines) == 6
+    assert sorted((x["query"], x["buffer"]) for x in lines) == sorted((q, b) for q in queries for b in ("alpha", "beta"))
+    assert len({x["result"]["job_id"] for x in lines}) == 6
+    # the loss was noticed and acted on, and the actions were logged
+    assert any(i.attempts >= 1 for i in items) or "reconcile: batch" in workers["ctl"].tail(400)
+    assert "reconcile: batch" in workers["ctl"].tail(400) + workers["an"].tail(400)
+    abandoned = conn.execute("SELECT count(*) FROM jobs WHERE error->>'type' = 'lost'").fetchone()[0]
+    conn.commit()
+    assert abandoned == sum(i.attempts for i in items)
