@@ -1,0 +1,90 @@
+"""The fault suite owns its servers: it stops and restarts PostgreSQL and Valkey, so it never shares them.
+
+Always embedded (even when RLM_TEST_DATABASE_URL / RLM_TEST_BROKER_URL are set), because a test here
+must be able to kill and restart them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.pipeline_model import MODEL_ENV, write_essays
+from tests.support.workers import WorkerProcess
+
+
+@pytest.fixture(scope="session")
+def test_services():
+    from rlm_workers import services
+    from tests.support.services import TestServices
+
+    data_dir = Path(tempfile.mkdtemp(prefix="rlm-faults-"))
+    svc = TestServices(data_dir=data_dir, admin_url=services.embedded_postgres_url(data_dir),
+                       broker_url=services.embedded_valkey_url(data_dir), embedded_pg=True, embedded_valkey=True)
+    yield svc
+    svc.stop()
+
+
+# --- per module: a scripted model, the essays corpus, a control and an analyst worker ---------------
+
+#: short clocks so redelivery, the watchdog and the reconciler act within a test's patience
+CLOCKS = {"RLM_VISIBILITY_TIMEOUT": "30", "RLM_JOB_TIMEOUT": "20", "RLM_RECONCILE_SECONDS": "2"}
+
+
+
+
+@pytest.fixture(scope="module")
+def env(rlm_env, llm):
+    from rlm_workers.config import reset_settings
+
+    extra = {"OPENAI_API_KEY": "sk-test-not-a-real-key", "OPENAI_BASE_URL": llm.base_url, **MODEL_ENV,
+             "RLM_LLM_RETRIES": "3", "RLM_LLM_TIMEOUT": "20", "RLM_MAX_CONCURRENCY": "4", "HF_HUB_OFFLINE": "1",
+             **CLOCKS}
+    os.environ.update(extra)
+    reset_settings()
+    yield {**rlm_env, **extra}
+    for k in extra:
+        os.environ.pop(k, None)
+    reset_settings()
+
+
+@pytest.fixture(scope="module")
+def corpus(env, conn, embedder, tmp_path_factory):
+    from rlm_workers.ingest.loader import load_paths
+
+    root = tmp_path_factory.mktemp("faults") / "essays"
+    write_essays(root, injection_at=None)
+    load_paths(conn, buffer="essays", paths=[root], embedder=embedder)
+    conn.commit()
+
+
+@pytest.fixture(scope="module")
+def workers(env, corpus, tmp_path_factory):
+    import redis
+
+    redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
+    logs = tmp_path_factory.mktemp("fault-logs")
+    ws = {"ctl": WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
+          "an": WorkerProcess("fan", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8)}
+    for w in ws.values():
+        w.start()
+    yield ws
+    for w in ws.values():
+        w.stop()
+
+
+@pytest.fixture()
+def db(env):
+    """A connection per test: a test that restarts PostgreSQL must not hand a dead one to the next."""
+    from rlm_workers.config import get_settings
+    from rlm_workers.store.db import connect
+
+    c = connect(get_settings())
+    yield c
+    try:
+        c.close()
+    except Exception:  # noqa: BLE001 - already gone with a restarted server
+        pass
