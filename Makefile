@@ -27,12 +27,15 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-# Ask this codebase about itself: load the project's own source and docs, then search them.
+# Ask this codebase about itself: load the project's own source and docs, search them, then run a
+# real query through the whole pipeline (plan, search, chord fan-out, collect, synthesize).  With no
+# OPENAI_API_KEY the offline extractive provider answers; with one, the configured models do.
 demo: install
 	$(RLM) load rlm_workers rlm_api prompts README.md --buffer rlm-self
 	$(RLM) buffers
 	$(RLM) search "how are embedded servers reused by a second process" --buffer rlm-self --top-k 5
 	$(RLM) search "BM25Okapi" --buffer rlm-self --mode bm25 --top-k 3
+	$(RLM) query "How does a job still end when an analyst worker dies mid fan-out?" --buffer rlm-self --verbose
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -40,6 +43,9 @@ lint: install
 bench: install
 	$(PY) bench/search.py
 	$(PY) bench/ingest.py
+	$(PY) bench/overhead.py
+	$(PY) bench/batch.py
+	$(PY) bench/load.py
 
 up: install
 	$(RLM) up

@@ -1,0 +1,193 @@
+"""Helpers shared by the benchmarks: an isolated environment, machine facts, stats, RESULTS.md.
+
+Kept free of project imports so a bench can set the environment *before*
+``rlm_workers`` reads its settings.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS = BENCH_DIR / "RESULTS.md"
+SITE_PACKAGES = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+# Services and model are pinned by the bench, never inherited: a stray RLM_DATABASE_URL
+# would make a bench write 100k chunks into someone's real database.
+_PINNED_AWAY = ("RLM_DATABASE_URL", "RLM_BROKER_URL", "RLM_RESULT_BACKEND", "RLM_EMBEDDING_MODEL")
+
+
+def isolated_env(name: str) -> Path:
+    """Point this process (and its children) at bench/_data/<name> and the bundled offline model."""
+    data_dir = BENCH_DIR / "_data" / name
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for var in _PINNED_AWAY:
+        os.environ.pop(var, None)
+    os.environ["RLM_DATA_DIR"] = str(data_dir)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return data_dir
+
+
+def stop_servers(data_dir: Path) -> None:
+    """Stop the embedded servers this bench started under its own data dir (and only those)."""
+    from rlm_workers.services import stop_embedded_postgres, stop_embedded_valkey
+    from rlm_workers.store.db import close_pools
+
+    close_pools()
+    stop_embedded_postgres(data_dir)
+    stop_embedded_valkey(data_dir)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear-interpolated percentile (numpy's default), without importing numpy."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * p / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _sh(cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.rstrip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "(unavailable)"
+
+
+def loadavg() -> str:
+    """Other work on a 2-core box skews every number here, so each section records it."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "(unavailable)"
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies over all CPUs, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)  # idle + iowait
+
+
+def other_cpu_busy(window: float = 3.0) -> float:
+    """Share of the machine's CPU in use over ``window`` seconds while this process sleeps: other people's work."""
+    try:
+        idle0, total0 = _cpu_times()
+        time.sleep(window)
+        idle1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+class OtherCpu:
+    """Share of the machine's CPU that went to processes a bench does not account for, over an interval.
+
+    Start it, run the timed work, then pass the CPU seconds the bench's own processes
+    used (itself, its children, its PostgreSQL): the rest of the busy time was someone else's.
+    """
+
+    def __init__(self) -> None:
+        self.idle0, self.total0 = _cpu_times()
+
+    def share(self, own_cpu_seconds: float) -> float:
+        idle1, total1 = _cpu_times()
+        total = max(1, total1 - self.total0)
+        busy = total - (idle1 - self.idle0)
+        return max(0.0, (busy - own_cpu_seconds * os.sysconf("SC_CLK_TCK")) / total)
+
+
+def postgres_cpu(data_dir: Path) -> float:
+    """CPU seconds used so far by the embedded server under ``data_dir``: the postmaster, its live
+    children, and (through cutime/cstime) the backends that already exited."""
+    try:
+        pid = int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
+
+        def fields(p: int) -> list[str]:
+            return Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+
+        total = sum(int(x) for x in fields(pid)[11:15])  # utime, stime, cutime, cstime
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != pid:
+                try:
+                    f = fields(int(entry.name))
+                except OSError:
+                    continue
+                if int(f[1]) == pid:  # a child of the postmaster
+                    total += int(f[11]) + int(f[12])
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def wait_for_quiet(max_wait: float, busy_below: float = 0.25) -> float:
+    """Wait (up to ``max_wait`` s) until other processes leave the CPU mostly idle; returns their last share.
+
+    On a 2-core box a test suite running next to the bench doubles its latencies, so
+    the timed phases start in a quiet moment when there is one, and say what they got.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy = other_cpu_busy()
+        if busy < busy_below or time.monotonic() >= deadline:
+            return busy
+        print(f"waiting for a quiet CPU: {busy:.0%} busy with other work", flush=True)
+
+
+def machine_markdown() -> str:
+    """The machine block of RESULTS.md: what `nproc`, `free -g`, `lscpu | head` and `date -u` say now."""
+    return "\n".join([
+        f"- date (`date -u`): {_sh('date -u')}",
+        f"- `nproc`: {_sh('nproc')}",
+        f"- python: {platform.python_version()} ({sys.executable})",
+        f"- load average (1/5/15 min): {loadavg()}",
+        "",
+        "```",
+        "$ free -g",
+        _sh("free -g"),
+        "$ lscpu | head",
+        _sh("lscpu | head"),
+        "```",
+    ])
+
+
+def command_line() -> str:
+    """The command that produced a section, relative to the repo root."""
+    exe = Path(sys.executable)
+    try:
+        exe = exe.relative_to(REPO)
+    except ValueError:
+        pass
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(REPO)
+    except ValueError:
+        pass
+    return shlex.join([str(exe), str(script), *sys.argv[1:]])
+
+
+def update_results(section: str, body: str) -> None:
+    """Replace the text between this section's markers in RESULTS.md (created if missing).
+
+    Each bench owns its own section, so running one bench leaves the other's numbers alone.
+    """
+    start, end = f"<!-- bench:{section}:start -->", f"<!-- bench:{section}:end -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: block, text)
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
