@@ -38,6 +38,18 @@ def isolated_env(name: str) -> Path:
     return data_dir
 
 
+def scripted_llm_env(base_url: str, data_dir: Path) -> dict[str, str]:
+    """Variables that send every LLM stage to a bench's scripted OpenAI-protocol server."""
+    return {
+        "OPENAI_API_KEY": "sk-bench-not-a-real-key",
+        "OPENAI_BASE_URL": base_url,
+        "RLM_PRIMARY_MODEL": "plan-model",
+        "RLM_SUBCALL_MODEL": "analyst-model",
+        "RLM_SYNTHESIZER_MODEL": "synth-model",
+        "RLM_PROMPT_DIR": str(data_dir / "prompts"),  # the shipped prompts, never the user's overrides
+    }
+
+
 def stop_servers(data_dir: Path) -> None:
     """Stop the embedded servers this bench started under its own data dir (and only those)."""
     from rlm_workers.services import stop_embedded_postgres, stop_embedded_valkey

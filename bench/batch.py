@@ -146,15 +146,7 @@ def main() -> None:  # noqa: PLR0915
 
     model = RpmModel(args.rpm, args.latency_ms / 1000)
     srv = ScriptedLLM(model).start()
-    os.environ.update({
-        "OPENAI_API_KEY": "sk-bench-not-a-real-key",
-        "OPENAI_BASE_URL": srv.base_url,
-        "RLM_PRIMARY_MODEL": "plan-model",
-        "RLM_SUBCALL_MODEL": "analyst-model",
-        "RLM_SYNTHESIZER_MODEL": "synth-model",
-        "RLM_RPM": str(budget),
-        "RLM_PROMPT_DIR": str(data_dir / "prompts"),
-    })
+    os.environ.update({**_util.scripted_llm_env(srv.base_url, data_dir), "RLM_RPM": str(budget)})
     if args.parallel:
         os.environ["RLM_BATCH_PARALLEL"] = str(args.parallel)
     if args.tick:

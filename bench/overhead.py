@@ -136,27 +136,10 @@ app.worker_main(["worker", "--without-gossip", "--without-mingle", *sys.argv[1:]
 
 def _quiet_worker_class(base: type) -> type:
     """tests.support.workers.WorkerProcess, started through _QUIET_WORKER instead of `rlm worker`."""
-    import subprocess
 
     class QuietWorker(base):
-        def start(self, timeout: float = 90.0):  # noqa: ANN202
-            env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-            mark = self.log_path.stat().st_size if self.log_path.exists() else 0
-            with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-c", _QUIET_WORKER, "-Q", self.queues, "-c", str(self.concurrency),
-                     "-P", self.pool, "-n", f"{self.name}@%h", "-l", "INFO"],
-                    cwd=_util.REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"worker {self.name} exited {self.proc.returncode}:\n{self.tail()}")
-                with open(self.log_path, "rb") as fh:
-                    fh.seek(mark)
-                    if b" ready." in fh.read():
-                        return self
-                time.sleep(0.2)
-            raise RuntimeError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
+        def argv(self) -> list[str]:
+            return [sys.executable, "-c", _QUIET_WORKER, *self.worker_options()]
 
     return QuietWorker
 
@@ -676,15 +659,7 @@ def main() -> None:
     if not args.keep_nagle:
         srv._server.RequestHandlerClass = _no_delay_handler()
     srv.start()
-    os.environ.update({
-        "OPENAI_API_KEY": "sk-bench-not-a-real-key",
-        "OPENAI_BASE_URL": srv.base_url,
-        "RLM_PRIMARY_MODEL": "plan-model",
-        "RLM_SUBCALL_MODEL": "analyst-model",
-        "RLM_SYNTHESIZER_MODEL": "synth-model",
-        "RLM_MAX_CONCURRENCY": str(max_conc),
-        "RLM_PROMPT_DIR": str(data_dir / "prompts"),  # the shipped prompts, never the user's overrides
-    })
+    os.environ.update({**_util.scripted_llm_env(srv.base_url, data_dir), "RLM_MAX_CONCURRENCY": str(max_conc)})
     for var in ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM"):
         os.environ.pop(var, None)
 

@@ -33,7 +33,7 @@ def db_url(test_services) -> str:
 @pytest.fixture(scope="module")
 def rlm_env(test_services, db_url, tmp_path_factory):
     """Environment for one module: its own database and data dir, the shared broker."""
-    from rlm_workers.config import reset_settings
+    from tests.support.envpatch import patched_env
 
     data_dir = tmp_path_factory.mktemp("rlm-data")
     env = {
@@ -42,16 +42,8 @@ def rlm_env(test_services, db_url, tmp_path_factory):
         "RLM_DATA_DIR": str(data_dir),
         "RLM_PROMPT_DIR": str(data_dir / "prompts"),
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    reset_settings()
-    yield env
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    reset_settings()
+    with patched_env(env):
+        yield env
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_message
+from tests.support.pipeline_model import MODEL_ENV
+from tests.support.scripted_llm import Reply, last_user_message
 from tests.support.workers import ROOT, WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -79,12 +80,6 @@ def model():
     return Model()
 
 
-@pytest.fixture(scope="module")
-def llm(model):
-    with ScriptedLLM(model) as srv:
-        yield srv
-
-
 def _point_celery_at(url: str) -> None:
     """The test process sends tasks too (API submit): its Celery app must use this module's broker."""
     from rlm_workers.celery_app import app
@@ -100,15 +95,13 @@ def _point_celery_at(url: str) -> None:
 
 @pytest.fixture(scope="module")
 def env(rlm_env, llm, valkey):
-    from rlm_workers.config import reset_settings
+    from tests.support.envpatch import patched_env
 
     extra = {
         "RLM_BROKER_URL": valkey[1],
         "OPENAI_API_KEY": "sk-test-not-a-real-key",
         "OPENAI_BASE_URL": llm.base_url,
-        "RLM_PRIMARY_MODEL": "plan-model",
-        "RLM_SUBCALL_MODEL": "analyst-model",
-        "RLM_SYNTHESIZER_MODEL": "synth-model",
+        **MODEL_ENV,
         "RLM_LLM_RETRIES": "1",
         "RLM_LLM_TIMEOUT": "30",
         "RLM_MAX_CONCURRENCY": "8",
@@ -123,17 +116,9 @@ def env(rlm_env, llm, valkey):
 
     # read before our broker URL is in the environment: the first read configures the app lazily
     saved = (app.conf.broker_url, app.conf.result_backend)
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    reset_settings()
-    _point_celery_at(valkey[1])
-    yield {**rlm_env, **extra}
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    reset_settings()
+    with patched_env(extra):
+        _point_celery_at(valkey[1])
+        yield {**rlm_env, **extra}
     _point_celery_at(saved[0])
     app.conf.result_backend = saved[1]
 

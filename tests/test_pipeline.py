@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.pipeline_model import (
     CHUNK_COUNT,
+    MODEL_ENV,
     NEEDLE,
     QUESTION,
     TOPICS,
@@ -37,14 +38,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def env(rlm_env, llm, tmp_path_factory):
     """The environment every process of this module shares (test process, workers, CLI)."""
-    from rlm_workers.config import reset_settings
+    from tests.support.envpatch import patched_env
 
     extra = {
         "OPENAI_API_KEY": "sk-test-not-a-real-key",
         "OPENAI_BASE_URL": llm.base_url,
-        "RLM_PRIMARY_MODEL": "plan-model",
-        "RLM_SUBCALL_MODEL": "analyst-model",
-        "RLM_SYNTHESIZER_MODEL": "synth-model",
+        **MODEL_ENV,
         "RLM_LLM_RETRIES": "1",
         "RLM_LLM_TIMEOUT": "30",
         "RLM_MAX_CONCURRENCY": "3",
@@ -53,12 +52,8 @@ def env(rlm_env, llm, tmp_path_factory):
         "RLM_JOB_TIMEOUT": "25",
         "HF_HUB_OFFLINE": "1",
     }
-    os.environ.update(extra)
-    reset_settings()
-    yield {**rlm_env, **extra}
-    for k in extra:
-        os.environ.pop(k, None)
-    reset_settings()
+    with patched_env(extra):
+        yield {**rlm_env, **extra}
 
 
 @pytest.fixture(scope="module")

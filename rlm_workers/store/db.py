@@ -72,8 +72,12 @@ def connect(settings: Settings | None = None, *, url: str | None = None) -> psyc
 
 
 @contextlib.contextmanager
-def connection(settings: Settings | None = None) -> Iterator[psycopg.Connection]:
-    """An autocommit connection from this process's pool (workers, API); use conn.transaction() for atomic steps."""
+def connection(settings: Settings | None = None, *, timeout: float | None = None) -> Iterator[psycopg.Connection]:
+    """An autocommit connection from this process's pool (workers, API); use conn.transaction() for atomic steps.
+
+    ``timeout``: seconds to wait for a working connection (the pool's 30 s by default) before
+    ``psycopg_pool.PoolTimeout``; while PostgreSQL is down the pool keeps waiting for it to come back.
+    """
     url = resolve_url(settings)
     pool = _pools.get(url)
     if pool is None:
@@ -91,7 +95,7 @@ def connection(settings: Settings | None = None) -> Iterator[psycopg.Connection]
                     kwargs={"connect_timeout": 10, "autocommit": True}, name="rlm",
                 )
                 _pools[url] = pool
-    with pool.connection() as conn:
+    with pool.connection(timeout=timeout) as conn:
         yield conn
 
 

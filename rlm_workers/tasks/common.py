@@ -89,6 +89,8 @@ def call_llm(conn, *, job_id: str, stage: str, request: CompletionRequest, batch
 
 #: how long a write of something already paid for (LLM output, its usage) waits for PostgreSQL
 DURABLE_WRITE_SECONDS = 180.0
+#: how long a durable write waits for a pooled connection before it counts as an outage (and says so)
+CHECKOUT_SECONDS = 3.0
 
 
 def durable_write(conn, fn: Callable[[Any], Any], *, what: str) -> Any:  # noqa: ANN001
@@ -97,12 +99,16 @@ def durable_write(conn, fn: Callable[[Any], Any], *, what: str) -> Any:  # noqa:
 
     For writes whose inputs cost money (an LLM answer): retrying the whole task would buy it again.
     """
+    from psycopg_pool import PoolTimeout
+
+    # A short checkout wait: a pool quietly waiting out an outage would leave operators no trace of it.
+    outage = (*DB_OUTAGE, PoolTimeout)
     try:
         if conn is not None:
             return fn(conn)
-        with db() as fresh:
+        with db(timeout=CHECKOUT_SECONDS) as fresh:
             return fn(fresh)
-    except DB_OUTAGE as exc:
+    except outage as exc:
         first = exc
     deadline = time.monotonic() + DURABLE_WRITE_SECONDS
     delay = 0.5
@@ -110,9 +116,9 @@ def durable_write(conn, fn: Callable[[Any], Any], *, what: str) -> Any:  # noqa:
         log.warning("database unavailable while saving %s (%s); retrying in %.1fs", what, first, delay)
         time.sleep(delay)
         try:
-            with db() as fresh:
+            with db(timeout=CHECKOUT_SECONDS) as fresh:
                 return fn(fresh)
-        except DB_OUTAGE as exc:
+        except outage as exc:
             first = exc
             if time.monotonic() > deadline:
                 raise

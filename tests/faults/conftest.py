@@ -6,7 +6,6 @@ must be able to kill and restart them.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -38,17 +37,13 @@ CLOCKS = {"RLM_VISIBILITY_TIMEOUT": "30", "RLM_JOB_TIMEOUT": "20", "RLM_RECONCIL
 
 @pytest.fixture(scope="module")
 def env(rlm_env, llm):
-    from rlm_workers.config import reset_settings
+    from tests.support.envpatch import patched_env
 
     extra = {"OPENAI_API_KEY": "sk-test-not-a-real-key", "OPENAI_BASE_URL": llm.base_url, **MODEL_ENV,
              "RLM_LLM_RETRIES": "3", "RLM_LLM_TIMEOUT": "20", "RLM_MAX_CONCURRENCY": "4", "HF_HUB_OFFLINE": "1",
              **CLOCKS}
-    os.environ.update(extra)
-    reset_settings()
-    yield {**rlm_env, **extra}
-    for k in extra:
-        os.environ.pop(k, None)
-    reset_settings()
+    with patched_env(extra):
+        yield {**rlm_env, **extra}
 
 
 @pytest.fixture(scope="module")

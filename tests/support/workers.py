@@ -25,10 +25,7 @@ class WorkerProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its whole life
         mark = self.log_path.stat().st_size
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlm_api.cli", "worker", "-Q", self.queues, "-c", str(self.concurrency),
-             "-P", self.pool, "-n", f"{self.name}@%h", "-l", "INFO"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -40,6 +37,14 @@ class WorkerProcess:
                     return self
             time.sleep(0.2)
         raise RuntimeError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    def argv(self) -> list[str]:
+        """The worker's command line (a bench may run a variant of ``rlm worker``)."""
+        return [sys.executable, "-m", "rlm_api.cli", "worker", *self.worker_options()]
+
+    def worker_options(self) -> list[str]:
+        return ["-Q", self.queues, "-c", str(self.concurrency), "-P", self.pool, "-n", f"{self.name}@%h",
+                "-l", "INFO"]
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
