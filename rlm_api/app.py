@@ -109,12 +109,12 @@ def _document_errors(spec: dict) -> None:
 def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
 
-    from .routes import batches, buffers, health, queries
+    from .routes import batches, buffers, health, queries, uploads
 
     settings = get_settings()
     app = FastAPI(title="rlm-pipeline", version="0.1.0",
                   description="Load text into buffers and ask questions answered by a Celery fan-out of analysts.")
-    for module in (health, buffers, queries, batches):
+    for module in (health, buffers, uploads, queries, batches):
         app.include_router(module.router)
 
     @app.exception_handler(RLMError)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -88,6 +89,28 @@ def _buffer_name_ok(name: str) -> str:
         return validate_buffer_name(name)
     except InvalidInput as exc:  # pydantic reports ValueErrors only
         raise ValueError(exc.message) from None
+
+
+class UploadAccepted(BaseModel):
+    """``POST /v1/buffers?wait=false``: the files are stored and an ingest worker will load them."""
+
+    upload_id: str
+    buffer: str
+    status: Literal["queued"] = "queued"
+    status_url: str
+
+
+class UploadView(BaseModel):
+    upload_id: str
+    buffer: str
+    status: Literal["queued", "running", "done", "failed"]
+    files: int
+    bytes: int
+    attempts: int = Field(description="Deliveries to an ingest worker that started loading (at most 3).")
+    created_at: datetime
+    finished_at: datetime | None
+    report: dict | None = Field(description="Once done: the loader's report (as `rlm load --format json`).")
+    error: ErrorBody | None
 
 
 class QueryAccepted(BaseModel):

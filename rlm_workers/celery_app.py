@@ -23,6 +23,7 @@ TASK_MODULES = [
     "rlm_workers.tasks.synthesize",
     "rlm_workers.tasks.salvage",
     "rlm_workers.tasks.batch",
+    "rlm_workers.tasks.ingest",
 ]
 
 app = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)

@@ -297,6 +297,84 @@ def test_keys_cli_create_list_revoke(api, env):
     assert rlm("create", "--tenant", "bad tenant!").returncode == 2
 
 
+@pytest.fixture(scope="module")
+def ingest_worker(env, api, tmp_path_factory):
+    w = WorkerProcess("aing", queues="rlm.ingest", env=env, log_dir=tmp_path_factory.mktemp("api-w3"),
+                      concurrency=1, pool="prefork").start()
+    yield w
+    w.stop()
+
+
+def _until_ended(client: httpx.Client, url: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while (view := client.get(url).json())["status"] not in ("done", "failed"):
+        assert time.monotonic() < deadline, view
+        time.sleep(0.2)
+    return view
+
+
+def test_background_upload_is_loaded_by_the_ingest_worker(api, keys, conn, ingest_worker):
+    tide = "# Tides\n\nThe harbour gate opens two hours before high water and closes at the ebb.\n"
+    with api.client(keys["a"]) as a, api.client(keys["b"]) as b:
+        r = a.post("/v1/buffers?wait=false", json={"name": "harbour", "documents": [
+            {"path": "notes/tide.md", "text": tide}]})
+        assert r.status_code == 202, r.text
+        url = r.json()["status_url"]
+        assert r.headers["location"] == url and r.json()["status"] == "queued"
+        assert b.get(url).status_code == 404  # another tenant's upload does not exist for it
+        view = _until_ended(a, url)
+        assert view["status"] == "done" and view["attempts"] == 1 and view["error"] is None, view
+        assert view["report"]["files_loaded"] == 1 and view["report"]["chunks_written"] >= 1
+        assert a.get("/v1/buffers/harbour").json()["files"] == 1
+        # the same content again, as multipart: nothing re-embedded
+        r = a.post("/v1/buffers", params={"wait": "false"}, data={"name": "harbour"},
+                   files=[("files", ("notes/tide.md", tide.encode()))])
+        assert r.status_code == 202, r.text
+        again = _until_ended(a, r.json()["status_url"])
+        assert again["report"]["files_unchanged"] == 1 and again["report"]["windows_embedded"] == 0
+        # names are checked before anything is stored
+        r = a.post("/v1/buffers?wait=false", json={"name": "harbour", "documents": [
+            {"path": "../escape.md", "text": "x"}]})
+        assert r.status_code == 422 and "../escape.md" in r.json()["error"]["message"]
+        assert a.delete("/v1/buffers/harbour").status_code == 204
+    # loaded uploads leave no staged bytes behind
+    assert conn.execute("SELECT count(*) FROM upload_files").fetchone()[0] == 0
+    assert "rlm.ingest" in ingest_worker.tail(4000)
+
+
+def test_a_bad_staged_upload_fails_with_its_reason_and_keeps_the_buffer(api, keys, conn, docs_a, env):
+    """What the worker does with an upload the API would never store (names are checked again there)."""
+    from rlm_workers.store.uploads import create_upload, get_upload
+    from rlm_workers.tasks.ingest import run_ingest
+
+    before = conn.execute("SELECT version FROM buffers WHERE name = 'handbook' AND tenant = 'acme'").fetchone()
+    create_upload(conn, upload_id="badupload0001", tenant="acme", buffer="handbook", options={},
+                  files=[("ok.md", b"# fine\n"), ("../../etc/cron.d/x", b"* * * * * root evil\n")])
+    conn.commit()
+    assert run_ingest("badupload0001") == "failed"
+    up = get_upload(conn, upload_id="badupload0001", tenant="acme")
+    assert up.status == "failed" and up.error["type"] == "invalid_input" and "cron.d" in up.error["message"]
+    assert conn.execute("SELECT version FROM buffers WHERE name = 'handbook' AND tenant = 'acme'").fetchone() == before
+    assert run_ingest("badupload0001") == "skipped"  # a redelivery finds it ended
+
+
+def test_reconciler_resends_an_upload_whose_message_was_lost(conn, env):
+    from rlm_workers.store.uploads import create_upload
+    from rlm_workers.tasks.reconcile import reconcile_uploads
+
+    create_upload(conn, upload_id="lostupload001", tenant="acme", buffer="lost", options={},
+                  files=[("a.md", b"# A\n")])
+    conn.execute("UPDATE uploads SET sent_at = now() - interval '1 hour' WHERE id = 'lostupload001'")
+    conn.commit()
+    sent: list[tuple[str, str]] = []
+    actions = reconcile_uploads(conn, send=lambda task, i: sent.append((task, i)), idle_seconds=600)
+    conn.commit()
+    assert sent == [("rlm.ingest", "lostupload001")] and "re-sent rlm.ingest" in actions[0]
+    assert reconcile_uploads(conn, send=lambda task, i: sent.append((task, i)), idle_seconds=600) == []
+    conn.execute("DELETE FROM uploads WHERE id = 'lostupload001'")
+    conn.commit()
+
+
 def test_readyz_names_the_broker_when_it_is_down(env, tmp_path):
     dead = Api({**env, "RLM_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0"}, tmp_path / "dead.log")
     try:

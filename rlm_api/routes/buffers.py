@@ -6,66 +6,41 @@ directory; the server never reads a path the client names.
 
 from __future__ import annotations
 
+import logging
 import tempfile
-from pathlib import Path, PurePosixPath
+import uuid
+from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 
 from rlm_workers.errors import BufferNotFound, InvalidInput
 from rlm_workers.models import BufferInfo
 
 from ..deps import ConnDep, TenantDep
-from ..schemas import MAX_UPLOAD_FILES, BufferCreate, BufferOptions, LoadResponse, describe_errors
+from ..schemas import (
+    MAX_UPLOAD_FILES,
+    BufferCreate,
+    BufferOptions,
+    LoadResponse,
+    UploadAccepted,
+    describe_errors,
+)
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
-MAX_DEPTH = 32
-
-
-def safe_relative(name: str) -> PurePosixPath:
-    """A client file name as a relative path, or InvalidInput: no absolute paths, no '..', no tricks."""
-    if not name or "\\" in name or len(name) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise InvalidInput(f"invalid file name {name[:80]!r}: use a relative path with '/' separators")
-    path = PurePosixPath(name)
-    if path.is_absolute() or any(p.strip() in ("..", ".", "") for p in name.split("/")) or len(path.parts) > MAX_DEPTH:
-        raise InvalidInput(f"invalid file name {name[:80]!r}: absolute paths and '.'/'..' segments are refused")
-    return path
-
-
-def _write_all(root: Path, files: list[tuple[str, object]]) -> None:
-    """Write (name, bytes | binary file) pairs under ``root``; every name is checked before anything is written."""
-    import shutil
-
-    targets: list[Path] = []
-    seen: set[Path] = set()
-    for name, _data in files:
-        target = root.joinpath(*safe_relative(name).parts)
-        if target in seen:
-            raise InvalidInput(f"file {name!r} appears twice in the upload")
-        seen.add(target)
-        targets.append(target)
-    for target, (_name, data) in zip(targets, files, strict=True):
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise InvalidInput(f"{_name!r} puts a file under another uploaded file's name") from None
-        if target.is_dir():
-            raise InvalidInput(f"{_name!r} is also used as a directory in this upload")
-        with open(target, "wb") as out:
-            if isinstance(data, bytes):
-                out.write(data)
-            else:
-                data.seek(0)
-                shutil.copyfileobj(data, out)
+log = logging.getLogger("rlm.api")
 
 
 def _load(tenant: str, opts: BufferOptions, root: Path, files: list[tuple[str, object]]) -> LoadResponse:
     from rlm_workers.config import get_settings
     from rlm_workers.ingest.loader import load_paths
+    from rlm_workers.ingest.staging import write_files
     from rlm_workers.store.buffers import buffer_info
     from rlm_workers.store.db import connect
 
-    _write_all(root, files)
+    write_files(root, files)
     settings = get_settings()
     conn = connect(settings)  # one transaction: a failed upload leaves the previous buffer intact
     try:
@@ -138,13 +113,47 @@ _MULTIPART_SCHEMA = {"type": "object", "required": ["name", "files"], "propertie
               "description": "One part per file; its filename is the relative path inside the buffer."}}}
 
 
+def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> UploadAccepted:
+    """Stage the files in PostgreSQL and send their id to the ingest queue (the API never embeds)."""
+    from rlm_workers.celery_app import app
+    from rlm_workers.ingest.staging import check_names
+    from rlm_workers.store.buffers import validate_buffer_name
+    from rlm_workers.store.db import connection
+    from rlm_workers.store.uploads import create_upload
+
+    validate_buffer_name(opts.name)
+    check_names(name for name, _ in files)
+    staged = [(name, data if isinstance(data, bytes) else _read(data)) for name, data in files]
+    upload_id = uuid.uuid4().hex
+    with connection() as conn:
+        create_upload(conn, upload_id=upload_id, tenant=tenant, buffer=opts.name, files=staged,
+                      options=opts.model_dump(include={"chunker", "chunk_size", "overlap"}))
+    try:
+        app.send_task("rlm.ingest", (upload_id,), argsrepr=f"upload={upload_id}")
+    except Exception as exc:  # noqa: BLE001 - stored: the reconciler sends it once the broker is back
+        log.warning("upload %s stored but not sent (%s); the reconciler will send it", upload_id, exc)
+    return UploadAccepted(upload_id=upload_id, buffer=opts.name, status_url=f"/v1/uploads/{upload_id}")
+
+
+def _read(part) -> bytes:  # noqa: ANN001 - a spooled upload file
+    part.seek(0)
+    return part.read()
+
+
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=LoadResponse,
-             responses={422: {"description": "invalid body, buffer name or file name"},
+             responses={202: {"model": UploadAccepted, "description": "with wait=false: stored and queued for an "
+                                                                      "ingest worker; follow status_url"},
+                        422: {"description": "invalid body, buffer name or file name"},
                         413: {"description": "body over RLM_MAX_REQUEST_BYTES"}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": _inlined(BufferCreate.model_json_schema())},
                  "multipart/form-data": {"schema": _MULTIPART_SCHEMA}}}})
-async def create_buffer(request: Request, tenant: TenantDep) -> LoadResponse:
+async def create_buffer(request: Request, tenant: TenantDep,
+                        wait: Annotated[bool, Query(description=(
+                            "true (default): load in this request and answer 201 with the report.  false: store "
+                            "the files, answer 202 at once, and let an `rlm.ingest` worker load them (the API "
+                            "process never loads the embedding model); follow `status_url`."))] = True,
+                        ) -> LoadResponse | JSONResponse:
     """Load documents into a buffer (created if new).
 
     Files already there with the same content and chunking are kept without re-embedding; files under an
@@ -155,6 +164,10 @@ async def create_buffer(request: Request, tenant: TenantDep) -> LoadResponse:
     else:
         body = _validated(BufferCreate, await request.body())
         opts, files = body, [(d.path, d.text.encode("utf-8")) for d in body.documents]
+    if not wait:
+        accepted = await run_in_threadpool(_queue, tenant, opts, files)
+        return JSONResponse(accepted.model_dump(), status_code=status.HTTP_202_ACCEPTED,
+                            headers={"Location": accepted.status_url})
     with tempfile.TemporaryDirectory(prefix="rlm-upload-") as tmp:
         # Writing, chunking and embedding are blocking: all of it runs in the threadpool.
         return await run_in_threadpool(_load, tenant, opts, Path(tmp), files)

@@ -211,12 +211,41 @@ ALTER TABLE batch_items ADD COLUMN attempts integer NOT NULL DEFAULT 0;
 CREATE INDEX batch_items_job ON batch_items (job_id) WHERE job_id IS NOT NULL;
 """
 
+M006_UPLOADS = """
+-- Uploads queued for the ingest workers: the files wait here until one loads them, then go.
+CREATE TABLE uploads (
+    id          text PRIMARY KEY,
+    tenant      text NOT NULL,
+    buffer      text NOT NULL,
+    options     jsonb NOT NULL,
+    status      text NOT NULL DEFAULT 'queued' CHECK (status IN ('queued', 'running', 'done', 'failed')),
+    report      jsonb,
+    error       jsonb,
+    files       integer NOT NULL,
+    bytes       bigint NOT NULL,
+    attempts    integer NOT NULL DEFAULT 0,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- when its rlm.ingest was last sent: the reconciler re-sends an open upload that sat too long
+    sent_at     timestamptz NOT NULL DEFAULT now(),
+    started_at  timestamptz,
+    finished_at timestamptz
+);
+CREATE INDEX uploads_open ON uploads (sent_at) WHERE status IN ('queued', 'running');
+CREATE TABLE upload_files (
+    upload_id text NOT NULL REFERENCES uploads(id) ON DELETE CASCADE,
+    path      text NOT NULL,
+    data      bytea NOT NULL,
+    PRIMARY KEY (upload_id, path)
+);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
     ("m003_api", M003_API),
     ("m004_job_stage_time", M004_JOB_STAGE_TIME),
     ("m005_batch_recovery", M005_BATCH_RECOVERY),
+    ("m006_uploads", M006_UPLOADS),
 ]
 
 

@@ -46,6 +46,20 @@ def reconcile_jobs(conn, *, send: Callable[[str, str], None], idle_seconds: floa
     return actions
 
 
+def reconcile_uploads(conn, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:  # noqa: ANN001
+    """Re-send ``rlm.ingest`` for uploads still open after ``idle_seconds``: a lost message, a dead worker, or
+    a broker that was down when the API stored it.  A delivery that finds the upload being loaded leaves it."""
+    from ..store.uploads import stale_uploads
+
+    actions = []
+    for upload_id in stale_uploads(conn, idle_seconds=idle_seconds):
+        send("rlm.ingest", upload_id)
+        line = f"upload {upload_id} still open after {idle_seconds:.0f}s: re-sent rlm.ingest"
+        log.warning("reconciler: %s", line)
+        actions.append(line)
+    return actions
+
+
 def sweep_once(settings: Settings | None = None) -> list[str]:
     """Sweep if no other worker did within the interval; [] when another holds the turn."""
     from ..celery_app import app
@@ -55,12 +69,13 @@ def sweep_once(settings: Settings | None = None) -> list[str]:
     if not redis_client().set(RECONCILE_LOCK_KEY, "1", nx=True, ex=max(1, int(settings.reconcile_seconds))):
         return []
 
-    def send(task: str, job_id: str) -> None:
-        app.send_task(task, (job_id,), argsrepr=f"job={job_id}")
+    def send(task: str, some_id: str) -> None:
+        app.send_task(task, (some_id,), argsrepr=f"{'upload' if task == 'rlm.ingest' else 'job'}={some_id}")
 
     actions: list[str] = []
     with db() as conn:
         actions += reconcile_jobs(conn, send=send, idle_seconds=settings.job_timeout)
+        actions += reconcile_uploads(conn, send=send, idle_seconds=settings.job_timeout)
         try:
             from .batch import reconcile_batches  # overnight batches, when that module provides it
         except ImportError:

@@ -30,12 +30,16 @@ def world(rlm_env, conn, tmp_path_factory):
         r = a.post("/v1/buffers", json={"name": "secrets", "documents": [
             {"path": "plan.md", "text": "# Plan\n\nThe merger closes on the fifth of March.\n"}]})
         assert r.status_code == 201, r.text
+        r = a.post("/v1/buffers?wait=false", json={"name": "secrets", "documents": [
+            {"path": "later.md", "text": "# Later\n\nThe merger terms stay sealed.\n"}]})
+        assert r.status_code == 202, r.text
+        upload_id = r.json()["upload_id"]
     job_id, _ = job_store.create_job(conn, job_id="abusejob" + "0" * 8, tenant="tenant-a", query="q",
                                      buffers=["secrets"], options={})
     batch_id, _ = submit_batch(conn, tenant="tenant-a", queries=["when does the merger close?"],
                                buffers=["secrets"])
     conn.commit()
-    yield {"api": api, "a": key_a, "b": key_b, "job": job_id, "batch": batch_id}
+    yield {"api": api, "a": key_a, "b": key_b, "job": job_id, "batch": batch_id, "upload": upload_id}
     api.stop()
 
 
@@ -43,7 +47,7 @@ def _routes(w):
     j, b = w["job"], w["batch"]
     return [("GET", "/v1/buffers/secrets"), ("DELETE", "/v1/buffers/secrets"), ("GET", f"/v1/queries/{j}"),
             ("DELETE", f"/v1/queries/{j}"), ("GET", f"/v1/batches/{b}"), ("DELETE", f"/v1/batches/{b}"),
-            ("GET", f"/v1/batches/{b}/results")]
+            ("GET", f"/v1/batches/{b}/results"), ("GET", f"/v1/uploads/{w['upload']}")]
 
 
 def test_every_v1_route_needs_a_valid_key(world):
@@ -52,7 +56,7 @@ def test_every_v1_route_needs_a_valid_key(world):
     assert len(v1) >= 10
     for method, path in v1:
         url = world["api"].base + path.replace("{name}", "secrets").replace("{job_id}", world["job"]) \
-            .replace("{batch_id}", world["batch"])
+            .replace("{batch_id}", world["batch"]).replace("{upload_id}", world["upload"])
         for headers in ({}, {"Authorization": "Bearer rlm_forged"}, {"Authorization": world["a"]}):
             r = httpx.request(method, url, headers=headers, json={}, timeout=30)
             assert r.status_code == 401, (method, path, headers, r.status_code)

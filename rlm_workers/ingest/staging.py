@@ -1,0 +1,55 @@
+"""Uploaded files written under a fresh directory, so the loader reads them like `rlm load DIR`.
+
+A client's file name is only ever a relative path inside that directory: the
+server never opens a path the client names.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+from ..errors import InvalidInput
+
+MAX_DEPTH = 32
+
+
+def safe_relative(name: str) -> PurePosixPath:
+    """A client file name as a relative path, or InvalidInput: no absolute paths, no '..', no tricks."""
+    if not name or "\\" in name or len(name) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidInput(f"invalid file name {name[:80]!r}: use a relative path with '/' separators")
+    path = PurePosixPath(name)
+    if path.is_absolute() or any(p.strip() in ("..", ".", "") for p in name.split("/")) or len(path.parts) > MAX_DEPTH:
+        raise InvalidInput(f"invalid file name {name[:80]!r}: absolute paths and '.'/'..' segments are refused")
+    return path
+
+
+def check_names(names: Iterable[str]) -> None:
+    """Every name valid and used once, before anything is stored or written."""
+    seen: set[PurePosixPath] = set()
+    for name in names:
+        path = safe_relative(name)
+        if path in seen:
+            raise InvalidInput(f"file {name!r} appears twice in the upload")
+        seen.add(path)
+
+
+def write_files(root: Path, files: list[tuple[str, bytes | BinaryIO]]) -> None:
+    """Write (name, bytes | binary file) pairs under ``root``; every name is checked before anything is written."""
+    check_names(name for name, _ in files)
+    for name, data in files:
+        target = root.joinpath(*safe_relative(name).parts)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InvalidInput(f"{name!r} puts a file under another uploaded file's name") from None
+        if target.is_dir():
+            raise InvalidInput(f"{name!r} is also used as a directory in this upload")
+        with open(target, "wb") as out:
+            if isinstance(data, bytes):
+                out.write(data)
+            else:
+                data.seek(0)
+                shutil.copyfileobj(data, out)
