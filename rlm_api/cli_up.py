@@ -59,7 +59,11 @@ def flower_command(
     s = get_settings()
     argv, extra = flower_argv(host or s.flower_host, port if port is not None else s.flower_port, s.flower_basic_auth)
     env = {**os.environ, **extra, "RLM_BROKER_URL": broker_url(s)}
-    raise typer.Exit(subprocess.call(argv, env=env))
+    # Become Flower rather than wait on it: a SIGTERM to `rlm flower` (a supervisor, a test) must reach it,
+    # not leave an orphan serving on the port.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, env)
 
 
 # --------------------------------------------------------------------------- rlm up

@@ -109,7 +109,15 @@ def reconfigure() -> None:
         return
     from .config import get_settings
 
-    app.conf.update(celery_config(get_settings()))
+    settings = get_settings()
+    if settings.broker_url is None and settings.result_backend is None:
+        # Resolving the embedded broker's URL starts it: a settings reset (a test restoring the defaults at
+        # teardown) must not start a Valkey under the user's data dir.  Read the settings on first use again.
+        app._conf = None
+        app.configured = False
+        app.config_from_object(_LazyConfig())
+    else:
+        app.conf.update(celery_config(settings))
     # Dropped, not closed: kombu's process-wide producer registry may still hand out pools built on it
     # (keyed by broker URL), and closing it would break the next publish to an unchanged broker.
     app._pool = None

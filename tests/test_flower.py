@@ -90,3 +90,5 @@ def test_flower_lists_the_analyst_tasks_of_a_finished_job(rlm_env, conn, embedde
             w.stop()
         flower.terminate()
         flower.wait(timeout=20)
+    with pytest.raises(httpx.ConnectError):  # SIGTERM to `rlm flower` stopped Flower itself: no orphan
+        httpx.get(f"{base}/api/workers", timeout=2)

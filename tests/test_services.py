@@ -117,3 +117,22 @@ def test_bad_setting_is_one_clear_line(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: invalid setting RLM_MAX_CONCURRENCY: Input should be a valid integer, unable to parse string as an integer"
+
+
+def test_a_settings_reset_starts_no_embedded_broker(tmp_path, monkeypatch):
+    """Restoring default settings (a test's teardown) once started a Valkey under the user's data dir."""
+    from rlm_workers.celery_app import app
+    from rlm_workers.config import reset_settings
+
+    monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("RLM_BROKER_URL", "redis://127.0.0.1:1/0")  # configuring connects to nothing
+    monkeypatch.delenv("RLM_RESULT_BACKEND", raising=False)
+    reset_settings()
+    try:
+        assert app.conf.broker_url == "redis://127.0.0.1:1/0"
+        monkeypatch.delenv("RLM_BROKER_URL")
+        reset_settings()
+        assert not (tmp_path / services.VALKEY_DIRNAME).exists()
+    finally:
+        monkeypatch.undo()
+        reset_settings()
