@@ -108,16 +108,16 @@ def reconfigure() -> None:
     if app._conf is None:  # never configured: the lazy mapping will read the new settings
         return
     from .config import get_settings
+    from .services import embedded_valkey_running
 
     settings = get_settings()
-    if settings.broker_url is None and settings.result_backend is None:
-        # Resolving the embedded broker's URL starts it: a settings reset (a test restoring the defaults at
-        # teardown) must not start a Valkey under the user's data dir.  Read the settings on first use again.
-        app._conf = None
-        app.configured = False
-        app.config_from_object(_LazyConfig())
-    else:
-        app.conf.update(celery_config(settings))
+    if settings.broker_url is None and settings.result_backend is None \
+            and not embedded_valkey_running(settings.data_dir):
+        # Resolving the embedded broker's URL would start it: a settings reset (a test restoring the defaults
+        # at teardown) must not start a Valkey under the user's data dir.  The app keeps its configuration
+        # until a reset with a broker to use (Celery cannot go back to unconfigured: app.amqp needs a conf).
+        return
+    app.conf.update(celery_config(settings))
     # Dropped, not closed: kombu's process-wide producer registry may still hand out pools built on it
     # (keyed by broker URL), and closing it would break the next publish to an unchanged broker.
     app._pool = None

@@ -211,6 +211,11 @@ def _running_valkey(vdir: Path) -> ValkeyState | None:
     return None
 
 
+def embedded_valkey_running(data_dir: Path) -> bool:
+    """Whether this data dir's embedded Valkey answers (never starts it)."""
+    return _running_valkey(data_dir / VALKEY_DIRNAME) is not None
+
+
 def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0) -> str:
     """Start (or find) the embedded Valkey and return its URL."""
     vdir = data_dir / VALKEY_DIRNAME
