@@ -199,10 +199,12 @@ def test_graceful_worker_shutdown_requeues_unstarted_work(db, fresh, model, work
     model.analyst_delay = 2.0
     workers["an"].stop()
     small = WorkerProcess("fan-small", queues="rlm.analyst", env=env, log_dir=tmp_path, concurrency=2).start()
-    job_id = submit(db, batch_size=2, max_chunks=12)  # 6 batches for 2 threads: some wait in the worker
-    assert wait_for(lambda: fresh.stats()["in_flight"] >= 2, timeout=60)
-    small.stop()  # SIGTERM, waits for the process to leave
-    workers["an"].start()
+    try:
+        job_id = submit(db, batch_size=2, max_chunks=12)  # 6 batches for 2 threads: some wait in the worker
+        assert wait_for(lambda: fresh.stats()["in_flight"] >= 2, timeout=60)
+    finally:
+        small.stop()  # SIGTERM, waits for the process to leave
+        workers["an"].start()
     job = wait(db, job_id)
     assert job.status == "done", job.error
     r = job.result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -10,6 +11,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: every worker process started by this test process, so none outlives it (a failed test may skip a stop)
+_STARTED: list[WorkerProcess] = []
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for w in _STARTED:
+        w.kill()
 
 
 class WorkerProcess:
@@ -26,6 +35,8 @@ class WorkerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its whole life
         mark = self.log_path.stat().st_size
         self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if self not in _STARTED:
+            _STARTED.append(self)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
