@@ -226,6 +226,48 @@ def buffer_rm(name: str) -> None:
     typer.echo(f"removed buffer {name}")
 
 
+@buffer_app.command("reembed")
+def buffer_reembed(
+    name: str,
+    queue: Annotated[bool, typer.Option("--queue", help="Send it to the ingest workers (rlm.embed) and return.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Re-embed even if the buffer is on this model.")] = False,
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+) -> None:
+    """Replace a buffer's vectors with RLM_EMBEDDING_MODEL's (after changing models); chunks stay as they are."""
+    from rlm_workers.ingest.embed import get_embedder
+    from rlm_workers.ingest.reembed import reembed_buffer
+    from rlm_workers.store.buffers import require_buffers
+
+    with _db() as (settings, url, conn):
+        (row,) = require_buffers(conn, tenant=TENANT, names=[name])
+        if queue:
+            from rlm_workers.celery_app import app as celery
+
+            celery.send_task("rlm.embed", (row.id,), argsrepr=f"buffer={row.id}")
+            typer.echo(f"queued rlm.embed for buffer {name}: an ingest worker (rlm worker -Q rlm.ingest) "
+                       "re-embeds it; `rlm buffer show` tells the model when it is done")
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        embedder = get_embedder(settings.embedding_model)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True, disable=fmt == Fmt.json) as progress:
+            bar = progress.add_task("chunks", total=None)
+            report = reembed_buffer(conn, tenant=TENANT, name=name, embedder=embedder, force=force,
+                                    embed_batch_size=settings.embed_batch_size,
+                                    on_chunks=lambda done, total: progress.update(bar, completed=done, total=total))
+        if not report.unchanged:
+            _warm_bm25(conn, settings, url, name)
+    if fmt == Fmt.json:
+        _print_json(report.__dict__)
+    elif report.unchanged:
+        typer.echo(f"buffer {name} is already embedded with {report.model}: nothing to do (--force to redo it)")
+    else:
+        typer.echo(f"buffer {name} v{report.version}: {report.chunks} chunks, {report.windows_embedded} windows "
+                   f"re-embedded with {report.model} (was {report.previous_model}) ({report.seconds:.1f}s)")
+
+
 # --------------------------------------------------------------------------- search
 
 

@@ -24,6 +24,7 @@ TASK_MODULES = [
     "rlm_workers.tasks.salvage",
     "rlm_workers.tasks.batch",
     "rlm_workers.tasks.ingest",
+    "rlm_workers.tasks.embed",
 ]
 
 app = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)

@@ -72,7 +72,7 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[
         if r.embedding_model != want:
             raise InvalidInput(
                 f"buffer {r.name!r} was embedded with {r.embedding_model}, but RLM_EMBEDDING_MODEL selects {want}: "
-                f"set RLM_EMBEDDING_MODEL={r.embedding_model} or reload the buffer"
+                f"set RLM_EMBEDDING_MODEL={r.embedding_model}, or run `rlm buffer reembed {r.name}`"
             )
     return have, (have[0].embedding_dim if have else None)
 

@@ -1,0 +1,111 @@
+"""Re-embedding a buffer after a model change: `rlm buffer reembed` in-process and as rlm.embed on a real
+ingest worker; a failure half-way keeps the old vectors."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.support.workers import WorkerProcess
+from tests.test_cli import run_rlm
+
+OLD_MODEL = "old-org/retired-encoder-v1"
+TEXT = ("# Lighthouse log\n\nThe keeper trims the lamp wick every evening before dusk.\n\n"
+        "Fog signals sound twice a minute whenever visibility drops below two miles.\n")
+
+
+@pytest.fixture(scope="module")
+def drift(rlm_env, conn, embedder, tmp_path_factory):
+    from rlm_workers.ingest.loader import load_paths
+
+    root = tmp_path_factory.mktemp("reembed") / "log"
+    root.mkdir()
+    (root / "lighthouse.md").write_text(TEXT)
+    (root / "harbour.md").write_text("# Harbour\n\nThe ferry leaves at nine and returns at noon.\n")
+    load_paths(conn, buffer="drift", paths=[root], embedder=embedder, chunk_size=200, overlap=0)
+    conn.commit()
+    return root
+
+
+def _pretend_an_old_model(conn) -> int:  # noqa: ANN001
+    """As if another model had embedded the buffer: its recorded model differs from RLM_EMBEDDING_MODEL."""
+    row = conn.execute("UPDATE buffers SET embedding_model = %s WHERE name = 'drift' RETURNING version",
+                       (OLD_MODEL,)).fetchone()
+    conn.commit()
+    return row[0]
+
+
+def _vectors(conn) -> int:  # noqa: ANN001
+    from rlm_workers.store.migrations import embedding_table
+
+    return conn.execute(f"SELECT count(*) FROM {embedding_table(384)} e JOIN buffers b ON b.id = e.buffer_id "
+                        "WHERE b.name = 'drift'").fetchone()[0]
+
+
+def test_cli_reembeds_after_a_model_change(rlm_env, conn, drift):
+    windows = _vectors(conn)
+    version = _pretend_an_old_model(conn)
+    refused = run_rlm(rlm_env, "search", "how often do fog signals sound", "--buffer", "drift", "--mode", "semantic")
+    assert refused.returncode == 2 and "rlm buffer reembed drift" in refused.stderr
+    done = run_rlm(rlm_env, "buffer", "reembed", "drift", "--format", "json", check=0)
+    report = json.loads(done.stdout)
+    assert report["previous_model"] == OLD_MODEL and report["version"] == version + 1 and not report["unchanged"]
+    assert report["chunks"] >= 2 and report["windows_embedded"] == windows == _vectors(conn)
+    hits = json.loads(run_rlm(rlm_env, "search", "how often do fog signals sound", "--buffer", "drift",
+                              "--mode", "semantic", "--format", "json", "--top-k", "1", check=0).stdout)
+    assert "Fog signals" in json.dumps(hits)
+    again = run_rlm(rlm_env, "buffer", "reembed", "drift", check=0)
+    assert "already embedded" in again.stdout
+    missing = run_rlm(rlm_env, "buffer", "reembed", "no-such-buffer")
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_a_failure_half_way_keeps_the_old_vectors(rlm_env, conn, drift, embedder, monkeypatch):
+    from rlm_workers.ingest import reembed
+
+    class Failing:
+        model_id, dim = embedder.model_id, embedder.dim
+        calls = 0
+
+        def window_texts(self, text: str) -> list[str]:
+            return embedder.window_texts(text)
+
+        def encode(self, texts, batch_size):  # noqa: ANN001, ANN201
+            Failing.calls += 1
+            if Failing.calls == 2:
+                raise RuntimeError("encoder crashed")
+            return embedder.encode(texts, batch_size=batch_size)
+
+    windows = _vectors(conn)
+    version = _pretend_an_old_model(conn)
+    monkeypatch.setattr(reembed, "PAGE", 1)  # one chunk per round, so the crash comes after a page was written
+    with pytest.raises(RuntimeError, match="encoder crashed"):
+        reembed.reembed_buffer(conn, tenant="local", name="drift", embedder=Failing())
+    conn.rollback()
+    row = conn.execute("SELECT embedding_model, version FROM buffers WHERE name = 'drift'").fetchone()
+    assert row == (OLD_MODEL, version) and _vectors(conn) == windows
+
+
+def test_rlm_embed_task_on_an_ingest_worker(rlm_env, conn, drift, tmp_path):
+    from rlm_workers.ingest.embed import model_id_for
+
+    windows = _vectors(conn)
+    _pretend_an_old_model(conn)
+    worker = WorkerProcess("emb", queues="rlm.ingest", env={**rlm_env, "HF_HUB_OFFLINE": "1"}, log_dir=tmp_path,
+                           concurrency=1, pool="prefork").start()
+    try:
+        queued = run_rlm(rlm_env, "buffer", "reembed", "drift", "--queue", check=0)
+        assert "queued rlm.embed" in queued.stdout
+        deadline = time.monotonic() + 120
+        while conn.execute("SELECT embedding_model FROM buffers WHERE name = 'drift'").fetchone()[0] == OLD_MODEL:
+            conn.commit()
+            assert time.monotonic() < deadline, worker.tail()
+            time.sleep(0.3)
+        conn.commit()
+        assert conn.execute("SELECT embedding_model FROM buffers WHERE name = 'drift'").fetchone()[0] == \
+            model_id_for(None)
+        assert _vectors(conn) == windows and "re-embedded with" in worker.tail(200)
+    finally:
+        worker.stop()
