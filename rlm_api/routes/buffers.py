@@ -7,9 +7,7 @@ directory; the server never reads a path the client names.
 from __future__ import annotations
 
 import logging
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response, status
@@ -33,21 +31,18 @@ router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
 log = logging.getLogger("rlm.api")
 
 
-def _load(tenant: str, opts: BufferOptions, root: Path, files: list[tuple[str, object]]) -> LoadResponse:
+def _load(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> LoadResponse:
     from rlm_workers.config import get_settings
-    from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.ingest.staging import write_files
+    from rlm_workers.ingest.staging import check_names, load_files
     from rlm_workers.store.buffers import buffer_info
     from rlm_workers.store.db import connect
 
-    write_files(root, files)
+    check_names(name for name, _ in files)  # a bad name is a 422 before anything else is tried
     settings = get_settings()
     conn = connect(settings)  # one transaction: a failed upload leaves the previous buffer intact
     try:
-        # The embedder is the process-wide one (get_embedder caches it), loaded on the first upload.
-        report = load_paths(conn, buffer=opts.name, paths=sorted(root.iterdir()), chunker=opts.chunker,
-                            chunk_size=opts.chunk_size, overlap=opts.overlap, tenant=tenant,
-                            embed_batch_size=settings.embed_batch_size, max_file_bytes=settings.max_file_bytes)
+        report = load_files(conn, tenant=tenant, buffer=opts.name, files=files, chunker=opts.chunker,
+                            chunk_size=opts.chunk_size, overlap=opts.overlap, settings=settings)
         conn.commit()
         info = buffer_info(conn, tenant=tenant, name=opts.name)
     finally:
@@ -168,9 +163,8 @@ async def create_buffer(request: Request, tenant: TenantDep,
         accepted = await run_in_threadpool(_queue, tenant, opts, files)
         return JSONResponse(accepted.model_dump(), status_code=status.HTTP_202_ACCEPTED,
                             headers={"Location": accepted.status_url})
-    with tempfile.TemporaryDirectory(prefix="rlm-upload-") as tmp:
-        # Writing, chunking and embedding are blocking: all of it runs in the threadpool.
-        return await run_in_threadpool(_load, tenant, opts, Path(tmp), files)
+    # Writing, chunking and embedding are blocking: all of it runs in the threadpool.
+    return await run_in_threadpool(_load, tenant, opts, files)
 
 
 @router.get("", response_model=list[BufferInfo])

@@ -7,11 +7,16 @@ server never opens a path the client names.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import InvalidInput
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from .loader import LoadReport
 
 MAX_DEPTH = 32
 
@@ -53,3 +58,19 @@ def write_files(root: Path, files: list[tuple[str, bytes | BinaryIO]]) -> None:
             else:
                 data.seek(0)
                 shutil.copyfileobj(data, out)
+
+
+def load_files(conn, *, tenant: str, buffer: str, files: list[tuple[str, bytes | BinaryIO]], chunker: str,  # noqa: ANN001
+               chunk_size: int, overlap: int, settings: Settings) -> LoadReport:
+    """Load uploaded (name, data) pairs into a buffer as `rlm load` loads a directory; the caller commits.
+
+    The embedder is the process-wide one (cached), loaded on the first load.
+    """
+    from .loader import load_paths
+
+    with tempfile.TemporaryDirectory(prefix="rlm-upload-") as tmp:
+        root = Path(tmp)
+        write_files(root, files)
+        return load_paths(conn, buffer=buffer, paths=sorted(root.iterdir()), tenant=tenant, chunker=chunker,
+                          chunk_size=chunk_size, overlap=overlap, embed_batch_size=settings.embed_batch_size,
+                          max_file_bytes=settings.max_file_bytes)

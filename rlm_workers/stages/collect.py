@@ -23,13 +23,9 @@ class ChunkRef:
 
 
 @dataclass(frozen=True)
-class CollectedFinding:
-    chunk_id: int
-    buffer: str
-    ordinal: int
-    path: str
-    start_line: int
-    end_line: int
+class CollectedFinding(ChunkRef):
+    """A kept finding, stamped with where its chunk lives."""
+
     relevance: str
     findings: list[str] = field(default_factory=list)
     summary: str = ""
@@ -52,8 +48,7 @@ def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str
         if RELEVANCE_RANK[f.relevance] < floor:
             filtered += 1
             continue
-        kept.append(CollectedFinding(chunk_id=ref.chunk_id, buffer=ref.buffer, ordinal=ref.ordinal, path=ref.path,
-                                     start_line=ref.start_line, end_line=ref.end_line, relevance=f.relevance,
-                                     findings=list(f.findings), summary=f.summary, follow_up=list(f.follow_up)))
+        kept.append(CollectedFinding(**vars(ref), relevance=f.relevance, findings=list(f.findings),
+                                     summary=f.summary, follow_up=list(f.follow_up)))
     kept.sort(key=lambda k: (-RELEVANCE_RANK[k.relevance], k.buffer, k.ordinal, k.chunk_id))
     return CollectResult(kept=kept, filtered_count=filtered)

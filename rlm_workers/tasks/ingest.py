@@ -10,9 +10,7 @@ advisory lock keeps two deliveries of one upload from loading it twice at once.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import zlib
-from pathlib import Path
 
 from celery import shared_task
 
@@ -88,19 +86,12 @@ def run_ingest(upload_id: str) -> str:
 
 
 def _load(conn, up: store.UploadRow, settings) -> dict:  # noqa: ANN001
-    from ..ingest.loader import load_paths
-    from ..ingest.staging import write_files
+    from ..ingest.staging import load_files
 
-    files = store.staged_files(conn, upload_id=up.id)
     opts = up.options
-    with tempfile.TemporaryDirectory(prefix="rlm-ingest-") as tmp:
-        root = Path(tmp)
-        write_files(root, list(files))
-        del files
-        report = load_paths(conn, buffer=up.buffer, paths=sorted(root.iterdir()), tenant=up.tenant,
-                            chunker=opts.get("chunker", "semantic"), chunk_size=int(opts.get("chunk_size", 3000)),
-                            overlap=int(opts.get("overlap", 500)), embed_batch_size=settings.embed_batch_size,
-                            max_file_bytes=settings.max_file_bytes)
+    report = load_files(conn, tenant=up.tenant, buffer=up.buffer, files=store.staged_files(conn, upload_id=up.id),
+                        chunker=opts.get("chunker", "semantic"), chunk_size=int(opts.get("chunk_size", 3000)),
+                        overlap=int(opts.get("overlap", 500)), settings=settings)
     out = dataclasses.asdict(report)
     store.finish_upload(conn, upload_id=up.id, status="done", report=out)
     conn.commit()

@@ -69,19 +69,17 @@ def sweep_once(settings: Settings | None = None) -> list[str]:
     if not redis_client().set(RECONCILE_LOCK_KEY, "1", nx=True, ex=max(1, int(settings.reconcile_seconds))):
         return []
 
-    def send(task: str, some_id: str) -> None:
-        app.send_task(task, (some_id,), argsrepr=f"{'upload' if task == 'rlm.ingest' else 'job'}={some_id}")
+    from .batch import reconcile_batches
+
+    def sender(label: str) -> Callable[[str, str], None]:
+        """Sends a task whose one argument is an id; Flower shows it as ``label=id``."""
+        return lambda task, some_id: app.send_task(task, (some_id,), argsrepr=f"{label}={some_id}")
 
     actions: list[str] = []
     with db() as conn:
-        actions += reconcile_jobs(conn, send=send, idle_seconds=settings.job_timeout)
-        actions += reconcile_uploads(conn, send=send, idle_seconds=settings.job_timeout)
-        try:
-            from .batch import reconcile_batches  # overnight batches, when that module provides it
-        except ImportError:
-            reconcile_batches = None
-        if reconcile_batches is not None:
-            actions += reconcile_batches(conn) or []
+        actions += reconcile_jobs(conn, send=sender("job"), idle_seconds=settings.job_timeout)
+        actions += reconcile_uploads(conn, send=sender("upload"), idle_seconds=settings.job_timeout)
+        actions += reconcile_batches(conn, settings=settings)
     return actions
 
 
