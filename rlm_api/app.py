@@ -44,12 +44,6 @@ class BodyLimit:
             await _too_large(send, self.limit)
             return
         seen = 0
-        started = False
-
-        async def guarded_send(message) -> None:  # noqa: ANN001
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
 
         async def counted_receive():  # noqa: ANN202
             nonlocal seen
@@ -57,18 +51,12 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    # An HTTPException, not our own: FastAPI turns any other error raised while it reads a
+                    # body parameter into a 400 "error parsing the body"; this one it lets through as 413.
+                    raise StarletteHTTPException(413, detail=f"request body over {self.limit} bytes")
             return message
 
-        try:
-            await self.app(scope, counted_receive, guarded_send)
-        except _TooLarge:
-            if not started:
-                await _too_large(send, self.limit)
-
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, counted_receive, send)
 
 
 async def _too_large(send, limit: int) -> None:  # noqa: ANN001

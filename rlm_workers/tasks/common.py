@@ -99,16 +99,14 @@ def durable_write(conn, fn: Callable[[Any], Any], *, what: str) -> Any:  # noqa:
 
     For writes whose inputs cost money (an LLM answer): retrying the whole task would buy it again.
     """
-    from psycopg_pool import PoolTimeout
-
-    # A short checkout wait: a pool quietly waiting out an outage would leave operators no trace of it.
-    outage = (*DB_OUTAGE, PoolTimeout)
+    # A short checkout wait: a pool quietly waiting out an outage would leave operators no trace of it
+    # (its PoolTimeout is an OperationalError, so it counts as an outage below).
     try:
         if conn is not None:
             return fn(conn)
         with db(timeout=CHECKOUT_SECONDS) as fresh:
             return fn(fresh)
-    except outage as exc:
+    except DB_OUTAGE as exc:
         first = exc
     deadline = time.monotonic() + DURABLE_WRITE_SECONDS
     delay = 0.5
@@ -118,7 +116,7 @@ def durable_write(conn, fn: Callable[[Any], Any], *, what: str) -> Any:  # noqa:
         try:
             with db(timeout=CHECKOUT_SECONDS) as fresh:
                 return fn(fresh)
-        except outage as exc:
+        except DB_OUTAGE as exc:
             first = exc
             if time.monotonic() > deadline:
                 raise
