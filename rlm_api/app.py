@@ -17,7 +17,6 @@ from rlm_workers.errors import RLMError
 STATUS_BY_TYPE = {
     "invalid_input": 422,
     "buffer_not_found": 404,
-    "not_found": 404,
     "no_chunks": 422,
     "service_unavailable": 503,
     "missing_extension": 503,

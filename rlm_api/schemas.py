@@ -35,6 +35,11 @@ class ErrorBody(BaseModel):
                                   "too_large, service_unavailable, …")
     message: str = Field(description="What went wrong and how to fix it, for a person.")
 
+    @classmethod
+    def from_record(cls, error: dict | None) -> ErrorBody | None:
+        """A stored error (job, upload) as the API shows it; None when there is none."""
+        return cls(**{k: str(error.get(k, "")) for k in ("type", "message")}) if error else None
+
 
 class ErrorResponse(BaseModel):
     """Every 4xx/5xx body of the API."""

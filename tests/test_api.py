@@ -175,6 +175,11 @@ def test_names_that_cannot_exist_are_404_not_500(api, keys):
                 r = c.request(method, path)
                 assert r.status_code == 404, (method, path, r.text)
                 assert r.json()["error"]["type"] in ("not_found", "buffer_not_found")
+        for path in ("/v1/batches/a%00b", "/v1/batches/" + "f" * 100, "/v1/batches/a%00b/results",
+                     "/v1/uploads/a%00b", "/v1/uploads/" + "f" * 100):
+            r = c.get(path)
+            assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", (path, r.text)
+        assert c.delete("/v1/batches/a%00b").status_code == 404
 
 
 @pytest.mark.parametrize("name", ["../etc/passwd", "/etc/passwd", "a/../../b.md", "a\\b.md", "./x.md", "a//b.md"])

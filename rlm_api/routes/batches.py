@@ -13,15 +13,9 @@ from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlm_workers.errors import RLMError
-
-from ..deps import ConnDep, TenantDep
+from ..deps import ConnDep, TenantDep, found_or_404
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-
-
-class NotFound(RLMError):
-    type = "not_found"
 
 
 class BatchIn(BaseModel):
@@ -69,10 +63,7 @@ def _urls(batch_id: str) -> tuple[str, str]:
 def _batch_or_404(conn, tenant: str, batch_id: str):  # noqa: ANN001, ANN202
     from rlm_workers.store.batches import get_batch
 
-    batch = get_batch(conn, batch_id=batch_id, tenant=tenant) if len(batch_id) <= 64 else None
-    if batch is None:
-        raise NotFound(f"no batch {batch_id}")
-    return batch
+    return found_or_404(lambda i: get_batch(conn, batch_id=i, tenant=tenant), batch_id, "batch")
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=BatchCreated,
@@ -120,8 +111,7 @@ def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, A
     from rlm_workers.tasks.batch import cancel_batch as cancel
     from rlm_workers.tasks.batch import status_of
 
-    _batch_or_404(conn, tenant, batch_id)
-    return status_of(conn, cancel(conn, tenant=tenant, batch_id=batch_id))
+    return status_of(conn, found_or_404(lambda i: cancel(conn, tenant=tenant, batch_id=i), batch_id, "batch"))
 
 
 @router.get("/{batch_id}/results", response_class=StreamingResponse,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Response, status
+from fastapi import APIRouter, Header, Response, status
 
 from rlm_workers.models import QueryResult
 
-from ..deps import ConnDep, TenantDep
+from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import ErrorBody, JobView, Progress, QueryAccepted, QueryRequest
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
@@ -22,18 +22,13 @@ def job_view(conn, job) -> JobView:  # noqa: ANN001 - JobRow
     return JobView(job_id=job.id, status=job.status, stage=job.stage,
                    progress=Progress(batches_done=done, batches_total=total),
                    result=QueryResult.model_validate(job.result) if job.result else None,
-                   error=ErrorBody(**{k: str(job.error.get(k, "")) for k in ("type", "message")}) if job.error else None)
+                   error=ErrorBody.from_record(job.error))
 
 
 def _job_or_404(conn, job_id: str, tenant: str):  # noqa: ANN001, ANN202
     from rlm_workers.store.jobs import get_job
 
-    # Ids that cannot exist (too long, NUL, which PostgreSQL text refuses) are not looked up at all.
-    ok = len(job_id) <= 64 and "\x00" not in job_id
-    job = get_job(conn, job_id=job_id, tenant=tenant) if ok else None
-    if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no query job {job_id[:64]!r}")
-    return job
+    return found_or_404(lambda i: get_job(conn, job_id=i, tenant=tenant), job_id, "query job")
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=QueryAccepted,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter
 
-from ..deps import ConnDep, TenantDep
+from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import ErrorBody, UploadView
 
 router = APIRouter(prefix="/v1/uploads", tags=["buffers"])
@@ -14,7 +14,7 @@ def upload_view(up) -> UploadView:  # noqa: ANN001 - UploadRow
     return UploadView(
         upload_id=up.id, buffer=up.buffer, status=up.status, files=up.files, bytes=up.bytes, attempts=up.attempts,
         created_at=up.created_at, finished_at=up.finished_at, report=up.report,
-        error=ErrorBody(**{k: str(up.error.get(k, "")) for k in ("type", "message")}) if up.error else None)
+        error=ErrorBody.from_record(up.error))
 
 
 @router.get("/{upload_id}", response_model=UploadView,
@@ -23,7 +23,4 @@ def get_upload(upload_id: str, conn: ConnDep, tenant: TenantDep) -> UploadView:
     """``queued`` → ``running`` → ``done`` (with the loader's report) or ``failed`` (with the reason)."""
     from rlm_workers.store.uploads import get_upload as load
 
-    up = load(conn, upload_id=upload_id, tenant=tenant) if len(upload_id) <= 64 and "\x00" not in upload_id else None
-    if up is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no upload {upload_id[:64]!r}")
-    return upload_view(up)
+    return upload_view(found_or_404(lambda i: load(conn, upload_id=i, tenant=tenant), upload_id, "upload"))
