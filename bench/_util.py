@@ -52,7 +52,7 @@ def scripted_llm_env(base_url: str, data_dir: Path) -> dict[str, str]:
 
 def stop_servers(data_dir: Path) -> None:
     """Stop the embedded servers this bench started under its own data dir (and only those)."""
-    from rlm_workers.services import stop_embedded_postgres, stop_embedded_valkey
+    from rlm_workers.local_servers import stop_embedded_postgres, stop_embedded_valkey
     from rlm_workers.store.db import close_pools
 
     close_pools()

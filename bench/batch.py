@@ -164,10 +164,10 @@ def main() -> None:  # noqa: PLR0915
     try:
         import redis
 
-        from rlm_workers.services import broker_url, database_url
-        from rlm_workers.store import batches as store
+        from rlm_workers.local_servers import broker_url, database_url
+        from rlm_workers.overnight.submit import submit_overnight
+        from rlm_workers.store import overnight as store
         from rlm_workers.store.db import connect
-        from rlm_workers.tasks.batch import submit_batch
 
         conn = connect(settings)
         ensure_buffers(conn, build_corpus(data_dir))
@@ -188,13 +188,13 @@ def main() -> None:  # noqa: PLR0915
         queries = [f"Run {nonce}: what do the notes say about question {i}?" for i in range(n_queries)]
         srv.reset()
         t0 = time.time()
-        batch_id, _ = submit_batch(conn, tenant="local", queries=queries, buffers=list(BUFFERS),
-                                   options={"skip_plan": True, "threshold": -1.0, "max_chunks": 1})
+        batch_id, _ = submit_overnight(conn, tenant="local", queries=queries, buffers=list(BUFFERS),
+                                       options={"skip_plan": True, "threshold": -1.0, "max_chunks": 1})
         n_items = n_queries * len(BUFFERS)
         print(f"batch {batch_id}: {n_items} items, rpm {args.rpm}", flush=True)
         last_print = 0.0
         while True:
-            b = store.get_batch(conn, batch_id=batch_id)
+            b = store.get_overnight(conn, batch_id=batch_id)
             p = store.progress(conn, batch_id=batch_id)
             if time.time() - last_print > 10:
                 print(f"  {time.time() - t0:6.0f}s {p.counts} accepted={len(model.accepted)} "

@@ -75,7 +75,7 @@ def build_corpus(root: Path, budget: int) -> dict[str, int]:
 
 def fresh_database(data_dir: Path) -> None:
     """Each run loads into a new embedded server: a first load, with nothing left by the previous run."""
-    from rlm_workers.services import stop_embedded_postgres
+    from rlm_workers.local_servers import stop_embedded_postgres
     from rlm_workers.store.db import connect
     from rlm_workers.store.migrations import ensure_embedding_table
 

@@ -19,7 +19,7 @@ Measured for each size N (one warm-up, then ``--repeats`` runs; median and min):
   own ``finished_at - created_at`` (PostgreSQL clock, same host), which leaves
   the client's polling out.
 * **asyncio**: the same N + 2 calls with the same messages (built by
-  ``stages.prompting`` from the same chunks) from one process with
+  ``pipeline/`` stage modules from the same chunks) from one process with
   ``openai.AsyncOpenAI``: plan, then N analysts at once with ``asyncio.gather``,
   then the synthesizer.  The floor any orchestration could reach.
 
@@ -430,15 +430,13 @@ def run_celery(conn, model: Model, srv, events: EventLog, cpu: CpuMeter, n: int,
 
 def asyncio_messages(conn, settings, n: int) -> tuple[list, list[list], Any]:  # noqa: ANN001
     """The same messages the stages build: plan, n one-chunk analyst batches, and a synthesizer builder."""
-    from rlm_workers.stages.prompting import (
-        ChunkForPrompt,
-        build_analyst_messages,
-        build_plan_messages,
-        build_synthesizer_messages,
-        load_prompt,
-    )
+    from rlm_workers.pipeline.analyst import ChunkForPrompt
+    from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
+    from rlm_workers.pipeline.plan import buffer_stats
+    from rlm_workers.pipeline.plan import build_messages as build_plan_messages
+    from rlm_workers.pipeline.prompts import load_prompt
+    from rlm_workers.pipeline.synthesize import build_messages as build_synthesizer_messages
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer, get_chunks
-    from rlm_workers.tasks.plan import buffer_stats
 
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=BUFFER)
     n_chunks, n_bytes = buffer_stats(conn, tenant=DEFAULT_TENANT, names=[BUFFER])
@@ -676,7 +674,7 @@ def main() -> None:
         import redis
 
         from rlm_workers.celery_app import app
-        from rlm_workers.services import broker_url, database_url
+        from rlm_workers.local_servers import broker_url, database_url
         from rlm_workers.store.db import connect
 
         conn = connect(settings)

@@ -421,7 +421,7 @@ _SEMANTIC_SQL = """SELECT chunk_id, 1 - (embedding <=> %(q)s) AS sim FROM chunk_
     WHERE buffer_id = ANY(%(b)s) ORDER BY embedding <=> %(q)s LIMIT %(n)s"""
 
 
-#: ways to run the semantic arm's SQL: as semantic.py does, and two alternatives worth knowing the cost of
+#: ways to run the semantic arm's SQL: as store/buffers.py nearest_windows runs it, and two alternatives worth knowing the cost of
 VARIANTS = {
     "as shipped: ef_search = LIMIT": "shipped",
     "ef_search 40, iterative scan fills the LIMIT": "ef40",
@@ -430,7 +430,7 @@ VARIANTS = {
 
 
 def _session(conn, variant: str, want: int) -> None:  # noqa: ANN001
-    """semantic.py's SET LOCALs, or a variant's."""
+    """nearest_windows' SET LOCALs, or a variant's."""
     ef = 40 if variant == "ef40" else min(1000, max(40, want))
     conn.execute(f"SET LOCAL hnsw.ef_search = {ef}")
     conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
@@ -459,7 +459,7 @@ def _scan_node(plan: dict) -> dict:
 def profile_semantic(conn, names: list[str], top_ks: list[int], n_queries: int = 20) -> list[dict]:  # noqa: ANN001
     """Where the pgvector time goes: server time, pages touched, rows the buffer filter threw away.
 
-    Runs the semantic arm's SQL (as in semantic.py, plus the variants) for a hybrid search of
+    Runs the semantic arm's SQL (as in store/buffers.py nearest_windows, plus the variants) for a hybrid search of
     each top_k, averaged over ``n_queries`` real query embeddings.  Recall is against the exact
     variant's chunk ids (random vectors: a lower bound of what real embeddings would get).
     """
@@ -789,7 +789,7 @@ def set_shared_buffers(data_dir: Path, size: str | None):  # noqa: ANN201 - psyc
     """Set (or with None, reset) shared_buffers on the bench's own server and restart it; a new connection."""
     from psycopg import sql
 
-    from rlm_workers.services import stop_embedded_postgres
+    from rlm_workers.local_servers import stop_embedded_postgres
     from rlm_workers.store.db import close_pools, connect
 
     conn = connect()

@@ -1,4 +1,4 @@
-"""The thin HTTP API (DESIGN §8): routes by resource, one error shape, bounded request bodies.
+"""The thin HTTP API (docs/contract.md#http-api): routes by resource, one error shape, bounded request bodies.
 
 ``create_app()`` builds the app without touching the database or the broker;
 connections are opened per request from the process pool.
@@ -6,12 +6,17 @@ connections are opened per request from the process pool.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlm_workers.errors import RLMError
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: RLMError.type → HTTP status; anything else a user can fix is 422, infrastructure is 503
 STATUS_BY_TYPE = {
@@ -31,10 +36,10 @@ HTTP_ERROR_TYPES = {400: "invalid_input", 401: "unauthorized", 404: "not_found",
 class BodyLimit:
     """Refuse bodies over ``limit`` bytes with 413, by Content-Length or while streaming (chunked uploads)."""
 
-    def __init__(self, app, limit: int) -> None:  # noqa: ANN001
+    def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -44,7 +49,7 @@ class BodyLimit:
             return
         seen = 0
 
-        async def counted_receive():  # noqa: ANN202
+        async def counted_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -58,7 +63,7 @@ class BodyLimit:
         await self.app(scope, counted_receive, send)
 
 
-async def _too_large(send, limit: int) -> None:  # noqa: ANN001
+async def _too_large(send: Send, limit: int) -> None:
     import json
 
     body = json.dumps({"error": {"type": "too_large", "message": f"request body over {limit} bytes"}}).encode()

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlm_workers.errors import InvalidInput
+from rlm_workers.store import keys as store
+from rlm_workers.store.keys import KeyInfo
+
+if TYPE_CHECKING:
+    import psycopg
 
 KEY_PREFIX = "rlm_"
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -24,50 +30,26 @@ def validate_tenant(tenant: str) -> str:
     return tenant
 
 
-@dataclass(frozen=True)
-class KeyInfo:
-    id: int
-    tenant: str
-    prefix: str
-    name: str
-    created_at: str
-    revoked: bool
-
-
-def create_key(conn, *, tenant: str, name: str = "") -> tuple[str, KeyInfo]:  # noqa: ANN001
+def create_key(conn: psycopg.Connection, *, tenant: str, name: str = "") -> tuple[str, KeyInfo]:
     """A new key for ``tenant``: returns (the key, shown once; its record)."""
     validate_tenant(tenant)
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    row = conn.execute(
-        "INSERT INTO api_keys (tenant, key_hash, prefix, name) VALUES (%s, %s, %s, %s) RETURNING id, created_at",
-        (tenant, hash_key(key), key[:10], name[:200]),
-    ).fetchone()
-    return key, KeyInfo(id=row[0], tenant=tenant, prefix=key[:10], name=name, created_at=row[1].isoformat(),
-                        revoked=False)
+    info = store.insert_key(conn, tenant=tenant, key_hash=hash_key(key), prefix=key[:10], name=name[:200])
+    return key, dataclasses.replace(info, name=name)
 
 
-def revoke_key(conn, *, key_or_prefix: str) -> int:  # noqa: ANN001
+def revoke_key(conn: psycopg.Connection, *, key_or_prefix: str) -> int:
     """Revoke by the whole key or by its printed prefix; returns how many keys were revoked."""
     if key_or_prefix.startswith(KEY_PREFIX) and len(key_or_prefix) > 20:
-        cur = conn.execute("UPDATE api_keys SET revoked_at = now() WHERE key_hash = %s AND revoked_at IS NULL",
-                           (hash_key(key_or_prefix),))
-    else:
-        cur = conn.execute("UPDATE api_keys SET revoked_at = now() WHERE prefix = %s AND revoked_at IS NULL",
-                           (key_or_prefix,))
-    return cur.rowcount
+        return store.revoke_by_hash(conn, key_hash=hash_key(key_or_prefix))
+    return store.revoke_by_prefix(conn, prefix=key_or_prefix)
 
 
-def list_keys(conn, *, tenant: str | None = None) -> list[KeyInfo]:  # noqa: ANN001
-    rows = conn.execute(
-        """SELECT id, tenant, prefix, name, created_at, revoked_at IS NOT NULL FROM api_keys
-           WHERE %(t)s::text IS NULL OR tenant = %(t)s ORDER BY id""", {"t": tenant}).fetchall()
-    return [KeyInfo(id=r[0], tenant=r[1], prefix=r[2], name=r[3], created_at=r[4].isoformat(), revoked=r[5])
-            for r in rows]
+def list_keys(conn: psycopg.Connection, *, tenant: str | None = None) -> list[KeyInfo]:
+    return store.list_keys(conn, tenant=tenant)
 
 
-def tenant_for_key(conn, key: str) -> str | None:  # noqa: ANN001
+def tenant_for_key(conn: psycopg.Connection, key: str) -> str | None:
     if not key or not key.startswith(KEY_PREFIX) or len(key) > 200:
         return None
-    row = conn.execute("SELECT tenant FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL",
-                       (hash_key(key),)).fetchone()
-    return row[0] if row else None
+    return store.tenant_of(conn, key_hash=hash_key(key))

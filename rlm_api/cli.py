@@ -1,8 +1,8 @@
-"""The ``rlm`` command line (DESIGN §5).
+"""The ``rlm`` command line (docs/contract.md#cli).
 
 Heavy modules (torch, sentence-transformers, celery) are imported inside the
 commands that need them, so ``rlm search`` starts fast.  Every known error
-prints one line on stderr and exits with the code DESIGN §5 gives it.
+prints one line on stderr and exits with the code docs/contract.md#exit-codes gives it.
 """
 
 from __future__ import annotations
@@ -12,11 +12,21 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
+from rlm_workers.models import SearchMode
+
+if TYPE_CHECKING:
+    import psycopg
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from rlm_workers.config import Settings
+    from rlm_workers.models import QueryResult
+    from rlm_workers.store.jobs import JobRow
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.")
@@ -51,12 +61,6 @@ class Chunker(str, Enum):
     code = "code"
 
 
-class Mode(str, Enum):
-    hybrid = "hybrid"
-    semantic = "semantic"
-    bm25 = "bm25"
-
-
 def _settings_max_file_bytes() -> int:
     from rlm_workers.config import get_settings
 
@@ -81,7 +85,7 @@ def _db():
         conn.close()
 
 
-def _print_json(obj) -> None:  # noqa: ANN001
+def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, ensure_ascii=False, indent=None))
 
 
@@ -89,7 +93,7 @@ def _print_json(obj) -> None:  # noqa: ANN001
 
 
 class _RichProgress:
-    def __init__(self, progress) -> None:  # noqa: ANN001
+    def __init__(self, progress: Progress) -> None:
         self.p = progress
         self.files = progress.add_task("files", total=None)
         self.wins = progress.add_task("embedding", total=0)
@@ -161,7 +165,7 @@ def load(
     )
 
 
-def _warm_bm25(conn, settings, url: str, buffer: str) -> None:  # noqa: ANN001
+def _warm_bm25(conn: psycopg.Connection, settings: Settings, url: str, buffer: str) -> None:
     """Build the BM25 cache now, so the first search after a load is fast."""
     from rlm_workers.search import bm25_cache
     from rlm_workers.store.buffers import require_buffers
@@ -234,7 +238,6 @@ def buffer_reembed(
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
 ) -> None:
     """Replace a buffer's vectors with RLM_EMBEDDING_MODEL's (after changing models); chunks stay as they are."""
-    from rlm_workers.ingest.embed import get_embedder
     from rlm_workers.ingest.reembed import reembed_buffer
     from rlm_workers.store.buffers import require_buffers
 
@@ -250,11 +253,10 @@ def buffer_reembed(
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        embedder = get_embedder(settings.embedding_model)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True, disable=fmt == Fmt.json) as progress:
             bar = progress.add_task("chunks", total=None)
-            report = reembed_buffer(conn, tenant=TENANT, name=name, embedder=embedder, force=force,
+            report = reembed_buffer(conn, tenant=TENANT, name=name, force=force,
                                     embed_batch_size=settings.embed_batch_size,
                                     on_chunks=lambda done, total: progress.update(bar, completed=done, total=total))
         if not report.unchanged:
@@ -275,7 +277,7 @@ def buffer_reembed(
 def search(
     query: Annotated[str, typer.Argument(help="What to look for.")],
     buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to search; repeatable.")],
-    mode: Annotated[Mode, typer.Option("--mode")] = Mode.hybrid,
+    mode: Annotated[SearchMode, typer.Option("--mode")] = SearchMode.hybrid,
     top_k: Annotated[int, typer.Option("--top-k")] = 10,
     threshold: Annotated[float | None, typer.Option("--threshold", help="Minimum cosine similarity (semantic arm).")] = None,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
@@ -307,8 +309,8 @@ def search(
 # --------------------------------------------------------------------------- query
 
 
-def _print_result(result, fmt: Fmt) -> None:  # noqa: ANN001 - QueryResult
-    from rlm_workers.stages.report import status_line
+def _print_result(result: QueryResult, fmt: Fmt) -> None:
+    from rlm_workers.pipeline.report import status_line
 
     if fmt == Fmt.json:
         typer.echo(result.model_dump_json())
@@ -323,7 +325,7 @@ def query(
     text: Annotated[str, typer.Argument(metavar="QUERY", help="The question.")],
     buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to query; repeatable.")],
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
-    search_mode: Annotated[Mode | None, typer.Option("--search-mode")] = None,
+    search_mode: Annotated[SearchMode | None, typer.Option("--search-mode")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
@@ -382,13 +384,14 @@ def query(
     raise RLMError(f"{err.get('type')}: {err.get('message')}")
 
 
-def _print_verbose(console, conn, job) -> None:  # noqa: ANN001
+def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
+    from rlm_workers.store.jobs import llm_calls_of
+
     console.print(f"[bold]plan[/]: {json.dumps(job.plan)}")
     console.print(f"[bold]params[/]: {json.dumps(job.params)}")
     console.print(f"[bold]timings[/]: {json.dumps(job.timings)}")
-    for row in conn.execute(
-        "SELECT stage, batch_no, model, tokens_in, tokens_out, latency_ms, status, error FROM llm_calls "
-        "WHERE job_id = %s ORDER BY id", (job.id,)):
+    for c in llm_calls_of(conn, job_id=job.id):
+        row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error)
         console.print("  llm " + " ".join(str(x) for x in row if x is not None))
 
 
@@ -430,7 +433,7 @@ def worker(
 def services_status() -> None:
     """Show which database and broker this machine's rlm commands use."""
     from rlm_workers.config import get_settings
-    from rlm_workers.services import broker_url, database_url
+    from rlm_workers.local_servers import broker_url, database_url
 
     s = get_settings()
     typer.echo(f"database: {'configured' if s.database_url else 'embedded'} {database_url(s)}")
@@ -442,7 +445,7 @@ def services_status() -> None:
 def services_stop() -> None:
     """Stop the embedded PostgreSQL and Valkey (configured servers are never touched)."""
     from rlm_workers.config import get_settings
-    from rlm_workers.services import stop_embedded
+    from rlm_workers.local_servers import stop_embedded
 
     for name, stopped in stop_embedded(get_settings()).items():
         typer.echo(f"{name}: {'stopped' if stopped else 'not running'}")

@@ -14,11 +14,17 @@ import sys
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rlm_workers.errors import InvalidInput
+from rlm_workers.models import SearchMode
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from rlm_workers.store.overnight import OvernightRow
 
 batch_app = typer.Typer(no_args_is_help=True, help="Batches of queries over many buffers (run by the workers).")
 
@@ -51,7 +57,7 @@ def parse_at(value: str, *, now: datetime | None = None) -> datetime:
 
 
 def read_queries(path: str) -> list[str]:
-    from rlm_workers.tasks.batch import MAX_QUERIES_FILE_BYTES, parse_queries
+    from rlm_workers.overnight.submit import MAX_QUERIES_FILE_BYTES, parse_queries
 
     if path == "-":
         text = sys.stdin.read()
@@ -92,7 +98,7 @@ def submit(
     token_budget: Annotated[int | None, typer.Option("--token-budget", help="Stop scheduling new items once this "
                                                                            "many tokens are spent.")] = None,
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
-    search_mode: Annotated[str | None, typer.Option("--search-mode")] = None,
+    search_mode: Annotated[SearchMode | None, typer.Option("--search-mode")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
@@ -103,31 +109,32 @@ def submit(
                                                 help="Warn on stderr when no worker is running.")] = True,
 ) -> None:
     """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
+    from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.submit import validate_options
-    from rlm_workers.tasks.batch import submit_batch
 
     from .cli import TENANT, _db
 
     texts = read_queries(queries)
     run_at = parse_at(at) if at else None
-    options = validate_options({"skip_plan": skip_plan or None, "search_mode": search_mode, "threshold": threshold,
+    options = validate_options({"skip_plan": skip_plan or None, "search_mode": search_mode and search_mode.value,
+                                "threshold": threshold,
                                 "top_k": top_k, "max_chunks": max_chunks, "batch_size": batch_size})
     with _db() as (_settings, _url, conn):
-        batch_id, _created = submit_batch(conn, tenant=TENANT, queries=texts, buffers=buffer or [],
-                                          buffers_glob=buffers_glob, options=options, run_at=run_at,
-                                          priority=priority, token_budget=token_budget,
-                                          idempotency_key=idempotency_key)
+        batch_id, _created = submit_overnight(conn, tenant=TENANT, queries=texts, buffers=buffer or [],
+                                              buffers_glob=buffers_glob, options=options, run_at=run_at,
+                                              priority=priority, token_budget=token_budget,
+                                              idempotency_key=idempotency_key)
     typer.echo(batch_id)
     if check_workers:
         _warn_if_no_worker()
 
 
-def _get(conn, batch_id: str):  # noqa: ANN001, ANN202
-    from rlm_workers.store.batches import get_batch
+def _get(conn: psycopg.Connection, batch_id: str) -> OvernightRow:
+    from rlm_workers.store.overnight import get_overnight
 
     from .cli import TENANT
 
-    batch = get_batch(conn, batch_id=batch_id, tenant=TENANT)
+    batch = get_overnight(conn, batch_id=batch_id, tenant=TENANT)
     if batch is None:
         raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
     return batch
@@ -151,7 +158,7 @@ def _status_line(st: dict) -> str:
 @batch_app.command("status")
 def status(batch_id: str, fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text) -> None:
     """Counts by state, tokens spent, ETA."""
-    from rlm_workers.tasks.batch import status_of
+    from rlm_workers.overnight.submit import status_of
 
     from .cli import _db
 
@@ -163,7 +170,7 @@ def status(batch_id: str, fmt: Annotated[StatusFmt, typer.Option("--format")] = 
 @batch_app.command("results")
 def results(batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] = ResultFmt.jsonl) -> None:
     """Every item, in order: JSON lines {batch_id, query, buffer, status, result, …} or CSV."""
-    from rlm_workers.tasks.batch import iter_csv, iter_jsonl
+    from rlm_workers.overnight.submit import iter_csv, iter_jsonl
 
     from .cli import _db
 
@@ -178,13 +185,13 @@ def results(batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] =
 @batch_app.command("cancel")
 def cancel(batch_id: str) -> None:
     """Stop a batch: nothing new starts, running items' jobs are cancelled."""
-    from rlm_workers.tasks.batch import cancel_batch, status_of
+    from rlm_workers.overnight.submit import cancel_overnight, status_of
 
     from .cli import TENANT, _db
 
     with _db() as (_settings, _url, conn):
         _get(conn, batch_id)
-        st = status_of(conn, cancel_batch(conn, tenant=TENANT, batch_id=batch_id))
+        st = status_of(conn, cancel_overnight(conn, tenant=TENANT, batch_id=batch_id))
     typer.echo(_status_line(st))
 
 
@@ -192,13 +199,13 @@ def cancel(batch_id: str) -> None:
 def list_cmd(limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
              fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text) -> None:
     """The most recent batches, newest first."""
-    from rlm_workers.store.batches import list_batches
-    from rlm_workers.tasks.batch import status_of
+    from rlm_workers.overnight.submit import status_of
+    from rlm_workers.store.overnight import list_overnight
 
     from .cli import TENANT, _db
 
     with _db() as (_settings, _url, conn):
-        rows = [status_of(conn, b) for b in list_batches(conn, tenant=TENANT, limit=limit)]
+        rows = [status_of(conn, b) for b in list_overnight(conn, tenant=TENANT, limit=limit)]
     if fmt == StatusFmt.json:
         typer.echo(json.dumps(rows))
     else:

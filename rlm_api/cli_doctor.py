@@ -10,18 +10,18 @@ def doctor_command() -> None:
     from rlm_workers.celery_app import app as celery_app
     from rlm_workers.config import get_settings
     from rlm_workers.doctor import Check, check_broker, check_database, check_llm, check_workers
-    from rlm_workers.services import broker_url, database_url
+    from rlm_workers.local_servers import broker_url, database_url
 
     s = get_settings()
     checks: list[Check] = []
     try:
         checks += check_database(s, database_url(s))
-    except Exception as exc:  # noqa: BLE001 - e.g. the embedded server cannot start
+    except Exception as exc:  # e.g. the embedded server cannot start
         checks.append(Check("database", False, str(exc)))
     try:
         checks += check_broker(s, broker_url(s))
         checks += check_workers(celery_app)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         checks.append(Check("broker", False, str(exc)))
     checks += check_llm(s)
     for c in checks:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    import psycopg
 
 keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (printed once), list, revoke.")
 
 
-def _conn():  # noqa: ANN202
+def _conn() -> psycopg.Connection:
     from rlm_workers.store.db import connect
 
     return connect()
@@ -71,7 +74,7 @@ def api_command(
     import uvicorn
 
     from rlm_workers.config import get_settings
-    from rlm_workers.services import broker_url, database_url
+    from rlm_workers.local_servers import broker_url, database_url
 
     s = get_settings()
     # Resolve (and start, when embedded) the servers once here, not in every request.

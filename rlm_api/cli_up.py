@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rlm_workers.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import psycopg
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -54,7 +57,7 @@ def flower_command(
 ) -> None:
     """Run Flower against the configured (or embedded) broker; basic auth is required off loopback."""
     from rlm_workers.config import get_settings
-    from rlm_workers.services import broker_url
+    from rlm_workers.local_servers import broker_url
 
     s = get_settings()
     argv, extra = flower_argv(host or s.flower_host, port if port is not None else s.flower_port, s.flower_basic_auth)
@@ -69,7 +72,7 @@ def flower_command(
 # --------------------------------------------------------------------------- rlm up
 
 
-def local_api_key(conn, key_file: Path) -> tuple[str, bool]:  # noqa: ANN001
+def local_api_key(conn: psycopg.Connection, key_file: Path) -> tuple[str, bool]:
     """The local tenant's key: created on first start (file 0600 under the data dir), reused later."""
     from .auth import create_key, tenant_for_key
 
@@ -93,7 +96,7 @@ def up_command(
 ) -> None:
     """Run everything in the foreground: database, broker, workers, API and Flower; Ctrl-C stops it all."""
     from rlm_workers.config import get_settings
-    from rlm_workers.services import broker_url, database_url, stop_embedded
+    from rlm_workers.local_servers import broker_url, database_url, stop_embedded
     from rlm_workers.store.db import connect
 
     s = get_settings()

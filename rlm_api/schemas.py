@@ -1,14 +1,14 @@
-"""Request and response bodies of the HTTP API (DESIGN §8); QueryResult is shared with the CLI."""
+"""Request and response bodies of the HTTP API (docs/contract.md#http-api); QueryResult is shared with the CLI."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlm_workers.constants import MAX_QUERY_BYTES
-from rlm_workers.models import BufferInfo, QueryResult
+from rlm_workers.models import BufferInfo, QueryOptions, QueryResult
 
 #: most files one upload may carry (JSON documents or multipart parts)
 MAX_UPLOAD_FILES = 10_000
@@ -47,30 +47,10 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-class QueryOptions(Strict):
-    """The knobs of ``rlm query``; unset ones resolve through plan → scaling → config → default."""
-
-    search_mode: Literal["hybrid", "semantic", "bm25"] | None = None
-    threshold: float | None = Field(None, ge=-1.0, le=1.0)
-    top_k: int | None = Field(None, ge=1, le=10_000)
-    max_chunks: int | None = Field(None, ge=1, le=100_000)
-    batch_size: int | None = Field(None, ge=1, le=1000)
-    num_agents: int | None = Field(None, ge=1, le=10_000)
-    skip_plan: bool | None = None
-    finding_threshold: Literal["high", "medium", "low", "none"] | None = None
-
-    @model_validator(mode="after")
-    def _one_way_to_batch(self) -> QueryOptions:
-        # Said here in the API's own words; submit.validate_options repeats the check for the CLI.
-        if self.batch_size is not None and self.num_agents is not None:
-            raise ValueError("batch_size and num_agents exclude each other: give one")
-        return self
-
-
 def _query_ok(v: str) -> str:
     if not v.strip():
         raise ValueError("query is empty")
-    if "\x00" in v:  # PostgreSQL text cannot hold NUL: refuse it here rather than fail in the INSERT
+    if "\x00" in v:  # PostgreSQL text cannot hold NUL: refuse it here rather than fail when it is stored
         raise ValueError("query contains a NUL character")
     if len(v.encode("utf-8")) > MAX_QUERY_BYTES:
         raise ValueError(f"query is over {MAX_QUERY_BYTES} bytes")

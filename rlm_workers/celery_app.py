@@ -1,4 +1,4 @@
-"""The Celery app: queues, routes and the reliability settings of DESIGN §9.
+"""The Celery app: queues, routes and the reliability settings of docs/contract.md#celery-conventions.
 
 Configuration is applied lazily (``on_configure``) so importing this module
 starts no server: the broker URL may name the embedded Valkey, which is only
@@ -14,24 +14,14 @@ from kombu import Exchange, Queue
 
 from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
 
-TASK_MODULES = [
-    "rlm_workers.tasks.plan",
-    "rlm_workers.tasks.search",
-    "rlm_workers.tasks.fanout",
-    "rlm_workers.tasks.analyst",
-    "rlm_workers.tasks.collect",
-    "rlm_workers.tasks.synthesize",
-    "rlm_workers.tasks.salvage",
-    "rlm_workers.tasks.batch",
-    "rlm_workers.tasks.ingest",
-    "rlm_workers.tasks.embed",
-]
+#: the thin task adapters, by area; the logic they call lives in pipeline/, overnight/ and ingest/
+TASK_MODULES = ["rlm_workers.tasks.pipeline", "rlm_workers.tasks.overnight", "rlm_workers.tasks.ingest"]
 
 app = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)
 
 
 def celery_config(settings) -> dict:  # noqa: ANN001 - Settings
-    from .services import broker_url, result_backend_url
+    from .local_servers import broker_url, result_backend_url
 
     broker = broker_url(settings)
     backend = result_backend_url(settings) if settings.result_backend else broker
@@ -109,7 +99,7 @@ def reconfigure() -> None:
     if app._conf is None:  # never configured: the lazy mapping will read the new settings
         return
     from .config import get_settings
-    from .services import embedded_valkey_running
+    from .local_servers import embedded_valkey_running
 
     settings = get_settings()
     if settings.broker_url is None and settings.result_backend is None \
@@ -160,7 +150,27 @@ def _patch_kombu_redis_reconnect() -> None:
 
 _patch_kombu_redis_reconnect()
 
-# Signals only (cheap): JSON or text logs with job id and stage, configured when a worker starts.
-from .logs import connect_celery_signals  # noqa: E402
+def _connect_worker_signals() -> None:
+    """Every worker runs the reconciler (one of them sweeps per interval) while it serves."""
+    import threading
 
-connect_celery_signals()
+    from celery import signals
+
+    stop = threading.Event()
+
+    @signals.worker_ready.connect(weak=False)
+    def _ready(**_kw: object) -> None:
+        from .pipeline.reconcile import start_reconciler
+
+        start_reconciler(stop)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _stopping(**_kw: object) -> None:
+        stop.set()
+
+
+# Signals only (cheap): JSON or text logs with job id and stage, configured when a worker starts.
+from .logs import connect_logging_signals  # noqa: E402
+
+connect_logging_signals()
+_connect_worker_signals()

@@ -1,6 +1,6 @@
 """One settings object for every process: CLI, workers and API.
 
-Values come from the environment (DESIGN §4).  ``get_settings()`` caches one
+Values come from the environment (docs/contract.md#configuration).  ``get_settings()`` caches one
 instance per process; tests call ``reset_settings()`` after changing the
 environment.  Validation errors are turned into one-line ``ConfigError``s so a
 typo in an env var reads as a sentence, not a pydantic traceback.
@@ -158,6 +158,9 @@ def reset_settings() -> None:
     import sys
 
     get_settings.cache_clear()
+    from . import resources
+
+    resources.reset()  # the next use builds a provider and Redis client from the new settings
     celery_app = sys.modules.get("rlm_workers.celery_app")
     if celery_app is not None:
         celery_app.reconfigure()

@@ -18,7 +18,7 @@ RRF_K = 60
 BM25_K1 = 1.5
 BM25_B = 0.75
 
-#: Limits on untrusted input (DESIGN §7)
+#: Limits on untrusted input (docs/contract.md#limits)
 MAX_QUERY_BYTES = 10 * 1024
 MAX_REGEX_BYTES = 500
 MAX_TOOL_ARGS_BYTES = 100 * 1024

@@ -7,9 +7,13 @@ the state of the others.  Checks only read: nothing is created or migrated.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import Settings
 from .constants import ALL_QUEUES
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ class Check:
 def check_database(settings: Settings, url: str) -> list[Check]:
     import psycopg
 
-    from .store.migrations import MIGRATIONS
+    from .store import migrations
 
     try:
         conn = psycopg.connect(url, connect_timeout=5, autocommit=True)
@@ -32,26 +36,23 @@ def check_database(settings: Settings, url: str) -> list[Check]:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return [Check("database", False, f"cannot connect: {first}")]
     with conn:
-        version = conn.execute("SHOW server_version").fetchone()[0]
-        out = [Check("database", True, f"PostgreSQL {version} at {_host(url)}")]
-        installed = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-        available = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+        out = [Check("database", True, f"PostgreSQL {migrations.server_version(conn)} at {_host(url)}")]
+        installed = migrations.vector_installed(conn)
         if installed:
-            out.append(Check("pgvector", True, f"vector {installed[0]} installed"))
-        elif available:
+            out.append(Check("pgvector", True, f"vector {installed} installed"))
+        elif migrations.vector_available(conn):
             out.append(Check("pgvector", True, "available; created on first use", warning=True))
         else:
             out.append(Check("pgvector", False, "the server has no pgvector: use the pgvector/pgvector image, "
                                                 "install postgresql-NN-pgvector, or unset RLM_DATABASE_URL"))
-        has_table = conn.execute("SELECT to_regclass('rlm_migrations')").fetchone()[0]
-        applied = [r[0] for r in conn.execute("SELECT name FROM rlm_migrations ORDER BY name")] if has_table else []
-        latest = MIGRATIONS[-1][0]
+        applied = migrations.applied_if_any(conn)
+        latest = migrations.MIGRATIONS[-1][0]
         if not applied:
             out.append(Check("schema", True, "empty database; the first rlm command creates the schema",
                              warning=True))
         elif latest in applied:
             out.append(Check("schema", True, f"up to date ({latest})"))
-        elif any(a not in {n for n, _ in MIGRATIONS} for a in applied):
+        elif any(a not in {n for n, _ in migrations.MIGRATIONS} for a in applied):
             out.append(Check("schema", False, f"the database is newer ({applied[-1]}) than this rlm ({latest}): "
                                               "upgrade rlm-pipeline on this host"))
         else:
@@ -75,10 +76,10 @@ def check_broker(settings: Settings, url: str) -> list[Check]:
     return [Check("broker", True, f"{name} {version} at {_host(url)}; queued: {backlog}")]
 
 
-def check_workers(app, timeout: float = 2.0) -> list[Check]:  # noqa: ANN001 - the Celery app
+def check_workers(app: Celery, timeout: float = 2.0) -> list[Check]:
     try:
         replies = app.control.inspect(timeout=timeout).active_queues() or {}
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
+    except Exception as exc:  # reported, not raised
         return [Check("workers", False, f"cannot ask the workers: {exc}")]
     out = []
     for q in ALL_QUEUES:

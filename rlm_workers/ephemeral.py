@@ -10,23 +10,27 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger("rlm.worker")
 
 
-def served_queues(app, timeout: float = 0.6) -> set[str]:  # noqa: ANN001
+def served_queues(app: Celery, timeout: float = 0.6) -> set[str]:
     """Queues some running worker consumes (empty when none answers)."""
     try:
         replies = app.control.inspect(timeout=timeout).active_queues() or {}
-    except Exception:  # noqa: BLE001 - an unreachable broker surfaces on submit with a clear error
+    except Exception:  # an unreachable broker surfaces on submit with a clear error
         return set()
     return {q["name"] for queues in replies.values() for q in queues}
 
 
 @contextlib.contextmanager
-def ensure_workers(app, *, needed: Sequence[str] = (QUEUE_CONTROL, QUEUE_ANALYST),  # noqa: ANN001
+def ensure_workers(app: Celery, *, needed: Sequence[str] = (QUEUE_CONTROL, QUEUE_ANALYST),
                    concurrency: int = 16) -> Iterator[bool]:
     """Yield True if an ephemeral worker was started for queues nobody serves."""
     missing = [q for q in needed if q not in served_queues(app)]

@@ -2,7 +2,7 @@
 
 Errors carry ``retryable`` so Celery tasks and the CLI decide the same way, and
 a message written for the person who has to fix the problem.  ``exit_code``
-follows DESIGN §5: 2 for bad input, 3 when no chunk survived the search, 1 for
+follows docs/contract.md#exit-codes: 2 for bad input, 3 when no chunk survived the search, 1 for
 everything else.
 """
 
@@ -117,3 +117,14 @@ class ParseError(LLMError):
 
 class JobCancelled(RLMError):
     type = "cancelled"
+
+
+def error_record(exc: BaseException, prefix: str | None = None) -> dict[str, str]:
+    """How an error is stored on a job, batch or upload: ``{"type", "message"}``, never a traceback."""
+    if isinstance(exc, RLMError):
+        err = exc.to_dict()
+    else:
+        err = {"type": type(exc).__name__, "message": str(exc)[:2000] or type(exc).__name__}
+    if prefix:
+        err["message"] = f"{prefix}: {err['message']}"
+    return err

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import threading
 import time
 
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("rlm_log_context", default=None)
@@ -63,7 +62,7 @@ def configure_logging(*, fmt: str = "text", level: str | int = "INFO") -> None:
     root.setLevel(level if isinstance(level, int) else level.upper())
 
 
-def connect_celery_signals() -> None:
+def connect_logging_signals() -> None:
     """Own the worker's logging and tag every task's lines with its job and stage."""
     from celery import signals
 
@@ -75,17 +74,6 @@ def connect_celery_signals() -> None:
         configure_logging(fmt=s.log_format, level=loglevel or s.log_level)
 
     tokens: dict[str, contextvars.Token] = {}
-    stop = threading.Event()
-
-    @signals.worker_ready.connect(weak=False)
-    def _ready(**_kw) -> None:  # noqa: ANN003
-        from .tasks.reconcile import start_reconciler
-
-        start_reconciler(stop)
-
-    @signals.worker_shutting_down.connect(weak=False)
-    def _stopping(**_kw) -> None:  # noqa: ANN003
-        stop.set()
 
     @signals.task_prerun.connect(weak=False)
     def _start(task_id=None, task=None, args=None, **_kw) -> None:  # noqa: ANN001

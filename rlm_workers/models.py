@@ -1,21 +1,68 @@
 """Records passed between stages, stored on jobs and printed by the CLI/API.
 
-These pydantic models are the JSON shapes of DESIGN §5 and §8; the CLI and
-the API share them so the two can never drift apart.
+These pydantic models are the JSON shapes of docs/contract.md; the CLI and the
+API share them so the two can never drift apart.  The bounded option types
+are written once here and used by the API body, the CLI, parameter resolution
+and plan parsing alike.
 """
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Literal
+from enum import Enum, StrEnum
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SearchMode = Literal["hybrid", "semantic", "bm25"]
-Relevance = Literal["high", "medium", "low", "none"]
+
+class SearchMode(StrEnum):
+    hybrid = "hybrid"
+    semantic = "semantic"
+    bm25 = "bm25"
+
+
+class Relevance(StrEnum):
+    high = "high"
+    medium = "medium"
+    low = "low"
+    none = "none"
+
 
 #: ordering used by Collect and by ``finding_threshold``
-RELEVANCE_RANK: dict[str, int] = {"high": 3, "medium": 2, "low": 1, "none": 0}
+RELEVANCE_RANK: dict[str, int] = {Relevance.high: 3, Relevance.medium: 2, Relevance.low: 1, Relevance.none: 0}
+
+# The bounds of every query knob, shared by QueryOptions, AnalysisPlan and plan parsing.
+# Strict: a JSON true is not 1, and "50" is not a number (what a person typed is checked, not coerced).
+Threshold = Annotated[float, Field(strict=True, ge=-1.0, le=1.0)]
+TopK = Annotated[int, Field(strict=True, ge=1, le=10_000)]
+MaxChunks = Annotated[int, Field(strict=True, ge=1, le=100_000)]
+BatchSize = Annotated[int, Field(strict=True, ge=1, le=1000)]
+NumAgents = Annotated[int, Field(strict=True, ge=1, le=10_000)]
+
+
+class QueryOptions(BaseModel):
+    """What the user asked for (CLI flags or the API body); unset knobs resolve through
+    plan → scaling profile → config → default (``pipeline/params.py``)."""
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=True, frozen=True)
+
+    search_mode: SearchMode | None = None
+    threshold: Threshold | None = None
+    top_k: TopK | None = None
+    max_chunks: MaxChunks | None = None
+    batch_size: BatchSize | None = None
+    num_agents: NumAgents | None = None
+    skip_plan: Annotated[bool, Field(strict=True)] | None = None
+    finding_threshold: Relevance | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_batch(self) -> QueryOptions:
+        if self.batch_size is not None and self.num_agents is not None:
+            raise ValueError("batch_size and num_agents exclude each other: give one")
+        return self
+
+    def stored(self) -> dict:
+        """The options as kept on a job: only what was given."""
+        return self.model_dump(exclude_none=True)
 
 
 class JobStatus(str, Enum):
@@ -45,7 +92,7 @@ class BufferInfo(BaseModel):
 
 
 class SearchHit(BaseModel):
-    """One row of ``rlm search --format json`` (DESIGN §5)."""
+    """One row of ``rlm search --format json`` (docs/contract.md#search-json)."""
 
     chunk_id: int
     buffer: str
@@ -57,7 +104,11 @@ class SearchHit(BaseModel):
 
 
 class AnalysisPlan(BaseModel):
-    search_mode: SearchMode = "hybrid"
+    model_config = ConfigDict(use_enum_values=True)
+
+    search_mode: SearchMode = SearchMode.hybrid
+    # unbounded on purpose: a record of what ran (``--num-agents 1`` may make a batch of 5,000 chunks);
+    # what a planner may ask for is bounded by plan parsing with the QueryOptions types
     threshold: float = 0.3
     top_k: int = 200
     max_chunks: int = 100
@@ -68,6 +119,8 @@ class AnalysisPlan(BaseModel):
 class Finding(BaseModel):
     """One analyst verdict on one chunk."""
 
+    model_config = ConfigDict(use_enum_values=True)
+
     chunk_id: int
     relevance: Relevance
     findings: list[str] = Field(default_factory=list)
@@ -76,6 +129,8 @@ class Finding(BaseModel):
 
 
 class Source(BaseModel):
+    model_config = ConfigDict(use_enum_values=True)
+
     chunk_id: int
     buffer: str
     path: str
@@ -107,7 +162,7 @@ class BatchError(BaseModel):
 
 
 class QueryResult(BaseModel):
-    """The answer to one query (DESIGN §5)."""
+    """The answer to one query (docs/contract.md#query-result)."""
 
     job_id: str
     response: str

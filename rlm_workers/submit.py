@@ -7,36 +7,31 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .constants import SEARCH_MODES
+from pydantic import ValidationError
+
 from .errors import InvalidInput
+from .models import QueryOptions
 from .search.service import validate_query
 from .store import jobs as job_store
 from .store.buffers import require_buffers
 
-#: the options a query accepts (CLI flags / API fields), with their checks
-OPTION_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "search_mode": lambda v: v in SEARCH_MODES,
-    "threshold": lambda v: isinstance(v, int | float) and -1.0 <= v <= 1.0,
-    "top_k": lambda v: isinstance(v, int) and 1 <= v <= 10_000,
-    "max_chunks": lambda v: isinstance(v, int) and 1 <= v <= 100_000,
-    "batch_size": lambda v: isinstance(v, int) and 1 <= v <= 1000,
-    "num_agents": lambda v: isinstance(v, int) and 1 <= v <= 10_000,
-    "skip_plan": lambda v: isinstance(v, bool),
-    "finding_threshold": lambda v: v in ("high", "medium", "low", "none"),
-}
-
 
 def validate_options(options: dict[str, Any]) -> dict[str, Any]:
-    clean = {k: v for k, v in options.items() if v is not None}
-    for key, value in clean.items():
-        check = OPTION_CHECKS.get(key)
-        if check is None:
-            raise InvalidInput(f"unknown query option {key!r}")
-        if isinstance(value, bool) and key != "skip_plan" or not check(value):
-            raise InvalidInput(f"invalid value for {key.replace('_', '-')}: {value!r}")
-    if "batch_size" in clean and "num_agents" in clean:
-        raise InvalidInput("--batch-size and --num-agents exclude each other: give one")
-    return clean
+    """Options as given (CLI flags, API fields, a batch's options) → the clean dict stored on a job.
+
+    One pydantic model (``QueryOptions``) holds every bound; its first complaint becomes a one-line error.
+    """
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        return QueryOptions.model_validate(given).stored()
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err.get("loc") else ""
+        if err.get("type") == "extra_forbidden":
+            raise InvalidInput(f"unknown query option {key!r}") from None
+        if not key:  # a model-level rule
+            raise InvalidInput(str(err.get("msg", "invalid options")).removeprefix("Value error, ")) from None
+        raise InvalidInput(f"invalid value for {key.replace('_', '-')}: {given.get(key)!r}") from None
 
 
 def submit_query(conn, *, tenant: str, query: str, buffers: Sequence[str], options: dict[str, Any],  # noqa: ANN001
@@ -65,10 +60,8 @@ def wait_for_job(conn, job_id: str, *, timeout: float | None = None,  # noqa: AN
                  poll: float = 0.25) -> job_store.JobRow:
     """Block until the job ends: woken by the NOTIFY of ``finish_job``, re-checked every ``poll`` seconds
     (progress for ``on_progress``, and a safety net should a notification be missed)."""
-    from .constants import JOB_ENDED_CHANNEL
-
     deadline = None if timeout is None else time.monotonic() + timeout
-    conn.execute(f"LISTEN {JOB_ENDED_CHANNEL}")
+    job_store.listen_job_ended(conn)
     if not conn.autocommit:
         conn.commit()  # LISTEN takes effect at commit
     try:
@@ -92,7 +85,7 @@ def wait_for_job(conn, job_id: str, *, timeout: float | None = None,  # noqa: AN
                     break
     finally:
         try:
-            conn.execute(f"UNLISTEN {JOB_ENDED_CHANNEL}")
+            job_store.listen_job_ended(conn, listen=False)
             if not conn.autocommit:
                 conn.commit()
         except Exception:  # noqa: BLE001 - the connection may be gone with the server; nothing to undo then

@@ -352,8 +352,8 @@ def test_background_upload_is_loaded_by_the_ingest_worker(api, keys, conn, inges
 
 def test_a_bad_staged_upload_fails_with_its_reason_and_keeps_the_buffer(api, keys, conn, docs_a, env):
     """What the worker does with an upload the API would never store (names are checked again there)."""
+    from rlm_workers.ingest.uploads import run_ingest
     from rlm_workers.store.uploads import create_upload, get_upload
-    from rlm_workers.tasks.ingest import run_ingest
 
     before = conn.execute("SELECT version FROM buffers WHERE name = 'handbook' AND tenant = 'acme'").fetchone()
     create_upload(conn, upload_id="badupload0001", tenant="acme", buffer="handbook", options={},
@@ -367,8 +367,8 @@ def test_a_bad_staged_upload_fails_with_its_reason_and_keeps_the_buffer(api, key
 
 
 def test_reconciler_resends_an_upload_whose_message_was_lost(conn, env):
+    from rlm_workers.pipeline.reconcile import reconcile_uploads
     from rlm_workers.store.uploads import create_upload
-    from rlm_workers.tasks.reconcile import reconcile_uploads
 
     create_upload(conn, upload_id="lostupload001", tenant="acme", buffer="lost", options={},
                   files=[("a.md", b"# A\n")])

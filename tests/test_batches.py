@@ -67,7 +67,7 @@ class Model:
 @pytest.fixture(scope="module")
 def valkey(tmp_path_factory):
     """This module's own embedded Valkey: the Redis-restart test stops and wipes it."""
-    from rlm_workers import services
+    from rlm_workers import local_servers as services
 
     root = tmp_path_factory.mktemp("batch-valkey")
     url = services.embedded_valkey_url(root)
@@ -82,15 +82,15 @@ def model():
 
 def _point_celery_at(url: str) -> None:
     """The test process sends tasks too (API submit): its Celery app must use this module's broker."""
+    from rlm_workers import resources
     from rlm_workers.celery_app import app
-    from rlm_workers.tasks import common
 
     app.conf.broker_url = url
     app.conf.result_backend = url
     app._pool = None
     app.amqp._producer_pool = None
     app._local.__dict__.pop("backend", None)
-    common.redis_client.cache_clear()
+    resources.reset()
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +186,11 @@ def run_rlm(env, *args, stdin=None):
 
 
 def wait_batch(conn, batch_id, workers, timeout=120.0, on_poll=None):
-    from rlm_workers.store import batches as store
+    from rlm_workers.store import overnight as store
 
     deadline = time.monotonic() + timeout
     while True:
-        b = store.get_batch(conn, batch_id=batch_id)
+        b = store.get_overnight(conn, batch_id=batch_id)
         if on_poll is not None:
             on_poll(store.progress(conn, batch_id=batch_id))
         conn.commit()
@@ -224,7 +224,7 @@ def llm_call_rows(conn):
 
 def test_queries_file_formats():
     from rlm_workers.errors import InvalidInput
-    from rlm_workers.tasks.batch import parse_queries
+    from rlm_workers.overnight.submit import parse_queries
 
     text = "# nightly questions\n\nWhat is A?\n  {\"query\": \"What is B?\", \"tag\": 1}\nWhat is A?\n\n"
     assert parse_queries(text) == ["What is A?", "What is B?"]
@@ -236,7 +236,7 @@ def test_queries_file_formats():
 
 def test_cache_key_covers_buffer_version_options_and_models():
     from rlm_workers.config import Settings
-    from rlm_workers.tasks.batch import cache_key, fingerprint
+    from rlm_workers.overnight.cache import cache_key, fingerprint
 
     s1 = Settings(api_key="k", subcall_model="m1")
     s2 = Settings(api_key="k", subcall_model="m2")
@@ -263,7 +263,7 @@ def test_at_accepts_iso_and_relative_times():
 
 
 def test_broker_priority_keeps_batches_behind_interactive_queries():
-    from rlm_workers.tasks.batch import broker_priority
+    from rlm_workers.overnight.scheduler import broker_priority
 
     assert [broker_priority(p) for p in range(1, 10)] == [3, 3, 3, 6, 6, 6, 9, 9, 9]
 
@@ -393,34 +393,35 @@ def test_ticks_never_fork_the_chain(env, conn, fresh, workers, settings):
     """Only the tick holding the current token re-arms (and hands on a new one); a locked batch is skipped."""
     import psycopg
 
-    from rlm_workers.store import batches as store
-    from rlm_workers.tasks.batch import submit_batch, tick_batch
+    from rlm_workers.overnight.scheduler import tick_overnight
+    from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.store import overnight as store
 
-    batch_id, _ = submit_batch(conn, tenant="local", queries=["Chain question?"], buffers=["alpha"],
+    batch_id, _ = submit_overnight(conn, tenant="local", queries=["Chain question?"], buffers=["alpha"],
                                run_at=datetime.now(UTC) + timedelta(hours=1))
     # the worker runs the first tick and re-arms for a minute later; wait for it so nothing races the test
     deadline = time.monotonic() + 30
-    while store.get_batch(conn, batch_id=batch_id).last_tick_at is None:
+    while store.get_overnight(conn, batch_id=batch_id).last_tick_at is None:
         conn.commit()
         assert time.monotonic() < deadline, "the worker never ran the batch's first tick"
         time.sleep(0.05)
     conn.commit()
-    res = tick_batch(conn, batch_id, "not-the-owner", epoch=None)
+    res = tick_overnight(conn, batch_id, "not-the-owner", epoch=None)
     assert res.status == "waiting" and res.next_token is None and not res.to_send
-    token = store.get_batch(conn, batch_id=batch_id).tick_token
+    token = store.get_overnight(conn, batch_id=batch_id).tick_token
     conn.commit()
-    res = tick_batch(conn, batch_id, token, epoch=None)
+    res = tick_overnight(conn, batch_id, token, epoch=None)
     assert res.status == "waiting" and res.next_token not in (None, token) and 0 < res.next_in <= 60
-    assert store.get_batch(conn, batch_id=batch_id).tick_token == res.next_token
+    assert store.get_overnight(conn, batch_id=batch_id).tick_token == res.next_token
     conn.commit()
     with psycopg.connect(env["RLM_DATABASE_URL"]) as other:
         other.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
-        assert tick_batch(conn, batch_id, res.next_token, epoch=None).status == "busy"
-    assert tick_batch(conn, "0" * 32, None, epoch=None).status == "missing"
-    from rlm_workers.tasks.batch import cancel_batch
+        assert tick_overnight(conn, batch_id, res.next_token, epoch=None).status == "busy"
+    assert tick_overnight(conn, "0" * 32, None, epoch=None).status == "missing"
+    from rlm_workers.overnight.submit import cancel_overnight
 
-    assert cancel_batch(conn, tenant="local", batch_id=batch_id).status == "cancelled"
-    assert tick_batch(conn, batch_id, res.next_token, epoch=None).status == "cancelled"
+    assert cancel_overnight(conn, tenant="local", batch_id=batch_id).status == "cancelled"
+    assert tick_overnight(conn, batch_id, res.next_token, epoch=None).status == "cancelled"
     assert fresh.calls == 0
 
 
@@ -462,7 +463,7 @@ def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
 
 def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model, workers, api):
     """Batch items are bounded per batch and start behind interactive work: a query submitted mid-batch ends first."""
-    from rlm_workers.store import batches as store
+    from rlm_workers.store import overnight as store
     from rlm_workers.submit import submit_query, wait_for_job
 
     model.analyst_delay = 1.0
@@ -486,8 +487,8 @@ def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model,
 
 def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, model, workers, api, valkey):
     """Valkey stopped, its data deleted (a Redis without persistence), started again on the same port."""
-    from rlm_workers import services
-    from rlm_workers.store import batches as store
+    from rlm_workers import local_servers as services
+    from rlm_workers.store import overnight as store
 
     model.analyst_delay = 1.5
     queries = [f"After the restart, what about {t}?" for t in ("falconry", "kelp", "sundials")]

@@ -417,7 +417,7 @@ def test_dockerfile_multi_stage_pinned_non_root_and_without_secrets():
 
 
 def test_dockerfile_copies_what_exists_and_puts_prompts_where_the_package_looks():
-    from rlm_workers.stages import prompting
+    from rlm_workers.pipeline import prompts as prompting
 
     ins = dockerfile_instructions()
     copies = [shlex.split(rest) for w, rest in ins if w == "COPY" and "--from" not in rest]

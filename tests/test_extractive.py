@@ -6,14 +6,12 @@ import json
 
 from rlm_workers.llm.extractive import ExtractiveProvider
 from rlm_workers.llm.protocol import CompletionRequest
-from rlm_workers.stages.collect import ChunkRef, collect
-from rlm_workers.stages.parsing import parse_findings, parse_plan
-from rlm_workers.stages.prompting import (
-    ChunkForPrompt,
-    build_analyst_messages,
-    build_plan_messages,
-    build_synthesizer_messages,
-)
+from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings
+from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
+from rlm_workers.pipeline.collect import ChunkRef, collect
+from rlm_workers.pipeline.plan import build_messages as build_plan_messages
+from rlm_workers.pipeline.plan import parse_plan
+from rlm_workers.pipeline.synthesize import build_messages as build_synthesizer_messages
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 P = ExtractiveProvider()

@@ -30,9 +30,9 @@ def _age(conn, job_id, seconds):  # noqa: ANN001
 
 
 def test_a_claim_counts_as_progress_and_a_salvage_backs_off(job):
+    from rlm_workers.pipeline.salvage import salvage_job
     from rlm_workers.store import jobs as job_store
     from rlm_workers.store.db import connection
-    from rlm_workers.tasks.salvage import salvage_job
 
     with connection() as conn:
         _age(conn, job, 600)
@@ -46,9 +46,9 @@ def test_a_claim_counts_as_progress_and_a_salvage_backs_off(job):
 
 
 def test_after_a_salvage_no_batch_can_start_or_store(job):
+    from rlm_workers.pipeline.salvage import salvage_job
     from rlm_workers.store import jobs as job_store
     from rlm_workers.store.db import connection
-    from rlm_workers.tasks.salvage import salvage_job
 
     with connection() as conn:
         assert job_store.claim_batch(conn, job_id=job, batch_no=0) == [1]  # in flight when the salvage comes
@@ -58,7 +58,7 @@ def test_after_a_salvage_no_batch_can_start_or_store(job):
         assert row.status == "done" and row.result["batches_failed"] == 3 and row.result["total_tokens"] == 0
         assert job_store.claim_batch(conn, job_id=job, batch_no=1) is None
         assert not job_store.finish_batch(conn, job_id=job, batch_no=0)  # its late answer stays out
-        assert {b[2] for b in job_store.batches(conn, job_id=job)} == {"failed"}
+        assert {b.status for b in job_store.batches(conn, job_id=job)} == {"failed"}
         assert not salvage_job(conn, job, "twice")
 
 
@@ -67,8 +67,8 @@ def test_a_claim_waits_for_a_salvage_in_progress_and_then_declines(job, settings
 
     import psycopg
 
+    from rlm_workers.pipeline.salvage import LOST
     from rlm_workers.store import jobs as job_store
-    from rlm_workers.tasks.salvage import LOST
 
     got: list[bool] = []
     with psycopg.connect(settings.database_url, autocommit=True) as salvager, \

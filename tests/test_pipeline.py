@@ -21,6 +21,7 @@ from tests.support.pipeline_model import (
     MODEL_ENV,
     NEEDLE,
     QUESTION,
+    RETRY_PREFIX,
     TOPICS,
     _essay,
     write_essays,
@@ -146,6 +147,25 @@ def test_needle_across_batches_with_exact_token_accounting(conn, fresh, model):
     assert job.timings.keys() >= {"plan", "search", "collect", "synthesize"}
 
 
+def test_an_unusable_analyst_reply_is_retried_with_what_was_wrong(conn, fresh):
+    llm = fresh
+    job = run_job(conn, QUESTION + " GARBLE-ONCE", skip_plan=True, threshold=-1.0)
+    r = result_of(job)
+    assert job.status == "done" and r.batches_failed == 0 and r.chunks_analyzed == CHUNK_COUNT
+    assert any(s.relevance == "high" for s in r.sources)  # the retried batches' findings are in
+    analyst = [req.body["messages"] for req in requests_for(llm, "analyst-model")]
+    retries = [m for m in analyst if len(m) == 4]
+    assert len(retries) == r.batches_processed == len(analyst) // 2
+    for messages in retries:
+        system, batch, prior, correction = messages
+        assert batch["role"] == "user" and "### Chunk" in batch["content"]
+        assert prior == {"role": "assistant", "content": "I looked at the chunks and they seem fine."}
+        assert correction["role"] == "user" and correction["content"].startswith(RETRY_PREFIX)
+        assert "not a JSON findings array" in correction["content"]
+        ids = re.findall(r"### Chunk (\d+)", batch["content"])
+        assert f"({', '.join(ids)})" in correction["content"]  # it names the chunks it must answer for
+
+
 def test_analyst_requests_follow_the_seed_format_and_are_temperature_zero(conn, fresh):
     job = run_job(conn, QUESTION, skip_plan=True, threshold=-1.0)
     assert job.status == "done"
@@ -260,7 +280,7 @@ def test_chunks_missing_at_analysis_are_counted(conn, fresh, workers):
         time.sleep(0.2)
     assert job.stage == "fan_out", (job.status, job.error)
     batches = job_store.batches(conn, job_id=job_id)
-    gone = [batches[1][1][0]] + batches[2][1]  # one chunk of batch 1, all of batch 2
+    gone = [batches[1].chunk_ids[0]] + batches[2].chunk_ids  # one chunk of batch 1, all of batch 2
     conn.execute("DELETE FROM chunks WHERE id = ANY(%s)", (gone,))
     conn.commit()
     workers["an1"].start()

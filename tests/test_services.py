@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 
-from rlm_workers import services
+from rlm_workers import local_servers as services
 from rlm_workers.errors import MissingExtension
 
 
@@ -26,7 +26,7 @@ def test_valkey_is_reused_by_a_second_process(tmp_path):
     try:
         state = json.loads((tmp_path / "valkey" / "server.json").read_text())
         other = _in_subprocess(
-            f"from pathlib import Path; from rlm_workers import services; "
+            f"from pathlib import Path; from rlm_workers import local_servers as services; "
             f"print(services.embedded_valkey_url(Path({str(tmp_path)!r})))")
         assert other == url
         assert json.loads((tmp_path / "valkey" / "server.json").read_text())["pid"] == state["pid"]
@@ -62,7 +62,7 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
             postmaster = int((tmp_path / "pg" / "postmaster.pid").read_text().split()[0])
             assert pid != postmaster
         other = _in_subprocess(
-            f"from pathlib import Path; from rlm_workers import services; "
+            f"from pathlib import Path; from rlm_workers import local_servers as services; "
             f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))")
         assert other == url
         assert int((tmp_path / "pg" / "postmaster.pid").read_text().split()[0]) == postmaster  # no twin
@@ -70,7 +70,7 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
         time.sleep(0.5)
         assert (tmp_path / "pg" / "postmaster.pid").exists()  # stale pid file from the crash
         url2 = _in_subprocess(
-            f"from pathlib import Path; from rlm_workers import services; "
+            f"from pathlib import Path; from rlm_workers import local_servers as services; "
             f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))")
         with psycopg.connect(url2) as c:
             assert c.execute("SELECT 1").fetchone() == (1,)
@@ -79,7 +79,7 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
 
 
 def _plain_postgres() -> str | None:
-    """The machine's own PostgreSQL, which has no pgvector (DESIGN §3)."""
+    """The machine's own PostgreSQL, which has no pgvector (docs/contract.md#components)."""
     url = os.environ.get("RLM_TEST_PLAIN_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     try:
         with psycopg.connect(url, connect_timeout=2) as c:

@@ -9,18 +9,15 @@ import pytest
 from rlm_workers.config import Settings
 from rlm_workers.constants import MAX_FINDING_BYTES, MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from rlm_workers.errors import ParseError
-from rlm_workers.models import AnalysisPlan, Finding
-from rlm_workers.stages.collect import ChunkRef, collect
-from rlm_workers.stages.params import QueryOptions, make_batches, resolve_params
-from rlm_workers.stages.parsing import parse_findings, parse_plan
-from rlm_workers.stages.prompting import (
-    ChunkForPrompt,
-    build_analyst_messages,
-    build_synthesizer_messages,
-    escape_content,
-    load_prompt,
-)
-from rlm_workers.stages.scale import scaling_profile
+from rlm_workers.models import AnalysisPlan, Finding, QueryOptions
+from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings
+from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
+from rlm_workers.pipeline.collect import ChunkRef, collect
+from rlm_workers.pipeline.params import make_batches, resolve_params
+from rlm_workers.pipeline.plan import parse_plan
+from rlm_workers.pipeline.prompts import escape_content, load_prompt
+from rlm_workers.pipeline.scale import scaling_profile
+from rlm_workers.pipeline.synthesize import build_messages as build_synthesizer_messages
 
 # ---------------------------------------------------------------- scale
 

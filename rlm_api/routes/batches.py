@@ -1,19 +1,27 @@
-"""Batches over HTTP (DESIGN §8): submit queries × buffers, follow progress, stream results as JSONL.
+"""Overnight batches over HTTP (docs/contract.md#http-batches): submit queries × buffers, follow progress, stream results as JSONL.
 
-A batch and its items live in PostgreSQL; workers advance it (``rlm.batch.tick``).  Other tenants'
-batches are 404, never 403, so ids do not leak.
+A batch and its items live in PostgreSQL; workers advance it (``rlm.batch.tick``, ``rlm_workers.overnight``).
+Other tenants' batches are 404, never 403, so ids do not leak.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlm_workers.models import QueryOptions
+
 from ..deps import ConnDep, TenantDep, found_or_404
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from rlm_workers.store.overnight import OvernightRow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -27,7 +35,7 @@ class BatchIn(BaseModel):
     run_at: datetime | None = Field(None, description="Do not start before this time (ISO 8601; no zone = UTC).")
     priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
     token_budget: int | None = Field(None, ge=1, description="Stop scheduling new items once this many tokens are spent.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Query options, as for POST /v1/queries.")
+    options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
 
 
 class BatchCreated(BaseModel):
@@ -60,10 +68,10 @@ def _urls(batch_id: str) -> tuple[str, str]:
     return f"/v1/batches/{batch_id}", f"/v1/batches/{batch_id}/results"
 
 
-def _batch_or_404(conn, tenant: str, batch_id: str):  # noqa: ANN001, ANN202
-    from rlm_workers.store.batches import get_batch
+def _batch_or_404(conn: psycopg.Connection, tenant: str, batch_id: str) -> OvernightRow:
+    from rlm_workers.store.overnight import get_overnight
 
-    return found_or_404(lambda i: get_batch(conn, batch_id=i, tenant=tenant), batch_id, "batch")
+    return found_or_404(lambda i: get_overnight(conn, batch_id=i, tenant=tenant), batch_id, "batch")
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=BatchCreated,
@@ -71,15 +79,15 @@ def _batch_or_404(conn, tenant: str, batch_id: str):  # noqa: ANN001, ANN202
 def create_batch(body: BatchIn, conn: ConnDep, tenant: TenantDep, response: Response,
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> BatchCreated:
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
-    from rlm_workers.tasks.batch import submit_batch
+    from rlm_workers.overnight.submit import submit_overnight
 
     run_at = body.run_at
     if run_at is not None and run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=UTC)
-    batch_id, created = submit_batch(conn, tenant=tenant, queries=body.queries, buffers=body.buffers,
-                                     buffers_glob=body.buffers_glob, options=body.options, run_at=run_at,
-                                     priority=body.priority, token_budget=body.token_budget,
-                                     idempotency_key=idempotency_key)
+    batch_id, created = submit_overnight(conn, tenant=tenant, queries=body.queries, buffers=body.buffers,
+                                         buffers_glob=body.buffers_glob, options=body.options.stored(), run_at=run_at,
+                                         priority=body.priority, token_budget=body.token_budget,
+                                         idempotency_key=idempotency_key)
     if not created:
         response.status_code = status.HTTP_200_OK
     status_url, results_url = _urls(batch_id)
@@ -91,16 +99,16 @@ def create_batch(body: BatchIn, conn: ConnDep, tenant: TenantDep, response: Resp
 def list_batches(conn: ConnDep, tenant: TenantDep,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
     """The tenant's most recent batches, newest first."""
-    from rlm_workers.store.batches import list_batches as rows
-    from rlm_workers.tasks.batch import status_of
+    from rlm_workers.overnight.submit import status_of
+    from rlm_workers.store.overnight import list_overnight
 
-    return [status_of(conn, b) for b in rows(conn, tenant=tenant, limit=limit)]
+    return [status_of(conn, b) for b in list_overnight(conn, tenant=tenant, limit=limit)]
 
 
 @router.get("/{batch_id}", response_model=BatchStatus)
 def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
     """Counts by state, tokens spent, ETA."""
-    from rlm_workers.tasks.batch import status_of
+    from rlm_workers.overnight.submit import status_of
 
     return status_of(conn, _batch_or_404(conn, tenant, batch_id))
 
@@ -108,10 +116,10 @@ def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]
 @router.delete("/{batch_id}", response_model=BatchStatus)
 def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
     """Cancel: nothing new starts, running items' jobs are cancelled; finished items keep their results."""
-    from rlm_workers.tasks.batch import cancel_batch as cancel
-    from rlm_workers.tasks.batch import status_of
+    from rlm_workers.overnight.submit import cancel_overnight, status_of
 
-    return status_of(conn, found_or_404(lambda i: cancel(conn, tenant=tenant, batch_id=i), batch_id, "batch"))
+    return status_of(conn, found_or_404(lambda i: cancel_overnight(conn, tenant=tenant, batch_id=i), batch_id,
+                                        "batch"))
 
 
 @router.get("/{batch_id}/results", response_class=StreamingResponse,
@@ -119,13 +127,14 @@ def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, A
                              "description": 'One line per item: {"batch_id", "query", "buffer", "status", "result", '
                                             '"item", "from_cache", "tokens", "error"}'}})
 def batch_results(batch_id: str, conn: ConnDep, tenant: TenantDep,
-                  format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl") -> StreamingResponse:  # noqa: A002
+                  format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl") -> StreamingResponse:
     """Every item in order, finished or not (``status`` tells), streamed from the database."""
     _batch_or_404(conn, tenant, batch_id)
 
-    def lines():  # noqa: ANN202 - its own pooled connection: the request's may be returned before streaming ends
+    def lines() -> Iterator[str]:
+        # its own pooled connection: the request's may be returned before streaming ends
+        from rlm_workers.overnight.submit import iter_csv, iter_jsonl
         from rlm_workers.store.db import connection
-        from rlm_workers.tasks.batch import iter_csv, iter_jsonl
 
         with connection() as c:
             yield from (iter_csv if format == "csv" else iter_jsonl)(c, batch_id)

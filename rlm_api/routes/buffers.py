@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Annotated
+from typing import IO, Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -91,7 +91,7 @@ def _inlined(schema: dict) -> dict:
     against the whole document, where pydantic's local ``#/$defs/…`` would dangle."""
     defs = schema.pop("$defs", {})
 
-    def sub(node):  # noqa: ANN001, ANN202
+    def sub(node: Any) -> Any:
         if isinstance(node, dict):
             ref = node.get("$ref", "")
             if ref.startswith("#/$defs/"):
@@ -125,12 +125,12 @@ def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) ->
                       options=opts.model_dump(include={"chunker", "chunk_size", "overlap"}))
     try:
         app.send_task("rlm.ingest", (upload_id,), argsrepr=f"upload={upload_id}")
-    except Exception as exc:  # noqa: BLE001 - stored: the reconciler sends it once the broker is back
+    except Exception as exc:  # stored: the reconciler sends it once the broker is back
         log.warning("upload %s stored but not sent (%s); the reconciler will send it", upload_id, exc)
     return UploadAccepted(upload_id=upload_id, buffer=opts.name, status_url=f"/v1/uploads/{upload_id}")
 
 
-def _read(part) -> bytes:  # noqa: ANN001 - a spooled upload file
+def _read(part: IO[bytes]) -> bytes:  # a spooled upload file
     part.seek(0)
     return part.read()
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+
+if TYPE_CHECKING:
+    import psycopg
 
 router = APIRouter(tags=["health"])
 
@@ -23,20 +28,21 @@ def readyz() -> JSONResponse:
     import redis
 
     from rlm_workers.config import get_settings
-    from rlm_workers.services import broker_url, database_url
+    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.store.metrics import ping
 
     s = get_settings()
     checks: dict[str, str] = {}
     try:
         with psycopg.connect(database_url(s), connect_timeout=3) as c:
-            c.execute("SELECT 1")
+            ping(c)
         checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+    except Exception as exc:  # any failure means not ready
         checks["database"] = f"unreachable: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
     try:
         redis.Redis.from_url(broker_url(s), socket_connect_timeout=2, socket_timeout=2).ping()
         checks["broker"] = "ok"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         checks["broker"] = f"unreachable: {exc}"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse({"status": "ready" if ready else "not ready", **checks}, status_code=200 if ready else 503)
@@ -74,7 +80,7 @@ def _esc(v: object) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
-def _queue_depths(queues) -> list[tuple[dict[str, object], float]]:  # noqa: ANN001
+def _queue_depths(queues: Sequence[str]) -> list[tuple[dict[str, object], float]]:
     """LLEN of each queue's Redis lists: kombu keeps one list per priority step (``name\\x06\\x16<p>``)
     and batch work is sent at a lower priority, so the plain list alone would miss it."""
     try:
@@ -82,7 +88,7 @@ def _queue_depths(queues) -> list[tuple[dict[str, object], float]]:  # noqa: ANN
         from kombu.transport.redis import PRIORITY_STEPS, Channel
 
         from rlm_workers.config import get_settings
-        from rlm_workers.services import broker_url
+        from rlm_workers.local_servers import broker_url
 
         client = redis.Redis.from_url(broker_url(get_settings()), socket_connect_timeout=2, socket_timeout=2)
         pipe = client.pipeline(transaction=False)
@@ -90,14 +96,15 @@ def _queue_depths(queues) -> list[tuple[dict[str, object], float]]:  # noqa: ANN
             for step in PRIORITY_STEPS:
                 pipe.llen(f"{q}{Channel.sep}{step}" if step else q)
         counts = pipe.execute()
-    except Exception:  # noqa: BLE001 - the other metrics still render without the broker
+    except Exception:  # the other metrics still render without the broker
         return []
     n = len(PRIORITY_STEPS)
     return [({"queue": q}, sum(counts[i * n:(i + 1) * n])) for i, q in enumerate(queues)]
 
 
-def render_metrics(conn) -> str:  # noqa: ANN001
+def render_metrics(conn: psycopg.Connection) -> str:
     from rlm_workers.constants import ALL_QUEUES
+    from rlm_workers.store import metrics
 
     lines: list[str] = []
 
@@ -110,16 +117,14 @@ def render_metrics(conn) -> str:  # noqa: ANN001
             lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
             lines.append(f"{name}{suffix}{{{lab}}} {value}" if lab else f"{name}{suffix} {value}")
 
-    jobs = conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+    jobs = metrics.jobs_by_status(conn)
     family("rlm_jobs", "gauge", "Jobs by status.", [({"status": s}, n) for s, n in jobs])
-    stages = conn.execute("""SELECT t.key, sum(t.value::float8), count(*) FROM jobs, jsonb_each_text(jobs.timings) t
-                             GROUP BY t.key""").fetchall()
+    stages = metrics.stage_totals(conn)
     # A summary without quantiles: rate(_sum)/rate(_count) is the mean stage time over any window.
     family("rlm_stage_seconds", "summary", "Wall time per pipeline stage, from jobs.timings.", [],
            [("_sum", {"stage": k}, round(v, 4)) for k, v, _ in stages]
            + [("_count", {"stage": k}, n) for k, _, n in stages])
-    calls = conn.execute("""SELECT model, status, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0)
-                            FROM llm_calls GROUP BY model, status""").fetchall()
+    calls = metrics.call_totals(conn)
     family("rlm_llm_calls_total", "counter", "LLM calls by model and status (ok, retried, error).",
            [({"model": m, "status": st}, n) for m, st, n, _, _ in calls])
     # One series per label set: a model seen with several statuses is summed, never listed twice.

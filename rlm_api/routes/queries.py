@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Header, Response, status
 
@@ -11,11 +11,16 @@ from rlm_workers.models import QueryResult
 from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import ErrorBody, JobView, Progress, QueryAccepted, QueryRequest
 
+if TYPE_CHECKING:
+    import psycopg
+
+    from rlm_workers.store.jobs import JobRow
+
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
 NOT_FOUND = {404: {"description": "no such job for this tenant"}}
 
 
-def job_view(conn, job) -> JobView:  # noqa: ANN001 - JobRow
+def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
     from rlm_workers.store.jobs import batch_progress
 
     done, total = batch_progress(conn, job_id=job.id)
@@ -25,7 +30,7 @@ def job_view(conn, job) -> JobView:  # noqa: ANN001 - JobRow
                    error=ErrorBody.from_record(job.error))
 
 
-def _job_or_404(conn, job_id: str, tenant: str):  # noqa: ANN001, ANN202
+def _job_or_404(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
     from rlm_workers.store.jobs import get_job
 
     return found_or_404(lambda i: get_job(conn, job_id=i, tenant=tenant), job_id, "query job")
@@ -43,7 +48,7 @@ def submit(body: QueryRequest, response: Response, conn: ConnDep, tenant: Tenant
     from rlm_workers.submit import submit_query
 
     job_id, _ = submit_query(conn, tenant=tenant, query=body.query, buffers=body.buffers,
-                             options=body.options.model_dump(exclude_none=True), idempotency_key=idempotency_key)
+                             options=body.options.stored(), idempotency_key=idempotency_key)
     # Relative like the batches' URLs: right behind any proxy, whatever Host the client used.
     url = f"{router.prefix}/{job_id}"
     response.headers["Location"] = url
@@ -80,5 +85,5 @@ def _revoke(task_ids: list[str]) -> None:
         with app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1, timeout=3)
             app.control.revoke(task_ids, connection=connection)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         logging.getLogger("rlm.api").warning("could not revoke %d task(s): %s", len(task_ids), exc)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import APIRouter
 
 from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import ErrorBody, UploadView
 
+if TYPE_CHECKING:
+    from rlm_workers.store.uploads import UploadRow
+
 router = APIRouter(prefix="/v1/uploads", tags=["buffers"])
 
 
-def upload_view(up) -> UploadView:  # noqa: ANN001 - UploadRow
+def upload_view(up: UploadRow) -> UploadView:
     return UploadView(
         upload_id=up.id, buffer=up.buffer, status=up.status, files=up.files, bytes=up.bytes, attempts=up.attempts,
         created_at=up.created_at, finished_at=up.finished_at, report=up.report,

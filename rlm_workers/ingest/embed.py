@@ -22,6 +22,9 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from .fastbert import FastBertEncoder
 
 log = logging.getLogger("rlm.embed")
 
@@ -40,7 +43,7 @@ class Window:
 
 
 class Embedder:
-    def __init__(self, model_id: str, model) -> None:  # noqa: ANN001 - SentenceTransformer
+    def __init__(self, model_id: str, model: SentenceTransformer) -> None:
         self.model_id = model_id
         self.model = model
         self.dim: int = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
@@ -107,6 +110,11 @@ def model_id_for(name: str | None) -> str:
 
 
 def get_embedder(name: str | None = None) -> Embedder:
+    """The process-wide encoder for ``name``; by default RLM_EMBEDDING_MODEL's (the bundled MiniLM if unset)."""
+    if name is None:
+        from ..config import get_settings
+
+        name = get_settings().embedding_model
     model_id = model_id_for(name)
     emb = _models.get(model_id)
     if emb is not None:
@@ -130,7 +138,7 @@ def get_embedder(name: str | None = None) -> Embedder:
 
         try:
             model = SentenceTransformer(path, device="cpu")
-        except Exception as exc:  # noqa: BLE001 - HF raises many kinds
+        except Exception as exc:  # HF raises many kinds
             raise ConfigError(
                 f"cannot load embedding model {model_id!r} offline ({type(exc).__name__}); "
                 "set RLM_EMBEDDING_MODEL to a local model directory"
@@ -144,7 +152,7 @@ def get_embedder(name: str | None = None) -> Embedder:
 _query_encoders: dict[str, object] = {}
 
 
-def get_query_encoder(name: str | None = None):  # noqa: ANN201 - Embedder | FastBertEncoder
+def get_query_encoder(name: str | None = None) -> Embedder | FastBertEncoder:
     """The cheapest encoder that gives the ingest model's query vectors."""
     from pathlib import Path
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
 
 def supports(model_dir: Path) -> bool:
@@ -60,14 +61,14 @@ class FastBertEncoder:
         self.tokenizer.no_truncation()
         self._torch = torch
 
-    def _ln(self, x, prefix: str):  # noqa: ANN001, ANN202
+    def _ln(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         F = self._torch.nn.functional
         return F.layer_norm(x, (x.shape[-1],), self.w[prefix + ".weight"], self.w[prefix + ".bias"], self.eps)
 
-    def _lin(self, x, prefix: str):  # noqa: ANN001, ANN202
+    def _lin(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         return self._torch.nn.functional.linear(x, self.w[prefix + ".weight"], self.w[prefix + ".bias"])
 
-    def _forward(self, ids: list[int]):  # noqa: ANN202
+    def _forward(self, ids: list[int]) -> torch.Tensor:
         torch, F, w = self._torch, self._torch.nn.functional, self.w
         t = torch.tensor([ids], dtype=torch.long)
         pos = torch.arange(len(ids)).unsqueeze(0)
@@ -79,7 +80,7 @@ class FastBertEncoder:
         for i in range(self.layers):
             p = f"encoder.layer.{i}"
 
-            def split(y):  # noqa: ANN001, ANN202
+            def split(y: torch.Tensor) -> torch.Tensor:
                 return y.view(1, n, self.heads, hd).transpose(1, 2)
 
             q, k, v = (split(self._lin(x, f"{p}.attention.self.{m}")) for m in ("query", "key", "value"))

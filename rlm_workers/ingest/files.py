@@ -1,7 +1,7 @@
 """Finding the files an ``rlm load`` covers and reading them as text.
 
 Nothing here raises on bad *content*: binary, non-UTF-8, empty and unreadable
-files come back as a skip reason the loader counts (DESIGN §7).  Only a path
+files come back as a skip reason the loader counts (docs/contract.md#limits).  Only a path
 the user named that does not exist is an error, and it is reported before
 anything is read so a typo never leaves a half-done load.
 """

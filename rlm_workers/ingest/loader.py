@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
 from ..search.tokenize import tokenize
@@ -25,6 +26,11 @@ from ..store import buffers as store
 from ..store.migrations import ensure_embedding_table
 from .chunkers import chunk_text, validate_chunk_params
 from .files import discover, read_text
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .embed import Embedder
 
 log = logging.getLogger("rlm.ingest")
 
@@ -62,7 +68,7 @@ class Progress:
 class _Writer:
     """Runs database writes in order on one thread that owns the connection."""
 
-    def __init__(self, conn) -> None:  # noqa: ANN001
+    def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
         self.q: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=8)
         self.error: BaseException | None = None
@@ -77,7 +83,7 @@ class _Writer:
             if self.error is None:
                 try:
                     job()
-                except BaseException as exc:  # noqa: BLE001 - re-raised on the main thread
+                except BaseException as exc:  # re-raised on the main thread
                     self.error = exc
 
     def submit(self, job: Callable[[], None]) -> None:
@@ -131,7 +137,7 @@ def _roots(paths: Sequence[Path]) -> list[tuple[str, bool]]:
 
 
 def load_paths(
-    conn,  # noqa: ANN001 - psycopg.Connection, not in autocommit
+    conn: psycopg.Connection,  # not in autocommit
     *,
     buffer: str,
     paths: Sequence[Path | str],
@@ -139,7 +145,7 @@ def load_paths(
     chunk_size: int = 3000,
     overlap: int = 500,
     tenant: str = store.DEFAULT_TENANT,
-    embedder=None,  # noqa: ANN001 - Embedder; injected by tests
+    embedder: Embedder | None = None,  # injected by tests
     embed_batch_size: int = 64,
     max_file_bytes: int = 50 * 1024 * 1024,
     progress: Progress | None = None,
@@ -226,9 +232,9 @@ def _under(path: str, roots: list[tuple[str, bool]]) -> bool:
     return any(path.startswith(prefix) if is_dir else path == prefix for prefix, is_dir in roots)
 
 
-def _queue_file(conn, writer: _Writer, file_ids: _Ids, chunk_ids: _Ids, windows: list[str],  # noqa: ANN001
-                owners: list[tuple[int, int]], buffer_id: int, old, path: str, text: str, digest: str,  # noqa: ANN001
-                chunker: str, chunk_size: int, overlap: int, embedder) -> int:  # noqa: ANN001
+def _queue_file(conn: psycopg.Connection, writer: _Writer, file_ids: _Ids, chunk_ids: _Ids, windows: list[str],
+                owners: list[tuple[int, int]], buffer_id: int, old: store.FileRow | None, path: str, text: str,
+                digest: str, chunker: str, chunk_size: int, overlap: int, embedder: Embedder) -> int:
     """Chunk one file, send its rows to the writer, and queue its windows for encoding."""
     chunks = chunk_text(text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
     file_id = file_ids.take(1)[0]
@@ -255,7 +261,7 @@ def _queue_file(conn, writer: _Writer, file_ids: _Ids, chunk_ids: _Ids, windows:
     return len(chunks)
 
 
-def _embed(writer: _Writer, windows: list[str], owners: list[tuple[int, int]], n: int, embedder,  # noqa: ANN001
+def _embed(writer: _Writer, windows: list[str], owners: list[tuple[int, int]], n: int, embedder: Embedder,
            table: str, buffer_id: int, report: LoadReport, progress: Progress) -> None:
     """Encode the first ``n`` queued windows and hand their rows to the writer."""
     if n <= 0:

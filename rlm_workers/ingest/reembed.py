@@ -6,13 +6,23 @@ a failure leaves the old vectors (and the buffer's recorded model) untouched.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import BufferNotFound
 from ..store import buffers as store
+from ..store.chunks import count_chunks
 from ..store.migrations import embedding_table, ensure_embedding_table
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .embed import Embedder
+
+log = logging.getLogger("rlm.ingest")
 
 #: chunks read and encoded per round (keeps memory flat on a buffer of 100,000 chunks)
 PAGE = 512
@@ -31,38 +41,41 @@ class ReembedReport:
     seconds: float = 0.0
 
 
-def reembed_buffer(conn, *, tenant: str, name: str, embedder=None, embed_batch_size: int = 64,  # noqa: ANN001
-                   force: bool = False, on_chunks: Callable[[int, int], None] | None = None) -> ReembedReport:
+def reembed_buffer(conn: psycopg.Connection, *, tenant: str, name: str, embedder: Embedder | None = None,
+                   embed_batch_size: int = 64, force: bool = False,
+                   on_chunks: Callable[[int, int], None] | None = None) -> ReembedReport:
     """Replace every vector of the buffer with ``embedder``'s (the configured model by default).
 
     ``on_chunks(done, total)`` is told the progress.  The version is bumped: cached results keyed by the
     old version are not served for the new vectors.
     """
+    from .embed import get_embedder, model_id_for
+
     t0 = time.perf_counter()
     if embedder is None:
-        from .embed import get_embedder
+        from ..config import get_settings
 
-        embedder = get_embedder()
+        want = model_id_for(get_settings().embedding_model)
+    else:
+        want = embedder.model_id
     with conn.transaction():
         buf = store.get_buffer(conn, tenant=tenant, name=name, for_update=True)
         if buf is None:
             raise BufferNotFound(name)
-        report = ReembedReport(buffer=name, model=embedder.model_id, previous_model=buf.embedding_model,
-                               version=buf.version)
-        if buf.embedding_model == embedder.model_id and not force:
-            report.unchanged = True
+        report = ReembedReport(buffer=name, model=want, previous_model=buf.embedding_model, version=buf.version)
+        if buf.embedding_model == want and not force:
+            report.unchanged = True  # decided before loading a model: nothing to do costs no torch import
             return report
-        total = int(conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = %s", (buf.id,)).fetchone()[0])
-        if buf.embedding_dim:
-            old = embedding_table(buf.embedding_dim)
-            if conn.execute("SELECT to_regclass(%s)", (old,)).fetchone()[0] is not None:
-                conn.execute(f"DELETE FROM {old} WHERE buffer_id = %s", (buf.id,))
+        embedder = embedder or get_embedder()
+        total = count_chunks(conn, buffer_ids=[buf.id])
+        # the old vectors live in their width's table (created when they were written)
+        if buf.embedding_dim and buf.embedding_dim != embedder.dim:
+            store.delete_embeddings(conn, table=embedding_table(buf.embedding_dim), buffer_id=buf.id)
         table = ensure_embedding_table(conn, embedder.dim)
-        conn.execute(f"DELETE FROM {table} WHERE buffer_id = %s", (buf.id,))
+        store.delete_embeddings(conn, table=table, buffer_id=buf.id)
         last = 0
         while True:
-            rows = conn.execute("SELECT id, text FROM chunks WHERE buffer_id = %s AND id > %s ORDER BY id LIMIT %s",
-                                (buf.id, last, PAGE)).fetchall()
+            rows = store.chunk_texts(conn, buffer_id=buf.id, after=last, limit=PAGE)
             if not rows:
                 break
             last = rows[-1][0]
@@ -84,3 +97,29 @@ def reembed_buffer(conn, *, tenant: str, name: str, embedder=None, embed_batch_s
             embedding_model=embedder.model_id, embedding_dim=embedder.dim, bump=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def run_embed(buffer_id: int) -> str:
+    """The ``rlm.embed`` task: done, unchanged (already on this model) or missing.
+
+    One transaction, so a redelivery simply redoes it.
+    """
+    from ..config import get_settings
+    from ..store.db import connect
+
+    settings = get_settings()
+    conn = connect(settings)
+    try:
+        buf = store.get_buffer_by_id(conn, buffer_id=buffer_id)
+        if buf is None:
+            log.info("rlm.embed: buffer %s is gone", buffer_id)
+            return "missing"
+        report = reembed_buffer(conn, tenant=buf.tenant, name=buf.name, embed_batch_size=settings.embed_batch_size)
+        conn.commit()
+    finally:
+        conn.close()
+    if report.unchanged:
+        return "unchanged"
+    log.info("buffer %s (%s) re-embedded with %s (was %s): %d chunks, %d windows, %.1fs", buf.name, buffer_id,
+             report.model, report.previous_model, report.chunks, report.windows_embedded, report.seconds)
+    return "done"

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, BinaryIO
 from ..errors import InvalidInput
 
 if TYPE_CHECKING:
+    import psycopg
+
     from ..config import Settings
     from .loader import LoadReport
 
@@ -60,8 +62,8 @@ def write_files(root: Path, files: list[tuple[str, bytes | BinaryIO]]) -> None:
                 shutil.copyfileobj(data, out)
 
 
-def load_files(conn, *, tenant: str, buffer: str, files: list[tuple[str, bytes | BinaryIO]], chunker: str,  # noqa: ANN001
-               chunk_size: int, overlap: int, settings: Settings) -> LoadReport:
+def load_files(conn: psycopg.Connection, *, tenant: str, buffer: str, files: list[tuple[str, bytes | BinaryIO]],
+               chunker: str, chunk_size: int, overlap: int, settings: Settings) -> LoadReport:
     """Load uploaded (name, data) pairs into a buffer as `rlm load` loads a directory; the caller commits.
 
     The embedder is the process-wide one (cached), loaded on the first load.

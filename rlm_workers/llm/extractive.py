@@ -2,7 +2,7 @@
 
 Used whenever no API key is configured, so ``rlm query`` works on a machine
 with nothing installed.  It reads the messages built by
-``stages.prompting`` (the same ones a real model gets) and:
+``pipeline/`` stage modules (the same ones a real model gets) and:
 
 - plans by rules: quoted phrases or code-like terms → ``bm25``, else ``hybrid``;
 - grades each chunk by how much of the query its best passage covers and

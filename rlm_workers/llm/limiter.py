@@ -1,6 +1,6 @@
 """Global LLM limits shared by every worker process on every host, kept in Redis.
 
-Celery's ``rate_limit`` is per worker (DESIGN §9), so the ceiling on in-flight
+Celery's ``rate_limit`` is per worker (docs/contract.md#limiter), so the ceiling on in-flight
 calls (``RLM_MAX_CONCURRENCY``) and the provider's RPM/TPM budget live here:
 
 * ``ConcurrencyLimiter``: a lease-based semaphore.  Each holder owns a member

@@ -2,7 +2,7 @@
 
 The client's own retries are off (``max_retries=0``): we retry here so every
 HTTP attempt passes through the global limiter and is reported to the caller,
-who logs it on the job (DESIGN §6: ``total_tokens`` includes retried calls).
+who logs it on the job (docs/contract.md#llm-accounting: ``total_tokens`` includes retried calls).
 """
 
 from __future__ import annotations

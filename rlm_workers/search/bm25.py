@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import count
 from pathlib import Path
 
@@ -206,7 +206,7 @@ class BM25Index:
             return cls(chunk_ids=z["chunk_ids"], doc_len=z["doc_len"], terms=terms,
                        indptr=z["indptr"], post_doc=z["post_doc"], post_tf=z["post_tf"])
 
-    def _term_contribs(self, query_tokens: Sequence[str]):  # noqa: ANN202 - generator of array pairs
+    def _term_contribs(self, query_tokens: Sequence[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(doc indexes, score contributions) per query token, unknown tokens skipped."""
         for q in query_tokens:
             tid = self.vocab.get(q)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..store.buffers import BufferRow, iter_terms
 
 if TYPE_CHECKING:
+    import psycopg
+
     from .bm25 import BM25Index
 
 log = logging.getLogger("rlm.search")
@@ -41,7 +44,7 @@ def db_key(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:12]
 
 
-def index_for(conn, buf: BufferRow, *, cache_dir: Path, dbk: str) -> BM25Index:  # noqa: ANN001
+def index_for(conn: psycopg.Connection, buf: BufferRow, *, cache_dir: Path, dbk: str) -> BM25Index:
     from .bm25 import BM25Index
 
     key = (dbk, buf.id, buf.version, TOKENIZER_VERSION)
@@ -55,7 +58,7 @@ def index_for(conn, buf: BufferRow, *, cache_dir: Path, dbk: str) -> BM25Index: 
     if path.exists():
         try:
             idx = BM25Index.load(path)
-        except Exception as exc:  # noqa: BLE001 - a corrupt cache file is rebuilt, never fatal
+        except Exception as exc:  # a corrupt cache file is rebuilt, never fatal
             log.warning("rebuilding unreadable BM25 cache %s: %s", path, exc)
     if idx is None:
         idx = BM25Index.build(iter_terms(conn, buffer_id=buf.id))
@@ -70,6 +73,20 @@ def index_for(conn, buf: BufferRow, *, cache_dir: Path, dbk: str) -> BM25Index: 
         while len(_mem) > _MEMORY_SLOTS:
             _mem.popitem(last=False)
     return idx
+
+
+def merged_index(dbk: str, bufs: Sequence[BufferRow], parts: Sequence[BM25Index]) -> BM25Index:
+    """One index over several buffers (``parts`` in ``bufs`` order), kept in memory with the single ones."""
+    from .bm25 import BM25Index
+
+    key = (dbk, "merged", tuple((b.id, b.version) for b in bufs), TOKENIZER_VERSION)
+    with _lock:
+        merged = _mem.get(key)
+    if merged is None:
+        merged = BM25Index.merge(parts)
+        with _lock:
+            _mem[key] = merged
+    return merged
 
 
 def _prune(folder: Path, dbk: str, buf: BufferRow, *, keep: Path) -> None:

@@ -19,6 +19,9 @@ from ..store.buffers import BufferRow, get_chunks, require_buffers
 
 if TYPE_CHECKING:
     import numpy as np
+    import psycopg
+
+    from .bm25 import BM25Index
 
 
 @dataclass(frozen=True)
@@ -44,22 +47,14 @@ def validate_search_params(mode: str, top_k: int, threshold: float | None) -> No
         raise InvalidInput(f"--threshold must be between -1 and 1 (cosine similarity), got {threshold}")
 
 
-def _bm25_index(conn, rows: Sequence[BufferRow], settings: Settings, url: str):  # noqa: ANN001, ANN202
+def _bm25_index(conn: psycopg.Connection, rows: Sequence[BufferRow], settings: Settings, url: str) -> BM25Index:
     from . import bm25_cache
-    from .bm25 import BM25Index
 
     dbk = bm25_cache.db_key(url)
     parts = [bm25_cache.index_for(conn, r, cache_dir=settings.data_dir / "cache", dbk=dbk) for r in rows]
     if len(parts) == 1:
         return parts[0]
-    key = (dbk, "merged", tuple((r.id, r.version) for r in rows), bm25_cache.TOKENIZER_VERSION)
-    with bm25_cache._lock:
-        merged = bm25_cache._mem.get(key)
-    if merged is None:
-        merged = BM25Index.merge(parts)
-        with bm25_cache._lock:
-            bm25_cache._mem[key] = merged
-    return merged
+    return bm25_cache.merged_index(dbk, rows, parts)
 
 
 def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[BufferRow], int | None]:
@@ -87,8 +82,8 @@ def query_vector(model: str | None, query: str) -> np.ndarray:
     return vec
 
 
-def rank(conn, *, settings: Settings, url: str, rows: Sequence[BufferRow], query: str, mode: str, top_k: int,  # noqa: ANN001
-         threshold: float | None) -> list[Ranked]:
+def rank(conn: psycopg.Connection, *, settings: Settings, url: str, rows: Sequence[BufferRow], query: str,
+         mode: str, top_k: int, threshold: float | None) -> list[Ranked]:
     """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses with RRF (k=60)."""
     from ..search.tokenize import tokenize
 
@@ -115,8 +110,8 @@ def rank(conn, *, settings: Settings, url: str, rows: Sequence[BufferRow], query
     return [Ranked(c, s) for c, s in fused[:top_k]]
 
 
-def search(conn, *, settings: Settings, url: str, tenant: str, buffers: Sequence[str], query: str,  # noqa: ANN001
-           mode: str = "hybrid", top_k: int = 10, threshold: float | None = None) -> list[SearchHit]:
+def search(conn: psycopg.Connection, *, settings: Settings, url: str, tenant: str, buffers: Sequence[str],
+           query: str, mode: str = "hybrid", top_k: int = 10, threshold: float | None = None) -> list[SearchHit]:
     query = validate_query(query)
     validate_search_params(mode, top_k, threshold)
     if not buffers:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BufferNotFound, InvalidInput
 from ..models import BufferInfo
+
+if TYPE_CHECKING:
+    import numpy as np
+    import psycopg
 
 DEFAULT_TENANT = "local"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -38,13 +42,18 @@ class BufferRow:
 _BUFFER_COLS = "id, tenant, name, version, chunker, chunk_size, chunk_overlap, embedding_model, embedding_dim"
 
 
-def get_buffer(conn, *, tenant: str, name: str, for_update: bool = False) -> BufferRow | None:  # noqa: ANN001
+def get_buffer(conn: psycopg.Connection, *, tenant: str, name: str, for_update: bool = False) -> BufferRow | None:
     sql = f"SELECT {_BUFFER_COLS} FROM buffers WHERE tenant = %s AND name = %s"
     row = conn.execute(sql + (" FOR UPDATE" if for_update else ""), (tenant, name)).fetchone()
     return BufferRow(*row) if row else None
 
 
-def require_buffers(conn, *, tenant: str, names: Sequence[str]) -> list[BufferRow]:  # noqa: ANN001
+def get_buffer_by_id(conn: psycopg.Connection, *, buffer_id: int) -> BufferRow | None:
+    row = conn.execute(f"SELECT {_BUFFER_COLS} FROM buffers WHERE id = %s", (buffer_id,)).fetchone()
+    return BufferRow(*row) if row else None
+
+
+def require_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> list[BufferRow]:
     out = []
     for name in dict.fromkeys(names):
         row = get_buffer(conn, tenant=tenant, name=name)
@@ -54,7 +63,7 @@ def require_buffers(conn, *, tenant: str, names: Sequence[str]) -> list[BufferRo
     return out
 
 
-def lock_or_create_buffer(conn, *, tenant: str, name: str) -> BufferRow:  # noqa: ANN001
+def lock_or_create_buffer(conn: psycopg.Connection, *, tenant: str, name: str) -> BufferRow:
     """Inside a transaction: the buffer row, locked against concurrent loads."""
     conn.execute(
         "INSERT INTO buffers (tenant, name) VALUES (%s, %s) ON CONFLICT (tenant, name) DO NOTHING", (tenant, name)
@@ -64,7 +73,7 @@ def lock_or_create_buffer(conn, *, tenant: str, name: str) -> BufferRow:  # noqa
     return row
 
 
-def update_buffer_meta(conn, *, buffer_id: int, chunker: str, chunk_size: int, overlap: int,  # noqa: ANN001
+def update_buffer_meta(conn: psycopg.Connection, *, buffer_id: int, chunker: str, chunk_size: int, overlap: int,
                        embedding_model: str, embedding_dim: int, bump: bool) -> int:
     row = conn.execute(
         """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
@@ -75,14 +84,14 @@ def update_buffer_meta(conn, *, buffer_id: int, chunker: str, chunk_size: int, o
     return int(row[0])
 
 
-def buffer_info(conn, *, tenant: str, name: str) -> BufferInfo:  # noqa: ANN001
+def buffer_info(conn: psycopg.Connection, *, tenant: str, name: str) -> BufferInfo:
     rows = list_buffers(conn, tenant=tenant, name=name)
     if not rows:
         raise BufferNotFound(name)
     return rows[0]
 
 
-def list_buffers(conn, *, tenant: str, name: str | None = None) -> list[BufferInfo]:  # noqa: ANN001
+def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = None) -> list[BufferInfo]:
     rows = conn.execute(
         f"""SELECT b.name, b.id, b.version,
                   (SELECT count(*) FROM files f WHERE f.buffer_id = b.id),
@@ -100,7 +109,7 @@ def list_buffers(conn, *, tenant: str, name: str | None = None) -> list[BufferIn
     ]
 
 
-def delete_buffer(conn, *, tenant: str, name: str) -> bool:  # noqa: ANN001
+def delete_buffer(conn: psycopg.Connection, *, tenant: str, name: str) -> bool:
     cur = conn.execute("DELETE FROM buffers WHERE tenant = %s AND name = %s", (tenant, name))
     return cur.rowcount > 0
 
@@ -113,21 +122,21 @@ class FileRow:
     chunk_count: int
 
 
-def files_of(conn, *, buffer_id: int) -> dict[str, FileRow]:  # noqa: ANN001
+def files_of(conn: psycopg.Connection, *, buffer_id: int) -> dict[str, FileRow]:
     rows = conn.execute(
         "SELECT id, path, content_hash, chunk_count FROM files WHERE buffer_id = %s", (buffer_id,)
     ).fetchall()
     return {r[1]: FileRow(*r) for r in rows}
 
 
-def delete_files(conn, *, file_ids: Iterable[int]) -> int:  # noqa: ANN001
+def delete_files(conn: psycopg.Connection, *, file_ids: Iterable[int]) -> int:
     ids = list(file_ids)
     if not ids:
         return 0
     return conn.execute("DELETE FROM files WHERE id = ANY(%s)", (ids,)).rowcount
 
 
-def insert_file(conn, *, file_id: int, buffer_id: int, path: str, content_hash: str, size_bytes: int,  # noqa: ANN001
+def insert_file(conn: psycopg.Connection, *, file_id: int, buffer_id: int, path: str, content_hash: str, size_bytes: int,
                 chunk_count: int) -> None:
     conn.execute(
         """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
@@ -139,7 +148,7 @@ def insert_file(conn, *, file_id: int, buffer_id: int, path: str, content_hash: 
 _SEQUENCES = ("files_id_seq", "chunks_id_seq")
 
 
-def reserve_ids(conn, *, sequence: str, n: int) -> list[int]:  # noqa: ANN001
+def reserve_ids(conn: psycopg.Connection, *, sequence: str, n: int) -> list[int]:
     """Ids for rows written by COPY, which cannot return them."""
     if sequence not in _SEQUENCES:
         raise ValueError(sequence)
@@ -155,7 +164,7 @@ _CHUNK_TYPES = ["int8", "int8", "int8", "int4", "int4", "text", "int4", "int4", 
                 "text", "text"]
 
 
-def copy_chunks(conn, rows: Sequence[tuple[Any, ...]]) -> None:  # noqa: ANN001
+def copy_chunks(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
     with conn.cursor() as cur, cur.copy(
         f"COPY chunks ({', '.join(CHUNK_COPY_COLS)}) FROM STDIN WITH (FORMAT BINARY)"
     ) as copy:
@@ -164,7 +173,19 @@ def copy_chunks(conn, rows: Sequence[tuple[Any, ...]]) -> None:  # noqa: ANN001
             copy.write_row(row)
 
 
-def copy_embeddings(conn, *, table: str, rows: Iterable[tuple[int, int, int, Any]]) -> None:  # noqa: ANN001
+def chunk_texts(conn: psycopg.Connection, *, buffer_id: int, after: int, limit: int) -> list[tuple[int, str]]:
+    """(chunk id, text) of the buffer in id order after ``after``: one page of a keyset scan."""
+    return [(r[0], r[1]) for r in conn.execute(
+        "SELECT id, text FROM chunks WHERE buffer_id = %s AND id > %s ORDER BY id LIMIT %s",
+        (buffer_id, after, limit))]
+
+
+def delete_embeddings(conn: psycopg.Connection, *, table: str, buffer_id: int) -> None:
+    """Drop the buffer's vectors from one embedding table (``migrations.embedding_table``)."""
+    conn.execute(f"DELETE FROM {table} WHERE buffer_id = %s", (buffer_id,))
+
+
+def copy_embeddings(conn: psycopg.Connection, *, table: str, rows: Iterable[tuple[int, int, int, Any]]) -> None:
     """rows: (chunk_id, buffer_id, window, float32 vector)."""
     with conn.cursor() as cur, cur.copy(
         f"COPY {table} (chunk_id, buffer_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)"
@@ -174,7 +195,7 @@ def copy_embeddings(conn, *, table: str, rows: Iterable[tuple[int, int, int, Any
             copy.write_row(row)
 
 
-def renumber_ordinals(conn, *, buffer_id: int) -> None:  # noqa: ANN001
+def renumber_ordinals(conn: psycopg.Connection, *, buffer_id: int) -> None:
     """Ordinals follow (path, position in file), so Collect can sort findings in reading order."""
     conn.execute(
         """UPDATE chunks c SET ordinal = o.rn FROM (
@@ -195,7 +216,7 @@ class ChunkRow:
     text: str
 
 
-def get_chunks(conn, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:  # noqa: ANN001
+def get_chunks(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
     """Chunks by id, restricted to the tenant's buffers; missing ids are simply absent."""
     if not chunk_ids:
         return {}
@@ -208,7 +229,7 @@ def get_chunks(conn, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, Chun
     return {r[0]: ChunkRow(*r) for r in rows}
 
 
-def iter_terms(conn, *, buffer_id: int, batch: int = 5000):  # noqa: ANN001, ANN201
+def iter_terms(conn: psycopg.Connection, *, buffer_id: int, batch: int = 5000) -> Iterator[tuple[int, list[str]]]:
     """(chunk_id, terms) of a buffer in id order, streamed: feeds the BM25 index build."""
     # a server-side cursor lives in a transaction; workers' pooled connections are autocommit
     with conn.transaction(), conn.cursor(name="rlm_terms") as cur:
@@ -216,3 +237,19 @@ def iter_terms(conn, *, buffer_id: int, batch: int = 5000):  # noqa: ANN001, ANN
         cur.execute("SELECT id, terms FROM chunks WHERE buffer_id = %s ORDER BY id", (buffer_id,))
         for cid, terms in cur:
             yield cid, terms.split()
+
+
+def nearest_windows(conn: psycopg.Connection, *, table: str, buffer_ids: Sequence[int], query_vec: np.ndarray,
+                    limit: int) -> list[tuple[int, float]]:
+    """(chunk id, cosine similarity) of the ``limit`` windows nearest the query, over the HNSW index."""
+    with conn.transaction():
+        # ef_search bounds how many rows HNSW can return; iterative scan keeps
+        # going when the buffer filter discards neighbours from other buffers.
+        conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit))}")
+        conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+        rows = conn.execute(
+            f"""SELECT chunk_id, 1 - (embedding <=> %(q)s) AS sim FROM {table}
+                WHERE buffer_id = ANY(%(b)s) ORDER BY embedding <=> %(q)s LIMIT %(n)s""",
+            {"q": query_vec, "b": list(buffer_ids), "n": limit},
+        ).fetchall()
+    return [(r[0], r[1]) for r in rows]

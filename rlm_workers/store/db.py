@@ -7,9 +7,11 @@ and has the vector type registered, so callers can pass numpy arrays.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from ..config import Settings, get_settings
 from ..errors import ServiceUnavailable
@@ -17,6 +19,9 @@ from ..errors import ServiceUnavailable
 if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
+
+log = logging.getLogger("rlm.store")
+T = TypeVar("T")
 
 _migrated: set[str] = set()
 # re-entrant: connection() creates its pool under the lock and migrates through connect() inside it
@@ -27,7 +32,7 @@ _pools: dict[str, ConnectionPool] = {}
 def _prepare(conn: psycopg.Connection, url: str) -> None:
     from pgvector.psycopg import register_vector
 
-    from ..services import ensure_pgvector
+    from ..local_servers import ensure_pgvector
     from .migrations import MIGRATION_LOCK, migrate
 
     if url not in _migrated:
@@ -48,7 +53,7 @@ def _prepare(conn: psycopg.Connection, url: str) -> None:
 
 
 def resolve_url(settings: Settings | None = None) -> str:
-    from ..services import database_url
+    from ..local_servers import database_url
 
     return database_url(settings or get_settings())
 
@@ -103,3 +108,48 @@ def close_pools() -> None:
     for pool in list(_pools.values()):
         pool.close()
     _pools.clear()
+
+
+def _outage_errors() -> tuple[type[BaseException], ...]:
+    import psycopg
+
+    return (psycopg.OperationalError, psycopg.InterfaceError, ServiceUnavailable)
+
+
+#: PostgreSQL gone (restart, failover, network; a pool checkout that timed out is an OperationalError too):
+#: wait and try again rather than fail the job
+DB_OUTAGE: tuple[type[BaseException], ...] = _outage_errors()
+
+#: how long a write of something already paid for (LLM output, its usage) waits for PostgreSQL
+DURABLE_WRITE_SECONDS = 180.0
+#: how long a durable write waits for a pooled connection before it counts as an outage (and says so)
+CHECKOUT_SECONDS = 3.0
+
+
+def durable_write(conn: psycopg.Connection | None, fn: Callable[[psycopg.Connection], T], *, what: str) -> T:
+    """Run ``fn(conn)`` (on a pooled connection when ``conn`` is None); while the database is away, retry
+    on fresh pooled connections until it is back or ``DURABLE_WRITE_SECONDS`` have passed.
+
+    For writes whose inputs cost money (an LLM answer): retrying the whole task would buy them again.
+    """
+    # A short checkout wait: a pool quietly waiting out an outage would leave operators no trace of it.
+    try:
+        if conn is not None:
+            return fn(conn)
+        with connection(timeout=CHECKOUT_SECONDS) as fresh:
+            return fn(fresh)
+    except DB_OUTAGE as exc:
+        last = exc
+    deadline = time.monotonic() + DURABLE_WRITE_SECONDS
+    delay = 0.5
+    while True:
+        log.warning("database unavailable while saving %s (%s); retrying in %.1fs", what, last, delay)
+        time.sleep(delay)
+        try:
+            with connection(timeout=CHECKOUT_SECONDS) as fresh:
+                return fn(fresh)
+        except DB_OUTAGE as exc:
+            last = exc
+            if time.monotonic() > deadline:
+                raise
+            delay = min(10.0, delay * 2)

@@ -7,7 +7,6 @@ Celery may deliver a stage twice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from ..constants import JOB_ENDED_CHANNEL
-from ..errors import InvalidInput
 from ..models import Finding, JobStatus, LLMCall
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
@@ -193,8 +191,18 @@ def fail_unfinished_batches(conn, *, job_id: str, reason: dict[str, Any]) -> int
     ).rowcount
 
 
-def batches(conn, *, job_id: str) -> list[tuple[int, list[int], str, dict | None]]:  # noqa: ANN001
-    return [(r[0], list(r[1]), r[2], r[3]) for r in conn.execute(
+@dataclass(frozen=True)
+class BatchRecord:
+    """One analyst batch of a job: its chunks and how it ended (pending, ok, failed)."""
+
+    batch_no: int
+    chunk_ids: list[int]
+    status: str
+    error: dict[str, Any] | None
+
+
+def batches(conn, *, job_id: str) -> list[BatchRecord]:  # noqa: ANN001
+    return [BatchRecord(r[0], list(r[1]), r[2], r[3]) for r in conn.execute(
         "SELECT batch_no, chunk_ids, status, error FROM job_batches WHERE job_id = %s ORDER BY batch_no", (job_id,))]
 
 
@@ -268,19 +276,14 @@ def stale_jobs(conn, *, idle_seconds: float, limit: int = 100) -> list[tuple[str
             WHERE idle >= %(s)s ORDER BY stage_at LIMIT %(n)s""", {"s": idle_seconds, "n": limit})]
 
 
-def unfinished_jobs(conn, *, older_than_seconds: float) -> list[str]:  # noqa: ANN001
-    return [r[0] for r in conn.execute(
-        """SELECT id FROM jobs WHERE status IN ('queued', 'running')
-           AND created_at < now() - make_interval(secs => %s) ORDER BY created_at""", (older_than_seconds,))]
+def llm_calls_of(conn, *, job_id: str) -> list[LLMCall]:
+    """Every call logged for the job, retries included, in the order they were logged."""
+    return [LLMCall(stage=r[0], batch=r[1], provider=r[2], model=r[3], tokens_in=r[4], tokens_out=r[5],
+                    latency_ms=r[6], status=r[7], error=r[8]) for r in conn.execute(
+        """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error FROM llm_calls
+           WHERE job_id = %s ORDER BY id""", (job_id,))]
 
 
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, default=str)
-
-
-def require_options(options: dict[str, Any]) -> dict[str, Any]:
-    try:
-        json.dumps(options)
-    except TypeError as exc:
-        raise InvalidInput(f"query options must be JSON values: {exc}") from None
-    return options
+def listen_job_ended(conn, *, listen: bool = True) -> None:  # noqa: ANN001
+    """Start (or stop) hearing ``finish_job``'s notifications on this connection; takes effect at commit."""
+    conn.execute(f"{'LISTEN' if listen else 'UNLISTEN'} {JOB_ENDED_CHANNEL}")

@@ -9,6 +9,10 @@ directory upgrades by running only what it lacks.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("rlm.store")
 
@@ -256,7 +260,7 @@ def embedding_table(dim: int) -> str:
     return f"chunk_embeddings_d{int(dim)}"
 
 
-def ensure_embedding_table(conn, dim: int) -> str:  # noqa: ANN001
+def ensure_embedding_table(conn: psycopg.Connection, dim: int) -> str:
     table = embedding_table(dim)
     exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
     if exists is None:
@@ -277,14 +281,14 @@ def ensure_embedding_table(conn, dim: int) -> str:  # noqa: ANN001
     return table
 
 
-def applied(conn) -> list[str]:  # noqa: ANN001
+def applied(conn: psycopg.Connection) -> list[str]:
     conn.execute(
         "CREATE TABLE IF NOT EXISTS rlm_migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
     )
     return [r[0] for r in conn.execute("SELECT name FROM rlm_migrations ORDER BY name")]
 
 
-def migrate(conn) -> list[str]:  # noqa: ANN001
+def migrate(conn: psycopg.Connection) -> list[str]:
     """Apply missing migrations; returns the names applied now."""
     done_now: list[str] = []
     with conn.transaction():
@@ -300,6 +304,35 @@ def migrate(conn) -> list[str]:  # noqa: ANN001
     return done_now
 
 
-def schema_version(conn) -> str | None:  # noqa: ANN001
+def schema_version(conn: psycopg.Connection) -> str | None:
     names = applied(conn)
     return names[-1] if names else None
+
+
+# --------------------------------------------------------------------------- read-only checks (rlm doctor) and pgvector
+
+
+def server_version(conn: psycopg.Connection) -> str:
+    return str(conn.execute("SHOW server_version").fetchone()[0])
+
+
+def vector_installed(conn: psycopg.Connection) -> str | None:
+    """The pgvector version created in this database, or None."""
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    return row[0] if row else None
+
+
+def vector_available(conn: psycopg.Connection) -> bool:
+    """The server offers pgvector (created or not)."""
+    return conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone() is not None
+
+
+def create_vector_extension(conn: psycopg.Connection) -> None:
+    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+
+
+def applied_if_any(conn: psycopg.Connection) -> list[str]:
+    """The applied migrations, [] on an empty database; unlike ``applied`` it creates nothing."""
+    if conn.execute("SELECT to_regclass('rlm_migrations')").fetchone()[0] is None:
+        return []
+    return [r[0] for r in conn.execute("SELECT name FROM rlm_migrations ORDER BY name")]

@@ -6,12 +6,16 @@ upload's ``done`` commit in one transaction, and the staged bytes go with it.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
+
+if TYPE_CHECKING:
+    import psycopg
 
 _COLS = ("id, tenant, buffer, options, status, report, error, files, bytes, attempts, created_at, started_at, "
          "finished_at")
@@ -39,7 +43,7 @@ class UploadRow:
         return self.status in ("done", "failed")
 
 
-def create_upload(conn, *, upload_id: str, tenant: str, buffer: str, options: dict[str, Any],  # noqa: ANN001
+def create_upload(conn: psycopg.Connection, *, upload_id: str, tenant: str, buffer: str, options: dict[str, Any],
                   files: Sequence[tuple[str, bytes]]) -> None:
     """The upload row and its files, in one transaction: a worker never sees half an upload."""
     with conn.transaction():
@@ -52,13 +56,22 @@ def create_upload(conn, *, upload_id: str, tenant: str, buffer: str, options: di
                             [(upload_id, path, data) for path, data in files])
 
 
-def get_upload(conn, *, upload_id: str, tenant: str | None = None) -> UploadRow | None:  # noqa: ANN001
+def get_upload(conn: psycopg.Connection, *, upload_id: str, tenant: str | None = None) -> UploadRow | None:
     row = conn.execute(f"SELECT {_COLS} FROM uploads WHERE id = %s AND (%s::text IS NULL OR tenant = %s)",
                        (upload_id, tenant, tenant)).fetchone()
     return UploadRow(*row) if row else None
 
 
-def start_upload(conn, *, upload_id: str) -> UploadRow | None:  # noqa: ANN001
+_LOCK_SPACE = 0x524C4D49  # "RLMI": keeps these advisory locks apart from the migration lock
+
+
+def try_lock_upload(conn: psycopg.Connection, *, upload_id: str) -> bool:
+    """A session advisory lock on the upload (held until released or the connection closes); False if taken."""
+    key = _LOCK_SPACE << 32 | zlib.crc32(upload_id.encode())
+    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+
+
+def start_upload(conn: psycopg.Connection, *, upload_id: str) -> UploadRow | None:
     """Mark an open upload running (one more attempt); None when it is gone or already ended."""
     row = conn.execute(
         f"""UPDATE uploads SET status = 'running', attempts = attempts + 1, sent_at = now(),
@@ -67,13 +80,13 @@ def start_upload(conn, *, upload_id: str) -> UploadRow | None:  # noqa: ANN001
     return UploadRow(*row) if row else None
 
 
-def staged_files(conn, *, upload_id: str) -> list[tuple[str, bytes]]:  # noqa: ANN001
+def staged_files(conn: psycopg.Connection, *, upload_id: str) -> list[tuple[str, bytes]]:
     rows = conn.execute("SELECT path, data FROM upload_files WHERE upload_id = %s ORDER BY path",
                         (upload_id,)).fetchall()
     return [(path, bytes(data)) for path, data in rows]
 
 
-def finish_upload(conn, *, upload_id: str, status: str, report: dict[str, Any] | None = None,  # noqa: ANN001
+def finish_upload(conn: psycopg.Connection, *, upload_id: str, status: str, report: dict[str, Any] | None = None,
                   error: dict[str, Any] | None = None) -> None:
     """End the upload and drop its staged bytes (in the caller's transaction)."""
     conn.execute("""UPDATE uploads SET status = %s, report = %s, error = %s, finished_at = now()
@@ -82,13 +95,13 @@ def finish_upload(conn, *, upload_id: str, status: str, report: dict[str, Any] |
     conn.execute("DELETE FROM upload_files WHERE upload_id = %s", (upload_id,))
 
 
-def note_error(conn, *, upload_id: str, error: dict[str, Any]) -> None:  # noqa: ANN001
+def note_error(conn: psycopg.Connection, *, upload_id: str, error: dict[str, Any]) -> None:
     """The last attempt's error, kept while the upload waits for another attempt."""
     conn.execute("UPDATE uploads SET error = %s WHERE id = %s AND status IN ('queued', 'running')",
                  (Jsonb(error), upload_id))
 
 
-def stale_uploads(conn, *, idle_seconds: float, limit: int = 100) -> list[str]:  # noqa: ANN001
+def stale_uploads(conn: psycopg.Connection, *, idle_seconds: float, limit: int = 100) -> list[str]:
     """Open uploads whose task was sent ``idle_seconds`` ago or more: claimed for re-sending, atomically."""
     rows = conn.execute(
         """WITH stale AS (

@@ -1,98 +1,19 @@
-"""rlm.ingest: load one queued upload into its buffer on an ingest worker (chunk, embed, store).
-
-The API stages the files in PostgreSQL and sends only the upload id.  The load
-runs in one transaction that also marks the upload done, so a worker killed
-half-way leaves the previous buffer and the staged files as they were; the
-message is redelivered (late ack) or re-sent by the reconciler.  A session
-advisory lock keeps two deliveries of one upload from loading it twice at once.
-"""
+"""Celery adapters for the ingest queue: ``rlm.ingest`` (a staged upload) and ``rlm.embed`` (re-embed a buffer)."""
 
 from __future__ import annotations
 
-import dataclasses
-import zlib
+from celery import Task, shared_task
 
-from celery import shared_task
-
-from ..config import get_settings
-from ..errors import RLMError
-from ..store import uploads as store
-from .common import DB_OUTAGE, db, error_dict, log, survives_outages
-
-#: attempts (deliveries that got as far as loading) before an upload is failed for good
-MAX_ATTEMPTS = 3
-_LOCK_SPACE = 0x524C4D49  # "RLMI": keeps these advisory locks apart from the migration lock
+from ..ingest.reembed import run_embed
+from ..ingest.uploads import run_ingest
+from .base import DurableTask
 
 
-def _lock_key(upload_id: str) -> int:
-    return _LOCK_SPACE << 32 | zlib.crc32(upload_id.encode())
-
-
-@shared_task(name="rlm.ingest", bind=True, acks_late=True, reject_on_worker_lost=True)
-@survives_outages
-def ingest(self, upload_id: str) -> str:  # noqa: ANN001
+@shared_task(name="rlm.ingest", base=DurableTask, bind=True, reject_on_worker_lost=True)
+def ingest(self: Task, upload_id: str) -> str:
     return run_ingest(upload_id)
 
 
-def run_ingest(upload_id: str) -> str:
-    """Load the upload; returns what happened (done, failed, busy, skipped).  Idempotent."""
-    from ..store.db import connect
-
-    settings = get_settings()
-    conn = connect(settings)
-    try:
-        if not conn.execute("SELECT pg_try_advisory_lock(%s)", (_lock_key(upload_id),)).fetchone()[0]:
-            conn.rollback()
-            log.info("upload %s is being loaded by another delivery", upload_id)
-            return "busy"
-        conn.commit()
-        with db() as status_conn:
-            up = store.start_upload(status_conn, upload_id=upload_id)
-            if up is None:
-                return "skipped"
-            if up.attempts > MAX_ATTEMPTS:
-                last = (up.error or {}).get("message", "no error recorded")
-                with status_conn.transaction():
-                    store.finish_upload(status_conn, upload_id=upload_id, status="failed", error={
-                        "type": "gave_up", "message": f"not loaded after {MAX_ATTEMPTS} attempts; last: {last}"})
-                log.warning("upload %s failed after %d attempts", upload_id, MAX_ATTEMPTS)
-                return "failed"
-        log.info("upload %s: loading %d files (%d bytes) into buffer %s (attempt %d)", upload_id, up.files,
-                 up.bytes, up.buffer, up.attempts)
-        try:
-            report = _load(conn, up, settings)
-        except RLMError as exc:
-            conn.rollback()
-            if exc.retryable:
-                raise
-            # Bad input stays bad: end the upload with the loader's one-line reason.
-            store.finish_upload(conn, upload_id=upload_id, status="failed", error=error_dict(exc))
-            conn.commit()
-            log.warning("upload %s failed: %s", upload_id, exc)
-            return "failed"
-        except DB_OUTAGE:
-            conn.rollback()
-            raise
-        except Exception as exc:
-            conn.rollback()
-            with db() as status_conn:
-                store.note_error(status_conn, upload_id=upload_id, error=error_dict(exc))
-            raise
-        log.info("upload %s done: %d files loaded, %d unchanged, %d chunks", upload_id, report["files_loaded"],
-                 report["files_unchanged"], report["chunks_written"])
-        return "done"
-    finally:
-        conn.close()  # also releases the advisory lock
-
-
-def _load(conn, up: store.UploadRow, settings) -> dict:  # noqa: ANN001
-    from ..ingest.staging import load_files
-
-    opts = up.options
-    report = load_files(conn, tenant=up.tenant, buffer=up.buffer, files=store.staged_files(conn, upload_id=up.id),
-                        chunker=opts.get("chunker", "semantic"), chunk_size=int(opts.get("chunk_size", 3000)),
-                        overlap=int(opts.get("overlap", 500)), settings=settings)
-    out = dataclasses.asdict(report)
-    store.finish_upload(conn, upload_id=up.id, status="done", report=out)
-    conn.commit()
-    return out
+@shared_task(name="rlm.embed", base=DurableTask, bind=True, reject_on_worker_lost=True)
+def embed(self: Task, buffer_id: int) -> str:
+    return run_embed(buffer_id)

@@ -33,30 +33,30 @@ def _db():
 
 
 def submit(options=None):
-    from rlm_workers.tasks.batch import submit_batch
+    from rlm_workers.overnight.submit import submit_overnight
 
     with _db() as c:
-        batch_id, _ = submit_batch(c, tenant="local", queries=QUERIES, buffers=["essays"],
+        batch_id, _ = submit_overnight(c, tenant="local", queries=QUERIES, buffers=["essays"],
                                    options={"skip_plan": True, "threshold": -1.0, "max_chunks": 6, "batch_size": 2,
                                             **(options or {})})
     return batch_id
 
 
 def progress(batch_id):
-    from rlm_workers.store import batches as store
+    from rlm_workers.store import overnight as store
 
     with _db() as c:
         return store.progress(c, batch_id=batch_id).counts
 
 
 def wait_batch(batch_id, timeout=240):
-    from rlm_workers.store import batches as store
+    from rlm_workers.store import overnight as store
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with _db() as c:
-                b = store.get_batch(c, batch_id=batch_id)
+                b = store.get_overnight(c, batch_id=batch_id)
                 if b.status in ("done", "cancelled"):
                     return b, store.items(c, batch_id=batch_id)
         except psycopg.OperationalError:
@@ -88,7 +88,7 @@ def check_nothing_lost_or_billed_twice(batch_id, items, llm, baseline):
 
 
 def test_redis_stopped_for_10s_during_a_batch(fresh, model, workers, test_services):
-    from rlm_workers import services
+    from rlm_workers import local_servers as services
 
     model.analyst_delay = 1.0
     baseline = logged_total()
@@ -108,7 +108,7 @@ def test_redis_stopped_for_10s_during_a_batch(fresh, model, workers, test_servic
 
 
 def test_postgres_restarted_during_a_batch_with_readyz_reporting_it(fresh, model, workers, api, test_services):
-    from rlm_workers import services
+    from rlm_workers import local_servers as services
 
     model.analyst_delay = 1.0
     baseline = logged_total()

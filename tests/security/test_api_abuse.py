@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 def world(rlm_env, conn, tmp_path_factory):
     """Tenant A owns a buffer, a job and a batch; tenant B holds a valid key of its own."""
     from rlm_api.auth import create_key
+    from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.store import jobs as job_store
-    from rlm_workers.tasks.batch import submit_batch
 
     key_a, _ = create_key(conn, tenant="tenant-a")
     key_b, _ = create_key(conn, tenant="tenant-b")
@@ -36,8 +36,8 @@ def world(rlm_env, conn, tmp_path_factory):
         upload_id = r.json()["upload_id"]
     job_id, _ = job_store.create_job(conn, job_id="abusejob" + "0" * 8, tenant="tenant-a", query="q",
                                      buffers=["secrets"], options={})
-    batch_id, _ = submit_batch(conn, tenant="tenant-a", queries=["when does the merger close?"],
-                               buffers=["secrets"])
+    batch_id, _ = submit_overnight(conn, tenant="tenant-a", queries=["when does the merger close?"],
+                                   buffers=["secrets"])
     conn.commit()
     yield {"api": api, "a": key_a, "b": key_b, "job": job_id, "batch": batch_id, "upload": upload_id}
     api.stop()

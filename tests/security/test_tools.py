@@ -7,13 +7,13 @@ import json
 import pytest
 
 from rlm_workers.constants import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
-from rlm_workers.stages.tools import ToolContext, run_tool
+from rlm_workers.pipeline.tools import ToolContext, run_tool
 
 
 @pytest.fixture(scope="module")
 def ctx(settings, conn, embedder, tmp_path_factory):
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.services import database_url
+    from rlm_workers.local_servers import database_url
 
     mine = tmp_path_factory.mktemp("tools-mine")
     (mine / "retry.py").write_text("def backoff(attempt):\n    return min(60, 2 ** attempt)\n\n"

@@ -15,7 +15,9 @@ import pytest
 
 from rlm_workers.constants import MAX_QUERY_BYTES
 from rlm_workers.errors import InvalidInput
-from rlm_workers.stages.prompting import ChunkForPrompt, build_analyst_messages, build_synthesizer_messages
+from rlm_workers.pipeline.analyst import ChunkForPrompt
+from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
+from rlm_workers.pipeline.synthesize import build_messages as build_synthesizer_messages
 from tests.support.workers import ROOT
 
 BREAKOUTS = [

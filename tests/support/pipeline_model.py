@@ -26,6 +26,8 @@ TOPICS = [
     "salt marshes", "clockmaking", "kelp forests", "windmills", "printing presses", "cave paintings",
     "tea ceremonies", "bridge cables", "orchid growing", "ice cores", "weaving looms", "solar sails",
 ]
+#: how the analyst's retry after an unusable reply begins (pipeline/analyst.py retry_messages)
+RETRY_PREFIX = "Your previous reply could not be used"
 CHUNK_COUNT = len(TOPICS)  # one chunk per file: the small tier (batches of 5)
 
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
@@ -42,6 +44,10 @@ def _essay(topic: str, extra: str = "") -> str:
 
 
 # --------------------------------------------------------------------------- the scripted model
+
+
+def first_user_message(req: dict) -> str:
+    return next((m.get("content") or "" for m in req.get("messages") or [] if m.get("role") == "user"), "")
 
 
 class Model:
@@ -63,6 +69,10 @@ class Model:
                                                   "focus_topics": ["San Francisco"]})
         if model == "analyst-model":
             self.gate.wait(60)
+            if text.startswith(RETRY_PREFIX):  # asked again after an unusable reply: answer the batch itself
+                return self.analyst(first_user_message(req), self.analyst_delay)
+            if "GARBLE-ONCE" in text:
+                return "I looked at the chunks and they seem fine."  # prose, no JSON
             return self.analyst(text, self.analyst_delay)
         return self.synthesizer(req, text)
 

@@ -23,9 +23,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import Settings
 from .errors import MissingExtension, ServiceUnavailable
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("rlm.services")
 
@@ -119,7 +123,7 @@ def embedded_postgres_url(data_dir: Path) -> str:
         # cleanup_mode=None: the server outlives this process so the next
         # command starts in milliseconds instead of seconds.
         server = pgserver.get_server(pgdata, cleanup_mode=None)
-    except Exception as exc:  # noqa: BLE001 - pgserver raises many kinds
+    except Exception as exc:  # pgserver raises many kinds
         log_file = pgdata / "log"
         raise ServiceUnavailable(
             f"could not start the embedded PostgreSQL in {pgdata} ({exc}); see {log_file}"
@@ -313,18 +317,19 @@ def stop_embedded(settings: Settings) -> dict[str, bool]:
     }
 
 
-def ensure_pgvector(conn) -> None:  # noqa: ANN001 - psycopg.Connection, imported lazily
+def ensure_pgvector(conn: psycopg.Connection) -> None:
     """Create the extension, or say in one line how to get it."""
     import psycopg
 
-    row = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
-    if row is None:
+    from .store.migrations import create_vector_extension, vector_available
+
+    if not vector_available(conn):
         raise MissingExtension(
             "PostgreSQL has no pgvector extension: install it (e.g. the pgvector/pgvector image, or "
             "`apt install postgresql-NN-pgvector`), or unset RLM_DATABASE_URL to use the embedded server"
         )
     try:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        create_vector_extension(conn)
     except psycopg.errors.InsufficientPrivilege as exc:
         raise MissingExtension(
             "pgvector is installed but this role may not CREATE EXTENSION vector: "

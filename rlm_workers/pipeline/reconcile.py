@@ -12,29 +12,34 @@ interval.  Every action is logged with the job id.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config import Settings, get_settings
 from ..constants import RECONCILE_LOCK_KEY
 from ..store import jobs as job_store
-from .common import db, log
+from ..store.db import connection
+from .flow import RESEND, TASK, Stage
+from .salvage import salvage_job
 
-#: stages whose task is simply sent again; later stages are salvaged instead
-RESEND = {"queued": "rlm.plan", "plan": "rlm.plan", "search": "rlm.search"}
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("rlm.reconcile")
 
 
-def reconcile_jobs(conn, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:  # noqa: ANN001
+def reconcile_jobs(conn: psycopg.Connection, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:
     """One sweep; returns a line per action taken (also logged)."""
-    from .salvage import salvage_job
-
     actions = []
     for job_id, stage, idle in job_store.stale_jobs(conn, idle_seconds=idle_seconds):
         if stage in RESEND:
+            task = TASK[RESEND[Stage(stage)]]
             # Reset the clock first: a second sweep must wait a full period before acting again.
             job_store.touch_job(conn, job_id=job_id)
-            send(RESEND[stage], job_id)
-            action = f"re-sent {RESEND[stage]}"
+            send(task, job_id)
+            action = f"re-sent {task}"
         elif salvage_job(conn, job_id, f"reconciler: stuck in {stage} for {idle:.0f}s",
                          min_idle_seconds=idle_seconds):
             action = "salvaged from stored findings"
@@ -46,7 +51,8 @@ def reconcile_jobs(conn, *, send: Callable[[str, str], None], idle_seconds: floa
     return actions
 
 
-def reconcile_uploads(conn, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:  # noqa: ANN001
+def reconcile_uploads(conn: psycopg.Connection, *, send: Callable[[str, str], None],
+                      idle_seconds: float) -> list[str]:
     """Re-send ``rlm.ingest`` for uploads still open after ``idle_seconds``: a lost message, a dead worker, or
     a broker that was down when the API stored it.  A delivery that finds the upload being loaded leaves it."""
     from ..store.uploads import stale_uploads
@@ -63,23 +69,22 @@ def reconcile_uploads(conn, *, send: Callable[[str, str], None], idle_seconds: f
 def sweep_once(settings: Settings | None = None) -> list[str]:
     """Sweep if no other worker did within the interval; [] when another holds the turn."""
     from ..celery_app import app
-    from .common import redis_client
+    from ..overnight.scheduler import reconcile_overnight
+    from ..resources import redis_client
 
     settings = settings or get_settings()
     if not redis_client().set(RECONCILE_LOCK_KEY, "1", nx=True, ex=max(1, int(settings.reconcile_seconds))):
         return []
-
-    from .batch import reconcile_batches
 
     def sender(label: str) -> Callable[[str, str], None]:
         """Sends a task whose one argument is an id; Flower shows it as ``label=id``."""
         return lambda task, some_id: app.send_task(task, (some_id,), argsrepr=f"{label}={some_id}")
 
     actions: list[str] = []
-    with db() as conn:
+    with connection() as conn:
         actions += reconcile_jobs(conn, send=sender("job"), idle_seconds=settings.job_timeout)
         actions += reconcile_uploads(conn, send=sender("upload"), idle_seconds=settings.job_timeout)
-        actions += reconcile_batches(conn, settings=settings)
+        actions += reconcile_overnight(conn, settings=settings)
     return actions
 
 
@@ -91,7 +96,7 @@ def start_reconciler(stop: threading.Event) -> threading.Thread:
         while not stop.wait(settings.reconcile_seconds):
             try:
                 sweep_once(settings)
-            except Exception as exc:  # noqa: BLE001 - the next round tries again
+            except Exception as exc:  # the next round tries again
                 log.warning("reconciler sweep failed: %s", exc)
 
     thread = threading.Thread(target=run, name="rlm-reconciler", daemon=True)

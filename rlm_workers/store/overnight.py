@@ -1,10 +1,11 @@
-"""SQL for batches: the batch row, its (query, buffer) items and the result cache.
+"""SQL for overnight batches (tables ``batches``, ``batch_items``): the batch row, its (query, buffer)
+items and the result cache.
 
-A batch lives entirely in PostgreSQL: Redis only carries the tick that advances
-it and the jobs of the items in flight, so a restarted API, worker or Redis
-loses nothing (the reconciler in ``rlm_workers.tasks.batch`` re-arms what was
-lost).  Every function takes a connection; the tick calls the ``*_locked``
-helpers inside one transaction that holds the batch row.
+An overnight batch lives entirely in PostgreSQL: Redis only carries the tick
+that advances it and the jobs of the items in flight, so a restarted API,
+worker or Redis loses nothing (``rlm_workers.overnight.scheduler`` re-arms
+what was lost).  Every function takes a connection; the tick calls the
+item-level ones inside one transaction that holds the batch row.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
+
+if TYPE_CHECKING:
+    import psycopg
 
 OPEN = ("scheduled", "running")
 ITEM_STATES = ("pending", "running", "done", "failed", "cancelled", "skipped")
@@ -22,7 +26,7 @@ ITEM_FINAL = ("done", "failed", "cancelled", "skipped")
 
 
 @dataclass
-class BatchRow:
+class OvernightRow:
     id: str
     tenant: str
     options: dict[str, Any]
@@ -43,7 +47,7 @@ class BatchRow:
         return self.status in OPEN
 
 
-_BATCH_COLS = ("id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
+_OVERNIGHT_COLS = ("id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
                "started_at, finished_at, last_tick_at, tick_token, next_tick_at")
 
 
@@ -71,7 +75,7 @@ _ITEM_COLS = ("item_no, query, buffer, status, job_id, cache_key, from_cache, re
 # --------------------------------------------------------------------------- creation and reading
 
 
-def create_batch(conn, *, batch_id: str, tenant: str, queries: Sequence[str], buffers: Sequence[str],  # noqa: ANN001
+def create_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str, queries: Sequence[str], buffers: Sequence[str],
                  options: dict[str, Any], run_at: datetime | None, priority: int, token_budget: int | None,
                  tick_token: str, idempotency_key: str | None = None) -> tuple[str, bool]:
     """Insert the batch and its items (queries outer, buffers inner) in one transaction.
@@ -100,20 +104,20 @@ def create_batch(conn, *, batch_id: str, tenant: str, queries: Sequence[str], bu
     return batch_id, True
 
 
-def get_batch(conn, *, batch_id: str, tenant: str | None = None) -> BatchRow | None:  # noqa: ANN001
-    sql = f"SELECT {_BATCH_COLS} FROM batches WHERE id = %s"
+def get_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str | None = None) -> OvernightRow | None:
+    sql = f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE id = %s"
     args: tuple = (batch_id,)
     if tenant is not None:
         sql += " AND tenant = %s"
         args = (batch_id, tenant)
     row = conn.execute(sql, args).fetchone()
-    return BatchRow(*row) if row else None
+    return OvernightRow(*row) if row else None
 
 
-def list_batches(conn, *, tenant: str, limit: int = 50) -> list[BatchRow]:  # noqa: ANN001
-    rows = conn.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
+def list_overnight(conn: psycopg.Connection, *, tenant: str, limit: int = 50) -> list[OvernightRow]:
+    rows = conn.execute(f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
                         (tenant, limit)).fetchall()
-    return [BatchRow(*r) for r in rows]
+    return [OvernightRow(*r) for r in rows]
 
 
 @dataclass
@@ -126,7 +130,7 @@ class Progress:
     mean_item_seconds: float | None
 
 
-def progress(conn, *, batch_id: str) -> Progress:  # noqa: ANN001
+def progress(conn: psycopg.Connection, *, batch_id: str) -> Progress:
     counts = dict.fromkeys(ITEM_STATES, 0)
     for status, n in conn.execute("SELECT status, count(*) FROM batch_items WHERE batch_id = %s GROUP BY status",
                                   (batch_id,)):
@@ -140,7 +144,7 @@ def progress(conn, *, batch_id: str) -> Progress:  # noqa: ANN001
                     mean_item_seconds=float(row[2]) if row[2] is not None else None)
 
 
-def iter_items(conn, *, batch_id: str, page: int = 500) -> Iterator[ItemRow]:  # noqa: ANN001
+def iter_items(conn: psycopg.Connection, *, batch_id: str, page: int = 500) -> Iterator[ItemRow]:
     """Every item in order, read in pages (keyset on item_no) so a big batch never sits in memory."""
     after = -1
     while True:
@@ -154,30 +158,34 @@ def iter_items(conn, *, batch_id: str, page: int = 500) -> Iterator[ItemRow]:  #
         after = rows[-1][0]
 
 
-def items(conn, *, batch_id: str) -> list[ItemRow]:  # noqa: ANN001
+def items(conn: psycopg.Connection, *, batch_id: str) -> list[ItemRow]:
     return list(iter_items(conn, batch_id=batch_id))
 
 
 # --------------------------------------------------------------------------- the tick (inside one transaction)
 
 
-def lock_batch(conn, *, batch_id: str) -> BatchRow | None:  # noqa: ANN001
+def lock_overnight(conn: psycopg.Connection, *, batch_id: str) -> OvernightRow | None:
     """The batch row locked for this transaction; None if missing or another tick holds it (SKIP LOCKED)."""
-    row = conn.execute(f"SELECT {_BATCH_COLS} FROM batches WHERE id = %s FOR UPDATE SKIP LOCKED",
+    row = conn.execute(f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE id = %s FOR UPDATE SKIP LOCKED",
                        (batch_id,)).fetchone()
-    return BatchRow(*row) if row else None
+    return OvernightRow(*row) if row else None
 
 
-def db_now(conn) -> datetime:  # noqa: ANN001
+def overnight_exists(conn: psycopg.Connection, *, batch_id: str) -> bool:
+    return conn.execute("SELECT 1 FROM batches WHERE id = %s", (batch_id,)).fetchone() is not None
+
+
+def db_now(conn: psycopg.Connection) -> datetime:
     return conn.execute("SELECT now()").fetchone()[0]
 
 
-def mark_started(conn, *, batch_id: str) -> None:  # noqa: ANN001
+def mark_started(conn: psycopg.Connection, *, batch_id: str) -> None:
     conn.execute("""UPDATE batches SET status = 'running', started_at = coalesce(started_at, now())
                     WHERE id = %s AND status = 'scheduled'""", (batch_id,))
 
 
-def mark_ticked(conn, *, batch_id: str, next_in: float | None = None, token: str | None = None) -> None:  # noqa: ANN001
+def mark_ticked(conn: psycopg.Connection, *, batch_id: str, next_in: float | None = None, token: str | None = None) -> None:
     """Record this tick; with ``token`` also hand the chain to the tick about to be sent."""
     if token is None:
         conn.execute("UPDATE batches SET last_tick_at = now() WHERE id = %s", (batch_id,))
@@ -188,7 +196,7 @@ def mark_ticked(conn, *, batch_id: str, next_in: float | None = None, token: str
             (token, float(next_in or 0), batch_id))
 
 
-def finish_batch(conn, *, batch_id: str, status: str = "done") -> None:  # noqa: ANN001
+def finish_overnight(conn: psycopg.Connection, *, batch_id: str, status: str = "done") -> None:
     conn.execute("""UPDATE batches SET status = %s, finished_at = now(), last_tick_at = now(), tick_token = NULL,
                         next_tick_at = NULL WHERE id = %s AND status IN ('scheduled', 'running')""",
                  (status, batch_id))
@@ -205,7 +213,7 @@ class FinishedJob:
     cache_key: str | None
 
 
-def finished_jobs(conn, *, batch_id: str) -> list[FinishedJob]:  # noqa: ANN001
+def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJob]:
     """Running items whose job has ended, with the job's exact token bill (every logged call)."""
     rows = conn.execute(
         """SELECT i.item_no, i.job_id, j.status, j.result, j.error,
@@ -217,7 +225,7 @@ def finished_jobs(conn, *, batch_id: str) -> list[FinishedJob]:  # noqa: ANN001
     return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6]) for r in rows]
 
 
-def finish_item(conn, *, batch_id: str, item_no: int, status: str, result: dict[str, Any] | None,  # noqa: ANN001
+def finish_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, status: str, result: dict[str, Any] | None,
                 error: dict[str, Any] | None, tokens: int = 0, from_cache: bool = False,
                 cache_key: str | None = None) -> None:
     conn.execute(
@@ -240,7 +248,7 @@ class InFlight:
     tokens: int
 
 
-def in_flight(conn, *, batch_id: str) -> list[InFlight]:  # noqa: ANN001
+def in_flight(conn: psycopg.Connection, *, batch_id: str) -> list[InFlight]:
     """Running items whose job has not ended (or vanished), with how long the job has been idle."""
     rows = conn.execute(
         """SELECT i.item_no, i.job_id, j.status, i.broker_epoch, i.attempts,
@@ -257,7 +265,7 @@ def in_flight(conn, *, batch_id: str) -> list[InFlight]:  # noqa: ANN001
             for r in rows]
 
 
-def requeue_item(conn, *, batch_id: str, item_no: int, tokens: int) -> None:  # noqa: ANN001
+def requeue_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, tokens: int) -> None:
     """A lost item goes back to pending; the abandoned job's tokens stay on its bill."""
     conn.execute(
         """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL,
@@ -265,18 +273,25 @@ def requeue_item(conn, *, batch_id: str, item_no: int, tokens: int) -> None:  # 
         (tokens, batch_id, item_no))
 
 
-def pending_items(conn, *, batch_id: str, after: int = -1, limit: int = 500) -> list[tuple[int, str, str]]:  # noqa: ANN001
+def release_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, job_id: str) -> None:
+    """An item whose job never reached the broker goes back to pending (no attempt counted)."""
+    conn.execute(
+        """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL
+           WHERE batch_id = %s AND item_no = %s AND job_id = %s""", (batch_id, item_no, job_id))
+
+
+def pending_items(conn: psycopg.Connection, *, batch_id: str, after: int = -1, limit: int = 500) -> list[tuple[int, str, str]]:
     return [(r[0], r[1], r[2]) for r in conn.execute(
         """SELECT item_no, query, buffer FROM batch_items WHERE batch_id = %s AND status = 'pending' AND item_no > %s
            ORDER BY item_no LIMIT %s""", (batch_id, after, limit))]
 
 
-def count_status(conn, *, batch_id: str, status: str) -> int:  # noqa: ANN001
+def count_status(conn: psycopg.Connection, *, batch_id: str, status: str) -> int:
     return int(conn.execute("SELECT count(*) FROM batch_items WHERE batch_id = %s AND status = %s",
                             (batch_id, status)).fetchone()[0])
 
 
-def tokens_spent(conn, *, batch_id: str) -> int:  # noqa: ANN001
+def tokens_spent(conn: psycopg.Connection, *, batch_id: str) -> int:
     """Tokens of every finished item plus those already logged by the jobs in flight."""
     row = conn.execute(
         """SELECT (SELECT coalesce(sum(tokens), 0) FROM batch_items WHERE batch_id = %(b)s)
@@ -286,7 +301,7 @@ def tokens_spent(conn, *, batch_id: str) -> int:  # noqa: ANN001
     return int(row[0])
 
 
-def mark_submitted(conn, *, batch_id: str, item_no: int, job_id: str, cache_key: str,  # noqa: ANN001
+def mark_submitted(conn: psycopg.Connection, *, batch_id: str, item_no: int, job_id: str, cache_key: str,
                    broker_epoch: str | None) -> None:
     conn.execute(
         """UPDATE batch_items SET status = 'running', job_id = %s, cache_key = %s, broker_epoch = %s,
@@ -294,20 +309,20 @@ def mark_submitted(conn, *, batch_id: str, item_no: int, job_id: str, cache_key:
         (job_id, cache_key, broker_epoch, batch_id, item_no))
 
 
-def close_pending(conn, *, batch_id: str, status: str, error: dict[str, Any]) -> int:  # noqa: ANN001
+def close_pending(conn: psycopg.Connection, *, batch_id: str, status: str, error: dict[str, Any]) -> int:
     """Every pending item → ``status`` (skipped by the budget, cancelled with the batch)."""
     return conn.execute(
         """UPDATE batch_items SET status = %s, error = %s, finished_at = now()
            WHERE batch_id = %s AND status = 'pending'""", (status, Jsonb(error), batch_id)).rowcount
 
 
-def running_job_ids(conn, *, batch_id: str) -> list[tuple[int, str | None]]:  # noqa: ANN001
+def running_job_ids(conn: psycopg.Connection, *, batch_id: str) -> list[tuple[int, str | None]]:
     return [(r[0], r[1]) for r in conn.execute(
         "SELECT item_no, job_id FROM batch_items WHERE batch_id = %s AND status = 'running' ORDER BY item_no",
         (batch_id,))]
 
 
-def buffer_versions(conn, *, tenant: str, names: Sequence[str]) -> dict[str, int]:  # noqa: ANN001
+def buffer_versions(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in conn.execute(
         "SELECT name, version FROM buffers WHERE tenant = %s AND name = ANY(%s)", (tenant, list(set(names))))}
 
@@ -315,7 +330,7 @@ def buffer_versions(conn, *, tenant: str, names: Sequence[str]) -> dict[str, int
 # --------------------------------------------------------------------------- reconciler
 
 
-def claim_stale(conn, *, grace_seconds: float, limit: int = 100) -> list[tuple[str, str]]:  # noqa: ANN001
+def claim_stale(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 100) -> list[tuple[str, str]]:
     """Open batches whose next tick is overdue by ``grace_seconds``: each gets a new tick token, atomically.
 
     Returns (batch id, new token) for the caller to send; two reconcilers never claim the same batch twice.
@@ -337,7 +352,7 @@ def claim_stale(conn, *, grace_seconds: float, limit: int = 100) -> list[tuple[s
 # --------------------------------------------------------------------------- result cache
 
 
-def cache_get(conn, *, tenant: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:  # noqa: ANN001
+def cache_get(conn: psycopg.Connection, *, tenant: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
     if not keys:
         return {}
     return {r[0]: r[1] for r in conn.execute(
@@ -345,7 +360,7 @@ def cache_get(conn, *, tenant: str, keys: Sequence[str]) -> dict[str, dict[str, 
         (tenant, list(set(keys))))}
 
 
-def cache_put(conn, *, tenant: str, key: str, result: dict[str, Any]) -> None:  # noqa: ANN001
+def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, result: dict[str, Any]) -> None:
     conn.execute(
         """INSERT INTO result_cache (cache_key, tenant, result) VALUES (%s, %s, %s)
            ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, created_at = now()""",
@@ -355,7 +370,14 @@ def cache_put(conn, *, tenant: str, key: str, result: dict[str, Any]) -> None:  
 # --------------------------------------------------------------------------- cancel
 
 
-def cancel_batch(conn, *, batch_id: str) -> list[str]:  # noqa: ANN001
+def lock_for_cancel(conn: psycopg.Connection, *, batch_id: str, tenant: str) -> str | None:
+    """Inside a transaction: the tenant's batch row locked (waiting for a tick holding it); its status, or None."""
+    row = conn.execute("SELECT status FROM batches WHERE id = %s AND tenant = %s FOR UPDATE",
+                       (batch_id, tenant)).fetchone()
+    return row[0] if row else None
+
+
+def mark_cancelled(conn: psycopg.Connection, *, batch_id: str) -> list[str]:
     """Inside a transaction holding the row: close the batch, its pending and running items.
 
     Returns the job ids that were in flight (the caller cancels the jobs).
@@ -365,5 +387,5 @@ def cancel_batch(conn, *, batch_id: str) -> list[str]:  # noqa: ANN001
     conn.execute(
         """UPDATE batch_items SET status = 'cancelled', error = %s, finished_at = now()
            WHERE batch_id = %s AND status IN ('pending', 'running')""", (Jsonb(cancelled), batch_id))
-    finish_batch(conn, batch_id=batch_id, status="cancelled")
+    finish_overnight(conn, batch_id=batch_id, status="cancelled")
     return jobs

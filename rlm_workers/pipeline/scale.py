@@ -1,6 +1,6 @@
 """Scale: map a dataset's size to batch size, concurrency, search depth and load cap.
 
-Pure and advisory (DESIGN §6): the profile only fills what the CLI flags and
+Pure and advisory (docs/contract.md#scale): the profile only fills what the CLI flags and
 the plan left open.  ``None`` means "all": search every chunk, load every hit.
 """
 

@@ -12,26 +12,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..config import Settings
-from ..models import AnalysisPlan
+from ..models import AnalysisPlan, QueryOptions
 from .scale import ScalingProfile
 
 #: compiled-in fallbacks, the last link of the chain
 DEFAULTS: dict[str, Any] = {"search_mode": "hybrid", "threshold": 0.3, "top_k": 200, "max_chunks": 100,
                             "batch_size": 10}
-
-
-@dataclass(frozen=True)
-class QueryOptions:
-    """What the user asked for on the command line or in the API body (None = not given)."""
-
-    search_mode: str | None = None
-    threshold: float | None = None
-    top_k: int | None = None
-    max_chunks: int | None = None
-    batch_size: int | None = None
-    num_agents: int | None = None
-    skip_plan: bool = False
-    finding_threshold: str | None = None
 
 
 @dataclass(frozen=True)

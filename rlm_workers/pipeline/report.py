@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..models import AnalysisPlan, BatchError, Elapsed, QueryResult, Source
+from ..store.jobs import BatchRecord
 
 SNIPPET_CHARS = 300
 
@@ -28,15 +29,15 @@ def build_result(
     params: dict[str, Any],
     collected: Sequence[dict[str, Any]],
     findings_filtered: int,
-    batches: Sequence[tuple[int, list[int], str, dict | None]],
+    batches: Sequence[BatchRecord],
     chunks_available: int,
     chunk_load_failures: int,
     usage: tuple[int, int, int],
     elapsed_seconds: float,
 ) -> QueryResult:
-    ok = [b for b in batches if b[2] == "ok"]
-    failed = [b for b in batches if b[2] == "failed"]
-    analyzed = sorted({cid for b in ok for cid in b[1]})
+    ok = [b for b in batches if b.status == "ok"]
+    failed = [b for b in batches if b.status == "failed"]
+    analyzed = sorted({cid for b in ok for cid in b.chunk_ids})
     calls, tokens_in, tokens_out = usage
     plan_fields = set(AnalysisPlan.model_fields)
     return QueryResult(
@@ -53,8 +54,8 @@ def build_result(
         batches_processed=len(ok),
         batches_failed=len(failed),
         chunk_load_failures=chunk_load_failures,
-        batch_errors=[BatchError(batch=b[0], type=(b[3] or {}).get("type", "error"),
-                                 message=(b[3] or {}).get("message", ""), chunk_ids=b[1]) for b in failed],
+        batch_errors=[BatchError(batch=b.batch_no, type=(b.error or {}).get("type", "error"),
+                                 message=(b.error or {}).get("message", ""), chunk_ids=b.chunk_ids) for b in failed],
         sources=sources_from(collected),
         llm_calls=calls,
         total_tokens=tokens_in + tokens_out,
@@ -65,7 +66,7 @@ def build_result(
 
 
 def status_line(r: QueryResult) -> str:
-    """The one-line summary printed under a text report (DESIGN §5)."""
+    """The one-line summary printed under a text report (docs/contract.md#json-shapes)."""
     return (f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed | "
             f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
             f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..constants import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
+from ..models import SearchMode
 
 MAX_CHUNKS_PER_CALL = 20
 MAX_TEXT_CHARS = 4000
@@ -31,7 +32,7 @@ TOOL_SPECS: list[dict[str, Any]] = [
         {"chunk_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": MAX_CHUNKS_PER_CALL}}, ["chunk_ids"]),
     _fn("search", "Hybrid/semantic/bm25 search over the job's buffers (or the named ones).",
         {"query": {"type": "string"}, "buffers": {"type": "array", "items": {"type": "string"}},
-         "mode": {"type": "string", "enum": ["hybrid", "semantic", "bm25"]},
+         "mode": {"type": "string", "enum": [m.value for m in SearchMode]},
          "top_k": {"type": "integer", "minimum": 1, "maximum": 20}}, ["query"]),
     _fn("grep_chunks", "Lines matching an RE2 regular expression (at most 500 bytes) in the job's buffers.",
         {"pattern": {"type": "string"}, "buffers": {"type": "array", "items": {"type": "string"}},
@@ -140,6 +141,7 @@ def compile_regex(pattern: Any):  # noqa: ANN401, ANN201
 
 def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     from ..store.buffers import require_buffers
+    from ..store.chunks import iter_chunk_texts
 
     regex = compile_regex(args.get("pattern"))
     limit = args.get("max_results", 20)
@@ -147,11 +149,9 @@ def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
         raise ToolError(f"max_results must be an integer from 1 to {MAX_GREP_RESULTS}")
     rows = require_buffers(ctx.conn, tenant=ctx.tenant, names=_buffers(ctx, args))
     matches, scanned, truncated = [], 0, False
-    with ctx.conn.transaction(), ctx.conn.cursor(name="rlm_grep") as cur:
-        cur.itersize = 500
-        cur.execute("""SELECT c.id, b.name, c.path, c.start_line, c.text FROM chunks c JOIN buffers b ON b.id = c.buffer_id
-                       WHERE c.buffer_id = ANY(%s) ORDER BY b.name, c.ordinal""", ([r.id for r in rows],))
-        for cid, buf, path, start, text in cur:
+    texts = iter_chunk_texts(ctx.conn, buffer_ids=[r.id for r in rows])
+    try:
+        for cid, buf, path, start, text in texts:
             scanned += len(text)
             for offset, line in enumerate(text.split("\n")):
                 if regex.search(line):
@@ -162,6 +162,8 @@ def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
             if len(matches) >= limit or scanned > MAX_GREP_SCAN_BYTES:
                 truncated = True
                 break
+    finally:
+        texts.close()  # ends the cursor's transaction now, not when the generator is collected
     return {"matches": matches, "truncated": truncated}
 
 

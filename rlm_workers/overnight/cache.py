@@ -1,0 +1,52 @@
+"""The result cache's key: an overnight item is served from the cache only when nothing that shapes its
+answer changed (tenant, query, buffer name and version, options, provider, models, query defaults, prompts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+CACHE_VERSION = 1
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
+
+
+def fingerprint(settings: Settings) -> str:
+    """Everything besides the item itself that changes an answer: provider, models, defaults, prompts."""
+    from ..llm.registry import provider_name
+    from ..pipeline.prompts import PROMPT_NAMES, load_prompt
+
+    prompts = {}
+    for name in PROMPT_NAMES:
+        try:
+            prompts[name] = hashlib.sha256(load_prompt(name, prompt_dir=settings.prompt_dir).encode()).hexdigest()
+        except (OSError, FileNotFoundError):
+            prompts[name] = None
+    online = not settings.offline
+    return _sha({
+        "v": CACHE_VERSION,
+        "provider": provider_name(settings),
+        "base_url": settings.base_url if online else None,
+        "models": [settings.primary_model, settings.subcall_model, settings.synthesizer_model] if online else [],
+        "defaults": {"batch_size": settings.batch_size, "top_k": settings.search_top_k,
+                     "threshold": settings.threshold, "finding_threshold": settings.finding_threshold},
+        "embedding_model": settings.embedding_model,
+        "prompts": prompts,
+    })
+
+
+def cache_key(*, tenant: str, query: str, buffer: str, version: int, options: dict[str, Any], fp: str) -> str:
+    return _sha({"tenant": tenant, "query": query, "buffer": buffer, "version": int(version),
+                 "options": options, "fp": fp})
+
+
+def cacheable(result: dict[str, Any] | None) -> bool:
+    """Only clean answers are reused: a result with failed analyst batches would be a degraded answer forever."""
+    return bool(result) and not result.get("batches_failed") and not result.get("chunk_load_failures")

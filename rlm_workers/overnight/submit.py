@@ -1,0 +1,201 @@
+"""Submit, cancel and read overnight batches: what the CLI (`rlm batch …`) and the HTTP API (`/v1/batches`) call.
+
+Nothing here runs an item: submitting stores the batch and sends its first tick
+(``scheduler.py``); the workers do the rest.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import io
+import json
+import logging
+import math
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..config import Settings, get_settings
+from ..errors import InvalidInput
+from ..models import JobStatus
+from ..store import jobs as job_store
+from ..store import overnight as store
+from .scheduler import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, commit, send_tick
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("rlm.overnight")
+
+MAX_ITEMS = 100_000
+MAX_QUERIES_FILE_BYTES = 50 * 1024 * 1024
+
+
+def parse_queries(text: str) -> list[str]:
+    """A queries file: one query per line, or JSON lines ``{"query": ...}``; blank and ``#`` lines skipped.
+
+    Duplicates are dropped (first occurrence kept): an identical item would only be computed twice.
+    """
+    from ..search.service import validate_query
+
+    out: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        if s.startswith("{"):
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"queries line {n}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("query"), str):
+                raise InvalidInput(f'queries line {n}: a JSON line needs a "query" string')
+            s = obj["query"]
+        try:
+            out.append(validate_query(s))
+        except InvalidInput as exc:
+            raise InvalidInput(f"queries line {n}: {exc.message}") from None
+    if not out:
+        raise InvalidInput("the queries file holds no query (blank lines and # comments are skipped)")
+    return list(dict.fromkeys(out))
+
+
+def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[str], glob: str | None) -> list[str]:
+    from ..store.buffers import list_buffers, require_buffers, validate_buffer_name
+
+    out = [validate_buffer_name(n) for n in names]
+    if glob:
+        matched = [b.name for b in list_buffers(conn, tenant=tenant) if fnmatch.fnmatchcase(b.name, glob)]
+        if not matched:
+            raise InvalidInput(f"no buffer matches {glob!r}; list buffers with `rlm buffers`")
+        out += matched
+    out = list(dict.fromkeys(out))
+    if not out:
+        raise InvalidInput("name at least one buffer (--buffer NAME or --buffers-glob PATTERN)")
+    require_buffers(conn, tenant=tenant, names=out)
+    return out
+
+
+def submit_overnight(conn: psycopg.Connection, *, tenant: str, queries: Sequence[str], buffers: Sequence[str] = (),
+                     buffers_glob: str | None = None, options: dict[str, Any] | None = None,
+                     run_at: datetime | None = None, priority: int = PRIORITY_DEFAULT,
+                     token_budget: int | None = None, idempotency_key: str | None = None) -> tuple[str, bool]:
+    """Validate and store a batch, then send its first tick.  Returns (batch id, created now).
+
+    Nothing is written when anything is invalid.  A broker that cannot be reached does not fail the
+    submission: the batch is durable and the reconciler starts it once a worker runs.
+    """
+    from ..search.service import validate_query
+    from ..submit import validate_options
+
+    clean_queries = list(dict.fromkeys(validate_query(q) for q in queries))
+    if not clean_queries:
+        raise InvalidInput("give at least one query")
+    names = resolve_buffers(conn, tenant=tenant, names=buffers, glob=buffers_glob)
+    clean = validate_options(dict(options or {}))
+    n_items = len(clean_queries) * len(names)
+    if n_items > MAX_ITEMS:
+        raise InvalidInput(f"{len(clean_queries)} queries × {len(names)} buffers = {n_items} items; "
+                           f"the limit is {MAX_ITEMS} per batch")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidInput(f"invalid priority {priority!r}: use {PRIORITY_MIN} (soonest) to {PRIORITY_MAX}")
+    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, int)
+                                     or token_budget < 1):
+        raise InvalidInput(f"invalid token budget {token_budget!r}: a positive number of tokens")
+    if run_at is not None and run_at.tzinfo is None:
+        raise InvalidInput("run_at needs a time zone (e.g. 2030-01-01T02:00:00+00:00)")
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
+        raise InvalidInput("an idempotency key is 1-200 characters")
+    token = uuid.uuid4().hex
+    batch_id, created = store.create_overnight(
+        conn, batch_id=uuid.uuid4().hex, tenant=tenant, queries=clean_queries, buffers=names, options=clean,
+        run_at=run_at, priority=priority, token_budget=token_budget, tick_token=token,
+        idempotency_key=idempotency_key)
+    commit(conn)
+    if created:
+        log.info("batch %s: %d queries × %d buffers = %d items, run_at=%s, priority=%d, budget=%s", batch_id,
+                 len(clean_queries), len(names), n_items, run_at, priority, token_budget)
+        send_tick(batch_id, token)
+    return batch_id, created
+
+
+def cancel_overnight(conn: psycopg.Connection, *, tenant: str, batch_id: str) -> store.OvernightRow | None:
+    """Close the batch: pending and running items are cancelled, their jobs too.  None if unknown."""
+    with conn.transaction():
+        status = store.lock_for_cancel(conn, batch_id=batch_id, tenant=tenant)
+        if status is None:
+            return None
+        if status in store.OPEN:
+            for job_id in store.mark_cancelled(conn, batch_id=batch_id):
+                job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled,
+                                     error={"type": "cancelled", "message": f"batch {batch_id} was cancelled"})
+            log.info("batch %s cancelled", batch_id)
+    commit(conn)
+    return store.get_overnight(conn, batch_id=batch_id, tenant=tenant)
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return ts.isoformat() if ts is not None else None
+
+
+def status_of(conn: psycopg.Connection, batch: store.OvernightRow,
+              settings: Settings | None = None) -> dict[str, Any]:
+    """Progress as the API and ``rlm batch status`` show it."""
+    settings = settings or get_settings()
+    p = store.progress(conn, batch_id=batch.id)
+    remaining = p.counts["pending"] + p.counts["running"]
+    eta: float | None = None
+    if remaining == 0:
+        eta = 0.0
+    elif batch.open and p.mean_item_seconds is not None:
+        wait = max(0.0, (batch.run_at - store.db_now(conn)).total_seconds())
+        rounds = math.ceil(remaining / max(1, settings.batch_parallel))
+        eta = round(wait + rounds * p.mean_item_seconds, 1)
+    return {
+        "batch_id": batch.id, "status": batch.status, "total": p.total, "counts": p.counts,
+        "from_cache": p.from_cache, "tokens_spent": store.tokens_spent(conn, batch_id=batch.id),
+        "token_budget": batch.token_budget, "priority": batch.priority, "options": batch.options,
+        "run_at": _iso(batch.run_at), "created_at": _iso(batch.created_at), "started_at": _iso(batch.started_at),
+        "finished_at": _iso(batch.finished_at), "last_tick_at": _iso(batch.last_tick_at),
+        "eta_seconds": eta,
+    }
+
+
+def result_line(batch_id: str, item: store.ItemRow) -> dict[str, Any]:
+    """One JSONL line: the keys of docs/contract.md#batch-results (batch_id, query, buffer, status, result) plus item bookkeeping."""
+    return {"batch_id": batch_id, "query": item.query, "buffer": item.buffer, "status": item.status,
+            "result": item.result, "item": item.item_no, "from_cache": item.from_cache, "tokens": item.tokens,
+            "error": item.error}
+
+
+CSV_COLUMNS = ("batch_id", "item", "query", "buffer", "status", "from_cache", "tokens", "response", "sources",
+               "error")
+
+
+def iter_jsonl(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
+    for item in store.iter_items(conn, batch_id=batch_id):
+        yield json.dumps(result_line(batch_id, item), ensure_ascii=False, default=str) + "\n"
+
+
+def iter_csv(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+
+    def flush() -> str:
+        out = buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+        return out
+
+    writer.writerow(CSV_COLUMNS)
+    yield flush()
+    for item in store.iter_items(conn, batch_id=batch_id):
+        result = item.result or {}
+        sources = "; ".join(f"{s.get('buffer')}:{s.get('path')}:{s.get('start_line')}-{s.get('end_line')}"
+                            for s in result.get("sources") or [])
+        error = (item.error or {}).get("message", "") if item.error else ""
+        writer.writerow((batch_id, item.item_no, item.query, item.buffer, item.status, item.from_cache,
+                         item.tokens, result.get("response", ""), sources, error))
+        yield flush()

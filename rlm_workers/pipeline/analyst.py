@@ -1,0 +1,216 @@
+"""Analyst: one batch of chunks → findings stored under (job, batch).
+
+Its user message, the parsing of its reply and the task's logic live here.  It
+never raises into the chord: Celery runs a chord's callback only if every
+header task succeeds (celery#1881), so any failure becomes an error record on
+the batch and the job goes on with the batches that worked.  A database outage
+is the exception: the task retries, and the chord waits for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Settings, get_settings
+from ..constants import LIMITER_KEY_PREFIX, MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
+from ..errors import ParseError, error_record
+from ..llm.protocol import CompletionRequest
+from ..models import RELEVANCE_RANK, Finding, Relevance
+from ..store import jobs as job_store
+from ..store.buffers import get_chunks
+from ..store.db import DB_OUTAGE, connection, durable_write
+from .calls import call_llm
+from .prompts import content_block, load_prompt, system_message
+from .replies import clip, json_candidates
+
+log = logging.getLogger("rlm.pipeline.analyst")
+
+ANALYST_MAX_TOKENS = 16_384
+#: one more call when the reply was not the JSON we asked for (it is told what was wrong)
+PARSE_RETRIES = 1
+#: how much of an unusable reply is shown back to the model in the retry
+PRIOR_REPLY_CHARS = 2000
+#: words models use for grades, mapped onto ours
+_GRADES = {"critical": Relevance.high, "high": Relevance.high, "medium": Relevance.medium,
+           "moderate": Relevance.medium, "low": Relevance.low, "minor": Relevance.low, "none": Relevance.none,
+           "irrelevant": Relevance.none, "no": Relevance.none}
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class ChunkForPrompt:
+    chunk_id: int
+    buffer: str
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+
+
+def build_messages(system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt],
+                   focus_topics: Sequence[str] = ()) -> list[dict[str, str]]:
+    parts = [f"## Query\n\n{query}"]
+    if focus_topics:
+        parts.append("## Focus topics\n\n" + "\n".join(f"- {t}" for t in focus_topics))
+    blocks = [f"### Chunk {c.chunk_id}\n\nsource: {c.buffer}:{c.path}:{c.start_line}-{c.end_line}\n\n"
+              f"{content_block(c.text)}" for c in chunks]
+    parts.append("## Chunks\n\n" + "\n\n".join(blocks))
+    parts.append(f"Reply with a JSON array of exactly {len(chunks)} entries, one per chunk id above.")
+    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def retry_messages(messages: list[dict[str, str]], reply: str, problem: str,
+                   chunk_ids: Sequence[int]) -> list[dict[str, str]]:
+    """The same conversation plus the unusable reply and what was wrong with it (PaperQA2's prior attempt):
+    re-sending the identical request at temperature 0 would most likely get the identical reply."""
+    shown = reply if len(reply) <= PRIOR_REPLY_CHARS else reply[:PRIOR_REPLY_CHARS] + "…"
+    return [*messages, {"role": "assistant", "content": shown}, {"role": "user", "content": (
+        f"Your previous reply could not be used: {problem}. Reply again with only a JSON array of exactly "
+        f"{len(chunk_ids)} objects, one per chunk id ({', '.join(map(str, chunk_ids))}), each with chunk_id, "
+        "relevance (high, medium, low or none), findings, summary and follow_up.")}]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _entries(value: Any) -> list[dict] | None:
+    """The findings array itself, an object wrapping it under one key, or a single finding object."""
+    if isinstance(value, list):
+        if value and not any(isinstance(v, dict) for v in value):
+            return None
+        return [v for v in value if isinstance(v, dict)]
+    if isinstance(value, dict):
+        if "chunk_id" in value:
+            return [value]
+        lists = [v for v in value.values() if isinstance(v, list)]
+        if len(lists) == 1:
+            return _entries(lists[0])
+    return None
+
+
+def _chunk_id(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        m = re.search(r"\d+", raw)
+        return int(m.group()) if m else None
+    return None
+
+
+def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
+    """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits)."""
+    entries = next((e for v in json_candidates(text or "") if (e := _entries(v)) is not None), None)
+    if entries is None:
+        raise ParseError(f"the analyst reply is not a JSON findings array: {(text or '')[:120]!r}")
+    allowed = set(batch_chunk_ids)
+    merged: dict[int, Finding] = {}
+    budget = MAX_FINDINGS_PER_BATCH
+    for e in entries:
+        cid = _chunk_id(e.get("chunk_id"))
+        if cid is None or cid not in allowed:
+            continue  # an id we never sent: the model invented or misread it
+        grade = _GRADES.get(str(e.get("relevance", "")).strip().lower(), Relevance.low)
+        raw_findings = e.get("findings") or []
+        if isinstance(raw_findings, str):
+            raw_findings = [raw_findings]
+        items = [clip(f) for f in raw_findings if f not in (None, "")][:budget]
+        budget -= len(items)
+        follow = e.get("follow_up", e.get("follow_ups")) or []
+        if isinstance(follow, str):
+            follow = [follow]
+        finding = Finding(chunk_id=cid, relevance=grade, findings=items, summary=clip(e.get("summary") or ""),
+                          follow_up=[clip(f, 1000) for f in follow][:MAX_FOLLOW_UPS])
+        prev = merged.get(cid)
+        if prev is not None:  # the same chunk twice: keep the stronger grade and every finding
+            best = max((prev.relevance, finding.relevance), key=RELEVANCE_RANK.__getitem__)
+            finding = Finding(chunk_id=cid, relevance=best, findings=prev.findings + finding.findings,
+                              summary=prev.summary or finding.summary,
+                              follow_up=(prev.follow_up + finding.follow_up)[:MAX_FOLLOW_UPS])
+        merged[cid] = finding
+    return list(merged.values())
+
+
+# --------------------------------------------------------------------------- the task's logic
+
+
+def _job_slot(job_id: str, limit: int | None, batches: int | None, settings: Settings) -> Any:
+    """The scaling profile's per-job concurrency, shared by every worker through Redis."""
+    if not limit or settings.offline or (batches and batches <= int(limit)):
+        # a cap at or above the job's batch count can never bind: skip two Redis round trips
+        return contextlib.nullcontext()
+    from ..llm.limiter import ConcurrencyLimiter
+    from ..resources import redis_client
+
+    return ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}").slot()
+
+
+def run(job_id: str, batch_no: int) -> dict:
+    """Analyse one batch; returns ``{"batch", "status", …}`` and never raises but for a database outage."""
+    try:
+        return _analyse(job_id, batch_no)
+    except DB_OUTAGE:
+        raise  # nothing can be stored while PostgreSQL is away; a retry is not a failure, so the chord waits
+    except Exception as exc:  # see the module docstring: the chord must get a result
+        log.exception("analyst crashed on job %s batch %s", job_id, batch_no)
+        try:
+            with connection() as conn:
+                job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=error_record(exc))
+        except Exception:  # the salvage marks the batch lost instead
+            log.exception("could not record the failure of job %s batch %s", job_id, batch_no)
+        return {"batch": batch_no, "status": "failed", "error": error_record(exc)}
+
+
+def _analyse(job_id: str, batch_no: int) -> dict:
+    settings = get_settings()
+    with connection() as conn:
+        job = job_store.get_job(conn, job_id=job_id)
+        if job is None or job.terminal:
+            return {"batch": batch_no, "status": "skipped"}
+        ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no)
+        if ids is None:
+            return {"batch": batch_no, "status": "skipped"}  # finished by an earlier delivery, or salvaged
+        rows = get_chunks(conn, tenant=job.tenant, chunk_ids=ids)
+        if missing := [cid for cid in ids if cid not in rows]:
+            job_store.add_chunk_load_failures(conn, job_id=job_id, n=len(missing))
+        if not rows:
+            err = {"type": "chunk_load", "message": f"none of the batch's {len(ids)} chunks could be loaded"}
+            job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
+            return {"batch": batch_no, "status": "failed", "error": err}
+    chunks = [ChunkForPrompt(chunk_id=c.id, buffer=c.buffer, path=c.path, start_line=c.start_line,
+                             end_line=c.end_line, text=c.text) for cid in ids if (c := rows.get(cid))]
+    present = [c.chunk_id for c in chunks]
+    params = job.params or {}
+    messages = build_messages(load_prompt("subcall", prompt_dir=settings.prompt_dir), job.query, chunks,
+                              params.get("focus_topics") or [])
+    # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
+    # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
+    with _job_slot(job_id, params.get("concurrency"), job.batches_total, settings):
+        for attempt in range(PARSE_RETRIES + 1):
+            request = CompletionRequest(role="analyst", model=settings.subcall_model, messages=messages,
+                                        max_tokens=ANALYST_MAX_TOKENS, temperature=0.0, json_output=True)
+            completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
+            try:
+                findings = parse_findings(completion.text, batch_chunk_ids=present)
+                break
+            except ParseError as exc:
+                if attempt == PARSE_RETRIES:
+                    raise
+                log.info("job %s batch %s: unusable analyst reply (%s); asking again", job_id, batch_no, exc)
+                messages = retry_messages(messages, completion.text or "", exc.message, present)
+    stored = durable_write(None, lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no,
+                                                                  findings=findings),
+                           what=f"findings of job {job_id} batch {batch_no}")
+    if not stored:
+        log.warning("job %s batch %s was salvaged while its call ran; its findings are not in the report",
+                    job_id, batch_no)
+        return {"batch": batch_no, "status": "late"}
+    return {"batch": batch_no, "status": "ok", "findings": len(findings)}

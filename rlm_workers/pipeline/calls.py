@@ -1,0 +1,63 @@
+"""One logical LLM call of a stage, logged on its job (simonw/llm style): model, tokens, latency, outcome.
+
+Every HTTP attempt behind the call (retries included) becomes one ``llm_calls`` row,
+so a job's ``total_tokens`` is the exact sum of what was billed.  The log is written
+after the call with ``durable_write``: tokens already bought are recorded even if
+PostgreSQL blinks meanwhile, and the call is never repeated just to log it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import LLMError
+from ..llm.protocol import Completion, CompletionRequest
+from ..models import LLMCall
+from ..resources import provider
+from ..store import jobs as job_store
+from ..store.db import durable_write
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("rlm.llm")
+
+
+def call_llm(conn: psycopg.Connection | None, *, job_id: str, stage: str, request: CompletionRequest,
+             batch: int | None = None) -> Completion:
+    """Call the provider; log every attempt on the job (through ``conn``, or a connection checked out for
+    the write when it is None — analysts hold none while the model thinks)."""
+    p = provider()
+    t0 = time.perf_counter()
+    try:
+        completion = p.complete(request)
+    except LLMError as exc:
+        attempts = exc.attempts or [{}]
+        calls = [LLMCall(stage=stage, batch=batch, provider=p.name, model=request.model, status="error",
+                         tokens_in=a.get("tokens_in", 0), tokens_out=a.get("tokens_out", 0),
+                         latency_ms=a.get("latency_ms", int((time.perf_counter() - t0) * 1000)),
+                         error=a.get("error") or exc.message) for a in attempts]
+        _log_calls(conn, job_id, calls)
+        raise
+    calls = [LLMCall(stage=stage, batch=batch, provider=p.name, model=request.model, status="retried",
+                     tokens_in=a.get("tokens_in", 0), tokens_out=a.get("tokens_out", 0),
+                     latency_ms=a.get("latency_ms", 0), error=a.get("error")) for a in completion.failed_attempts]
+    calls.append(LLMCall(stage=stage, batch=batch, provider=p.name, model=completion.model or request.model,
+                         status="ok", tokens_in=completion.tokens_in, tokens_out=completion.tokens_out,
+                         latency_ms=completion.latency_ms))
+    _log_calls(conn, job_id, calls)
+    log.info("llm %s job=%s batch=%s provider=%s model=%s in=%d out=%d %dms", stage, job_id, batch, p.name,
+             completion.model or request.model, completion.tokens_in, completion.tokens_out, completion.latency_ms)
+    return completion
+
+
+def _log_calls(conn: psycopg.Connection | None, job_id: str, calls: list[LLMCall]) -> None:
+    def write(c: psycopg.Connection) -> None:
+        # all rows or none: a retry after the database dropped half-way must not log (and bill) a call twice
+        with c.transaction():
+            for call in calls:
+                job_store.record_llm_call(c, job_id=job_id, call=call)
+
+    durable_write(conn, write, what=f"llm call log of job {job_id}")

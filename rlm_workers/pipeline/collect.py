@@ -1,0 +1,93 @@
+"""Collect, the chord's callback: gather the stored findings, stamp each with where its chunk lives,
+drop weak ones, sort.
+
+Order (docs/contract.md#pipeline-semantics): relevance first, then document
+position (buffer, chunk ordinal), so within a grade the report reads in the
+order the text does.  ``collect`` is pure; ``collect_job`` reads and stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..models import RELEVANCE_RANK, Finding, Relevance
+from ..store import jobs as job_store
+from ..store.buffers import get_chunks
+from .flow import OK, StageContext
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..store.jobs import JobRow
+
+log = logging.getLogger("rlm.pipeline.collect")
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    chunk_id: int
+    buffer: str
+    ordinal: int
+    path: str
+    start_line: int
+    end_line: int
+
+
+@dataclass(frozen=True)
+class CollectedFinding(ChunkRef):
+    """A kept finding, stamped with where its chunk lives."""
+
+    relevance: str
+    findings: list[str] = field(default_factory=list)
+    summary: str = ""
+    follow_up: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    kept: list[CollectedFinding]
+    filtered_count: int
+
+
+def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str = Relevance.low) -> CollectResult:
+    if finding_threshold not in RELEVANCE_RANK:
+        raise ValueError(f"finding_threshold must be one of {', '.join(RELEVANCE_RANK)}")
+    floor = RELEVANCE_RANK[finding_threshold]
+    kept: list[CollectedFinding] = []
+    filtered = 0
+    for f, ref in pairs:
+        if RELEVANCE_RANK[f.relevance] < floor:
+            filtered += 1
+            continue
+        kept.append(CollectedFinding(**vars(ref), relevance=f.relevance, findings=list(f.findings),
+                                     summary=f.summary, follow_up=list(f.follow_up)))
+    kept.sort(key=lambda k: (-RELEVANCE_RANK[k.relevance], k.buffer, k.ordinal, k.chunk_id))
+    return CollectResult(kept=kept, filtered_count=filtered)
+
+
+def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -> int:
+    """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
+    found = job_store.findings_of(conn, job_id=job.id)
+    rows = get_chunks(conn, tenant=job.tenant, chunk_ids=sorted({f.chunk_id for _, f in found}))
+    pairs = [(f, ChunkRef(chunk_id=c.id, buffer=c.buffer, ordinal=c.ordinal, path=c.path,
+                          start_line=c.start_line, end_line=c.end_line))
+             for _, f in found if (c := rows.get(f.chunk_id)) is not None]
+    threshold = (job.options or {}).get("finding_threshold") or default_threshold
+    result = collect(pairs, finding_threshold=threshold)
+    job_store.save_collected(conn, job_id=job.id, collected={
+        "kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count})
+    return result.filtered_count
+
+
+def run(ctx: StageContext) -> str:
+    from .salvage import LOST
+
+    # Every header task has returned; a batch still pending never ran (its task was skipped or lost).
+    job_store.fail_unfinished_batches(ctx.conn, job_id=ctx.job.id, reason=LOST)
+    filtered = collect_job(ctx.conn, ctx.job, ctx.settings.finding_threshold)
+    log.info("job %s collected (%d filtered)", ctx.job.id, filtered)
+    return OK

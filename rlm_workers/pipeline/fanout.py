@@ -1,0 +1,34 @@
+"""Fan-out: one flat chord, an analyst task per batch, collect as its callback.
+
+Kept flat on purpose (docs/contract.md#celery-conventions): single tasks in the
+header, no chains or nested chords.  The callback's error path (``rlm.salvage``)
+and a watchdog sent here make sure the job ends even if a header task is lost.
+Tasks are named, not imported: the pipeline does not depend on its adapters.
+"""
+
+from __future__ import annotations
+
+from celery import chord
+
+from ..store import jobs as job_store
+from .flow import TASK, Stage, StageContext
+from .salvage import watchdog_countdown
+
+
+def run(ctx: StageContext) -> str:
+    """Send the chord for a job whose batches are cut; a redelivery (task ids stored) sends nothing."""
+    from ..celery_app import app
+
+    job = ctx.job
+    if job.task_ids:
+        return "already launched"
+    n = job.batches_total
+    header = [app.signature("rlm.analyst", (job.id, k), immutable=True).set(argsrepr=f"job={job.id} batch={k + 1}/{n}")
+              for k in range(n)]
+    body = app.signature(TASK[Stage.collect], (job.id,), immutable=True).set(argsrepr=f"job={job.id}")
+    body.link_error(app.signature("rlm.salvage", (job.id,), immutable=True).set(argsrepr=f"job={job.id}"))
+    result = chord(header, app=app)(body)
+    ids = [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]
+    job_store.add_task_ids(ctx.conn, job_id=job.id, task_ids=ids)
+    app.send_task("rlm.watchdog", (job.id,), countdown=watchdog_countdown(ctx.settings), argsrepr=f"job={job.id}")
+    return f"{n} batches"

@@ -1,0 +1,153 @@
+"""The order of the pipeline's stages, written once, and the prologue every stage shares.
+
+A query job moves through ``Stage`` in the order of ``ORDER``.  Plan and search
+run back to back in one task, and so do collect and synthesize (``CHAINED``): a
+broker round trip less on every query's critical path.  Between search and
+collect the job waits on the chord that ``fanout.launch`` sends.  Every stage is
+still a Celery task of its own (``tasks/pipeline.py``), so the reconciler can
+send any of them again (``RESEND``), and a redelivered stage never moves a job
+backwards: a stage that finds the job already past it passes straight on.
+
+``run_stage`` owns what each stage would otherwise repeat: skip a job that is
+gone or ended, mark the stage, time it, and end the job on an error — a known
+error with its own message, anything else as a crash.  A database outage is
+never the job's fault: it propagates, and the task retries (``tasks/base.py``).
+See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from ..config import Settings, get_settings
+from ..errors import RLMError, error_record
+from ..models import JobStatus
+from ..store import jobs as job_store
+from ..store.db import DB_OUTAGE, connection
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..store.jobs import JobRow
+
+log = logging.getLogger("rlm.pipeline")
+
+
+class Stage(StrEnum):
+    queued = "queued"
+    plan = "plan"
+    search = "search"
+    fan_out = "fan_out"
+    collect = "collect"
+    synthesize = "synthesize"
+
+
+#: the stages in the order a job moves through them
+ORDER: tuple[Stage, ...] = (Stage.queued, Stage.plan, Stage.search, Stage.fan_out, Stage.collect, Stage.synthesize)
+#: a stage that ends well runs the next one in the same task (fan_out's successor runs as the chord's callback)
+CHAINED: dict[Stage, Stage] = {Stage.plan: Stage.search, Stage.search: Stage.fan_out, Stage.collect: Stage.synthesize}
+#: the Celery task of each stage (queues: ``celery_app.py``)
+TASK: dict[Stage, str] = {Stage.plan: "rlm.plan", Stage.search: "rlm.search", Stage.fan_out: "rlm.fan_out",
+                          Stage.collect: "rlm.collect", Stage.synthesize: "rlm.synthesize"}
+#: a job stuck before its chord exists is pushed on by sending this stage's task again; later stages are
+#: salvaged from what is stored instead (``salvage.py``)
+RESEND: dict[Stage, Stage] = {Stage.queued: Stage.plan, Stage.plan: Stage.plan, Stage.search: Stage.search}
+#: stages after the fan-out: the job's evidence is all in; what is left is writing the report
+FINISHING: frozenset[Stage] = frozenset({Stage.collect, Stage.synthesize})
+#: where each stage's ``run(ctx) -> str`` lives; "ok" means: go on to the chained stage
+RUNNERS: dict[Stage, str] = {Stage.plan: "plan", Stage.search: "search", Stage.fan_out: "fanout",
+                             Stage.collect: "collect", Stage.synthesize: "synthesize"}
+#: stages that time themselves: synthesize ends the job, so its time must be stored before the report is
+SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize})
+#: said on the job's error when a stage fails with a known error
+FAIL_PREFIX: dict[Stage, str] = {Stage.plan: "planning failed"}
+OK = "ok"
+
+
+def position(stage: str) -> int:
+    """Where a stored stage name stands in ``ORDER``; an ended job's (done, failed…) stands after all."""
+    try:
+        return ORDER.index(Stage(stage))
+    except ValueError:
+        return len(ORDER)
+
+
+@dataclass
+class StageContext:
+    """What a stage's ``run`` gets: an open connection, the job as it was when the stage began, settings."""
+
+    conn: psycopg.Connection
+    job: JobRow
+    stage: Stage
+    settings: Settings
+
+
+def fail_job(conn: psycopg.Connection, *, job_id: str, exc: BaseException, result: dict[str, Any] | None = None,
+             prefix: str | None = None) -> None:
+    log.warning("job %s failed: %s", job_id, exc)
+    job_store.finish_job(conn, job_id=job_id, status=JobStatus.failed, error=error_record(exc, prefix), result=result)
+
+
+class StageTimer:
+    """Adds a block's wall time to the job's ``timings`` under the stage's name."""
+
+    def __init__(self, conn: psycopg.Connection, job_id: str, stage: str) -> None:
+        self.conn, self.job_id, self.stage = conn, job_id, stage
+
+    def __enter__(self) -> StageTimer:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            job_store.add_timing(self.conn, job_id=self.job_id, stage=self.stage,
+                                 seconds=time.perf_counter() - self.t0)
+        except Exception:  # timings never hide the stage's own outcome
+            log.exception("could not record timing for job %s", self.job_id)
+
+
+def _runner(stage: Stage) -> Callable[[StageContext], str]:
+    return importlib.import_module(f"{__package__}.{RUNNERS[stage]}").run
+
+
+def run_stage(job_id: str, stage: Stage) -> str:
+    """Run ``stage`` of the job, then every stage ``CHAINED`` after it; returns the last one's outcome."""
+    current: Stage | None = stage
+    outcome = OK
+    while current is not None:
+        outcome = _run_one(job_id, current)
+        if outcome != OK:
+            return outcome
+        current = CHAINED.get(current)
+    return outcome
+
+
+def _run_one(job_id: str, stage: Stage) -> str:
+    settings = get_settings()
+    with connection() as conn:
+        job = job_store.get_job(conn, job_id=job_id)
+        if job is None or job.terminal:
+            return "skipped"
+        if position(job.stage) > position(stage):
+            return OK  # a redelivery of an earlier stage: the job is past it, pass on without moving it back
+        job_store.set_stage(conn, job_id=job_id, stage=stage)
+        ctx = StageContext(conn=conn, job=job, stage=stage, settings=settings)
+        try:
+            if stage in SELF_TIMED:
+                return _runner(stage)(ctx)
+            with StageTimer(conn, job_id, stage):
+                return _runner(stage)(ctx)
+        except DB_OUTAGE:
+            raise  # not the job's fault: the task retries
+        except RLMError as exc:
+            fail_job(conn, job_id=job_id, exc=exc, prefix=FAIL_PREFIX.get(stage))
+        except Exception as exc:  # the job must end, whatever broke
+            log.exception("%s stage crashed for job %s", stage, job_id)
+            fail_job(conn, job_id=job_id, exc=exc, prefix=f"{stage} failed")
+    return "failed"

@@ -1,0 +1,116 @@
+"""Plan: the planner model turns the query and the buffers' size into an ``AnalysisPlan``.
+
+Its messages, the parsing of its reply and the stage itself live here.  A planner
+failure ends the job with a clear error (docs/contract.md#pipeline-semantics);
+``--skip-plan`` or a plan already stored (a redelivery) skips the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from ..errors import BufferNotFound, ParseError
+from ..llm.protocol import CompletionRequest
+from ..models import AnalysisPlan, BatchSize, MaxChunks, SearchMode, Threshold, TopK
+from ..store import jobs as job_store
+from ..store.buffers import list_buffers
+from ..store.db import durable_write
+from .calls import call_llm
+from .flow import OK, StageContext
+from .prompts import load_prompt, system_message
+from .replies import clip, json_candidates
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..config import Settings
+
+log = logging.getLogger("rlm.pipeline.plan")
+
+PLAN_MAX_TOKENS = 1024
+#: what a planner may set, bounded as the user's own options are
+_PLANNED: dict[str, TypeAdapter[Any]] = {"search_mode": TypeAdapter(SearchMode), "threshold": TypeAdapter(Threshold),
+                                         "top_k": TypeAdapter(TopK), "max_chunks": TypeAdapter(MaxChunks),
+                                         "batch_size": TypeAdapter(BatchSize)}
+
+
+def build_messages(system_prompt: str, query: str, chunk_count: int, byte_size: int,
+                   buffers: Sequence[str]) -> list[dict[str, str]]:
+    user = (f"## Query\n\n{query}\n\n## Dataset\n\n"
+            f"- buffers: {', '.join(buffers)}\n- chunks: {chunk_count}\n- bytes: {byte_size}\n\n"
+            "Reply with the JSON plan only.")
+    return [system_message(system_prompt), {"role": "user", "content": user}]
+
+
+def parse_plan(text: str) -> AnalysisPlan:
+    """The planner's reply → a plan holding only the fields it set sensibly (the rest stays unset)."""
+    obj = next((v for v in json_candidates(text or "") if isinstance(v, dict)), None)
+    if obj is None:
+        raise ParseError(f"the planner reply is not a JSON object: {(text or '')[:120]!r}")
+    if len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
+        obj = next(iter(obj.values()))  # {"plan": {...}}
+    fields: dict[str, Any] = {}
+    for name, adapter in _PLANNED.items():
+        value = obj.get(name)
+        if isinstance(value, bool) or value is None:
+            continue
+        if name == "search_mode":
+            value = str(value).lower()
+        elif isinstance(value, int | float | str):
+            try:
+                value = float(value) if name == "threshold" else int(float(value))  # models send "20" or 20.0
+            except (ValueError, OverflowError):
+                continue
+        else:
+            continue
+        try:
+            fields[name] = adapter.validate_python(value)
+        except ValidationError:
+            continue  # out of bounds or not a number: the field stays unset
+    topics = obj.get("focus_topics")
+    if isinstance(topics, list):
+        fields["focus_topics"] = [clip(t, 200) for t in topics if isinstance(t, str) and t.strip()][:10]
+    return AnalysisPlan(**fields)
+
+
+def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> tuple[int, int]:
+    """(chunk count, byte size) over the job's buffers."""
+    infos = {b.name: b for b in list_buffers(conn, tenant=tenant)}
+    missing = [n for n in names if n not in infos]
+    if missing:
+        raise BufferNotFound(missing[0])
+    return sum(infos[n].chunks for n in names), sum(infos[n].bytes for n in names)
+
+
+def _prefetch_query_vector(query: str, settings: Settings) -> None:
+    """Embed the query while the planner thinks, so the search that follows finds the vector cached."""
+    from ..search.service import query_vector
+
+    def run() -> None:
+        try:
+            query_vector(settings.embedding_model, query)
+        except Exception:  # only a head start; the search embeds it again and reports errors
+            log.debug("query vector prefetch failed", exc_info=True)
+
+    threading.Thread(target=run, name="rlm-query-vector", daemon=True).start()
+
+
+def run(ctx: StageContext) -> str:
+    job, conn, settings = ctx.job, ctx.conn, ctx.settings
+    if job.plan is not None or job.options.get("skip_plan"):
+        return OK
+    _prefetch_query_vector(job.query, settings)
+    chunks, size = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
+    messages = build_messages(load_prompt("primary", prompt_dir=settings.prompt_dir), job.query, chunks, size,
+                              job.buffers)
+    completion = call_llm(conn, job_id=job.id, stage="plan", request=CompletionRequest(
+        role="plan", model=settings.primary_model, messages=messages, max_tokens=PLAN_MAX_TOKENS, json_output=True))
+    planned = parse_plan(completion.text).model_dump(exclude_unset=True)
+    # paid for: a database blink is waited out rather than answered by a second planner call
+    durable_write(conn, lambda c: job_store.save_plan(c, job_id=job.id, plan=planned), what=f"plan of job {job.id}")
+    return OK

@@ -1,0 +1,43 @@
+"""Finding JSON in a model's reply, leniently (PaperQA2 style), for the stages that parse one.
+
+Models wrap JSON in prose or fences, or rename the wrapping key; the parsers of
+plan and analyst replies accept all of that, cap what the limits cap
+(docs/contract.md#limits), and raise ``ParseError`` only when no JSON of the
+right shape can be found at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..constants import MAX_FINDING_BYTES
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
+
+
+def json_candidates(text: str) -> list[Any]:
+    """Every JSON value we can find: the whole text, fenced blocks, then the outermost brackets."""
+    out: list[Any] = []
+    stripped = text.strip()
+    pieces = [stripped] + [m.group(1).strip() for m in _FENCE.finditer(text)]
+    for open_, close in (("[", "]"), ("{", "}")):
+        i, j = stripped.find(open_), stripped.rfind(close)
+        if 0 <= i < j:
+            pieces.append(stripped[i:j + 1])
+    for piece in pieces:
+        try:
+            out.append(json.loads(piece))
+        except (ValueError, RecursionError):
+            continue
+    return out
+
+
+def clip(s: Any, limit: int = MAX_FINDING_BYTES) -> str:
+    """Text of at most ``limit`` UTF-8 bytes (an ellipsis marks a cut); non-strings as JSON."""
+    text = s if isinstance(s, str) else json.dumps(s, ensure_ascii=False) if s is not None else ""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", "ignore") + "…"

@@ -1,0 +1,78 @@
+"""What a process builds once and shares between its tasks: the Redis client and the LLM provider.
+
+Built on first use (importing this starts nothing), one per process.  ``reset()``
+drops them so the next use rebuilds from the current settings — ``reset_settings``
+calls it, so a test that switches brokers or models never talks to the old ones;
+``use(provider=...)`` swaps one in for a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .llm.protocol import LLMProvider
+
+_lock = threading.RLock()  # re-entrant: building the provider builds the Redis client
+_built: dict[str, Any] = {}
+
+
+def _get(name: str, build: Any) -> Any:
+    value = _built.get(name)
+    if value is None:
+        with _lock:
+            value = _built.get(name)
+            if value is None:
+                value = _built[name] = build()
+    return value
+
+
+def redis_client() -> Any:
+    """The process's Redis client (the broker's server): limiter leases, locks, the broker epoch."""
+
+    def build() -> Any:
+        import redis
+
+        from .config import get_settings
+        from .local_servers import broker_url
+
+        return redis.Redis.from_url(broker_url(get_settings()), socket_timeout=10, health_check_interval=30)
+
+    return _get("redis", build)
+
+
+def provider() -> LLMProvider:
+    """The process's LLM provider, chosen by the registry from the settings."""
+
+    def build() -> LLMProvider:
+        from .config import get_settings
+        from .llm.registry import build_provider
+
+        return build_provider(get_settings(), redis_client)
+
+    return _get("provider", build)
+
+
+def reset() -> None:
+    with _lock:
+        _built.clear()
+
+
+@contextlib.contextmanager
+def use(**resources: Any) -> Iterator[None]:
+    """Swap resources in for a block (``use(provider=fake)``); the previous ones come back after."""
+    with _lock:
+        before = {k: _built.get(k) for k in resources}
+        _built.update(resources)
+    try:
+        yield
+    finally:
+        with _lock:
+            for k, v in before.items():
+                if v is None:
+                    _built.pop(k, None)
+                else:
+                    _built[k] = v

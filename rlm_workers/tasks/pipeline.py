@@ -1,0 +1,56 @@
+"""The query pipeline's Celery tasks: thin adapters, one line of logic each.
+
+What each stage does lives in ``pipeline/<stage>.py``, the order of the stages
+in ``pipeline/flow.py``.  Task arguments are ids, never chunk text; queues are
+routed by name in ``celery_app.py``.  Retries on a database outage are declared
+by ``DurableTask``.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from ..pipeline import analyst as analyst_stage
+from ..pipeline import salvage as salvage_stage
+from ..pipeline.flow import Stage, run_stage
+from .base import DurableTask
+
+
+@shared_task(name="rlm.plan", base=DurableTask, bind=True)
+def plan(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.plan)
+
+
+@shared_task(name="rlm.search", base=DurableTask, bind=True)
+def search(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.search)
+
+
+@shared_task(name="rlm.fan_out", base=DurableTask, bind=True)
+def fan_out(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.fan_out)
+
+
+@shared_task(name="rlm.analyst", base=DurableTask, bind=True)
+def analyst(self: DurableTask, job_id: str, batch_no: int) -> dict:
+    return analyst_stage.run(job_id, batch_no)
+
+
+@shared_task(name="rlm.collect", base=DurableTask, bind=True)
+def collect(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.collect)
+
+
+@shared_task(name="rlm.synthesize", base=DurableTask, bind=True)
+def synthesize(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.synthesize)
+
+
+@shared_task(name="rlm.salvage", base=DurableTask, bind=True)
+def salvage(self: DurableTask, job_id: str) -> str:
+    return salvage_stage.salvage(job_id)
+
+
+@shared_task(name="rlm.watchdog", base=DurableTask, bind=True)
+def watchdog(self: DurableTask, job_id: str, rearms: int = 0) -> str:
+    return salvage_stage.watchdog(job_id, rearms)

@@ -1,0 +1,118 @@
+"""The stage order and the shared prologue (pipeline/flow.py) on a real PostgreSQL, no broker needed:
+every path below ends before a message would be sent."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+
+def _job(stage: str, **fields: object) -> str:
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    job_id = "fl" + uuid.uuid4().hex
+    with connection() as conn:
+        job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["nope"], options={})
+        job_store.set_stage(conn, job_id=job_id, stage=stage)
+        if fields.get("task_ids"):
+            job_store.add_task_ids(conn, job_id=job_id, task_ids=fields["task_ids"])
+        if fields.get("batches"):
+            job_store.save_search(conn, job_id=job_id, params={}, tier="tiny", chunks_available=1,
+                                  chunk_load_failures=0, batches=fields["batches"])
+    return job_id
+
+
+def _get(job_id: str):  # noqa: ANN202
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    with connection() as conn:
+        return job_store.get_job(conn, job_id=job_id)
+
+
+def test_the_order_is_written_once_and_covers_every_task():
+    from rlm_workers.pipeline.flow import CHAINED, ORDER, RESEND, RUNNERS, TASK, Stage, position
+
+    assert ORDER[0] == Stage.queued and set(ORDER) == set(Stage)
+    # a chained stage always comes right after the one that chains it
+    assert all(position(b) == position(a) + 1 for a, b in CHAINED.items())
+    assert set(TASK) == set(RUNNERS) == set(ORDER) - {Stage.queued}
+    # re-sending is only for stages before the chord exists; later ones are salvaged
+    assert all(position(s) < position(Stage.fan_out) for s in RESEND)
+    assert position("done") > position(Stage.synthesize) and position("failed") == position("cancelled")
+
+
+def test_a_redelivered_plan_never_moves_a_job_back(settings):
+    from rlm_workers.pipeline.flow import Stage, run_stage
+
+    job_id = _job("fan_out", batches=[[1]], task_ids=["chord-id"])
+    # plan and search pass on (the job is past them) and the fan-out sees its chord already sent
+    assert run_stage(job_id, Stage.plan) == "already launched"
+    job = _get(job_id)
+    assert job.stage == "fan_out" and job.status == "running" and "plan" not in job.timings
+
+
+def test_a_known_error_ends_the_job_with_its_message_and_the_stage_timing(settings):
+    from rlm_workers.pipeline.flow import Stage, run_stage
+
+    job_id = _job("queued")  # its buffer does not exist: the search's known error
+    assert run_stage(job_id, Stage.search) == "failed"
+    job = _get(job_id)
+    assert job.status == "failed" and job.error["type"] == "buffer_not_found" and "nope" in job.error["message"]
+    assert "search" in job.timings
+
+
+def test_a_crash_ends_the_job_as_the_stage_failing(settings, monkeypatch):
+    from rlm_workers.pipeline import flow
+
+    def boom(ctx: object) -> str:
+        raise ZeroDivisionError("bad arithmetic")
+
+    monkeypatch.setattr(flow, "_runner", lambda stage: boom)
+    job_id = _job("queued")
+    assert flow.run_stage(job_id, flow.Stage.collect) == "failed"
+    job = _get(job_id)
+    assert job.status == "failed" and job.error == {"type": "ZeroDivisionError",
+                                                    "message": "collect failed: bad arithmetic"}
+
+
+def test_an_ended_job_is_skipped_untouched(settings):
+    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    job_id = _job("plan")
+    with connection() as conn:
+        job_store.cancel_job(conn, job_id=job_id, tenant="local")
+    assert run_stage(job_id, Stage.search) == "skipped"
+    assert _get(job_id).stage == "cancelled"
+
+
+@pytest.mark.parametrize("stage", ["plan", "search", "collect", "synthesize"])
+def test_a_database_outage_is_left_to_the_task_to_retry(settings, monkeypatch, stage):
+    import psycopg
+
+    from rlm_workers.pipeline import flow
+
+    def away(ctx: object) -> str:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(flow, "_runner", lambda s: away)
+    job_id = _job("queued")
+    with pytest.raises(psycopg.OperationalError):
+        flow.run_stage(job_id, flow.Stage(stage))
+    assert _get(job_id).status == "running"  # not failed: a retry goes on where it was
+
+
+def test_tasks_declare_their_outage_retries():
+    from rlm_workers.celery_app import app
+    from rlm_workers.store.db import DB_OUTAGE
+
+    app.loader.import_default_modules()
+    names = ["rlm.plan", "rlm.search", "rlm.fan_out", "rlm.analyst", "rlm.collect", "rlm.synthesize", "rlm.salvage",
+             "rlm.watchdog", "rlm.ingest", "rlm.embed", "rlm.batch.tick", "rlm.batch.reconcile"]
+    for name in names:
+        task = app.tasks[name]
+        assert tuple(task.autoretry_for) == DB_OUTAGE and task.max_retries == 30, name
