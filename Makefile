@@ -39,6 +39,7 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: install
 	$(PY) bench/search.py

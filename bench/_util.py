@@ -159,19 +159,21 @@ def wait_for_quiet(max_wait: float, busy_below: float = 0.25) -> float:
 
 def machine_markdown() -> str:
     """The machine block of RESULTS.md: what `nproc`, `free -g`, `lscpu | head` and `date -u` say now."""
-    return "\n".join([
-        f"- date (`date -u`): {_sh('date -u')}",
-        f"- `nproc`: {_sh('nproc')}",
-        f"- python: {platform.python_version()} ({sys.executable})",
-        f"- load average (1/5/15 min): {loadavg()}",
-        "",
-        "```",
-        "$ free -g",
-        _sh("free -g"),
-        "$ lscpu | head",
-        _sh("lscpu | head"),
-        "```",
-    ])
+    return "\n".join(
+        [
+            f"- date (`date -u`): {_sh('date -u')}",
+            f"- `nproc`: {_sh('nproc')}",
+            f"- python: {platform.python_version()} ({sys.executable})",
+            f"- load average (1/5/15 min): {loadavg()}",
+            "",
+            "```",
+            "$ free -g",
+            _sh("free -g"),
+            "$ lscpu | head",
+            _sh("lscpu | head"),
+            "```",
+        ]
+    )
 
 
 def command_line() -> str:

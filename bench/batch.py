@@ -17,7 +17,8 @@ PostgreSQL+pgvector, all under bench/_data/batch.
 
 Reported:
 
-* **share of the RPM budget** (the provider's ``--rpm``): for every full 60 s window from the first request until the batch ran out of
+* **share of the RPM budget** (the provider's ``--rpm``): for every full 60 s window from the first request
+  until the batch ran out of
   items to schedule (after that the tail cannot use the budget), accepted requests in the window / RPM;
   mean and minimum over windows slid by 1 s.  Target >= 90 %.
 * **429 rate**: 429 answers / all requests the server saw.  Target < 1 %.
@@ -44,8 +45,20 @@ sys.path.insert(0, str(_util.REPO))  # tests.support.* (scripted server, worker 
 
 WINDOW = 60.0
 BUFFERS = ("batch-a", "batch-b", "batch-c", "batch-d")
-TOPICS = ("tidal power", "sourdough", "bookbinding", "glaciers", "bee colonies", "railway signals",
-          "coral reefs", "chess openings", "violin varnish", "irrigation", "lighthouses", "marbling")
+TOPICS = (
+    "tidal power",
+    "sourdough",
+    "bookbinding",
+    "glaciers",
+    "bee colonies",
+    "railway signals",
+    "coral reefs",
+    "chess openings",
+    "violin varnish",
+    "irrigation",
+    "lighthouses",
+    "marbling",
+)
 _CHUNK_ID = re.compile(r"### Chunk (\d+)\n")
 SHARE_TARGET, RATE_429_TARGET = 0.90, 0.01
 
@@ -70,14 +83,29 @@ class RpmModel:
             if len(self.window) >= self.rpm:
                 wait = self.window[0] + WINDOW - now
                 self.rejected.append(now)
-                return Reply.http_error(429, f"Rate limit reached: {self.rpm} requests per min", type="requests",
-                                        code="rate_limit_exceeded", headers={"Retry-After": f"{max(wait, 0.05):.2f}"})
+                return Reply.http_error(
+                    429,
+                    f"Rate limit reached: {self.rpm} requests per min",
+                    type="requests",
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": f"{max(wait, 0.05):.2f}"},
+                )
             self.window.append(now)
             self.accepted.append(now)
         if req.get("model") == "analyst-model":
             ids = _CHUNK_ID.findall(last_user_message(req))
-            content = json.dumps([{"chunk_id": int(cid), "relevance": "medium", "findings": [f"Chunk {cid} notes."],
-                                   "summary": "notes", "follow_up": []} for cid in ids])
+            content = json.dumps(
+                [
+                    {
+                        "chunk_id": int(cid),
+                        "relevance": "medium",
+                        "findings": [f"Chunk {cid} notes."],
+                        "summary": "notes",
+                        "follow_up": [],
+                    }
+                    for cid in ids
+                ]
+            )
         elif req.get("model") == "plan-model":
             content = json.dumps({"search_mode": "hybrid", "threshold": -1.0})
         else:
@@ -92,13 +120,15 @@ def build_corpus(root: Path) -> dict[str, Path]:
         d.mkdir(parents=True, exist_ok=True)
         for i in range(3):
             topic = TOPICS[(b * 3 + i) % len(TOPICS)]
-            (d / f"{i}.md").write_text(f"# Notes on {topic}\n\nPeople who study {topic} keep careful records. "
-                                       f"The history of {topic} is long and practitioners disagree about methods.\n")
+            (d / f"{i}.md").write_text(
+                f"# Notes on {topic}\n\nPeople who study {topic} keep careful records. "
+                f"The history of {topic} is long and practitioners disagree about methods.\n"
+            )
         out[name] = d
     return out
 
 
-def ensure_buffers(conn, dirs: dict[str, Path]) -> None:  # noqa: ANN001
+def ensure_buffers(conn, dirs: dict[str, Path]) -> None:
     from rlm_workers.ingest.loader import load_paths
 
     for name, d in dirs.items():
@@ -119,13 +149,17 @@ def window_shares(accepted: list[float], start: float, end: float, rpm: int) -> 
     return out
 
 
-def main() -> None:  # noqa: PLR0915
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=200, help="(query, buffer) items; rounded up to a multiple of 4")
     ap.add_argument("--rpm", type=int, default=120, help="the provider's limit and RLM_RPM (default 120)")
-    ap.add_argument("--headroom", type=float, default=0.05,
-                    help="RLM_RPM = floor(rpm × (1 - headroom)): room for requests that reach the provider in a "
-                         "different order than the limiter charged them (default 0.05; 0 = RLM_RPM equal to the limit)")
+    ap.add_argument(
+        "--headroom",
+        type=float,
+        default=0.05,
+        help="RLM_RPM = floor(rpm × (1 - headroom)): room for requests that reach the provider in a "
+        "different order than the limiter charged them (default 0.05; 0 = RLM_RPM equal to the limit)",
+    )
     ap.add_argument("--latency-ms", type=float, default=200.0, help="latency of every accepted call")
     ap.add_argument("--parallel", type=int, default=None, help="RLM_BATCH_PARALLEL (default: the setting's, 4)")
     ap.add_argument("--tick", type=float, default=None, help="RLM_BATCH_TICK_SECONDS (default: the setting's, 2)")
@@ -179,8 +213,10 @@ def main() -> None:  # noqa: PLR0915
         logs = data_dir / "logs"
         logs.mkdir(exist_ok=True)
         workers = [WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=4)]
-        workers += [WorkerProcess(f"an{i}", queues="rlm.analyst", env={}, log_dir=logs,
-                                  concurrency=args.analyst_concurrency) for i in (1, 2)]
+        workers += [
+            WorkerProcess(f"an{i}", queues="rlm.analyst", env={}, log_dir=logs, concurrency=args.analyst_concurrency)
+            for i in (1, 2)
+        ]
         for w in workers:
             w.start()
 
@@ -188,8 +224,13 @@ def main() -> None:  # noqa: PLR0915
         queries = [f"Run {nonce}: what do the notes say about question {i}?" for i in range(n_queries)]
         srv.reset()
         t0 = time.time()
-        batch_id, _ = submit_overnight(conn, tenant="local", queries=queries, buffers=list(BUFFERS),
-                                       options={"skip_plan": True, "threshold": -1.0, "max_chunks": 1})
+        batch_id, _ = submit_overnight(
+            conn,
+            tenant="local",
+            queries=queries,
+            buffers=list(BUFFERS),
+            options={"skip_plan": True, "threshold": -1.0, "max_chunks": 1},
+        )
         n_items = n_queries * len(BUFFERS)
         print(f"batch {batch_id}: {n_items} items, rpm {args.rpm}", flush=True)
         last_print = 0.0
@@ -197,8 +238,10 @@ def main() -> None:  # noqa: PLR0915
             b = store.get_overnight(conn, batch_id=batch_id)
             p = store.progress(conn, batch_id=batch_id)
             if time.time() - last_print > 10:
-                print(f"  {time.time() - t0:6.0f}s {p.counts} accepted={len(model.accepted)} "
-                      f"429={len(model.rejected)}", flush=True)
+                print(
+                    f"  {time.time() - t0:6.0f}s {p.counts} accepted={len(model.accepted)} 429={len(model.rejected)}",
+                    flush=True,
+                )
                 last_print = time.time()
             if b.status == "done":
                 break
@@ -207,11 +250,17 @@ def main() -> None:  # noqa: PLR0915
             time.sleep(0.5)
         t_end = time.time()
         p = store.progress(conn, batch_id=batch_id)
-        (last_submit,) = conn.execute("SELECT extract(epoch FROM max(submitted_at)) FROM batch_items "
-                                      "WHERE batch_id = %s", (batch_id,)).fetchone()
-        lat = [float(r[0]) for r in conn.execute(
-            "SELECT extract(epoch FROM finished_at - submitted_at) FROM batch_items WHERE batch_id = %s "
-            "AND submitted_at IS NOT NULL", (batch_id,))]
+        (last_submit,) = conn.execute(
+            "SELECT extract(epoch FROM max(submitted_at)) FROM batch_items WHERE batch_id = %s", (batch_id,)
+        ).fetchone()
+        lat = [
+            float(r[0])
+            for r in conn.execute(
+                "SELECT extract(epoch FROM finished_at - submitted_at) FROM batch_items WHERE batch_id = %s "
+                "AND submitted_at IS NOT NULL",
+                (batch_id,),
+            )
+        ]
         accepted, rejected = list(model.accepted), list(model.rejected)
         first = min(accepted)
         shares = window_shares(accepted, first, float(last_submit), args.rpm)
@@ -221,35 +270,38 @@ def main() -> None:  # noqa: PLR0915
         mean_share = sum(shares) / len(shares) if shares else float("nan")
         min_share = min(shares) if shares else float("nan")
         ok = shares and mean_share >= SHARE_TARGET and rate429 < RATE_429_TARGET and p.counts["done"] == n_items
-        md = "\n".join([
-            f"## Batch throughput under a provider RPM limit (`bench/batch.py`, headroom {args.headroom:.0%})",
-            "",
-            f"Command: `{_util.command_line()}`",
-            "",
-            _util.machine_markdown(),
-            "",
-            f"Setup: one batch of {n_items} items ({n_queries} queries × {len(BUFFERS)} buffers, `skip_plan`, one "
-            f"chunk each: 1 analyst + 1 synthesizer call per item); scripted provider limit {args.rpm} RPM "
-            f"(sliding 60 s window over accepted requests, 429 + Retry-After beyond it), {args.latency_ms:.0f} ms "
-            f"per call; `RLM_RPM={budget}` ({args.headroom:.0%} headroom) shared by the workers through Redis; workers `ctl` (rlm.control, -c 4) "
-            f"+ `an1`, `an2` (rlm.analyst, -c {args.analyst_concurrency}); `RLM_BATCH_PARALLEL="
-            f"{settings.batch_parallel}`, `RLM_BATCH_TICK_SECONDS={settings.batch_tick_seconds:g}`.",
-            "",
-            "| metric | value | target |",
-            "| --- | --- | --- |",
-            f"| items done / total | {p.counts['done']} / {n_items} (failed {p.counts['failed']}) | all |",
-            f"| share of the RPM budget, mean over full 60 s windows (first request → last item scheduled, "
-            f"{len(shares)} windows) | {mean_share:.1%} | ≥ {SHARE_TARGET:.0%} |",
-            f"| share of the RPM budget, worst window | {min_share:.1%} | |",
-            f"| 429 answers / requests | {len(rejected)} / {total} = {rate429:.2%} | < {RATE_429_TARGET:.0%} |",
-            f"| wall time (submit → batch done) | {elapsed:.0f} s | |",
-            f"| accepted requests per minute, whole run (incl. the tail) | "
-            f"{len(accepted) / (max(accepted) - first) * 60:.0f} | {args.rpm} |",
-            f"| item latency submitted → finished, p50 / p95 | {_util.percentile(lat, 50):.1f} s / "
-            f"{_util.percentile(lat, 95):.1f} s | |",
-            "",
-            f"Result: {'meets both targets' if ok else 'MISSES a target (see above)'}.",
-        ])
+        md = "\n".join(
+            [
+                f"## Batch throughput under a provider RPM limit (`bench/batch.py`, headroom {args.headroom:.0%})",
+                "",
+                f"Command: `{_util.command_line()}`",
+                "",
+                _util.machine_markdown(),
+                "",
+                f"Setup: one batch of {n_items} items ({n_queries} queries × {len(BUFFERS)} buffers, `skip_plan`, one "
+                f"chunk each: 1 analyst + 1 synthesizer call per item); scripted provider limit {args.rpm} RPM "
+                f"(sliding 60 s window over accepted requests, 429 + Retry-After beyond it), {args.latency_ms:.0f} ms "
+                f"per call; `RLM_RPM={budget}` ({args.headroom:.0%} headroom) shared by the workers through Redis; "
+                "workers `ctl` (rlm.control, -c 4) "
+                f"+ `an1`, `an2` (rlm.analyst, -c {args.analyst_concurrency}); `RLM_BATCH_PARALLEL="
+                f"{settings.batch_parallel}`, `RLM_BATCH_TICK_SECONDS={settings.batch_tick_seconds:g}`.",
+                "",
+                "| metric | value | target |",
+                "| --- | --- | --- |",
+                f"| items done / total | {p.counts['done']} / {n_items} (failed {p.counts['failed']}) | all |",
+                f"| share of the RPM budget, mean over full 60 s windows (first request → last item scheduled, "
+                f"{len(shares)} windows) | {mean_share:.1%} | ≥ {SHARE_TARGET:.0%} |",
+                f"| share of the RPM budget, worst window | {min_share:.1%} | |",
+                f"| 429 answers / requests | {len(rejected)} / {total} = {rate429:.2%} | < {RATE_429_TARGET:.0%} |",
+                f"| wall time (submit → batch done) | {elapsed:.0f} s | |",
+                f"| accepted requests per minute, whole run (incl. the tail) | "
+                f"{len(accepted) / (max(accepted) - first) * 60:.0f} | {args.rpm} |",
+                f"| item latency submitted → finished, p50 / p95 | {_util.percentile(lat, 50):.1f} s / "
+                f"{_util.percentile(lat, 95):.1f} s | |",
+                "",
+                f"Result: {'meets both targets' if ok else 'MISSES a target (see above)'}.",
+            ]
+        )
         print(md, flush=True)
     finally:
         for w in workers:

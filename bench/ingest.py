@@ -108,7 +108,7 @@ def run_load(corpus: Path, data_dir: Path) -> tuple[dict, float, dict[str, float
     return json.loads(proc.stdout.strip().splitlines()[-1]), wall, cpu
 
 
-def loader_windows(corpus: Path, embedder) -> tuple[list[str], int, int]:  # noqa: ANN001
+def loader_windows(corpus: Path, embedder) -> tuple[list[str], int, int]:
     """The windows `rlm load` encodes, in its order: (windows, files, chunks)."""
     from rlm_workers.ingest.chunkers import chunk_text
     from rlm_workers.ingest.files import discover, read_text
@@ -127,13 +127,13 @@ def loader_windows(corpus: Path, embedder) -> tuple[list[str], int, int]:  # noq
     return windows, files, chunks
 
 
-def raw_encode(embedder, windows: list[str], batch: int) -> tuple[float, float, float]:  # noqa: ANN001
+def raw_encode(embedder, windows: list[str], batch: int) -> tuple[float, float, float]:
     """(wall s, CPU s, other processes' CPU share) to encode ``windows`` in the loader's batches."""
     embedder.encode(windows[:batch], batch_size=batch)  # warm-up: first-call allocations, not throughput
     others = _util.OtherCpu()
     c0, t0 = time.process_time(), time.perf_counter()
     for i in range(0, len(windows), batch):  # consecutive slices of ``batch``, as the loader cuts them
-        part = windows[i:i + batch]
+        part = windows[i : i + batch]
         embedder.encode(part, batch_size=len(part))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return wall, cpu, others.share(cpu)
@@ -147,12 +147,14 @@ def report(md_args: dict) -> str:
     chunks, wins = rep["chunks_written"], rep["windows_embedded"]
 
     def row(label: str, secs: float) -> str:
-        return (f"| {label} | {secs:.1f} | {kb / secs:.1f} | {chunks / secs:.2f} | {wins / secs:.1f} | "
-                f"{raw_s / secs:.0%} |")
+        return (
+            f"| {label} | {secs:.1f} | {kb / secs:.1f} | {chunks / secs:.2f} | {wins / secs:.1f} | {raw_s / secs:.0%} |"
+        )
 
     kinds = ", ".join(f"{v / 1e6:.2f} MB {k}" for k, v in a["kinds"].items())
     lines = [
-        "## Ingest throughput (`bench/ingest.py`)", "",
+        "## Ingest throughput (`bench/ingest.py`)",
+        "",
         f"- command: `{_util.command_line()}`",
         f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; "
         f"load average then: {_util.loadavg()}; share of the CPU used by other processes just before / during "
@@ -165,22 +167,27 @@ def report(md_args: dict) -> str:
         f"3–5 MB): the encoder manages {len(a['windows']) / raw_s:.0f} windows/s on this box and the bench "
         "encodes everything twice, so 3 MB keeps it to a few minutes.",
         f"- load: `rlm load DIR --buffer {BUFFER} --format json` as a subprocess (the real CLI) into a fresh "
-        "embedded PostgreSQL; \"load_paths\" time is the report's `seconds` (discovery → commit, model already "
-        "loaded); \"whole process\" is the subprocess wall clock (adds start-up, model load, BM25 warm-up).",
+        'embedded PostgreSQL; "load_paths" time is the report\'s `seconds` (discovery → commit, model already '
+        'loaded); "whole process" is the subprocess wall clock (adds start-up, model load, BM25 warm-up).',
         f"- raw: `SentenceTransformer.encode` through the project's embedder (`get_embedder().encode`), in "
         f"this process, over the same {len(a['windows']):,} windows (re-derived with the loader's discovery "
         f"order, chunker and `window_texts`, checked equal in number to the load's), batch {a['batch']}, "
-        "after one warm-up batch; only `encode` is timed.", "",
-        f"{chunks:,} chunks, {wins:,} windows ({wins / chunks:.2f} per chunk).", "",
+        "after one warm-up batch; only `encode` is timed.",
+        "",
+        f"{chunks:,} chunks, {wins:,} windows ({wins / chunks:.2f} per chunk).",
+        "",
         "| run | seconds | KB/s | chunks/s | windows/s | speed vs raw encode |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
         row("raw `encode`, same windows", raw_s),
         row("`rlm load`: load_paths", load_s),
-        row("`rlm load`: whole process", wall), "",
+        row("`rlm load`: whole process", wall),
+        "",
         f"CPU seconds (2 cores, so at most {2 * wall:.0f} in the load's {wall:.0f} s): the `rlm load` process "
         f"{a['cpu']['rlm']:.0f}, the embedded PostgreSQL during it {a['cpu']['postgres']:.0f} (COPY, HNSW "
-        f"inserts, commit); raw encode {a['cpu']['raw']:.0f}.", "",
-        "### Target", "",
+        f"inserts, commit); raw encode {a['cpu']['raw']:.0f}.",
+        "",
+        "### Target",
+        "",
         f"- `rlm load` (load_paths) speed / raw encode speed = {ratio:.0%} (target ≥ {TARGET_RATIO:.0%}): "
         f"**{'met' if ratio >= TARGET_RATIO else 'MISSED'}**",
         f"- whole `rlm load` process / raw encode = {ratio_wall:.0%}, counting the {wall - load_s:.1f} s "
@@ -195,8 +202,13 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=3.0, help="corpus size in MB of 10^6 bytes (default 3)")
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL running")
-    ap.add_argument("--wait-quiet", type=float, default=180, metavar="SECONDS",
-                    help="wait up to this long for other processes to leave the CPU idle before each timed run")
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=180,
+        metavar="SECONDS",
+        help="wait up to this long for other processes to leave the CPU idle before each timed run",
+    )
     args = ap.parse_args()
 
     data_dir = _util.isolated_env("ingest")
@@ -219,10 +231,15 @@ def main() -> None:
 
             embedder = get_embedder()
             windows, files, chunks = loader_windows(corpus, embedder)
-            if (files, chunks, len(windows)) != (rep["files_loaded"], rep["chunks_written"],
-                                                 rep["windows_embedded"]):
-                raise SystemExit(f"window mismatch: bench derived {files} files, {chunks} chunks, "
-                                 f"{len(windows)} windows; the load reported {rep}")
+            if (files, chunks, len(windows)) != (
+                rep["files_loaded"],
+                rep["chunks_written"],
+                rep["windows_embedded"],
+            ):
+                raise SystemExit(
+                    f"window mismatch: bench derived {files} files, {chunks} chunks, "
+                    f"{len(windows)} windows; the load reported {rep}"
+                )
             busy["raw"] = _util.wait_for_quiet(args.wait_quiet)
             raw_s, cpu["raw"], cpu["others_raw"] = raw_encode(embedder, windows, batch)
             print(f"raw encode: {raw_s:.1f} s for {len(windows)} windows", flush=True)
@@ -230,8 +247,18 @@ def main() -> None:
             if not args.keep_servers:
                 _util.stop_servers(data_dir)
 
-    md = report({"report": rep, "wall": wall, "raw_s": raw_s, "windows": windows, "batch": batch, "kinds": kinds,
-                 "busy": busy, "cpu": cpu})
+    md = report(
+        {
+            "report": rep,
+            "wall": wall,
+            "raw_s": raw_s,
+            "windows": windows,
+            "batch": batch,
+            "kinds": kinds,
+            "busy": busy,
+            "cpu": cpu,
+        }
+    )
     md += f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
     print()
     print(md)

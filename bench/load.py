@@ -80,7 +80,7 @@ def client(base: str, key: str, stop: threading.Event, rec: Recorder, seed: int)
                 r = c.post("/v1/queries", json=body)
                 ok = r.status_code == 202
                 rec.add("POST /v1/queries", time.perf_counter() - t0, ok, f"{r.status_code} {r.text[:200]}")
-            except Exception as exc:  # noqa: BLE001 - every failure is counted, none stops the run
+            except Exception as exc:
                 rec.add("POST /v1/queries", time.perf_counter() - t0, False, repr(exc))
                 continue
             if not ok:
@@ -93,9 +93,13 @@ def client(base: str, key: str, stop: threading.Event, rec: Recorder, seed: int)
                 t0 = time.perf_counter()
                 try:
                     v = c.get(f"/v1/queries/{job_id}")
-                    rec.add("GET /v1/queries/{id}", time.perf_counter() - t0, v.status_code == 200,
-                            f"{v.status_code} {v.text[:200]}")
-                except Exception as exc:  # noqa: BLE001
+                    rec.add(
+                        "GET /v1/queries/{id}",
+                        time.perf_counter() - t0,
+                        v.status_code == 200,
+                        f"{v.status_code} {v.text[:200]}",
+                    )
+                except Exception as exc:
                     rec.add("GET /v1/queries/{id}", time.perf_counter() - t0, False, repr(exc))
                     continue
                 status = v.json().get("status")
@@ -118,12 +122,21 @@ def main() -> None:
     for var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL"):
         os.environ.pop(var, None)  # the offline provider: this measures the system, not a model
     rlm = [sys.executable, "-m", "rlm_api.cli"]
-    subprocess.run(rlm + ["load", "rlm_workers", "rlm_api", "README.md", "--buffer", "self"], cwd=REPO, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        rlm + ["load", "rlm_workers", "rlm_api", "README.md", "--buffer", "self"],
+        cwd=REPO,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     api_port, flower_port = _free_port(), _free_port()
-    log = open(data_dir / "up.log", "w+")  # noqa: SIM115
-    up = subprocess.Popen(rlm + ["up", "--api-port", str(api_port), "--flower-port", str(flower_port),
-                                 "--analysts", "16"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+    log = open(data_dir / "up.log", "w+")
+    up = subprocess.Popen(
+        rlm + ["up", "--api-port", str(api_port), "--flower-port", str(flower_port), "--analysts", "16"],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{api_port}"
     try:
         import httpx
@@ -142,8 +155,9 @@ def main() -> None:
         key = re.search(r"api key\s+(rlm_\S+)", (data_dir / "up.log").read_text()).group(1)
         time.sleep(5)  # let every worker report in
         rec, stop = Recorder(), threading.Event()
-        threads = [threading.Thread(target=client, args=(base, key, stop, rec, i), daemon=True)
-                   for i in range(args.clients)]
+        threads = [
+            threading.Thread(target=client, args=(base, key, stop, rec, i), daemon=True) for i in range(args.clients)
+        ]
         load_before = loadavg()
         t0 = time.perf_counter()
         for t in threads:
@@ -163,32 +177,38 @@ def main() -> None:
         stop_servers(data_dir)
 
     requests = sum(len(v) for k, v in rec.latency.items() if k != "job")
-    rows = [f"| {ep} | {len(v)} | {percentile(v, 50) * 1000:.1f} | {percentile(v, 99) * 1000:.1f} |"
-            for ep, v in sorted(rec.latency.items()) if ep != "job"]
-    body = "\n".join([
-        "## Load (`bench/load.py`)",
-        "",
-        f"- command: `{command_line()}`",
-        f"- run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average before: {load_before}, "
-        f"after: {loadavg()}",
-        f"- stack: `rlm up` (embedded PostgreSQL + Valkey, control worker -c 4, analyst worker -c 16 threads, "
-        f"ingest worker, API with 1 uvicorn process); {args.clients} clients each submitting a query to a "
-        "buffer of the project's own source, then polling it every 0.5 s until it ends; offline "
-        "extractive provider.",
-        "",
-        "| measure | value |",
-        "| --- | ---: |",
-        f"| duration | {wall:.0f} s |",
-        f"| queries submitted | {rec.submitted} ({rec.submitted / wall:.2f}/s sustained) |",
-        f"| queries finished | {len(rec.finished)} ({len(rec.finished) / wall:.2f}/s) |",
-        f"| job wall time p50 / p99 | {percentile(rec.finished, 50):.2f} s / {percentile(rec.finished, 99):.2f} s |",
-        f"| API requests | {requests} |",
-        f"| failed requests or jobs | **{len(rec.failures)}** |",
-        "",
-        "| endpoint | requests | p50 ms | p99 ms |",
-        "| --- | ---: | ---: | ---: |",
-        *rows,
-    ])
+    rows = [
+        f"| {ep} | {len(v)} | {percentile(v, 50) * 1000:.1f} | {percentile(v, 99) * 1000:.1f} |"
+        for ep, v in sorted(rec.latency.items())
+        if ep != "job"
+    ]
+    body = "\n".join(
+        [
+            "## Load (`bench/load.py`)",
+            "",
+            f"- command: `{command_line()}`",
+            f"- run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average before: {load_before}, "
+            f"after: {loadavg()}",
+            f"- stack: `rlm up` (embedded PostgreSQL + Valkey, control worker -c 4, analyst worker -c 16 threads, "
+            f"ingest worker, API with 1 uvicorn process); {args.clients} clients each submitting a query to a "
+            "buffer of the project's own source, then polling it every 0.5 s until it ends; offline "
+            "extractive provider.",
+            "",
+            "| measure | value |",
+            "| --- | ---: |",
+            f"| duration | {wall:.0f} s |",
+            f"| queries submitted | {rec.submitted} ({rec.submitted / wall:.2f}/s sustained) |",
+            f"| queries finished | {len(rec.finished)} ({len(rec.finished) / wall:.2f}/s) |",
+            f"| job wall time p50 / p99 | {percentile(rec.finished, 50):.2f} s / "
+            f"{percentile(rec.finished, 99):.2f} s |",
+            f"| API requests | {requests} |",
+            f"| failed requests or jobs | **{len(rec.failures)}** |",
+            "",
+            "| endpoint | requests | p50 ms | p99 ms |",
+            "| --- | ---: | ---: | ---: |",
+            *rows,
+        ]
+    )
     if rec.failures:
         body += "\n\nFailures (first 5):\n\n" + "\n".join(f"- `{f}`" for f in rec.failures[:5])
     print(body)

@@ -99,9 +99,18 @@ class Model:
             content = json.dumps({"search_mode": "hybrid", "focus_topics": ["task scheduling"]})
         elif model == "analyst-model":
             ids = _CHUNK_ID.findall(last_user_message(req))
-            content = json.dumps([{"chunk_id": int(cid), "relevance": "medium",
-                                   "findings": [f"Chunk {cid} shows how a task is scheduled."],
-                                   "summary": "Task scheduling code.", "follow_up": []} for cid in ids])
+            content = json.dumps(
+                [
+                    {
+                        "chunk_id": int(cid),
+                        "relevance": "medium",
+                        "findings": [f"Chunk {cid} shows how a task is scheduled."],
+                        "summary": "Task scheduling code.",
+                        "follow_up": [],
+                    }
+                    for cid in ids
+                ]
+            )
         else:
             content = "## Answer\n\nTasks are scheduled by the worker and acknowledged late [chunk 1]."
         # The wait happens here rather than in Reply.delay so the instant the answer leaves is recorded too.
@@ -163,7 +172,7 @@ def build_corpus(root: Path) -> Path:
     return out
 
 
-def ensure_buffer(conn, corpus: Path) -> int:  # noqa: ANN001
+def ensure_buffer(conn, corpus: Path) -> int:
     from rlm_workers.ingest.loader import load_paths
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
 
@@ -173,8 +182,9 @@ def ensure_buffer(conn, corpus: Path) -> int:  # noqa: ANN001
         report = load_paths(conn, buffer=BUFFER, paths=[corpus])
         conn.commit()
         print(f"loaded {report.chunks_written} chunks into buffer {BUFFER!r}", flush=True)
-    (n,) = conn.execute("SELECT count(*) FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = %s",
-                        (BUFFER,)).fetchone()
+    (n,) = conn.execute(
+        "SELECT count(*) FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = %s", (BUFFER,)
+    ).fetchone()
     conn.commit()
     if n < 50:
         raise SystemExit(f"buffer {BUFFER!r} has only {n} chunks; need >= 50")
@@ -191,7 +201,7 @@ class EventLog:
     workers nothing extra; each event carries the sender's ``time.time()``, the same host clock.
     """
 
-    def __init__(self, app) -> None:  # noqa: ANN001
+    def __init__(self, app) -> None:
         self.app = app
         self.lock = threading.Lock()
         self.events: list[dict] = []
@@ -219,6 +229,7 @@ class EventLog:
             def ready(*a: Any, **kw: Any) -> None:
                 orig(*a, **kw)
                 self.ready.set()
+
             self.recv.on_consume_ready = ready
             self.recv.capture(limit=None, timeout=None, wakeup=False)
 
@@ -282,7 +293,7 @@ class CpuMeter:
     live across runs); the bench process holds the client, the scripted server and the event listener.
     """
 
-    def __init__(self, data_dir: Path, workers: list) -> None:  # noqa: ANN001 - WorkerProcess
+    def __init__(self, data_dir: Path, workers: list) -> None:
         self.data_dir = data_dir
         self.workers = workers
 
@@ -354,16 +365,31 @@ class CeleryRun:
     cpu: dict[str, float]  # CPU seconds per part of the system, submit → job seen (+0.3 s)
 
 
-def run_celery(conn, model: Model, srv, events: EventLog, cpu: CpuMeter, n: int, *, poll: float | None,  # noqa: ANN001
-               check: bool = True, worker_events: bool = True) -> CeleryRun | None:
+def run_celery(
+    conn,
+    model: Model,
+    srv,
+    events: EventLog,
+    cpu: CpuMeter,
+    n: int,
+    *,
+    poll: float | None,
+    check: bool = True,
+    worker_events: bool = True,
+) -> CeleryRun | None:
     from rlm_workers.submit import submit_query, wait_for_job
 
     model.reset()
     srv.reset()
     cpu0 = cpu.snapshot()
     t_submit = time.time()
-    job_id, _ = submit_query(conn, tenant="local", query=QUERY, buffers=[BUFFER],
-                             options={"num_agents": n, "max_chunks": n, "threshold": -1.0})
+    job_id, _ = submit_query(
+        conn,
+        tenant="local",
+        query=QUERY,
+        buffers=[BUFFER],
+        options={"num_agents": n, "max_chunks": n, "threshold": -1.0},
+    )
     job = wait_for_job(conn, job_id, timeout=300, **({"poll": poll} if poll is not None else {}))
     t_seen = time.time()
     time.sleep(0.3)  # the last task events are still on their way
@@ -376,11 +402,15 @@ def run_celery(conn, model: Model, srv, events: EventLog, cpu: CpuMeter, n: int,
         raise RuntimeError(f"job {job_id} ended {job.status}: {job.error}")
     res = job.result or {}
     if res.get("batches_processed") != n or res.get("batches_failed") or res.get("llm_calls") != n + 2:
-        raise RuntimeError(f"job {job_id}: expected {n} ok batches and {n + 2} calls, got "
-                           f"{res.get('batches_processed')} ok / {res.get('batches_failed')} failed, "
-                           f"{res.get('llm_calls')} calls")
-    by = {m: sorted((c for c in calls if c.model == m), key=lambda c: c.arrived)
-          for m in ("plan-model", "analyst-model", "synth-model")}
+        raise RuntimeError(
+            f"job {job_id}: expected {n} ok batches and {n + 2} calls, got "
+            f"{res.get('batches_processed')} ok / {res.get('batches_failed')} failed, "
+            f"{res.get('llm_calls')} calls"
+        )
+    by = {
+        m: sorted((c for c in calls if c.model == m), key=lambda c: c.arrived)
+        for m in ("plan-model", "analyst-model", "synth-model")
+    }
     plan, analysts, synth = by["plan-model"][0], by["analyst-model"], by["synth-model"][0]
     last = max(analysts, key=lambda c: c.done)
     finished = job.finished_at.timestamp()
@@ -396,39 +426,69 @@ def run_celery(conn, model: Model, srv, events: EventLog, cpu: CpuMeter, n: int,
 
     if worker_events:
         chain_times = [
-            t_submit, t("plan", "started"), plan.arrived, plan.done, t("analyst", "started"), analysts[0].arrived,
-            last.arrived, last.done, t("collect", "started"), synth.arrived, synth.done, finished, t_seen,
+            t_submit,
+            t("plan", "started"),
+            plan.arrived,
+            plan.done,
+            t("analyst", "started"),
+            analysts[0].arrived,
+            last.arrived,
+            last.done,
+            t("collect", "started"),
+            synth.arrived,
+            synth.done,
+            finished,
+            t_seen,
         ]
         chain = {k: b - a for k, (a, b) in zip(CHAIN, itertools.pairwise(chain_times), strict=True)}
     else:  # no worker events: what the scripted server, PostgreSQL and the client saw
-        chain_times = [t_submit, plan.arrived, plan.done, analysts[0].arrived, last.arrived, last.done,
-                       synth.arrived, synth.done, finished, t_seen]
+        chain_times = [
+            t_submit,
+            plan.arrived,
+            plan.done,
+            analysts[0].arrived,
+            last.arrived,
+            last.done,
+            synth.arrived,
+            synth.done,
+            finished,
+            t_seen,
+        ]
         chain = {k: b - a for k, (a, b) in zip(COARSE_CHAIN, itertools.pairwise(chain_times), strict=True)}
     sent = [e["timestamp"] for e in ev.get(("rlm.analyst", "sent"), [])]
     detail = {"analyst tasks: first → last sent": max(sent) - min(sent)} if sent else {}
     if worker_events:
         starts = [e["timestamp"] for e in ev.get(("rlm.analyst", "started"), [])]
         received = [e["timestamp"] for e in ev.get(("rlm.analyst", "received"), [])]
-        detail.update({
-            "plan task runtime (plan call, search, chord sent)": max(runtime("plan")),
-            **({"fan_out task runtime (sends the chord)": max(runtime("fan_out"))} if runtime("fan_out") else {}),
-            "analyst tasks: first → last received": max(received) - min(received),
-            "analyst tasks: first → last started": max(starts) - min(starts),
-            "analyst task runtime, median": statistics.median(runtime("analyst")),
-            "analyst task runtime, max": max(runtime("analyst")),
-            "collect task runtime": max(runtime("collect")),
-        })
+        detail.update(
+            {
+                "plan task runtime (plan call, search, chord sent)": max(runtime("plan")),
+                **({"fan_out task runtime (sends the chord)": max(runtime("fan_out"))} if runtime("fan_out") else {}),
+                "analyst tasks: first → last received": max(received) - min(received),
+                "analyst tasks: first → last started": max(starts) - min(starts),
+                "analyst task runtime, median": statistics.median(runtime("analyst")),
+                "analyst task runtime, max": max(runtime("analyst")),
+                "collect task runtime": max(runtime("collect")),
+            }
+        )
     detail["client submit → job row created (DB)"] = job.created_at.timestamp() - t_submit
     detail["task events seen for the job (count)"] = float(sum(len(v) for v in ev.values()))
-    return CeleryRun(n=n, client=t_seen - t_submit, job=finished - job.created_at.timestamp(), chain=chain,
-                     detail=detail, timings={k: float(v) for k, v in (job.timings or {}).items()},
-                     server_max_concurrency=srv.max_concurrency, cpu=cpu_used)
+    return CeleryRun(
+        n=n,
+        client=t_seen - t_submit,
+        job=finished - job.created_at.timestamp(),
+        chain=chain,
+        detail=detail,
+        timings={k: float(v) for k, v in (job.timings or {}).items()},
+        server_max_concurrency=srv.max_concurrency,
+        cpu=cpu_used,
+    )
 
 
 # --------------------------------------------------------------------------- the asyncio baseline
 
 
-def asyncio_messages(conn, settings, n: int) -> tuple[list, list[list], Any]:  # noqa: ANN001
+def asyncio_messages(conn, settings, n: int) -> tuple[list, list[list], Any]:
     """The same messages the stages build: plan, n one-chunk analyst batches, and a synthesizer builder."""
     from rlm_workers.pipeline.analyst import ChunkForPrompt
     from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
@@ -440,40 +500,78 @@ def asyncio_messages(conn, settings, n: int) -> tuple[list, list[list], Any]:  #
 
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=BUFFER)
     n_chunks, n_bytes = buffer_stats(conn, tenant=DEFAULT_TENANT, names=[BUFFER])
-    ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE buffer_id = %s ORDER BY id LIMIT %s",
-                                      (buf.id, n)).fetchall()]
+    ids = [
+        r[0]
+        for r in conn.execute("SELECT id FROM chunks WHERE buffer_id = %s ORDER BY id LIMIT %s", (buf.id, n)).fetchall()
+    ]
     rows = get_chunks(conn, tenant=DEFAULT_TENANT, chunk_ids=ids)
     conn.commit()
-    plan = build_plan_messages(load_prompt("primary", prompt_dir=settings.prompt_dir), QUERY, n_chunks, n_bytes,
-                               [BUFFER])
+    plan = build_plan_messages(
+        load_prompt("primary", prompt_dir=settings.prompt_dir), QUERY, n_chunks, n_bytes, [BUFFER]
+    )
     sub = load_prompt("subcall", prompt_dir=settings.prompt_dir)
-    chunks = {cid: ChunkForPrompt(chunk_id=c.id, buffer=c.buffer, path=c.path, start_line=c.start_line,
-                                  end_line=c.end_line, text=c.text) for cid, c in rows.items()}
+    chunks = {
+        cid: ChunkForPrompt(
+            chunk_id=c.id,
+            buffer=c.buffer,
+            path=c.path,
+            start_line=c.start_line,
+            end_line=c.end_line,
+            text=c.text,
+        )
+        for cid, c in rows.items()
+    }
     analysts = [build_analyst_messages(sub, QUERY, [chunks[cid]], ["task scheduling"]) for cid in ids]
     synth_prompt = load_prompt("synthesizer", prompt_dir=settings.prompt_dir)
 
     def synth(findings: list[dict]) -> list:
-        kept = [{**f, "buffer": BUFFER, "path": chunks[f["chunk_id"]].path,
-                 "start_line": chunks[f["chunk_id"]].start_line, "end_line": chunks[f["chunk_id"]].end_line}
-                for f in findings]
-        return build_synthesizer_messages(synth_prompt, QUERY, kept,
-                                          {"chunks_available": n_chunks, "findings": len(kept), "buffers": [BUFFER]})
+        kept = [
+            {
+                **f,
+                "buffer": BUFFER,
+                "path": chunks[f["chunk_id"]].path,
+                "start_line": chunks[f["chunk_id"]].start_line,
+                "end_line": chunks[f["chunk_id"]].end_line,
+            }
+            for f in findings
+        ]
+        return build_synthesizer_messages(
+            synth_prompt,
+            QUERY,
+            kept,
+            {"chunks_available": n_chunks, "findings": len(kept), "buffers": [BUFFER]},
+        )
+
     return plan, analysts, synth
 
 
-async def run_asyncio(client, msgs: tuple) -> float:  # noqa: ANN001
+async def run_asyncio(client, msgs: tuple) -> float:
     plan_msgs, analyst_msgs, synth = msgs
     t0 = time.perf_counter()
-    r = await client.chat.completions.create(model="plan-model", messages=plan_msgs, max_completion_tokens=1024,
-                                             temperature=0.0, response_format={"type": "json_object"})
+    r = await client.chat.completions.create(
+        model="plan-model",
+        messages=plan_msgs,
+        max_completion_tokens=1024,
+        temperature=0.0,
+        response_format={"type": "json_object"},
+    )
     json.loads(r.choices[0].message.content)
-    replies = await asyncio.gather(*(
-        client.chat.completions.create(model="analyst-model", messages=m, max_completion_tokens=16_384,
-                                       temperature=0.0, response_format={"type": "json_object"})
-        for m in analyst_msgs))
+    replies = await asyncio.gather(
+        *(
+            client.chat.completions.create(
+                model="analyst-model",
+                messages=m,
+                max_completion_tokens=16_384,
+                temperature=0.0,
+                response_format={"type": "json_object"},
+            )
+            for m in analyst_msgs
+        )
+    )
     findings = [f for r in replies for f in json.loads(r.choices[0].message.content)]
-    r = await client.chat.completions.create(model="synth-model", messages=synth(findings),
-                                             max_completion_tokens=4096, temperature=0.0)
+    r = await client.chat.completions.create(
+        model="synth-model", messages=synth(findings), max_completion_tokens=4096, temperature=0.0
+    )
     assert r.choices[0].message.content
     return time.perf_counter() - t0
 
@@ -508,7 +606,7 @@ def _poll_text(poll: float | None) -> str:
 
     from rlm_workers.submit import wait_for_job
 
-    every = poll if poll is not None else inspect.signature(wait_for_job).parameters['poll'].default
+    every = poll if poll is not None else inspect.signature(wait_for_job).parameters["poll"].default
     return f"woken by the job's PostgreSQL NOTIFY, re-checking every {every:g} s"
 
 
@@ -516,10 +614,20 @@ def _revision() -> str:
     import subprocess
 
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_util.REPO, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "rlm_workers", "rlm_api"], cwd=_util.REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=_util.REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "rlm_workers", "rlm_api"],
+            cwd=_util.REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown revision"
     return f"`{head}`" + (" + uncommitted changes in rlm_workers/rlm_api" if dirty else "")
@@ -528,8 +636,10 @@ def _revision() -> str:
 def report(results: list[SizeResult], args: argparse.Namespace, setup: dict) -> str:
     lat = args.latency_ms / 1000
     ideal = 3 * lat
-    workers = (f"`ctl` (rlm.control, threads, -c 4) and {setup['analyst_workers']} × `an` (rlm.analyst, threads, "
-               f"-c {setup['analyst_concurrency']})" + ("; worker task events switched OFF" if args.no_task_events else ""))
+    workers = (
+        f"`ctl` (rlm.control, threads, -c 4) and {setup['analyst_workers']} × `an` (rlm.analyst, threads, "
+        f"-c {setup['analyst_concurrency']})" + ("; worker task events switched OFF" if args.no_task_events else "")
+    )
     lines = [
         "## Orchestration overhead (bench/overhead.py)",
         "",
@@ -540,7 +650,8 @@ def report(results: list[SizeResult], args: argparse.Namespace, setup: dict) -> 
         f"**{ideal:.2f} s**. Workers: {workers}; RLM_MAX_CONCURRENCY={setup['max_concurrency']}; embedded Valkey and "
         f"PostgreSQL+pgvector ({setup['services']}); a {setup['chunks']}-chunk buffer (small tier), hybrid search, "
         f"`num_agents=N, max_chunks=N`. {args.repeats} measured runs per size after one warm-up; median (min). "
-        f"**celery** = `submit_query` → `wait_for_job` returned ({_poll_text(args.poll)}), as `rlm query` sees it; **celery job** = the job's own `finished_at − created_at` in PostgreSQL (no client polling); "
+        f"**celery** = `submit_query` → `wait_for_job` returned ({_poll_text(args.poll)}), as `rlm query` sees it; "
+        "**celery job** = the job's own `finished_at − created_at` in PostgreSQL (no client polling); "
         f"**asyncio** = the same N + 2 calls with the same messages from one process, `openai.AsyncOpenAI`, plan → "
         f"`asyncio.gather` over the analysts → synthesizer.",
         "",
@@ -555,59 +666,103 @@ def report(results: list[SizeResult], args: argparse.Namespace, setup: dict) -> 
             f"| {r.n} | {ideal:.2f} s | {_med(cl):.3f} s ({min(cl):.3f}) | {_med(jb):.3f} s ({min(jb):.3f}) "
             f"| {_med(r.asyncio):.3f} s ({min(r.asyncio):.3f}) | {_med(cl) / ideal:.2f} | {_med(jb) / ideal:.2f} "
             f"| {_med(cl) / _med(r.asyncio):.2f} | {max(c.server_max_concurrency for c in r.celery)} of {r.n} "
-            f"| {r.load[0]} → {r.load[1]} |")
+            f"| {r.load[0]} → {r.load[1]} |"
+        )
     for r in results:
         peak = max(c.server_max_concurrency for c in r.celery)
         if peak < r.n:
-            lines += ["", f"Only {peak} of the {r.n} analyst calls were ever in flight at once, so the batches ran "
-                          f"in waves. With {setup['analyst_workers']} analyst worker(s) of {setup['analyst_concurrency']} "
-                          f"threads and RLM_MAX_CONCURRENCY={setup['max_concurrency']}, the cap comes from the "
-                          "worker's PostgreSQL pool: `store/db.py` opens at most 20 connections per process, and "
-                          "`rlm.analyst` keeps its connection checked out for the whole LLM call "
-                          "(`--analyst-workers 3` lifts the cap to 60)."]
+            lines += [
+                "",
+                f"Only {peak} of the {r.n} analyst calls were ever in flight at once, so the batches ran "
+                f"in waves. With {setup['analyst_workers']} analyst worker(s) of {setup['analyst_concurrency']} "
+                f"threads and RLM_MAX_CONCURRENCY={setup['max_concurrency']}, the cap comes from the "
+                "worker's PostgreSQL pool: `store/db.py` opens at most 20 connections per process, and "
+                "`rlm.analyst` keeps its connection checked out for the whole LLM call "
+                "(`--analyst-workers 3` lifts the cap to 60).",
+            ]
     first = results[0]
     med_ratio = _med([c.client for c in first.celery]) / ideal
     verdict = "met" if med_ratio <= 1 + TARGET else "NOT met"
-    lines += ["", f"Target (within {TARGET:.0%} of ideal at {first.n} batches, client-seen median): **{verdict}** "
-                  f"({med_ratio:.2f} × ideal; the job alone, without the client's polling: "
-                  f"{_med([c.job for c in first.celery]) / ideal:.2f} ×)."]
-    source = ("Celery's task events, the scripted server" if not args.no_task_events
-              else "the scripted server (task events off)")
-    lines += ["", f"Critical path, segment by segment (median seconds; instants from {source}, the client and "
-                  "PostgreSQL's `now()`, all one host clock; the segments add up to the client's time):", "",
-              "| segment | " + " | ".join(f"{r.n} batches" for r in results) + " |",
-              "|---|" + "---:|" * len(results)]
+    lines += [
+        "",
+        f"Target (within {TARGET:.0%} of ideal at {first.n} batches, client-seen median): **{verdict}** "
+        f"({med_ratio:.2f} × ideal; the job alone, without the client's polling: "
+        f"{_med([c.job for c in first.celery]) / ideal:.2f} ×).",
+    ]
+    source = (
+        "Celery's task events, the scripted server"
+        if not args.no_task_events
+        else "the scripted server (task events off)"
+    )
+    lines += [
+        "",
+        f"Critical path, segment by segment (median seconds; instants from {source}, the client and "
+        "PostgreSQL's `now()`, all one host clock; the segments add up to the client's time):",
+        "",
+        "| segment | " + " | ".join(f"{r.n} batches" for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
     for k in first.celery[0].chain:
         lines.append(f"| {k} | " + " | ".join(f"{_med([c.chain[k] for c in r.celery]):.3f}" for r in results) + " |")
-    lines.append("| **sum of the non-LLM segments (client − 3 × latency)** | " + " | ".join(
-        f"**{_med([sum(v for k, v in c.chain.items() if 'scripted latency' not in k) for c in r.celery]):.3f}**"
-        for r in results) + " |")
-    lines += ["", "Other facts (median seconds):", "",
-              "| | " + " | ".join(f"{r.n} batches" for r in results) + " |",
-              "|---|" + "---:|" * len(results)]
+    lines.append(
+        "| **sum of the non-LLM segments (client − 3 × latency)** | "
+        + " | ".join(
+            f"**{_med([sum(v for k, v in c.chain.items() if 'scripted latency' not in k) for c in r.celery]):.3f}**"
+            for r in results
+        )
+        + " |"
+    )
+    lines += [
+        "",
+        "Other facts (median seconds):",
+        "",
+        "| | " + " | ".join(f"{r.n} batches" for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
     for k in first.celery[0].detail:
         lines.append(f"| {k} | " + " | ".join(f"{_med([c.detail[k] for c in r.celery]):.3f}" for r in results) + " |")
     for k in sorted({k for r in results for c in r.celery for k in c.timings}):
-        lines.append(f"| `jobs.timings.{k}` | " + " | ".join(
-            f"{_med([c.timings.get(k, 0.0) for c in r.celery]):.3f}" for r in results) + " |")
+        lines.append(
+            f"| `jobs.timings.{k}` | "
+            + " | ".join(f"{_med([c.timings.get(k, 0.0) for c in r.celery]):.3f}" for r in results)
+            + " |"
+        )
     groups = list(first.celery[0].cpu)
-    lines += ["", "CPU seconds per query, by process (median; from /proc, submit → job seen + 0.3 s; the machine "
-                  "has " + str(os.cpu_count()) + " cores):", "",
-              "| process | " + " | ".join(f"{r.n} batches" for r in results) + " |",
-              "|---|" + "---:|" * len(results)]
+    lines += [
+        "",
+        "CPU seconds per query, by process (median; from /proc, submit → job seen + 0.3 s; the machine "
+        "has " + str(os.cpu_count()) + " cores):",
+        "",
+        "| process | " + " | ".join(f"{r.n} batches" for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
     for g in groups:
-        lines.append(f"| {g} | " + " | ".join(f"{_med([c.cpu.get(g, 0.0) for c in r.celery]):.3f}"
-                                            for r in results) + " |")
-    lines.append("| **all** | " + " | ".join(f"**{_med([sum(c.cpu.values()) for c in r.celery]):.3f}**"
-                                            for r in results) + " |")
-    lines.append("| asyncio baseline, whole query (client + scripted server, one process) | " + " | ".join(
-        f"{r.asyncio_cpu:.3f}" for r in results) + " |")
-    lines.append("| analyst worker(s) per batch | " + " | ".join(
-        f"{_med([c.cpu.get('analyst worker(s)', 0.0) for c in r.celery]) / r.n * 1000:.1f} ms" for r in results) + " |")
+        lines.append(
+            f"| {g} | " + " | ".join(f"{_med([c.cpu.get(g, 0.0) for c in r.celery]):.3f}" for r in results) + " |"
+        )
+    lines.append(
+        "| **all** | " + " | ".join(f"**{_med([sum(c.cpu.values()) for c in r.celery]):.3f}**" for r in results) + " |"
+    )
+    lines.append(
+        "| asyncio baseline, whole query (client + scripted server, one process) | "
+        + " | ".join(f"{r.asyncio_cpu:.3f}" for r in results)
+        + " |"
+    )
+    lines.append(
+        "| analyst worker(s) per batch | "
+        + " | ".join(
+            f"{_med([c.cpu.get('analyst worker(s)', 0.0) for c in r.celery]) / r.n * 1000:.1f} ms" for r in results
+        )
+        + " |"
+    )
     cold = [f"{r.n} batches {r.cold:.2f} s" for r in results if r.cold is not None]
     if cold:
-        lines += ["", "Cold start (the first query after the workers started, excluded above): " + ", ".join(cold)
-                  + "; it includes loading the query encoder in the control worker."]
+        lines += [
+            "",
+            "Cold start (the first query after the workers started, excluded above): "
+            + ", ".join(cold)
+            + "; it includes loading the query encoder in the control worker.",
+        ]
     return "\n".join(lines)
 
 
@@ -621,16 +776,29 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=500.0, help="fixed latency of every LLM call")
     ap.add_argument("--poll", type=float, default=None, help="wait_for_job poll interval (default: its own default)")
     ap.add_argument("--analyst-workers", type=int, default=1, help="rlm.analyst worker processes (default 1)")
-    ap.add_argument("--analyst-concurrency", type=int, default=None,
-                    help="threads per analyst worker (default max(64, largest size))")
-    ap.add_argument("--workers-resolve-services", action="store_true",
-                    help="leave RLM_DATABASE_URL/RLM_BROKER_URL unset in the workers (each resolves the embedded "
-                         "servers itself; the warm-up query is then not checked)")
-    ap.add_argument("--no-task-events", action="store_true",
-                    help="start the workers with Celery's task events off (worker_send_task_events and "
-                         "task_send_sent_event False) to measure their cost")
-    ap.add_argument("--keep-nagle", action="store_true",
-                    help="leave Nagle on in the scripted server (adds ~40 ms to calls on reused connections)")
+    ap.add_argument(
+        "--analyst-concurrency",
+        type=int,
+        default=None,
+        help="threads per analyst worker (default max(64, largest size))",
+    )
+    ap.add_argument(
+        "--workers-resolve-services",
+        action="store_true",
+        help="leave RLM_DATABASE_URL/RLM_BROKER_URL unset in the workers (each resolves the embedded "
+        "servers itself; the warm-up query is then not checked)",
+    )
+    ap.add_argument(
+        "--no-task-events",
+        action="store_true",
+        help="start the workers with Celery's task events off (worker_send_task_events and "
+        "task_send_sent_event False) to measure their cost",
+    )
+    ap.add_argument(
+        "--keep-nagle",
+        action="store_true",
+        help="leave Nagle on in the scripted server (adds ~40 ms to calls on reused connections)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL and Valkey running")
     args = ap.parse_args()
@@ -642,7 +810,7 @@ def main() -> None:
 
     data_dir = _util.isolated_env("overhead")
     # Two runs at once would share the broker's queues and steal each other's tasks.
-    lock = open(data_dir / ".bench.lock", "w")  # noqa: SIM115 - held for the whole run
+    lock = open(data_dir / ".bench.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -696,8 +864,10 @@ def main() -> None:
             kind = _quiet_worker_class(WorkerProcess)
             app.conf.task_send_sent_event = False  # this process sends rlm.plan
         workers = [kind("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=4)]
-        workers += [kind(f"an{i + 1}", queues="rlm.analyst", env={}, log_dir=logs, concurrency=analyst_c)
-                    for i in range(args.analyst_workers)]
+        workers += [
+            kind(f"an{i + 1}", queues="rlm.analyst", env={}, log_dir=logs, concurrency=analyst_c)
+            for i in range(args.analyst_workers)
+        ]
         for w in workers:
             w.start()
         cpu = CpuMeter(data_dir, workers)
@@ -707,16 +877,28 @@ def main() -> None:
             r = SizeResult(n)
             before = _util.loadavg()
             t0 = time.time()
-            run_celery(conn, model, srv, events, cpu, n, poll=args.poll, check=not args.workers_resolve_services,
-                       worker_events=not args.no_task_events)
+            run_celery(
+                conn,
+                model,
+                srv,
+                events,
+                cpu,
+                n,
+                poll=args.poll,
+                check=not args.workers_resolve_services,
+                worker_events=not args.no_task_events,
+            )
             r.cold = time.time() - t0 if not results else None
             for i in range(args.repeats):
                 c = run_celery(conn, model, srv, events, cpu, n, poll=args.poll, worker_events=not args.no_task_events)
                 r.celery.append(c)
-                print(f"celery  n={n:>3} run {i + 1}: client {c.client:.3f} s, job {c.job:.3f} s, peak calls "
-                      f"{c.server_max_concurrency}, analyst calls sent over "
-                      f"{c.chain['first → last analyst call sent'] * 1000:.0f} ms, poll lag "
-                      f"{c.chain['job finished → client saw it (wait_for_job: NOTIFY)'] * 1000:.0f} ms", flush=True)
+                print(
+                    f"celery  n={n:>3} run {i + 1}: client {c.client:.3f} s, job {c.job:.3f} s, peak calls "
+                    f"{c.server_max_concurrency}, analyst calls sent over "
+                    f"{c.chain['first → last analyst call sent'] * 1000:.0f} ms, poll lag "
+                    f"{c.chain['job finished → client saw it (wait_for_job: NOTIFY)'] * 1000:.0f} ms",
+                    flush=True,
+                )
             msgs = asyncio_messages(conn, settings, n)
             model.reset()
             c0 = time.process_time()
@@ -737,10 +919,22 @@ def main() -> None:
         if not args.keep_servers:
             _util.stop_servers(data_dir)
 
-    services = ("each worker resolves them itself" if args.workers_resolve_services
-                else "their URLs handed to the workers in RLM_DATABASE_URL/RLM_BROKER_URL")
-    md = report(results, args, {"analyst_concurrency": analyst_c, "analyst_workers": args.analyst_workers,
-                                "max_concurrency": max_conc, "chunks": chunks, "services": services})
+    services = (
+        "each worker resolves them itself"
+        if args.workers_resolve_services
+        else "their URLs handed to the workers in RLM_DATABASE_URL/RLM_BROKER_URL"
+    )
+    md = report(
+        results,
+        args,
+        {
+            "analyst_concurrency": analyst_c,
+            "analyst_workers": args.analyst_workers,
+            "max_concurrency": max_conc,
+            "chunks": chunks,
+            "services": services,
+        },
+    )
     print()
     print(md)
     if not args.no_write:

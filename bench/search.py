@@ -135,8 +135,11 @@ def _package_dirs() -> list[Path]:
     sp = _util.SITE_PACKAGES
     named = [sp / p for p in PREFERRED if (sp / p).is_dir()]
     others = sorted(
-        p for p in sp.iterdir()
-        if p.is_dir() and p.name not in PREFERRED and not p.name.startswith(("_", "."))
+        p
+        for p in sp.iterdir()
+        if p.is_dir()
+        and p.name not in PREFERRED
+        and not p.name.startswith(("_", "."))
         and not p.name.endswith((".dist-info", ".egg-info", ".data", ".libs"))
     )
     return named + others
@@ -196,7 +199,7 @@ def build_corpus(n: int) -> Corpus:
     step = size - WINDOW_OVERLAP_TOKENS
     texts = [ch.text for f in corpus.files for ch in f.chunks]
     for i in range(0, len(texts), 2000):
-        for enc in tok.encode_batch(texts[i:i + 2000], add_special_tokens=False):
+        for enc in tok.encode_batch(texts[i : i + 2000], add_special_tokens=False):
             t = len(enc.ids)
             corpus.windows.append(1 if t <= size else 1 + -(-(t - size) // step))
     return corpus
@@ -209,7 +212,7 @@ def _buffer_name(n: int) -> str:
     return f"bench-{n // 1000}k" if n % 1000 == 0 else f"bench-{n}"
 
 
-def existing_ok(conn, name: str, n: int) -> bool:  # noqa: ANN001
+def existing_ok(conn, name: str, n: int) -> bool:
     """A buffer from an earlier run with the same chunk count, vectors and model: reuse it."""
     from rlm_workers.ingest.embed import BUNDLED_MODEL_ID
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
@@ -218,12 +221,11 @@ def existing_ok(conn, name: str, n: int) -> bool:  # noqa: ANN001
     if buf is None or buf.version == 0 or buf.embedding_dim != DIM or buf.embedding_model != BUNDLED_MODEL_ID:
         return False
     (chunks,) = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = %s", (buf.id,)).fetchone()
-    (vecs,) = conn.execute(f"SELECT count(*) FROM chunk_embeddings_d{DIM} WHERE buffer_id = %s",
-                           (buf.id,)).fetchone()
+    (vecs,) = conn.execute(f"SELECT count(*) FROM chunk_embeddings_d{DIM} WHERE buffer_id = %s", (buf.id,)).fetchone()
     return chunks == n and vecs >= n
 
 
-def write_buffer(conn, name: str, corpus: Corpus, n: int) -> dict:  # noqa: ANN001
+def write_buffer(conn, name: str, corpus: Corpus, n: int) -> dict:
     """One transaction, like `rlm load`: files, chunks (COPY), vectors (COPY), ordinals, version bump."""
     import numpy as np
 
@@ -249,36 +251,68 @@ def write_buffer(conn, name: str, corpus: Corpus, n: int) -> dict:  # noqa: ANN0
         chunk_ids = store.reserve_ids(conn, sequence="chunks_id_seq", n=n)
         with conn.pipeline():  # thousands of single-row INSERTs: pipelining saves the round trips
             for fid, (f, chunks) in zip(file_ids, files, strict=True):
-                store.insert_file(conn, file_id=fid, buffer_id=buf.id, path=f.path, content_hash=f.digest,
-                                  size_bytes=f.size, chunk_count=len(chunks))
+                store.insert_file(
+                    conn,
+                    file_id=fid,
+                    buffer_id=buf.id,
+                    path=f.path,
+                    content_hash=f.digest,
+                    size_bytes=f.size,
+                    chunk_count=len(chunks),
+                )
         rows, owners, i = [], [], 0
         for fid, (f, chunks) in zip(file_ids, files, strict=True):
             for seq, ch in enumerate(chunks):
                 cid = chunk_ids[i]
-                rows.append((cid, buf.id, fid, 0, seq, f.path, ch.start_line, ch.end_line, ch.start_byte,
-                             ch.end_byte, ch.text, corpus.token_counts[i], corpus.hashes[i], corpus.terms[i]))
+                rows.append(
+                    (
+                        cid,
+                        buf.id,
+                        fid,
+                        0,
+                        seq,
+                        f.path,
+                        ch.start_line,
+                        ch.end_line,
+                        ch.start_byte,
+                        ch.end_byte,
+                        ch.text,
+                        corpus.token_counts[i],
+                        corpus.hashes[i],
+                        corpus.terms[i],
+                    )
+                )
                 owners.extend((cid, w) for w in range(corpus.windows[i]))
                 stats["text_bytes"] += len(ch.text.encode())
                 i += 1
             stats["files"] += 1
         for j in range(0, len(rows), 5000):
-            store.copy_chunks(conn, rows[j:j + 5000])
+            store.copy_chunks(conn, rows[j : j + 5000])
         stats["chunks"] = len(rows)
         for j in range(0, len(owners), 20_000):
-            part = owners[j:j + 20_000]
+            part = owners[j : j + 20_000]
             vecs = rng.standard_normal((len(part), DIM), dtype=np.float32)
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-            store.copy_embeddings(conn, table=table, rows=((cid, buf.id, w, vecs[k])
-                                                           for k, (cid, w) in enumerate(part)))
+            store.copy_embeddings(
+                conn, table=table, rows=((cid, buf.id, w, vecs[k]) for k, (cid, w) in enumerate(part))
+            )
         stats["vectors"] = len(owners)
         store.renumber_ordinals(conn, buffer_id=buf.id)
-        store.update_buffer_meta(conn, buffer_id=buf.id, chunker=CHUNKER, chunk_size=CHUNK_SIZE, overlap=OVERLAP,
-                                 embedding_model=BUNDLED_MODEL_ID, embedding_dim=DIM, bump=True)
+        store.update_buffer_meta(
+            conn,
+            buffer_id=buf.id,
+            chunker=CHUNKER,
+            chunk_size=CHUNK_SIZE,
+            overlap=OVERLAP,
+            embedding_model=BUNDLED_MODEL_ID,
+            embedding_dim=DIM,
+            bump=True,
+        )
     stats["seconds"] = time.perf_counter() - t0
     return stats
 
 
-def drop_hnsw(conn) -> None:  # noqa: ANN001
+def drop_hnsw(conn) -> None:
     """Bulk-load first, index after: pgvector's advice, and minutes faster than growing the graph per row."""
     from rlm_workers.store.migrations import ensure_embedding_table
 
@@ -289,12 +323,14 @@ def drop_hnsw(conn) -> None:  # noqa: ANN001
     conn.commit()
 
 
-def create_hnsw(conn) -> float:  # noqa: ANN001
+def create_hnsw(conn) -> float:
     """Recreate the index exactly as ensure_embedding_table defines it, with room to build it in memory."""
     t0 = time.perf_counter()
     conn.execute("SET maintenance_work_mem = '2GB'")
-    conn.execute(f"CREATE INDEX IF NOT EXISTS chunk_embeddings_d{DIM}_hnsw ON chunk_embeddings_d{DIM} "
-                 "USING hnsw (embedding vector_cosine_ops)")
+    conn.execute(
+        f"CREATE INDEX IF NOT EXISTS chunk_embeddings_d{DIM}_hnsw ON chunk_embeddings_d{DIM} "
+        "USING hnsw (embedding vector_cosine_ops)"
+    )
     conn.execute("RESET maintenance_work_mem")
     conn.commit()
     # Autovacuum visits these tables soon after any big load; do its work now, so it neither
@@ -306,7 +342,7 @@ def create_hnsw(conn) -> float:  # noqa: ANN001
     return time.perf_counter() - t0
 
 
-def warm_bm25(conn, name: str) -> float:  # noqa: ANN001
+def warm_bm25(conn, name: str) -> float:
     """What `rlm load` does last: build and save the BM25 cache file for the new version."""
     from rlm_workers.config import get_settings
     from rlm_workers.search import bm25_cache
@@ -316,8 +352,7 @@ def warm_bm25(conn, name: str) -> float:  # noqa: ANN001
     settings = get_settings()
     (row,) = require_buffers(conn, tenant=DEFAULT_TENANT, names=[name])
     t0 = time.perf_counter()
-    bm25_cache.index_for(conn, row, cache_dir=settings.data_dir / "cache",
-                         dbk=bm25_cache.db_key(resolve_url(settings)))
+    bm25_cache.index_for(conn, row, cache_dir=settings.data_dir / "cache", dbk=bm25_cache.db_key(resolve_url(settings)))
     conn.commit()
     return time.perf_counter() - t0
 
@@ -328,7 +363,16 @@ def warm_bm25(conn, name: str) -> float:  # noqa: ANN001
 class Phases:
     """Per-call time spent in the functions service.search() calls, by wrapping them."""
 
-    LABELS = ("buffers", "bm25_index", "bm25_top_k", "encoder_load", "encode_query", "pgvector", "rrf", "fetch")
+    LABELS = (
+        "buffers",
+        "bm25_index",
+        "bm25_top_k",
+        "encoder_load",
+        "encode_query",
+        "pgvector",
+        "rrf",
+        "fetch",
+    )
 
     def __init__(self) -> None:
         self.cur: dict[str, float] = defaultdict(float)
@@ -337,7 +381,7 @@ class Phases:
         fn = getattr(owner, attr)
 
         @functools.wraps(fn)
-        def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def timed(*args, **kwargs):
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -381,8 +425,9 @@ class Series:
         self.hits.append(hits)
 
 
-def run_queries(conn, settings, url: str, name: str, modes: list[str], top_ks: list[int],  # noqa: ANN001
-                phases: Phases, rounds: int) -> tuple[dict, dict[tuple[str, int], Series]]:
+def run_queries(
+    conn, settings, url: str, name: str, modes: list[str], top_ks: list[int], phases: Phases, rounds: int
+) -> tuple[dict, dict[tuple[str, int], Series]]:
     from rlm_workers.search import bm25_cache
     from rlm_workers.search.service import search
     from rlm_workers.store.buffers import DEFAULT_TENANT
@@ -392,8 +437,17 @@ def run_queries(conn, settings, url: str, name: str, modes: list[str], top_ks: l
         t0 = time.perf_counter()
         # threshold -1: random vectors never reach the default 0.3, and an empty semantic
         # arm would make semantic/hybrid skip the work a real buffer makes them do
-        hits = search(conn, settings=settings, url=url, tenant=DEFAULT_TENANT, buffers=[name], query=query,
-                      mode=mode, top_k=k, threshold=-1.0)
+        hits = search(
+            conn,
+            settings=settings,
+            url=url,
+            tenant=DEFAULT_TENANT,
+            buffers=[name],
+            query=query,
+            mode=mode,
+            top_k=k,
+            threshold=-1.0,
+        )
         dt = time.perf_counter() - t0
         return dt, phases.take(), len(hits)
 
@@ -421,7 +475,8 @@ _SEMANTIC_SQL = """SELECT chunk_id, 1 - (embedding <=> %(q)s) AS sim FROM chunk_
     WHERE buffer_id = ANY(%(b)s) ORDER BY embedding <=> %(q)s LIMIT %(n)s"""
 
 
-#: ways to run the semantic arm's SQL: as store/buffers.py nearest_windows runs it, and two alternatives worth knowing the cost of
+#: ways to run the semantic arm's SQL: as store/buffers.py nearest_windows runs it, and two alternatives
+#: worth knowing the cost of
 VARIANTS = {
     "as shipped: ef_search = LIMIT": "shipped",
     "ef_search 40, iterative scan fills the LIMIT": "ef40",
@@ -429,7 +484,7 @@ VARIANTS = {
 }
 
 
-def _session(conn, variant: str, want: int) -> None:  # noqa: ANN001
+def _session(conn, variant: str, want: int) -> None:
     """nearest_windows' SET LOCALs, or a variant's."""
     ef = 40 if variant == "ef40" else min(1000, max(40, want))
     conn.execute(f"SET LOCAL hnsw.ef_search = {ef}")
@@ -438,7 +493,7 @@ def _session(conn, variant: str, want: int) -> None:  # noqa: ANN001
         conn.execute("SET LOCAL enable_indexscan = off")
 
 
-def _explain(conn, params: dict, want: int, variant: str) -> tuple[dict, set[int]]:  # noqa: ANN001
+def _explain(conn, params: dict, want: int, variant: str) -> tuple[dict, set[int]]:
     """(EXPLAIN ANALYZE of the semantic arm's SQL, chunk ids it returns) under a variant's settings."""
     sql = _SEMANTIC_SQL.format(dim=DIM)
     with conn.transaction():
@@ -456,7 +511,7 @@ def _scan_node(plan: dict) -> dict:
     return node
 
 
-def profile_semantic(conn, names: list[str], top_ks: list[int], n_queries: int = 20) -> list[dict]:  # noqa: ANN001
+def profile_semantic(conn, names: list[str], top_ks: list[int], n_queries: int = 20) -> list[dict]:
     """Where the pgvector time goes: server time, pages touched, rows the buffer filter threw away.
 
     Runs the semantic arm's SQL (as in store/buffers.py nearest_windows, plus the variants) for a hybrid search of
@@ -519,7 +574,7 @@ def query_encoder_threads(n_threads: tuple[int, ...] = (2, 1)) -> dict[int, list
     return out
 
 
-def explain_semantic(conn, name: str, k: int) -> str:  # noqa: ANN001
+def explain_semantic(conn, name: str, k: int) -> str:
     """One full plan of the semantic arm for a hybrid top_k=k search, for the reader to see its shape."""
     from rlm_workers.ingest.embed import get_query_encoder
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
@@ -530,8 +585,13 @@ def explain_semantic(conn, name: str, k: int) -> str:  # noqa: ANN001
     with conn.transaction():
         conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, want))}")
         conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        plan = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + _SEMANTIC_SQL.format(dim=DIM),
-                                           {"q": vec, "b": [buf.id], "n": want}).fetchall()]
+        plan = [
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS) " + _SEMANTIC_SQL.format(dim=DIM),
+                {"q": vec, "b": [buf.id], "n": want},
+            ).fetchall()
+        ]
     # the 384 floats of the query vector say nothing and fill a screen
     return re.sub(r"'\[[^\]]*\]'::vector", "'[query vector]'::vector", "\n".join(plan))
 
@@ -560,108 +620,170 @@ def report(run: dict) -> str:
     title = "## Search latency (`bench/search.py`)"
     if run["shared_buffers_arg"]:
         title += f": experiment with shared_buffers = {run['shared_buffers_arg']}"
-    sb = run["sizes"]["shared_buffers"] + (" (set by --shared-buffers for this run; the embedded server's "
-                                           "stock value is 128MB)" if run["shared_buffers_arg"] else " (stock)")
-    lines = [title, "",
-             f"- command: `{_util.command_line()}`",
-             f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; "
-             f"share of the CPU used by other processes just before / during the timed queries: "
-             f"{run['busy_before']:.0%} / {run['busy_during']:.0%}; load average before / after them: "
-             f"{run['load_before']} / {run['load_after']}",
-             "- corpus: real text (the .py/.pyi/.md/.rst files of the installed packages; celery, kombu, "
-             "pydantic, fastapi, starlette first, then the rest by name), cut by the `semantic` chunker at the "
-             "`rlm load` defaults (3000 chars, 500 overlap); rows written with the store's COPY helpers "
-             "exactly as the loader shapes them.",
-             "- vectors: random unit vectors, dim 384 float32, one per MiniLM window (window counts from the "
-             "real tokenizer), HNSW index `vector_cosine_ops` with pgvector defaults (m 16, ef_construction 64), "
-             f"one table and one index for every buffer of that width (as the store does): index "
-             f"{run['sizes']['index']}, heap {run['sizes']['heap']}; embedded PostgreSQL "
-             f"{run['sizes']['pg']} + pgvector {run['sizes']['vector']}, shared_buffers {sb}, other settings stock.",
-             f"- queries: {len(QUERIES)} distinct × {run['rounds']} rounds per configuration, configurations "
-             "interleaved query by query, through `rlm_workers.search.service.search` (the code behind "
-             "`rlm search`) on one pooled connection in a warm process; `threshold=-1` so the semantic arm "
-             "always returns rows (random vectors never reach the default 0.3). The first query of the process "
-             "is reported apart and excluded from p50/p95.", "",
-             "### Buffers", "",
-             "| buffer | chunks | files | vectors (windows) | chunk text | write (COPY, 1 txn) | BM25 index build |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    sb = run["sizes"]["shared_buffers"] + (
+        " (set by --shared-buffers for this run; the embedded server's stock value is 128MB)"
+        if run["shared_buffers_arg"]
+        else " (stock)"
+    )
+    lines = [
+        title,
+        "",
+        f"- command: `{_util.command_line()}`",
+        f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; "
+        f"share of the CPU used by other processes just before / during the timed queries: "
+        f"{run['busy_before']:.0%} / {run['busy_during']:.0%}; load average before / after them: "
+        f"{run['load_before']} / {run['load_after']}",
+        "- corpus: real text (the .py/.pyi/.md/.rst files of the installed packages; celery, kombu, "
+        "pydantic, fastapi, starlette first, then the rest by name), cut by the `semantic` chunker at the "
+        "`rlm load` defaults (3000 chars, 500 overlap); rows written with the store's COPY helpers "
+        "exactly as the loader shapes them.",
+        "- vectors: random unit vectors, dim 384 float32, one per MiniLM window (window counts from the "
+        "real tokenizer), HNSW index `vector_cosine_ops` with pgvector defaults (m 16, ef_construction 64), "
+        f"one table and one index for every buffer of that width (as the store does): index "
+        f"{run['sizes']['index']}, heap {run['sizes']['heap']}; embedded PostgreSQL "
+        f"{run['sizes']['pg']} + pgvector {run['sizes']['vector']}, shared_buffers {sb}, other settings stock.",
+        f"- queries: {len(QUERIES)} distinct × {run['rounds']} rounds per configuration, configurations "
+        "interleaved query by query, through `rlm_workers.search.service.search` (the code behind "
+        "`rlm search`) on one pooled connection in a warm process; `threshold=-1` so the semantic arm "
+        "always returns rows (random vectors never reach the default 0.3). The first query of the process "
+        "is reported apart and excluded from p50/p95.",
+        "",
+        "### Buffers",
+        "",
+        "| buffer | chunks | files | vectors (windows) | chunk text | write (COPY, 1 txn) | BM25 index build |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, b in build["buffers"].items():
         write = f"{b['seconds']:.1f} s" if b.get("seconds") is not None else "reused"
         bm = f"{b['bm25_s']:.1f} s" if b.get("bm25_s") is not None else "cached"
-        lines.append(f"| {name} | {b['chunks']:,} | {b['files']:,} | {b['vectors']:,} | "
-                     f"{b['text_bytes'] / 1e6:.0f} MB | {write} | {bm} |")
+        lines.append(
+            f"| {name} | {b['chunks']:,} | {b['files']:,} | {b['vectors']:,} | "
+            f"{b['text_bytes'] / 1e6:.0f} MB | {write} | {bm} |"
+        )
     if build.get("reused"):
-        lines.append(f"\nBuffers built by an earlier run ({build['built_at']}) and reused; the build times are "
-                     "that run's.")
+        lines.append(
+            f"\nBuffers built by an earlier run ({build['built_at']}) and reused; the build times are that run's."
+        )
     if build.get("corpus_s") is not None:
-        lines.append(f"\nPreparing the corpus (read, chunk, tokenize for BM25, count model windows) took "
-                     f"{build['corpus_s']:.0f} s.")
+        lines.append(
+            f"\nPreparing the corpus (read, chunk, tokenize for BM25, count model windows) took "
+            f"{build['corpus_s']:.0f} s."
+        )
     if build.get("hnsw_s") is not None:
-        lines.append(f"\nHNSW index over all {build['vectors_total']:,} vectors built in "
-                     f"{build['hnsw_s']:.0f} s (CREATE INDEX after the COPY, maintenance_work_mem 2GB, then "
-                     "VACUUM ANALYZE so autovacuum has nothing left to do during the timed queries).")
-    lines += ["", f"### Warm latency, ms ({len(QUERIES) * run['rounds']} queries each)", "",
-              "| buffer | mode | top_k | p50 | p95 | mean | max | p50 of: bm25 top_k | query embedding | "
-              "pgvector SQL | fetch chunks | rest | p95 of: query embedding | pgvector SQL |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"\nHNSW index over all {build['vectors_total']:,} vectors built in "
+            f"{build['hnsw_s']:.0f} s (CREATE INDEX after the COPY, maintenance_work_mem 2GB, then "
+            "VACUUM ANALYZE so autovacuum has nothing left to do during the timed queries)."
+        )
+    lines += [
+        "",
+        f"### Warm latency, ms ({len(QUERIES) * run['rounds']} queries each)",
+        "",
+        "| buffer | mode | top_k | p50 | p95 | mean | max | p50 of: bm25 top_k | query embedding | "
+        "pgvector SQL | fetch chunks | rest | p95 of: query embedding | pgvector SQL |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, (_first, series) in results.items():
         for (mode, k), s in series.items():
             p = s.phases
-            rest = [sum(parts) for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["rrf"],
-                                                p["other"], strict=True)]
+            rest = [
+                sum(parts)
+                for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["rrf"], p["other"], strict=True)
+            ]
             lines.append(
                 f"| {name} | {mode} | {k} | **{_fmt(_util.percentile(s.total, 50))}** | "
                 f"{_fmt(_util.percentile(s.total, 95))} | {_fmt(statistics.mean(s.total))} | "
                 f"{_fmt(max(s.total))} | {_fmt(_util.percentile(p['bm25_top_k'], 50))} | "
                 f"{_fmt(_util.percentile(p['encode_query'], 50))} | {_fmt(_util.percentile(p['pgvector'], 50))} | "
                 f"{_fmt(_util.percentile(p['fetch'], 50))} | {_fmt(_util.percentile(rest, 50))} | "
-                f"{_fmt(_util.percentile(p['encode_query'], 95))} | {_fmt(_util.percentile(p['pgvector'], 95))} |")
-    lines += ["", "\"rest\" = buffer lookup, BM25 index and query encoder lookups (in-memory hits), RRF, "
-              "query tokenizing, Python glue.", "", "### First query of the process (excluded above)", "",
-              "| buffer | query | total ms | BM25 index load (cache file) | query encoder load | query embedding | "
-              "pgvector SQL |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+                f"{_fmt(_util.percentile(p['encode_query'], 95))} | {_fmt(_util.percentile(p['pgvector'], 95))} |"
+            )
+    lines += [
+        "",
+        '"rest" = buffer lookup, BM25 index and query encoder lookups (in-memory hits), RRF, '
+        "query tokenizing, Python glue.",
+        "",
+        "### First query of the process (excluded above)",
+        "",
+        "| buffer | query | total ms | BM25 index load (cache file) | query encoder load | query embedding | "
+        "pgvector SQL |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, (first, _series) in results.items():
         ph = first["phases"]
-        lines.append(f"| {name} | hybrid, top_k {top_ks[0]} | {_fmt(first['ms'])} | "
-                     f"{_fmt(ph.get('bm25_index', 0))} | {_fmt(ph.get('encoder_load', 0))} | "
-                     f"{_fmt(ph.get('encode_query', 0))} | {_fmt(ph.get('pgvector', 0))} |")
-    lines += ["", "The first buffer's first query also loads the query encoder; the next buffer finds it loaded.",
-              "", "### Cold start: `rlm search` as a fresh process", "",
-              "| command | runs (s) | median (s) |", "| --- | --- | ---: |"]
+        lines.append(
+            f"| {name} | hybrid, top_k {top_ks[0]} | {_fmt(first['ms'])} | "
+            f"{_fmt(ph.get('bm25_index', 0))} | {_fmt(ph.get('encoder_load', 0))} | "
+            f"{_fmt(ph.get('encode_query', 0))} | {_fmt(ph.get('pgvector', 0))} |"
+        )
+    lines += [
+        "",
+        "The first buffer's first query also loads the query encoder; the next buffer finds it loaded.",
+        "",
+        "### Cold start: `rlm search` as a fresh process",
+        "",
+        "| command | runs (s) | median (s) |",
+        "| --- | --- | ---: |",
+    ]
     for label, runs in cold.items():
-        lines.append(f"| `{label}` | {', '.join(f'{r:.2f}' for r in runs)} | "
-                     f"**{statistics.median(runs):.2f}** |")
-    lines += ["", "Embedded PostgreSQL already running (it outlives each `rlm` process by design) and the OS "
-              "page cache warm; the first `rlm` after a reboot also pays the server start and disk reads.", "",
-              "### Semantic arm: where the pgvector time goes", "",
-              f"`EXPLAIN (ANALYZE, BUFFERS)` of the semantic arm's SQL for a hybrid search, mean over "
-              f"{run['profile_n']} query embeddings (server-side time only; pages are 8 KB).", "",
-              "| buffer | top_k | rows fetched (LIMIT) | how | plan | exec ms | pages from shared_buffers | "
-              "pages from outside | rows dropped by buffer filter | recall vs exact |",
-              "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines.append(f"| `{label}` | {', '.join(f'{r:.2f}' for r in runs)} | **{statistics.median(runs):.2f}** |")
+    lines += [
+        "",
+        "Embedded PostgreSQL already running (it outlives each `rlm` process by design) and the OS "
+        "page cache warm; the first `rlm` after a reboot also pays the server start and disk reads.",
+        "",
+        "### Semantic arm: where the pgvector time goes",
+        "",
+        f"`EXPLAIN (ANALYZE, BUFFERS)` of the semantic arm's SQL for a hybrid search, mean over "
+        f"{run['profile_n']} query embeddings (server-side time only; pages are 8 KB).",
+        "",
+        "| buffer | top_k | rows fetched (LIMIT) | how | plan | exec ms | pages from shared_buffers | "
+        "pages from outside | rows dropped by buffer filter | recall vs exact |",
+        "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in run["profile"]:
-        lines.append(f"| {r['buffer']} | {r['top_k']} | {r['want']} | {r['variant']} | {', '.join(r['nodes'])} | "
-                     f"{r['exec_ms']:.1f} | {r['hit']:.0f} | {r['read']:.0f} | {r['removed']:.0f} | "
-                     f"{r['recall']:.2f} |")
-    lines += ["", "Query embedding alone (`encode_query`, the FastBert path `rlm search` uses), "
-              f"{len(QUERIES)} queries, by torch thread count:", "",
-              "| torch threads | p50 ms | p95 ms | max ms |", "| ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"| {r['buffer']} | {r['top_k']} | {r['want']} | {r['variant']} | {', '.join(r['nodes'])} | "
+            f"{r['exec_ms']:.1f} | {r['hit']:.0f} | {r['read']:.0f} | {r['removed']:.0f} | "
+            f"{r['recall']:.2f} |"
+        )
+    lines += [
+        "",
+        "Query embedding alone (`encode_query`, the FastBert path `rlm search` uses), "
+        f"{len(QUERIES)} queries, by torch thread count:",
+        "",
+        "| torch threads | p50 ms | p95 ms | max ms |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
     for n, times in run["threads"].items():
-        lines.append(f"| {n} | {_util.percentile(times, 50):.1f} | {_util.percentile(times, 95):.1f} | "
-                     f"{max(times):.1f} |")
-    lines += ["", f"Plan shape ({_buffer_name(run['sizes_n'][-1])}, hybrid top_k {top_ks[0]}, one query):", "",
-              "```", run["explain"], "```", "", "### Targets", ""]
+        lines.append(
+            f"| {n} | {_util.percentile(times, 50):.1f} | {_util.percentile(times, 95):.1f} | {max(times):.1f} |"
+        )
+    lines += [
+        "",
+        f"Plan shape ({_buffer_name(run['sizes_n'][-1])}, hybrid top_k {top_ks[0]}, one query):",
+        "",
+        "```",
+        run["explain"],
+        "```",
+        "",
+        "### Targets",
+        "",
+    ]
     big = max(results, key=lambda n: build["buffers"][n]["chunks"])
     hy = results[big][1].get(("hybrid", 10)) or results[big][1][("hybrid", top_ks[0])]
     p50 = _util.percentile(hy.total, 50)
-    lines.append(f"- hybrid p50 at {build['buffers'][big]['chunks']:,} chunks: {p50:.1f} ms "
-                 f"(target ≤ {TARGET_HYBRID_P50_MS:.0f} ms): **{'met' if p50 <= TARGET_HYBRID_P50_MS else 'MISSED'}**")
+    lines.append(
+        f"- hybrid p50 at {build['buffers'][big]['chunks']:,} chunks: {p50:.1f} ms "
+        f"(target ≤ {TARGET_HYBRID_P50_MS:.0f} ms): **{'met' if p50 <= TARGET_HYBRID_P50_MS else 'MISSED'}**"
+    )
     hybrid_cold = [v for k, v in cold.items() if "--mode" not in k]
     if hybrid_cold:
         med = statistics.median(hybrid_cold[0])
-        lines.append(f"- cold `rlm search` (hybrid): median {med:.2f} s (target ≤ {TARGET_COLD_S:.0f} s): "
-                     f"**{'met' if med <= TARGET_COLD_S else 'MISSED'}**")
+        lines.append(
+            f"- cold `rlm search` (hybrid): median {med:.2f} s (target ≤ {TARGET_COLD_S:.0f} s): "
+            f"**{'met' if med <= TARGET_COLD_S else 'MISSED'}**"
+        )
     return "\n".join(lines)
 
 
@@ -675,16 +797,29 @@ def main() -> None:
     ap.add_argument("--modes", default="bm25,semantic,hybrid")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the query set per configuration")
     ap.add_argument("--cold-runs", type=int, default=3)
-    ap.add_argument("--wait-quiet", type=float, default=180, metavar="SECONDS",
-                    help="wait up to this long for other processes to leave the CPU idle before timing")
-    ap.add_argument("--quiet-below", type=float, default=0.25, metavar="SHARE",
-                    help="what counts as idle: other processes' share of the CPU below this (default 0.25)")
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=180,
+        metavar="SECONDS",
+        help="wait up to this long for other processes to leave the CPU idle before timing",
+    )
+    ap.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.25,
+        metavar="SHARE",
+        help="what counts as idle: other processes' share of the CPU below this (default 0.25)",
+    )
     ap.add_argument("--rebuild", action="store_true", help="rewrite the buffers even if an earlier run left them")
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--section", default="search", help="RESULTS.md section to (re)write (default: search)")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL running")
-    ap.add_argument("--shared-buffers", metavar="SIZE",
-                    help="experiment: run the queries with this shared_buffers (e.g. 2GB), reset afterwards")
+    ap.add_argument(
+        "--shared-buffers",
+        metavar="SIZE",
+        help="experiment: run the queries with this shared_buffers (e.g. 2GB), reset afterwards",
+    )
     args = ap.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     top_ks = [int(k) for k in args.top_k.split(",")]
@@ -708,8 +843,11 @@ def main() -> None:
             t0 = time.perf_counter()
             corpus = build_corpus(max(todo))
             build["corpus_s"] = time.perf_counter() - t0
-            print(f"corpus: {corpus.n_chunks:,} chunks from {len(corpus.files):,} files, "
-                  f"{sum(corpus.windows):,} windows ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(
+                f"corpus: {corpus.n_chunks:,} chunks from {len(corpus.files):,} files, "
+                f"{sum(corpus.windows):,} windows ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
             drop_hnsw(conn)
             for n in todo:
                 st = write_buffer(conn, _buffer_name(n), corpus, n)
@@ -733,9 +871,14 @@ def main() -> None:
         if args.shared_buffers:
             conn.close()
             conn = set_shared_buffers(data_dir, args.shared_buffers)
-        run = {"build": build, "top_ks": top_ks, "rounds": args.rounds, "sizes_n": sizes,
-               "shared_buffers_arg": args.shared_buffers,
-               "sizes": server_facts(conn)}
+        run = {
+            "build": build,
+            "top_ks": top_ks,
+            "rounds": args.rounds,
+            "sizes_n": sizes,
+            "shared_buffers_arg": args.shared_buffers,
+            "sizes": server_facts(conn),
+        }
         conn.commit()
 
         phases = Phases()
@@ -751,8 +894,11 @@ def main() -> None:
                 first, series = run_queries(pooled, settings, url, name, modes, top_ks, phases, args.rounds)
                 results[name] = (first, series)
                 for (mode, k), s in series.items():
-                    print(f"{name:>11} {mode:>8} top_k {k:>3}: p50 {_util.percentile(s.total, 50):6.1f} ms  "
-                          f"p95 {_util.percentile(s.total, 95):6.1f} ms", flush=True)
+                    print(
+                        f"{name:>11} {mode:>8} top_k {k:>3}: p50 {_util.percentile(s.total, 50):6.1f} ms  "
+                        f"p95 {_util.percentile(s.total, 95):6.1f} ms",
+                        flush=True,
+                    )
             run["load_after"] = _util.loadavg()
             run["busy_during"] = others.share(time.process_time() - cpu0 + _util.postgres_cpu(data_dir) - pg0)
             run["profile_n"] = 20
@@ -764,8 +910,10 @@ def main() -> None:
 
         big = _buffer_name(sizes[-1])
         cold = run["cold"] = {}
-        for label, mode in ((f'rlm search "..." --buffer {big}', None),
-                            (f'rlm search "..." --buffer {big} --mode bm25', "bm25")):
+        for label, mode in (
+            (f'rlm search "..." --buffer {big}', None),
+            (f'rlm search "..." --buffer {big} --mode bm25', "bm25"),
+        ):
             cold[label] = [cold_start(big, QUERIES[i + 2], mode) for i in range(args.cold_runs)]
             print(f"cold {label}: {[round(x, 2) for x in cold[label]]}", flush=True)
         conn.close()
@@ -785,7 +933,7 @@ def main() -> None:
         print(f"\nupdated {_util.RESULTS}")
 
 
-def set_shared_buffers(data_dir: Path, size: str | None):  # noqa: ANN201 - psycopg.Connection
+def set_shared_buffers(data_dir: Path, size: str | None):
     """Set (or with None, reset) shared_buffers on the bench's own server and restart it; a new connection."""
     from psycopg import sql
 
@@ -803,13 +951,17 @@ def set_shared_buffers(data_dir: Path, size: str | None):  # noqa: ANN201 - psyc
     stop_embedded_postgres(data_dir)
     # pgserver remembers per process that it started the server, so start it again from a
     # child process; this one then reconnects through the same socket.
-    subprocess.run([sys.executable, "-c", "from rlm_workers.store.db import connect; connect().close()"],
-                   check=True, env=os.environ.copy())
+    subprocess.run(
+        [sys.executable, "-c", "from rlm_workers.store.db import connect; connect().close()"],
+        check=True,
+        env=os.environ.copy(),
+    )
     return connect()
 
 
-def server_facts(conn) -> dict:  # noqa: ANN001
+def server_facts(conn) -> dict:
     """Versions, settings and sizes that decide how much of the index stays in PostgreSQL's own cache."""
+
     def one(sql: str) -> str:
         return str(conn.execute(sql).fetchone()[0])
 
@@ -844,17 +996,26 @@ def _remember_build(data_dir: Path, build: dict, todo: list[int]) -> dict:
     return build
 
 
-def _describe(conn, name: str) -> dict:  # noqa: ANN001
+def _describe(conn, name: str) -> dict:
     """Sizes of a buffer reused from an earlier run."""
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
 
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=name)
     files, chunks, text_bytes = conn.execute(
         "SELECT (SELECT count(*) FROM files WHERE buffer_id = %(b)s), count(*), coalesce(sum(octet_length(text)), 0) "
-        "FROM chunks WHERE buffer_id = %(b)s", {"b": buf.id}).fetchone()
-    (vectors,) = conn.execute(f"SELECT count(*) FROM chunk_embeddings_d{DIM} WHERE buffer_id = %s",
-                              (buf.id,)).fetchone()
-    return {"files": files, "chunks": chunks, "vectors": vectors, "text_bytes": int(text_bytes), "seconds": None}
+        "FROM chunks WHERE buffer_id = %(b)s",
+        {"b": buf.id},
+    ).fetchone()
+    (vectors,) = conn.execute(
+        f"SELECT count(*) FROM chunk_embeddings_d{DIM} WHERE buffer_id = %s", (buf.id,)
+    ).fetchone()
+    return {
+        "files": files,
+        "chunks": chunks,
+        "vectors": vectors,
+        "text_bytes": int(text_bytes),
+        "seconds": None,
+    }
 
 
 if __name__ == "__main__":

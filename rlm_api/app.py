@@ -29,8 +29,14 @@ STATUS_BY_TYPE = {
 }
 
 #: status → error type for HTTPExceptions raised by FastAPI, Starlette or our dependencies
-HTTP_ERROR_TYPES = {400: "invalid_input", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-                    413: "too_large", 422: "invalid_input"}
+HTTP_ERROR_TYPES = {
+    400: "invalid_input",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    422: "invalid_input",
+}
 
 
 class BodyLimit:
@@ -67,8 +73,13 @@ async def _too_large(send: Send, limit: int) -> None:
     import json
 
     body = json.dumps({"error": {"type": "too_large", "message": f"request body over {limit} bytes"}}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -104,8 +115,11 @@ def create_app() -> FastAPI:
     from .routes import batches, buffers, health, queries, uploads
 
     settings = get_settings()
-    app = FastAPI(title="rlm-pipeline", version="0.1.0",
-                  description="Load text into buffers and ask questions answered by a Celery fan-out of analysts.")
+    app = FastAPI(
+        title="rlm-pipeline",
+        version="0.1.0",
+        description="Load text into buffers and ask questions answered by a Celery fan-out of analysts.",
+    )
     for module in (health, buffers, uploads, queries, batches):
         app.include_router(module.router)
 
@@ -118,8 +132,11 @@ def create_app() -> FastAPI:
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # 401/404/405 from FastAPI itself get the same {"error": {...}} shape as everything else.
         kind = HTTP_ERROR_TYPES.get(exc.status_code, "error")
-        return JSONResponse({"error": {"type": kind, "message": str(exc.detail)}}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            {"error": {"type": kind, "message": str(exc.detail)}},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -128,17 +145,21 @@ def create_app() -> FastAPI:
         import psycopg
 
         if isinstance(exc, psycopg.OperationalError):
-            return JSONResponse({"error": {"type": "service_unavailable", "message": "database unavailable"}},
-                                status_code=503)
-        return JSONResponse({"error": {"type": "internal", "message": "internal error; see the server log"}},
-                            status_code=500)
+            return JSONResponse(
+                {"error": {"type": "service_unavailable", "message": "database unavailable"}}, status_code=503
+            )
+        return JSONResponse(
+            {"error": {"type": "internal", "message": "internal error; see the server log"}}, status_code=500
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         from .schemas import describe_errors
 
-        return JSONResponse({"error": {"type": "invalid_input", "message": describe_errors(list(exc.errors()))}},
-                            status_code=422)
+        return JSONResponse(
+            {"error": {"type": "invalid_input", "message": describe_errors(list(exc.errors()))}},
+            status_code=422,
+        )
 
     original_openapi = app.openapi
 

@@ -28,8 +28,12 @@ if TYPE_CHECKING:
     from rlm_workers.models import QueryResult
     from rlm_workers.store.jobs import JobRow
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.",
+)
 buffer_app = typer.Typer(no_args_is_help=True, help="Inspect or remove one buffer.")
 services_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL and Valkey servers.")
 app.add_typer(buffer_app, name="buffer")
@@ -141,20 +145,37 @@ def load(
     with _db() as (settings, _url, conn):
         embedder = get_embedder(settings.embedding_model)
         console = Console(stderr=True)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True, disable=fmt == Fmt.json) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=fmt == Fmt.json,
+        ) as progress:
             report = load_paths(
-                conn, buffer=buffer, paths=paths, chunker=chunker.value, chunk_size=chunk_size, overlap=overlap,
-                tenant=TENANT, embedder=embedder, embed_batch_size=settings.embed_batch_size,
-                max_file_bytes=settings.max_file_bytes, progress=_RichProgress(progress),
+                conn,
+                buffer=buffer,
+                paths=paths,
+                chunker=chunker.value,
+                chunk_size=chunk_size,
+                overlap=overlap,
+                tenant=TENANT,
+                embedder=embedder,
+                embed_batch_size=settings.embed_batch_size,
+                max_file_bytes=settings.max_file_bytes,
+                progress=_RichProgress(progress),
             )
         _warm_bm25(conn, settings, _url, buffer)
     if fmt == Fmt.json:
         _print_json(report.__dict__)
         return
     for name in report.too_large[:5]:
-        typer.echo(f"warning: skipped {name}: larger than RLM_MAX_FILE_BYTES ({_settings_max_file_bytes()} bytes); "
-                   "not read", err=True)
+        typer.echo(
+            f"warning: skipped {name}: larger than RLM_MAX_FILE_BYTES ({_settings_max_file_bytes()} bytes); not read",
+            err=True,
+        )
     if len(report.too_large) > 5:
         typer.echo(f"warning: … and {len(report.too_large) - 5} more files over the size limit", err=True)
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
@@ -233,7 +254,9 @@ def buffer_rm(name: str) -> None:
 @buffer_app.command("reembed")
 def buffer_reembed(
     name: str,
-    queue: Annotated[bool, typer.Option("--queue", help="Send it to the ingest workers (rlm.embed) and return.")] = False,
+    queue: Annotated[
+        bool, typer.Option("--queue", help="Send it to the ingest workers (rlm.embed) and return.")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Re-embed even if the buffer is on this model.")] = False,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
 ) -> None:
@@ -247,18 +270,32 @@ def buffer_reembed(
             from rlm_workers.celery_app import app as celery
 
             celery.send_task("rlm.embed", (row.id,), argsrepr=f"buffer={row.id}")
-            typer.echo(f"queued rlm.embed for buffer {name}: an ingest worker (rlm worker -Q rlm.ingest) "
-                       "re-embeds it; `rlm buffer show` tells the model when it is done")
+            typer.echo(
+                f"queued rlm.embed for buffer {name}: an ingest worker (rlm worker -Q rlm.ingest) "
+                "re-embeds it; `rlm buffer show` tells the model when it is done"
+            )
             return
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True, disable=fmt == Fmt.json) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=fmt == Fmt.json,
+        ) as progress:
             bar = progress.add_task("chunks", total=None)
-            report = reembed_buffer(conn, tenant=TENANT, name=name, force=force,
-                                    embed_batch_size=settings.embed_batch_size,
-                                    on_chunks=lambda done, total: progress.update(bar, completed=done, total=total))
+            report = reembed_buffer(
+                conn,
+                tenant=TENANT,
+                name=name,
+                force=force,
+                embed_batch_size=settings.embed_batch_size,
+                on_chunks=lambda done, total: progress.update(bar, completed=done, total=total),
+            )
         if not report.unchanged:
             _warm_bm25(conn, settings, url, name)
     if fmt == Fmt.json:
@@ -266,8 +303,10 @@ def buffer_reembed(
     elif report.unchanged:
         typer.echo(f"buffer {name} is already embedded with {report.model}: nothing to do (--force to redo it)")
     else:
-        typer.echo(f"buffer {name} v{report.version}: {report.chunks} chunks, {report.windows_embedded} windows "
-                   f"re-embedded with {report.model} (was {report.previous_model}) ({report.seconds:.1f}s)")
+        typer.echo(
+            f"buffer {name} v{report.version}: {report.chunks} chunks, {report.windows_embedded} windows "
+            f"re-embedded with {report.model} (was {report.previous_model}) ({report.seconds:.1f}s)"
+        )
 
 
 # --------------------------------------------------------------------------- search
@@ -279,7 +318,9 @@ def search(
     buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to search; repeatable.")],
     mode: Annotated[SearchMode, typer.Option("--mode")] = SearchMode.hybrid,
     top_k: Annotated[int, typer.Option("--top-k")] = 10,
-    threshold: Annotated[float | None, typer.Option("--threshold", help="Minimum cosine similarity (semantic arm).")] = None,
+    threshold: Annotated[
+        float | None, typer.Option("--threshold", help="Minimum cosine similarity (semantic arm).")
+    ] = None,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
 ) -> None:
     """Search buffers without any LLM: bm25, semantic, or hybrid (RRF)."""
@@ -290,8 +331,17 @@ def search(
     validate_query(query)
     validate_search_params(mode.value, top_k, threshold)
     with _db() as (settings, url, conn):
-        hits = run_search(conn, settings=settings, url=url, tenant=TENANT, buffers=buffer, query=query,
-                          mode=mode.value, top_k=top_k, threshold=threshold)
+        hits = run_search(
+            conn,
+            settings=settings,
+            url=url,
+            tenant=TENANT,
+            buffers=buffer,
+            query=query,
+            mode=mode.value,
+            top_k=top_k,
+            threshold=threshold,
+        )
     if fmt == Fmt.json:
         _print_json({"results": [h.model_dump() for h in hits]})
         if not hits:
@@ -332,7 +382,9 @@ def query(
     batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
     num_agents: Annotated[int | None, typer.Option("--num-agents", help="Split chunks evenly over N analysts.")] = None,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show plan, parameters, timings and LLM calls.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show plan, parameters, timings and LLM calls.")
+    ] = False,
     timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds.")] = 3600.0,
 ) -> None:
     """Ask a question: plan, search, fan out to analysts, collect, synthesize."""
@@ -346,11 +398,17 @@ def query(
     from rlm_workers.submit import submit_query, validate_options, wait_for_job
 
     validate_query(text)
-    options = validate_options({
-        "skip_plan": skip_plan or None, "search_mode": search_mode.value if search_mode else None,
-        "threshold": threshold, "top_k": top_k, "max_chunks": max_chunks, "batch_size": batch_size,
-        "num_agents": num_agents,
-    })
+    options = validate_options(
+        {
+            "skip_plan": skip_plan or None,
+            "search_mode": search_mode.value if search_mode else None,
+            "threshold": threshold,
+            "top_k": top_k,
+            "max_chunks": max_chunks,
+            "batch_size": batch_size,
+            "num_agents": num_agents,
+        }
+    )
     console = Console(stderr=True)
     with _db() as (_settings, _url, conn):
         from rlm_workers.store.buffers import require_buffers
@@ -362,12 +420,17 @@ def query(
             if verbose:
                 console.print(f"job {job_id} ({'in-process worker' if ephemeral else 'running workers'})")
             with console.status("queued", spinner="dots") as status:
-                def progress(job, done, total):  # noqa: ANN001
+
+                def progress(job, done, total):
                     extra = f" {done}/{total} batches" if total else ""
                     status.update(f"{job.stage}{extra}")
 
-                job = wait_for_job(conn, job_id, timeout=timeout,
-                                   on_progress=None if fmt == Fmt.json and not console.is_terminal else progress)
+                job = wait_for_job(
+                    conn,
+                    job_id,
+                    timeout=timeout,
+                    on_progress=None if fmt == Fmt.json and not console.is_terminal else progress,
+                )
         if verbose:
             _print_verbose(console, conn, job)
     result = QueryResult.model_validate(job.result) if job.result else None
@@ -400,9 +463,13 @@ def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> N
 
 @app.command()
 def worker(
-    queues: Annotated[str, typer.Option("--queues", "-Q", help="Comma-separated queues.")] = "rlm.control,rlm.analyst,rlm.ingest",
+    queues: Annotated[
+        str, typer.Option("--queues", "-Q", help="Comma-separated queues.")
+    ] = "rlm.control,rlm.analyst,rlm.ingest",
     concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
-    pool: Annotated[str, typer.Option("--pool", "-P", help="threads (I/O-bound analysts) or prefork (CPU).")] = "threads",
+    pool: Annotated[
+        str, typer.Option("--pool", "-P", help="threads (I/O-bound analysts) or prefork (CPU).")
+    ] = "threads",
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
@@ -418,7 +485,18 @@ def worker(
         raise InvalidInput(f"unknown pool {pool!r}: use threads, prefork or solo")
     # Gossip and mingle add nothing here (state lives in PostgreSQL) and their bootsteps are where a
     # worker breaks when Redis restarts under it (celery#8030, kombu#582): leave them out.
-    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-E", "--without-gossip", "--without-mingle"]
+    argv = [
+        "worker",
+        "-Q",
+        ",".join(names),
+        "-P",
+        pool,
+        "-l",
+        loglevel,
+        "-E",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     if concurrency:
         argv += ["-c", str(concurrency)]
     if hostname:

@@ -51,8 +51,9 @@ def parse_at(value: str, *, now: datetime | None = None) -> datetime:
     try:
         ts = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise InvalidInput(f"invalid --at {value!r}: use ISO 8601 (2030-01-01T02:00, +00:00 for UTC) "
-                           "or +30m / +2h / +1d") from None
+        raise InvalidInput(
+            f"invalid --at {value!r}: use ISO 8601 (2030-01-01T02:00, +00:00 for UTC) or +30m / +2h / +1d"
+        ) from None
     return ts.astimezone() if ts.tzinfo is None else ts
 
 
@@ -81,32 +82,51 @@ def _warn_if_no_worker() -> None:
 
     missing = [q for q in (QUEUE_CONTROL, QUEUE_ANALYST) if q not in served_queues(celery_app, timeout=1.0)]
     if missing:
-        typer.echo(f"warning: no running worker serves {', '.join(missing)}: the batch waits until one does "
-                   "(start `rlm worker` or `rlm up`)", err=True)
+        typer.echo(
+            f"warning: no running worker serves {', '.join(missing)}: the batch waits until one does "
+            "(start `rlm worker` or `rlm up`)",
+            err=True,
+        )
 
 
 @batch_app.command("submit")
 def submit(
-    queries: Annotated[str, typer.Option("--queries", "-q", help="File: one query a line (# comments, blank lines "
-                                                                 "skipped) or JSON lines {\"query\": ...}; - for stdin.")],
+    queries: Annotated[
+        str,
+        typer.Option(
+            "--queries",
+            "-q",
+            help='File: one query a line (# comments, blank lines skipped) or JSON lines {"query": ...}; - for stdin.',
+        ),
+    ],
     buffer: Annotated[list[str] | None, typer.Option("--buffer", "-b", help="Buffer to query; repeatable.")] = None,
-    buffers_glob: Annotated[str | None, typer.Option("--buffers-glob", help="Also every buffer matching this glob, "
-                                                                          "e.g. 'logs-*'.")] = None,
-    at: Annotated[str | None, typer.Option("--at", help="Start no earlier than this: ISO 8601 (no zone = local "
-                                                        "time) or +30m / +2h.")] = None,
+    buffers_glob: Annotated[
+        str | None,
+        typer.Option("--buffers-glob", help="Also every buffer matching this glob, e.g. 'logs-*'."),
+    ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="Start no earlier than this: ISO 8601 (no zone = local time) or +30m / +2h."),
+    ] = None,
     priority: Annotated[int, typer.Option(help="1 soonest … 9 latest; interactive queries always go first.")] = 3,
-    token_budget: Annotated[int | None, typer.Option("--token-budget", help="Stop scheduling new items once this "
-                                                                           "many tokens are spent.")] = None,
+    token_budget: Annotated[
+        int | None,
+        typer.Option("--token-budget", help="Stop scheduling new items once this many tokens are spent."),
+    ] = None,
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
     search_mode: Annotated[SearchMode | None, typer.Option("--search-mode")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
-    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key", help="Submitting the same key again "
-                                                                                 "returns the first batch.")] = None,
-    check_workers: Annotated[bool, typer.Option("--check-workers/--no-check-workers",
-                                                help="Warn on stderr when no worker is running.")] = True,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Submitting the same key again returns the first batch."),
+    ] = None,
+    check_workers: Annotated[
+        bool,
+        typer.Option("--check-workers/--no-check-workers", help="Warn on stderr when no worker is running."),
+    ] = True,
 ) -> None:
     """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
     from rlm_workers.overnight.submit import submit_overnight
@@ -116,14 +136,29 @@ def submit(
 
     texts = read_queries(queries)
     run_at = parse_at(at) if at else None
-    options = validate_options({"skip_plan": skip_plan or None, "search_mode": search_mode and search_mode.value,
-                                "threshold": threshold,
-                                "top_k": top_k, "max_chunks": max_chunks, "batch_size": batch_size})
+    options = validate_options(
+        {
+            "skip_plan": skip_plan or None,
+            "search_mode": search_mode and search_mode.value,
+            "threshold": threshold,
+            "top_k": top_k,
+            "max_chunks": max_chunks,
+            "batch_size": batch_size,
+        }
+    )
     with _db() as (_settings, _url, conn):
-        batch_id, _created = submit_overnight(conn, tenant=TENANT, queries=texts, buffers=buffer or [],
-                                              buffers_glob=buffers_glob, options=options, run_at=run_at,
-                                              priority=priority, token_budget=token_budget,
-                                              idempotency_key=idempotency_key)
+        batch_id, _created = submit_overnight(
+            conn,
+            tenant=TENANT,
+            queries=texts,
+            buffers=buffer or [],
+            buffers_glob=buffers_glob,
+            options=options,
+            run_at=run_at,
+            priority=priority,
+            token_budget=token_budget,
+            idempotency_key=idempotency_key,
+        )
     typer.echo(batch_id)
     if check_workers:
         _warn_if_no_worker()
@@ -196,8 +231,10 @@ def cancel(batch_id: str) -> None:
 
 
 @batch_app.command("list")
-def list_cmd(limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
-             fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text) -> None:
+def list_cmd(
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text,
+) -> None:
     """The most recent batches, newest first."""
     from rlm_workers.overnight.submit import status_of
     from rlm_workers.store.overnight import list_overnight

@@ -19,8 +19,10 @@ def _conn() -> psycopg.Connection:
 
 
 @keys_app.command("create")
-def create(tenant: Annotated[str, typer.Option("--tenant", help="Tenant the key acts for.")],
-           name: Annotated[str, typer.Option("--name", help="A label to tell keys apart.")] = "") -> None:
+def create(
+    tenant: Annotated[str, typer.Option("--tenant", help="Tenant the key acts for.")],
+    name: Annotated[str, typer.Option("--name", help="A label to tell keys apart.")] = "",
+) -> None:
     """Create a key; it is printed once on stdout and only its hash is stored."""
     from .auth import create_key
 
@@ -42,7 +44,9 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> Non
     conn = _conn()
     try:
         for k in list_keys(conn, tenant=tenant):
-            typer.echo(f"{k.prefix}…  {k.tenant:<20} {'revoked' if k.revoked else 'active ':<8} {k.created_at}  {k.name}")
+            typer.echo(
+                f"{k.prefix}…  {k.tenant:<20} {'revoked' if k.revoked else 'active ':<8} {k.created_at}  {k.name}"
+            )
     finally:
         conn.close()
 
@@ -80,6 +84,12 @@ def api_command(
     # Resolve (and start, when embedded) the servers once here, not in every request.
     database_url(s)
     broker_url(s)
-    uvicorn.run("rlm_api.app:create_app", factory=True, host=host or s.api_host,
-                port=port if port is not None else s.api_port, workers=workers, log_level="info",
-                proxy_headers=False)
+    uvicorn.run(
+        "rlm_api.app:create_app",
+        factory=True,
+        host=host or s.api_host,
+        port=port if port is not None else s.api_port,
+        workers=workers,
+        log_level="info",
+        proxy_headers=False,
+    )

@@ -37,11 +37,22 @@ def flower_argv(host: str, port: int, basic_auth: str | None) -> tuple[list[str]
     default is to demand credentials for everything.
     """
     if not is_loopback(host) and not basic_auth:
-        raise InvalidInput(f"Flower on {host} would be open to the network: set RLM_FLOWER_BASIC_AUTH=user:password "
-                           "or bind to 127.0.0.1")
+        raise InvalidInput(
+            f"Flower on {host} would be open to the network: set RLM_FLOWER_BASIC_AUTH=user:password "
+            "or bind to 127.0.0.1"
+        )
     if basic_auth and ":" not in basic_auth:
         raise InvalidInput("RLM_FLOWER_BASIC_AUTH must look like user:password")
-    argv = [sys.executable, "-m", "celery", "-A", "rlm_workers", "flower", f"--address={host}", f"--port={port}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "rlm_workers",
+        "flower",
+        f"--address={host}",
+        f"--port={port}",
+    ]
     env: dict[str, str] = {}
     if basic_auth:
         argv.append(f"--basic-auth={basic_auth}")
@@ -52,7 +63,9 @@ def flower_argv(host: str, port: int, basic_auth: str | None) -> tuple[list[str]
 
 
 def flower_command(
-    host: Annotated[str | None, typer.Option("--host", help="Bind address (default RLM_FLOWER_HOST, 127.0.0.1).")] = None,
+    host: Annotated[
+        str | None, typer.Option("--host", help="Bind address (default RLM_FLOWER_HOST, 127.0.0.1).")
+    ] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port (default RLM_FLOWER_PORT, 5555).")] = None,
 ) -> None:
     """Run Flower against the configured (or embedded) broker; basic auth is required off loopback."""
@@ -114,8 +127,18 @@ def up_command(
     f_port = flower_port if flower_port is not None else s.flower_port
     procs: dict[str, list[str]] = {
         "control worker": me + ["worker", "-Q", "rlm.control", "-c", "4", "-P", "threads", "-n", "control@%h"],
-        "analyst worker": me + ["worker", "-Q", "rlm.analyst", "-c", str(analyst_concurrency), "-P", "threads",
-                                "-n", "analyst@%h"],
+        "analyst worker": me
+        + [
+            "worker",
+            "-Q",
+            "rlm.analyst",
+            "-c",
+            str(analyst_concurrency),
+            "-P",
+            "threads",
+            "-n",
+            "analyst@%h",
+        ],
         "ingest worker": me + ["worker", "-Q", "rlm.ingest", "-c", "1", "-P", "prefork", "-n", "ingest@%h"],
         "api": me + ["api", "--host", s.api_host, "--port", str(a_port)],
     }

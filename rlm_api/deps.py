@@ -24,8 +24,11 @@ def get_tenant(conn: ConnDep, authorization: Annotated[str | None, Header()] = N
     scheme, _, key = (authorization or "").partition(" ")
     tenant = tenant_for_key(conn, key.strip()) if scheme.lower() == "bearer" else None
     if tenant is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="missing or invalid API key",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            detail="missing or invalid API key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return tenant
 
 

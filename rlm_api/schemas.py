@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlm_workers.constants import MAX_QUERY_BYTES
+from rlm_workers.limits import MAX_QUERY_BYTES
 from rlm_workers.models import BufferInfo, QueryOptions, QueryResult
 
 #: most files one upload may carry (JSON documents or multipart parts)
@@ -31,8 +31,10 @@ class Strict(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    type: str = Field(description="Machine-readable: invalid_input, unauthorized, not_found, buffer_not_found, "
-                                  "too_large, service_unavailable, …")
+    type: str = Field(
+        description="Machine-readable: invalid_input, unauthorized, not_found, buffer_not_found, "
+        "too_large, service_unavailable, …"
+    )
     message: str = Field(description="What went wrong and how to fix it, for a person.")
 
     @classmethod
@@ -146,8 +148,10 @@ class LoadResponse(BaseModel):
     version: int
     files_loaded: int
     files_unchanged: int
-    files_removed: int = Field(description="Files under an uploaded top-level directory that the upload no "
-                                           "longer has (same rule as `rlm load DIR`).")
+    files_removed: int = Field(
+        description="Files under an uploaded top-level directory that the upload no "
+        "longer has (same rule as `rlm load DIR`)."
+    )
     chunks_written: int
     windows_embedded: int
     skipped: dict[str, int] = Field(description="Files not loaded, by reason (binary, not-utf8, too-large, …).")

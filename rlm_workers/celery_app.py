@@ -20,7 +20,7 @@ TASK_MODULES = ["rlm_workers.tasks.pipeline", "rlm_workers.tasks.overnight", "rl
 app = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)
 
 
-def celery_config(settings) -> dict:  # noqa: ANN001 - Settings
+def celery_config(settings) -> dict:
     from .local_servers import broker_url, result_backend_url
 
     broker = broker_url(settings)
@@ -78,10 +78,10 @@ class _LazyConfig(Mapping):
             self._data = celery_config(get_settings())
         return self._data
 
-    def __getitem__(self, key: str):  # noqa: ANN204
+    def __getitem__(self, key: str):
         return self._load()[key]
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return iter(self._load())
 
     def __len__(self) -> int:
@@ -102,8 +102,11 @@ def reconfigure() -> None:
     from .local_servers import embedded_valkey_running
 
     settings = get_settings()
-    if settings.broker_url is None and settings.result_backend is None \
-            and not embedded_valkey_running(settings.data_dir):
+    if (
+        settings.broker_url is None
+        and settings.result_backend is None
+        and not embedded_valkey_running(settings.data_dir)
+    ):
         # Resolving the embedded broker's URL would start it: a settings reset (a test restoring the defaults
         # at teardown) must not start a Valkey under the user's data dir.  The app keeps its configuration
         # until a reset with a broker to use (Celery cannot go back to unconfigured: app.amqp needs a conf).
@@ -119,6 +122,7 @@ def reconfigure() -> None:
     app._backend_cache = None
     if app._local is not None:
         app._local.__dict__.pop("backend", None)
+
 
 def _patch_kombu_redis_reconnect() -> None:
     """Keep a worker alive when Redis goes away under it (kombu 5.x).
@@ -139,7 +143,7 @@ def _patch_kombu_redis_reconnect() -> None:
     if getattr(original, "_rlm_patched", False):
         return
 
-    def _connparams(self, asynchronous=False):  # noqa: ANN001, ANN202, FBT002
+    def _connparams(self, asynchronous=False):
         if self.connection is None or self.connection.client is None:
             raise redis.exceptions.ConnectionError("connection already closed")
         return original(self, asynchronous=asynchronous)
@@ -149,6 +153,7 @@ def _patch_kombu_redis_reconnect() -> None:
 
 
 _patch_kombu_redis_reconnect()
+
 
 def _connect_worker_signals() -> None:
     """Every worker runs the reconciler (one of them sweeps per interval) while it serves."""

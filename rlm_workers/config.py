@@ -56,7 +56,8 @@ class Settings(BaseSettings):
         "low", description="Findings below this relevance are dropped by Collect."
     )
     prompt_dir: Path = Field(
-        Path("~/.config/rlm/prompts"), description="Directory whose primary.md/subcall.md/synthesizer.md override the shipped prompts."
+        Path("~/.config/rlm/prompts"),
+        description="Directory whose primary.md/subcall.md/synthesizer.md override the shipped prompts.",
     )
 
     # --- services ----------------------------------------------------------
@@ -65,12 +66,15 @@ class Settings(BaseSettings):
     result_backend: str | None = Field(None, description="Celery result backend; defaults to the broker URL.")
     data_dir: Path = Field(default_factory=_default_data_dir, description="Embedded services' data and caches.")
     visibility_timeout: int = Field(
-        3600, ge=5, description="Seconds before Redis redelivers an unacknowledged task; keep above the longest task."
+        3600,
+        ge=5,
+        description="Seconds before Redis redelivers an unacknowledged task; keep above the longest task.",
     )
     job_timeout: int = Field(
-        1800, ge=5,
+        1800,
+        ge=5,
         description="Seconds a job's fan-out may go without progress (no batch started or finished) before it is "
-                    "finished with what it has; keep below RLM_VISIBILITY_TIMEOUT.",
+        "finished with what it has; keep below RLM_VISIBILITY_TIMEOUT.",
     )
 
     # --- ingest ------------------------------------------------------------
@@ -83,7 +87,9 @@ class Settings(BaseSettings):
     # --- operations --------------------------------------------------------
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: str = Field("INFO", description="Python logging level.")
-    flower_basic_auth: str | None = Field(None, description="user:password for Flower; required off loopback.", repr=False)
+    flower_basic_auth: str | None = Field(
+        None, description="user:password for Flower; required off loopback.", repr=False
+    )
 
     # --- HTTP API and batches ----------------------------------------------
     api_host: str = Field("127.0.0.1", description="Address `rlm api` / `rlm up` bind the HTTP API to.")
@@ -92,14 +98,20 @@ class Settings(BaseSettings):
     flower_port: int = Field(5555, ge=0, le=65535, description="Port of Flower.")
     max_request_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Largest HTTP request body (413 above).")
     batch_parallel: int = Field(
-        4, ge=1, le=1000,
+        4,
+        ge=1,
+        le=1000,
         description="Batch items in flight at once per batch; the rest of the LLM budget stays free for interactive "
-                    "queries.")
+        "queries.",
+    )
     batch_tick_seconds: float = Field(2.0, gt=0, le=600, description="How often a running batch is advanced.")
     reconcile_seconds: float = Field(
-        60.0, gt=0, le=3600,
+        60.0,
+        gt=0,
+        le=3600,
         description="How often one worker looks for jobs whose stage stopped moving for RLM_JOB_TIMEOUT and "
-                    "pushes them on (lost tasks after a broker or worker crash).")
+        "pushes them on (lost tasks after a broker or worker crash).",
+    )
 
     @field_validator("prompt_dir", "data_dir", mode="after")
     @classmethod

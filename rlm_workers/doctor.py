@@ -43,21 +43,31 @@ def check_database(settings: Settings, url: str) -> list[Check]:
         elif migrations.vector_available(conn):
             out.append(Check("pgvector", True, "available; created on first use", warning=True))
         else:
-            out.append(Check("pgvector", False, "the server has no pgvector: use the pgvector/pgvector image, "
-                                                "install postgresql-NN-pgvector, or unset RLM_DATABASE_URL"))
+            out.append(
+                Check(
+                    "pgvector",
+                    False,
+                    "the server has no pgvector: use the pgvector/pgvector image, "
+                    "install postgresql-NN-pgvector, or unset RLM_DATABASE_URL",
+                )
+            )
         applied = migrations.applied_if_any(conn)
         latest = migrations.MIGRATIONS[-1][0]
         if not applied:
-            out.append(Check("schema", True, "empty database; the first rlm command creates the schema",
-                             warning=True))
+            out.append(Check("schema", True, "empty database; the first rlm command creates the schema", warning=True))
         elif latest in applied:
             out.append(Check("schema", True, f"up to date ({latest})"))
         elif any(a not in {n for n, _ in migrations.MIGRATIONS} for a in applied):
-            out.append(Check("schema", False, f"the database is newer ({applied[-1]}) than this rlm ({latest}): "
-                                              "upgrade rlm-pipeline on this host"))
+            out.append(
+                Check(
+                    "schema",
+                    False,
+                    f"the database is newer ({applied[-1]}) than this rlm ({latest}): "
+                    "upgrade rlm-pipeline on this host",
+                )
+            )
         else:
-            out.append(Check("schema", True, f"at {applied[-1]}; {latest} is applied at the next start",
-                             warning=True))
+            out.append(Check("schema", True, f"at {applied[-1]}; {latest} is applied at the next start", warning=True))
     return out
 
 
@@ -95,8 +105,15 @@ def check_workers(app: Celery, timeout: float = 2.0) -> list[Check]:
 
 def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
     if settings.offline:
-        return [Check("llm", True, "no API key: the offline extractive provider answers (set OPENAI_API_KEY "
-                                   "and OPENAI_BASE_URL for a model)", warning=True)]
+        return [
+            Check(
+                "llm",
+                True,
+                "no API key: the offline extractive provider answers (set OPENAI_API_KEY "
+                "and OPENAI_BASE_URL for a model)",
+                warning=True,
+            )
+        ]
     import httpx
 
     base = (settings.base_url or "https://api.openai.com/v1").rstrip("/")
@@ -107,22 +124,37 @@ def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
     if resp.status_code in (401, 403):
         return [Check("llm", False, f"{base} refused the API key (HTTP {resp.status_code})")]
     if resp.status_code >= 400:
-        return [Check("llm", True, f"{base} answers, but /models gave HTTP {resp.status_code}: model names "
-                                   "not verified", warning=True)]
+        return [
+            Check(
+                "llm",
+                True,
+                f"{base} answers, but /models gave HTTP {resp.status_code}: model names not verified",
+                warning=True,
+            )
+        ]
     try:
         known = {m.get("id") for m in resp.json().get("data", [])}
     except ValueError:
         known = set()
     out = [Check("llm", True, f"{base} reachable")]
-    for role, model in (("planner", settings.primary_model), ("analyst", settings.subcall_model),
-                        ("synthesizer", settings.synthesizer_model)):
+    for role, model in (
+        ("planner", settings.primary_model),
+        ("analyst", settings.subcall_model),
+        ("synthesizer", settings.synthesizer_model),
+    ):
         if not known:
             out.append(Check(f"model {role}", True, f"{model} (server lists no models)", warning=True))
         elif model in known:
             out.append(Check(f"model {role}", True, model))
         else:
-            out.append(Check(f"model {role}", False, f"{model} is not offered by {base}: set "
-                                                     f"RLM_{'PRIMARY' if role == 'planner' else 'SUBCALL' if role == 'analyst' else 'SYNTHESIZER'}_MODEL"))
+            out.append(
+                Check(
+                    f"model {role}",
+                    False,
+                    f"{model} is not offered by {base}: set "
+                    "RLM_" + {"planner": "PRIMARY", "analyst": "SUBCALL"}.get(role, "SYNTHESIZER") + "_MODEL",
+                )
+            )
     return out
 
 

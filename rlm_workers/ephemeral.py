@@ -30,8 +30,9 @@ def served_queues(app: Celery, timeout: float = 0.6) -> set[str]:
 
 
 @contextlib.contextmanager
-def ensure_workers(app: Celery, *, needed: Sequence[str] = (QUEUE_CONTROL, QUEUE_ANALYST),
-                   concurrency: int = 16) -> Iterator[bool]:
+def ensure_workers(
+    app: Celery, *, needed: Sequence[str] = (QUEUE_CONTROL, QUEUE_ANALYST), concurrency: int = 16
+) -> Iterator[bool]:
     """Yield True if an ephemeral worker was started for queues nobody serves."""
     missing = [q for q in needed if q not in served_queues(app)]
     if not missing:
@@ -40,8 +41,15 @@ def ensure_workers(app: Celery, *, needed: Sequence[str] = (QUEUE_CONTROL, QUEUE
     from celery.contrib.testing.worker import start_worker
 
     log.info("no worker serves %s: starting an in-process worker", ", ".join(missing))
-    with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-                      queues=list(missing), loglevel="WARNING", shutdown_timeout=30):
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        queues=list(missing),
+        loglevel="WARNING",
+        shutdown_timeout=30,
+    ):
         yield True
 
 

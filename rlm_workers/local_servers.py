@@ -140,8 +140,12 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
 
     user = "pgserver" if os.geteuid() == 0 else None
     try:
-        pgexec("pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "stop"),
-               bin_path=POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION], user=user)
+        pgexec(
+            "pg_ctl",
+            ("-w", "-D", str(pgdata), "-m", "fast", "stop"),
+            bin_path=POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION],
+            user=user,
+        )
     except subprocess.CalledProcessError:
         return False
     # pgserver remembers servers it handed out in this process; forget this one so the next
@@ -264,8 +268,13 @@ def _start_valkey(vdir: Path, port: int, timeout: float) -> ValkeyState:
         )
         + "\n"
     )
-    subprocess.run([str(get_binary_path()), str(conf)], check=True, cwd=vdir,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [str(get_binary_path()), str(conf)],
+        check=True,
+        cwd=vdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _ping(port):

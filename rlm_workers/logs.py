@@ -67,7 +67,7 @@ def connect_logging_signals() -> None:
     from celery import signals
 
     @signals.setup_logging.connect(weak=False)
-    def _setup(loglevel=None, **_kw) -> None:  # noqa: ANN001
+    def _setup(loglevel=None, **_kw) -> None:
         from .config import get_settings
 
         s = get_settings()
@@ -76,13 +76,13 @@ def connect_logging_signals() -> None:
     tokens: dict[str, contextvars.Token] = {}
 
     @signals.task_prerun.connect(weak=False)
-    def _start(task_id=None, task=None, args=None, **_kw) -> None:  # noqa: ANN001
+    def _start(task_id=None, task=None, args=None, **_kw) -> None:
         name = getattr(task, "name", "") or ""
         job = str(args[0]) if args and name.startswith("rlm.") else ""
         tokens[task_id] = set_context(job_id=job, stage=name.removeprefix("rlm."), task_id=task_id or "")
 
     @signals.task_postrun.connect(weak=False)
-    def _end(task_id=None, **_kw) -> None:  # noqa: ANN001
+    def _end(task_id=None, **_kw) -> None:
         token = tokens.pop(task_id, None)
         if token is not None:
             try:

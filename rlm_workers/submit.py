@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -14,6 +14,9 @@ from .models import QueryOptions
 from .search.service import validate_query
 from .store import jobs as job_store
 from .store.buffers import require_buffers
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def validate_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -34,8 +37,15 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput(f"invalid value for {key.replace('_', '-')}: {given.get(key)!r}") from None
 
 
-def submit_query(conn, *, tenant: str, query: str, buffers: Sequence[str], options: dict[str, Any],  # noqa: ANN001
-                 idempotency_key: str | None = None) -> tuple[str, bool]:
+def submit_query(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    query: str,
+    buffers: Sequence[str],
+    options: dict[str, Any],
+    idempotency_key: str | None = None,
+) -> tuple[str, bool]:
     """Validate, store the job, enqueue rlm.plan.  Returns (job id, created now)."""
     # Sent by name through our app: shared tasks would bind to Celery's default app in a process
     # (CLI, API, tests) that never made ours current.
@@ -46,18 +56,29 @@ def submit_query(conn, *, tenant: str, query: str, buffers: Sequence[str], optio
         raise InvalidInput("name at least one --buffer to query")
     require_buffers(conn, tenant=tenant, names=buffers)
     clean = validate_options(options)
-    job_id, created = job_store.create_job(conn, job_id=uuid.uuid4().hex, tenant=tenant, query=query,
-                                           buffers=list(dict.fromkeys(buffers)), options=clean,
-                                           idempotency_key=idempotency_key)
+    job_id, created = job_store.create_job(
+        conn,
+        job_id=uuid.uuid4().hex,
+        tenant=tenant,
+        query=query,
+        buffers=list(dict.fromkeys(buffers)),
+        options=clean,
+        idempotency_key=idempotency_key,
+    )
     conn.commit() if not conn.autocommit else None
     if created:
         app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")
     return job_id, created
 
 
-def wait_for_job(conn, job_id: str, *, timeout: float | None = None,  # noqa: ANN001
-                 on_progress: Callable[[job_store.JobRow, int, int], None] | None = None,
-                 poll: float = 0.25) -> job_store.JobRow:
+def wait_for_job(
+    conn: psycopg.Connection,
+    job_id: str,
+    *,
+    timeout: float | None = None,
+    on_progress: Callable[[job_store.JobRow, int, int], None] | None = None,
+    poll: float = 0.25,
+) -> job_store.JobRow:
     """Block until the job ends: woken by the NOTIFY of ``finish_job``, re-checked every ``poll`` seconds
     (progress for ``on_progress``, and a safety net should a notification be missed)."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -88,5 +109,5 @@ def wait_for_job(conn, job_id: str, *, timeout: float | None = None,  # noqa: AN
             job_store.listen_job_ended(conn, listen=False)
             if not conn.autocommit:
                 conn.commit()
-        except Exception:  # noqa: BLE001 - the connection may be gone with the server; nothing to undo then
+        except Exception:  # the connection may be gone with the server; nothing to undo then
             pass

@@ -16,10 +16,15 @@ from tests.support.workers import ROOT, WorkerProcess
 pytestmark = pytest.mark.slow
 
 DOCS = [
-    {"path": "guide/retries.md", "text": "# Retries\n\nFailed uploads are retried three times with exponential "
-                                         "backoff, starting at two seconds.\n"},
-    {"path": "guide/limits.md", "text": "# Limits\n\nEach account may store at most fifty gigabytes of "
-                                        "documents.\n"},
+    {
+        "path": "guide/retries.md",
+        "text": "# Retries\n\nFailed uploads are retried three times with exponential "
+        "backoff, starting at two seconds.\n",
+    },
+    {
+        "path": "guide/limits.md",
+        "text": "# Limits\n\nEach account may store at most fifty gigabytes of documents.\n",
+    },
 ]
 
 
@@ -30,12 +35,17 @@ def _free_port() -> int:
 
 
 class Api:
-    def __init__(self, env: dict[str, str], log_path) -> None:  # noqa: ANN001
+    def __init__(self, env: dict[str, str], log_path) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(log_path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "rlm_api.cli", "api", "--port", str(self.port)],
-                                     cwd=ROOT, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT)
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlm_api.cli", "api", "--port", str(self.port)],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -136,8 +146,11 @@ def test_upload_json_and_multipart(api, keys, docs_a):
     assert docs_a["buffer"]["name"] == "handbook" and docs_a["files_loaded"] == 2
     assert docs_a["buffer"]["files"] == 2 and docs_a["chunks_written"] >= 2 and docs_a["version"] == 1
     with api.client(keys["a"]) as c:
-        r = c.post("/v1/buffers", data={"name": "notes"},
-                   files=[("files", ("a.md", b"# A\n\nAlpha notes.\n")), ("files", ("sub/b.txt", b"Beta notes.\n"))])
+        r = c.post(
+            "/v1/buffers",
+            data={"name": "notes"},
+            files=[("files", ("a.md", b"# A\n\nAlpha notes.\n")), ("files", ("sub/b.txt", b"Beta notes.\n"))],
+        )
         assert r.status_code == 201, r.text
         shown = c.get("/v1/buffers/notes").json()
         assert shown["files"] == 2
@@ -149,17 +162,20 @@ def test_upload_json_and_multipart(api, keys, docs_a):
         assert again["files_unchanged"] == 2 and again["files_loaded"] == 0
 
 
-@pytest.mark.parametrize(("form", "files", "needle"), [
-    ({"name": "m", "chunk_size": "abc"}, [("files", ("a.md", b"x"))], "chunk_size"),
-    ({"name": "m", "colour": "red"}, [("files", ("a.md", b"x"))], "colour"),
-    ({"name": "m", "chunker": "words"}, [("files", ("a.md", b"x"))], "chunker"),
-    ({"name": "bad name!"}, [("files", ("a.md", b"x"))], "buffer name"),
-    ({}, [("name", ("n.txt", b"m")), ("files", ("a.md", b"x"))], "not a file"),
-    ({"name": "m"}, [("other", ("a.md", b"x"))], "other"),
-    ({"name": "m", "files": "just text"}, [("x", ("a.md", b"x"))], "x"),
-    ({"name": "m"}, [("files", ("a.md", b"x")), ("files", ("a.md", b"y"))], "twice"),
-    ({"name": "m"}, [("files", ("a", b"x")), ("files", ("a/b.md", b"y"))], "a/b.md"),
-])
+@pytest.mark.parametrize(
+    ("form", "files", "needle"),
+    [
+        ({"name": "m", "chunk_size": "abc"}, [("files", ("a.md", b"x"))], "chunk_size"),
+        ({"name": "m", "colour": "red"}, [("files", ("a.md", b"x"))], "colour"),
+        ({"name": "m", "chunker": "words"}, [("files", ("a.md", b"x"))], "chunker"),
+        ({"name": "bad name!"}, [("files", ("a.md", b"x"))], "buffer name"),
+        ({}, [("name", ("n.txt", b"m")), ("files", ("a.md", b"x"))], "not a file"),
+        ({"name": "m"}, [("other", ("a.md", b"x"))], "other"),
+        ({"name": "m", "files": "just text"}, [("x", ("a.md", b"x"))], "x"),
+        ({"name": "m"}, [("files", ("a.md", b"x")), ("files", ("a.md", b"y"))], "twice"),
+        ({"name": "m"}, [("files", ("a", b"x")), ("files", ("a/b.md", b"y"))], "a/b.md"),
+    ],
+)
 def test_bad_multipart_uploads_are_422(api, keys, form, files, needle):
     with api.client(keys["a"]) as c:
         r = c.post("/v1/buffers", data=form, files=files)
@@ -175,8 +191,13 @@ def test_names_that_cannot_exist_are_404_not_500(api, keys):
                 r = c.request(method, path)
                 assert r.status_code == 404, (method, path, r.text)
                 assert r.json()["error"]["type"] in ("not_found", "buffer_not_found")
-        for path in ("/v1/batches/a%00b", "/v1/batches/" + "f" * 100, "/v1/batches/a%00b/results",
-                     "/v1/uploads/a%00b", "/v1/uploads/" + "f" * 100):
+        for path in (
+            "/v1/batches/a%00b",
+            "/v1/batches/" + "f" * 100,
+            "/v1/batches/a%00b/results",
+            "/v1/uploads/a%00b",
+            "/v1/uploads/" + "f" * 100,
+        ):
             r = c.get(path)
             assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", (path, r.text)
         assert c.delete("/v1/batches/a%00b").status_code == 404
@@ -192,17 +213,20 @@ def test_upload_refuses_path_tricks(api, keys, name):
         assert c.get("/v1/buffers/evil").status_code == 404
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ({"buffers": ["handbook"]}, "query"),
-    ({"query": "q", "buffers": ["handbook"], "options": {"colour": "red"}}, "colour"),
-    ({"query": "x" * (10 * 1024 + 1), "buffers": ["handbook"]}, "10240 bytes"),
-    ({"query": "q", "buffers": []}, "buffers"),
-    ({"query": "q", "buffers": ["handbook"], "options": {"batch_size": 5, "num_agents": 2}}, "exclude"),
-    ({"query": "q", "buffers": ["handbook"], "options": {"top_k": 0}}, "options.top_k"),
-    ({"query": "a\x00b", "buffers": ["handbook"]}, "NUL"),
-    ({"query": "q", "buffers": ["hand\x00book"]}, "buffer name"),
-    ({"query": "q", "buffers": ["handbook"], "extra": 1}, "extra: unknown field"),
-])
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"buffers": ["handbook"]}, "query"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"colour": "red"}}, "colour"),
+        ({"query": "x" * (10 * 1024 + 1), "buffers": ["handbook"]}, "10240 bytes"),
+        ({"query": "q", "buffers": []}, "buffers"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"batch_size": 5, "num_agents": 2}}, "exclude"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"top_k": 0}}, "options.top_k"),
+        ({"query": "a\x00b", "buffers": ["handbook"]}, "NUL"),
+        ({"query": "q", "buffers": ["hand\x00book"]}, "buffer name"),
+        ({"query": "q", "buffers": ["handbook"], "extra": 1}, "extra: unknown field"),
+    ],
+)
 def test_bad_query_bodies_are_422_with_a_clear_message(api, keys, docs_a, body, needle):
     with api.client(keys["a"]) as c:
         r = c.post("/v1/queries", json=body)
@@ -213,8 +237,14 @@ def test_bad_query_bodies_are_422_with_a_clear_message(api, keys, docs_a, body, 
 def test_cancel_before_analysis(api, keys, docs_a, control):
     # No analyst worker yet: the job waits in fan-out, so the cancel always lands first.
     with api.client(keys["a"]) as c:
-        job_id = c.post("/v1/queries", json={"query": "How are retries done?", "buffers": ["handbook"],
-                                             "options": {"skip_plan": True, "threshold": -1.0}}).json()["job_id"]
+        job_id = c.post(
+            "/v1/queries",
+            json={
+                "query": "How are retries done?",
+                "buffers": ["handbook"],
+                "options": {"skip_plan": True, "threshold": -1.0},
+            },
+        ).json()["job_id"]
         deadline = time.monotonic() + 60
         while c.get(f"/v1/queries/{job_id}").json()["stage"] != "fan_out" and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -224,8 +254,11 @@ def test_cancel_before_analysis(api, keys, docs_a, control):
 
 
 def test_submit_poll_result_and_idempotency(api, keys, docs_a, analysts):
-    body = {"query": "How many times are failed uploads retried?", "buffers": ["handbook"],
-            "options": {"skip_plan": True, "threshold": -1.0}}
+    body = {
+        "query": "How many times are failed uploads retried?",
+        "buffers": ["handbook"],
+        "options": {"skip_plan": True, "threshold": -1.0},
+    }
     with api.client(keys["a"]) as c:
         r = c.post("/v1/queries", json=body, headers={"Idempotency-Key": "retry-1"})
         assert r.status_code == 202
@@ -244,7 +277,15 @@ def test_submit_poll_result_and_idempotency(api, keys, docs_a, analysts):
     result = view["result"]
     assert result["provider"] == "extractive" and "three times" in result["response"]
     assert any(s["path"].endswith("guide/retries.md") for s in result["sources"])
-    assert set(result) >= {"job_id", "scaling_tier", "plan", "sources", "total_tokens", "elapsed", "batch_errors"}
+    assert set(result) >= {
+        "job_id",
+        "scaling_tier",
+        "plan",
+        "sources",
+        "total_tokens",
+        "elapsed",
+        "batch_errors",
+    }
 
 
 def test_other_tenants_ids_are_404(api, keys, docs_a, control):
@@ -286,8 +327,14 @@ def test_request_size_limit(env, keys, tmp_path):
 
 def test_keys_cli_create_list_revoke(api, env):
     def rlm(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rlm_api.cli", "keys", *args], cwd=ROOT, env={**os.environ, **env},
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "rlm_api.cli", "keys", *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     created = rlm("create", "--tenant", "initech", "--name", "ci")
     assert created.returncode == 0, created.stderr
@@ -307,8 +354,14 @@ def test_keys_cli_create_list_revoke(api, env):
 
 @pytest.fixture(scope="module")
 def ingest_worker(env, api, tmp_path_factory):
-    w = WorkerProcess("aing", queues="rlm.ingest", env=env, log_dir=tmp_path_factory.mktemp("api-w3"),
-                      concurrency=1, pool="prefork").start()
+    w = WorkerProcess(
+        "aing",
+        queues="rlm.ingest",
+        env=env,
+        log_dir=tmp_path_factory.mktemp("api-w3"),
+        concurrency=1,
+        pool="prefork",
+    ).start()
     yield w
     w.stop()
 
@@ -324,8 +377,10 @@ def _until_ended(client: httpx.Client, url: str, timeout: float = 120) -> dict:
 def test_background_upload_is_loaded_by_the_ingest_worker(api, keys, conn, ingest_worker):
     tide = "# Tides\n\nThe harbour gate opens two hours before high water and closes at the ebb.\n"
     with api.client(keys["a"]) as a, api.client(keys["b"]) as b:
-        r = a.post("/v1/buffers?wait=false", json={"name": "harbour", "documents": [
-            {"path": "notes/tide.md", "text": tide}]})
+        r = a.post(
+            "/v1/buffers?wait=false",
+            json={"name": "harbour", "documents": [{"path": "notes/tide.md", "text": tide}]},
+        )
         assert r.status_code == 202, r.text
         url = r.json()["status_url"]
         assert r.headers["location"] == url and r.json()["status"] == "queued"
@@ -335,14 +390,20 @@ def test_background_upload_is_loaded_by_the_ingest_worker(api, keys, conn, inges
         assert view["report"]["files_loaded"] == 1 and view["report"]["chunks_written"] >= 1
         assert a.get("/v1/buffers/harbour").json()["files"] == 1
         # the same content again, as multipart: nothing re-embedded
-        r = a.post("/v1/buffers", params={"wait": "false"}, data={"name": "harbour"},
-                   files=[("files", ("notes/tide.md", tide.encode()))])
+        r = a.post(
+            "/v1/buffers",
+            params={"wait": "false"},
+            data={"name": "harbour"},
+            files=[("files", ("notes/tide.md", tide.encode()))],
+        )
         assert r.status_code == 202, r.text
         again = _until_ended(a, r.json()["status_url"])
         assert again["report"]["files_unchanged"] == 1 and again["report"]["windows_embedded"] == 0
         # names are checked before anything is stored
-        r = a.post("/v1/buffers?wait=false", json={"name": "harbour", "documents": [
-            {"path": "../escape.md", "text": "x"}]})
+        r = a.post(
+            "/v1/buffers?wait=false",
+            json={"name": "harbour", "documents": [{"path": "../escape.md", "text": "x"}]},
+        )
         assert r.status_code == 422 and "../escape.md" in r.json()["error"]["message"]
         assert a.delete("/v1/buffers/harbour").status_code == 204
     # loaded uploads leave no staged bytes behind
@@ -356,8 +417,14 @@ def test_a_bad_staged_upload_fails_with_its_reason_and_keeps_the_buffer(api, key
     from rlm_workers.store.uploads import create_upload, get_upload
 
     before = conn.execute("SELECT version FROM buffers WHERE name = 'handbook' AND tenant = 'acme'").fetchone()
-    create_upload(conn, upload_id="badupload0001", tenant="acme", buffer="handbook", options={},
-                  files=[("ok.md", b"# fine\n"), ("../../etc/cron.d/x", b"* * * * * root evil\n")])
+    create_upload(
+        conn,
+        upload_id="badupload0001",
+        tenant="acme",
+        buffer="handbook",
+        options={},
+        files=[("ok.md", b"# fine\n"), ("../../etc/cron.d/x", b"* * * * * root evil\n")],
+    )
     conn.commit()
     assert run_ingest("badupload0001") == "failed"
     up = get_upload(conn, upload_id="badupload0001", tenant="acme")
@@ -370,8 +437,7 @@ def test_reconciler_resends_an_upload_whose_message_was_lost(conn, env):
     from rlm_workers.pipeline.reconcile import reconcile_uploads
     from rlm_workers.store.uploads import create_upload
 
-    create_upload(conn, upload_id="lostupload001", tenant="acme", buffer="lost", options={},
-                  files=[("a.md", b"# A\n")])
+    create_upload(conn, upload_id="lostupload001", tenant="acme", buffer="lost", options={}, files=[("a.md", b"# A\n")])
     conn.execute("UPDATE uploads SET sent_at = now() - interval '1 hour' WHERE id = 'lostupload001'")
     conn.commit()
     sent: list[tuple[str, str]] = []

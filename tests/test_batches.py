@@ -27,17 +27,21 @@ from tests.support.workers import ROOT, WorkerProcess
 
 pytestmark = pytest.mark.slow
 
-QUERIES = ["What do practitioners of falconry disagree about?",
-           "How old is the history of canal locks?",
-           "Which instruments are used for sundials today?"]
+QUERIES = [
+    "What do practitioners of falconry disagree about?",
+    "How old is the history of canal locks?",
+    "Which instruments are used for sundials today?",
+]
 LINE_KEYS = {"batch_id", "query", "buffer", "status", "result"}
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
 
 
 def _essay(topic: str, extra: str = "") -> str:
-    return (f"# Notes on {topic}\n\nPeople who study {topic} keep careful records. The history of {topic} goes "
-            f"back several centuries. Practitioners of {topic} often disagree about methods.\n\nModern work on "
-            f"{topic} uses better instruments, yet the basic questions remain the same.\n{extra}\n")
+    return (
+        f"# Notes on {topic}\n\nPeople who study {topic} keep careful records. The history of {topic} goes "
+        f"back several centuries. Practitioners of {topic} often disagree about methods.\n\nModern work on "
+        f"{topic} uses better instruments, yet the basic questions remain the same.\n{extra}\n"
+    )
 
 
 # --------------------------------------------------------------------------- scripted model
@@ -54,8 +58,16 @@ class Model:
         if model == "plan-model":
             return json.dumps({"search_mode": "hybrid", "threshold": -1.0})
         if model == "analyst-model":
-            out = [{"chunk_id": int(cid), "relevance": "medium", "findings": [body.strip().splitlines()[0]],
-                    "summary": "notes", "follow_up": []} for cid, body in _CHUNK.findall(text)]
+            out = [
+                {
+                    "chunk_id": int(cid),
+                    "relevance": "medium",
+                    "findings": [body.strip().splitlines()[0]],
+                    "summary": "notes",
+                    "follow_up": [],
+                }
+                for cid, body in _CHUNK.findall(text)
+            ]
             return Reply.text(json.dumps({"findings": out}), delay=self.analyst_delay)
         query = re.search(r"## Query\n\n(.*?)\n\n", text, re.S)
         return f"## Answer\n\nScripted answer to: {query.group(1) if query else '?'}"
@@ -128,8 +140,10 @@ def corpus(env, conn, embedder, tmp_path_factory):
     from rlm_workers.ingest.loader import load_paths
 
     root = tmp_path_factory.mktemp("batch-corpus")
-    for name, topics in (("alpha", ["falconry", "canal locks", "sundials", "windmills"]),
-                         ("beta", ["salt marshes", "clockmaking", "kelp forests", "ice cores"])):
+    for name, topics in (
+        ("alpha", ["falconry", "canal locks", "sundials", "windmills"]),
+        ("beta", ["salt marshes", "clockmaking", "kelp forests", "ice cores"]),
+    ):
         d = root / name
         d.mkdir()
         for i, topic in enumerate(topics):
@@ -145,8 +159,10 @@ def workers(env, corpus, valkey, tmp_path_factory):
 
     redis.Redis.from_url(valkey[1]).flushdb()
     logs = tmp_path_factory.mktemp("batch-worker-logs")
-    ws = {"ctl": WorkerProcess("bctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-          "an": WorkerProcess("ban", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8)}
+    ws = {
+        "ctl": WorkerProcess("bctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
+        "an": WorkerProcess("ban", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8),
+    }
     for w in ws.values():
         w.start()
     yield ws
@@ -181,8 +197,15 @@ def fresh(llm, model, workers):
 
 
 def run_rlm(env, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "rlm_api.cli", *args], cwd=ROOT, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=180, input=stdin)
+    return subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        input=stdin,
+    )
 
 
 def wait_batch(conn, batch_id, workers, timeout=120.0, on_poll=None):
@@ -226,10 +249,14 @@ def test_queries_file_formats():
     from rlm_workers.errors import InvalidInput
     from rlm_workers.overnight.submit import parse_queries
 
-    text = "# nightly questions\n\nWhat is A?\n  {\"query\": \"What is B?\", \"tag\": 1}\nWhat is A?\n\n"
+    text = '# nightly questions\n\nWhat is A?\n  {"query": "What is B?", "tag": 1}\nWhat is A?\n\n'
     assert parse_queries(text) == ["What is A?", "What is B?"]
-    for bad, msg in (("# only a comment\n\n", "no query"), ('{"q": 1}\n', "line 1"),
-                     ("ok\n{not json\n", "line 2"), ("x" * 20_000, "line 1")):
+    for bad, msg in (
+        ("# only a comment\n\n", "no query"),
+        ('{"q": 1}\n', "line 1"),
+        ("ok\n{not json\n", "line 2"),
+        ("x" * 20_000, "line 1"),
+    ):
         with pytest.raises(InvalidInput, match=msg):
             parse_queries(bad)
 
@@ -245,8 +272,14 @@ def test_cache_key_covers_buffer_version_options_and_models():
     k = cache_key(**base)
     assert k == cache_key(**base)
     assert fp1 != fp2 and fp1 != fingerprint(Settings())  # other model; offline provider
-    for change in ({"version": 2}, {"options": {"top_k": 5}}, {"fp": fp2}, {"tenant": "u"}, {"buffer": "c"},
-                   {"query": "q2"}):
+    for change in (
+        {"version": 2},
+        {"options": {"top_k": 5}},
+        {"fp": fp2},
+        {"tenant": "u"},
+        {"buffer": "c"},
+        {"query": "q2"},
+    ):
         assert cache_key(**{**base, **change}) != k
 
 
@@ -309,13 +342,17 @@ def test_cli_batch_runs_every_item_with_bounded_parallelism(env, conn, fresh, wo
     assert st["status"] == "done" and st["total"] == 6 and st["counts"]["done"] == 6 and st["eta_seconds"] == 0
     job_ids = [line["result"]["job_id"] for line in lines]
     assert len(set(job_ids)) == 6
-    billed = conn.execute("SELECT sum(tokens_in + tokens_out), count(*) FROM llm_calls WHERE job_id = ANY(%s)",
-                          (job_ids,)).fetchone()
+    billed = conn.execute(
+        "SELECT sum(tokens_in + tokens_out), count(*) FROM llm_calls WHERE job_id = ANY(%s)", (job_ids,)
+    ).fetchone()
     conn.commit()
     assert st["tokens_spent"] == billed[0] == fresh.usage["total_tokens"] > 0
     assert billed[1] == fresh.calls
-    per_item = conn.execute("SELECT job_id, count(*) FILTER (WHERE stage = 'plan'), count(*) FILTER (WHERE stage = "
-                            "'synthesize') FROM llm_calls WHERE job_id = ANY(%s) GROUP BY job_id", (job_ids,)).fetchall()
+    per_item = conn.execute(
+        "SELECT job_id, count(*) FILTER (WHERE stage = 'plan'), count(*) FILTER (WHERE stage = "
+        "'synthesize') FROM llm_calls WHERE job_id = ANY(%s) GROUP BY job_id",
+        (job_ids,),
+    ).fetchall()
     conn.commit()
     assert len(per_item) == 6 and all(row[1] == 1 and row[2] == 1 for row in per_item)  # each item ran once
     proc = run_rlm(env, "batch", "status", batch_id)
@@ -328,8 +365,7 @@ def test_cli_batch_runs_every_item_with_bounded_parallelism(env, conn, fresh, wo
     assert api.get("/v1/batches", headers=other).json() == []
 
 
-def test_resubmitted_batch_is_served_from_the_cache_without_llm_calls(env, conn, fresh, workers, api, embedder,
-                                                                      corpus):
+def test_resubmitted_batch_is_served_from_the_cache_without_llm_calls(env, conn, fresh, workers, api, embedder, corpus):
     calls_before = llm_call_rows(conn)
     jobs_before = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
     conn.commit()
@@ -362,8 +398,15 @@ def test_resubmitted_batch_is_served_from_the_cache_without_llm_calls(env, conn,
 
 def test_run_at_in_the_future_does_not_start_early(env, conn, fresh, workers, api):
     run_at = datetime.now(UTC) + timedelta(seconds=5)
-    r = api.post("/v1/batches", json={"queries": ["Why do people study windmills?"], "buffers": ["alpha"],
-                                      "run_at": run_at.isoformat(), "priority": 7})
+    r = api.post(
+        "/v1/batches",
+        json={
+            "queries": ["Why do people study windmills?"],
+            "buffers": ["alpha"],
+            "run_at": run_at.isoformat(),
+            "priority": 7,
+        },
+    )
     assert r.status_code == 202, r.text
     batch_id = r.json()["batch_id"]
     while datetime.now(UTC) < run_at - timedelta(seconds=0.5):
@@ -397,8 +440,13 @@ def test_ticks_never_fork_the_chain(env, conn, fresh, workers, settings):
     from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.store import overnight as store
 
-    batch_id, _ = submit_overnight(conn, tenant="local", queries=["Chain question?"], buffers=["alpha"],
-                               run_at=datetime.now(UTC) + timedelta(hours=1))
+    batch_id, _ = submit_overnight(
+        conn,
+        tenant="local",
+        queries=["Chain question?"],
+        buffers=["alpha"],
+        run_at=datetime.now(UTC) + timedelta(hours=1),
+    )
     # the worker runs the first tick and re-arms for a minute later; wait for it so nothing races the test
     deadline = time.monotonic() + 30
     while store.get_overnight(conn, batch_id=batch_id).last_tick_at is None:
@@ -437,12 +485,14 @@ def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
     assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["counts"]["cancelled"] == 1
     assert fresh.calls == 0
 
-    for bad, code, kind in (({"queries": [], "buffers": ["alpha"]}, 422, "invalid_input"),
-                            ({"queries": ["q"], "buffers": ["nope"]}, 404, "buffer_not_found"),
-                            ({"queries": ["q"], "buffers": []}, 422, "invalid_input"),
-                            ({"queries": ["q"], "buffers": ["alpha"], "priority": 0}, 422, "invalid_input"),
-                            ({"queries": ["q"], "buffers": ["alpha"], "options": {"top_k": -1}}, 422, "invalid_input"),
-                            ({"queries": ["q"], "buffers_glob": "zz-*"}, 422, "invalid_input")):
+    for bad, code, kind in (
+        ({"queries": [], "buffers": ["alpha"]}, 422, "invalid_input"),
+        ({"queries": ["q"], "buffers": ["nope"]}, 404, "buffer_not_found"),
+        ({"queries": ["q"], "buffers": []}, 422, "invalid_input"),
+        ({"queries": ["q"], "buffers": ["alpha"], "priority": 0}, 422, "invalid_input"),
+        ({"queries": ["q"], "buffers": ["alpha"], "options": {"top_k": -1}}, 422, "invalid_input"),
+        ({"queries": ["q"], "buffers_glob": "zz-*"}, 422, "invalid_input"),
+    ):
         r = api.post("/v1/batches", json=bad)
         assert r.status_code == code and r.json()["error"]["type"] == kind, (bad, r.text)
     assert api.get("/v1/batches/0123456789abcdef").status_code == 404
@@ -452,8 +502,19 @@ def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
     assert proc.returncode == 2 and "queries file not found" in proc.stderr and proc.stdout == ""
     proc = run_rlm(env, "batch", "submit", "--queries", "-", "--buffer", "alpha", "--at", "soon", stdin="q\n")
     assert proc.returncode == 2 and "--at" in proc.stderr
-    proc = run_rlm(env, "batch", "submit", "--queries", "-", "--buffers-glob", "al*", "--at", "+1h",
-                   "--no-check-workers", stdin="Glob question?\n")
+    proc = run_rlm(
+        env,
+        "batch",
+        "submit",
+        "--queries",
+        "-",
+        "--buffers-glob",
+        "al*",
+        "--at",
+        "+1h",
+        "--no-check-workers",
+        stdin="Glob question?\n",
+    )
     assert proc.returncode == 0, proc.stderr
     st = json.loads(run_rlm(env, "batch", "status", proc.stdout.strip(), "--format", "json").stdout)
     assert st["status"] == "scheduled" and st["total"] == 1
@@ -472,8 +533,9 @@ def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model,
     batch_id = r.json()["batch_id"]
     time.sleep(1.0)
     t0 = time.monotonic()
-    job_id, _ = submit_query(conn, tenant="local", query="Interactive: what about salt marshes?", buffers=["beta"],
-                             options={})
+    job_id, _ = submit_query(
+        conn, tenant="local", query="Interactive: what about salt marshes?", buffers=["beta"], options={}
+    )
     conn.commit()
     job = wait_for_job(conn, job_id, timeout=60)
     took = time.monotonic() - t0
@@ -521,7 +583,9 @@ def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, mo
     assert len(items) == 6 and all(i.status == "done" for i in items), [(i.item_no, i.status, i.error) for i in items]
     lines = jsonl(api.get(f"/v1/batches/{batch_id}/results").text)
     assert len(lines) == 6
-    assert sorted((x["query"], x["buffer"]) for x in lines) == sorted((q, b) for q in queries for b in ("alpha", "beta"))
+    assert sorted((x["query"], x["buffer"]) for x in lines) == sorted(
+        (q, b) for q in queries for b in ("alpha", "beta")
+    )
     assert len({x["result"]["job_id"] for x in lines}) == 6
     # the loss was noticed and acted on, and the actions were logged
     assert any(i.attempts >= 1 for i in items) or "reconcile: batch" in workers["ctl"].tail(400)

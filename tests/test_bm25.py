@@ -27,8 +27,14 @@ HAND_TEXTS = [
 ]
 HAND_DOCS = [tokenize(t) for t in HAND_TEXTS]
 HAND_QUERIES = [
-    ["cat"], ["server", "http"], ["parse_config"], ["config", "config"], ["nonexistent"],
-    ["cat", "unknown", "server", "cat"], ["404", "page", "found"], [],
+    ["cat"],
+    ["server", "http"],
+    ["parse_config"],
+    ["config", "config"],
+    ["nonexistent"],
+    ["cat", "unknown", "server", "cat"],
+    ["404", "page", "found"],
+    [],
 ]
 
 
@@ -55,8 +61,17 @@ def _assert_parity(idx: BM25Index, ref: BM25Okapi, queries: list[list[str]]) -> 
 
 
 def _zipf_queries(docs: list[list[str]]) -> list[list[str]]:
-    return [["w0"], ["w0", "w1", "w2"], ["w5", "w5", "w17"], ["w399", "w398", "nope"], ["w50", "w120", "w3"],
-            ["w1", "w1", "w1"], ["w250"], ["w300", "w300", "w399"], ["missing", "also_missing"]]
+    return [
+        ["w0"],
+        ["w0", "w1", "w2"],
+        ["w5", "w5", "w17"],
+        ["w399", "w398", "nope"],
+        ["w50", "w120", "w3"],
+        ["w1", "w1", "w1"],
+        ["w250"],
+        ["w300", "w300", "w399"],
+        ["missing", "also_missing"],
+    ]
 
 
 def test_hand_corpus_matches_rank_bm25() -> None:
@@ -144,8 +159,10 @@ def test_merge_equals_building_over_concatenation(zipf_docs: list[list[str]]) ->
     a, b, c = zipf_docs[:200], zipf_docs[200:], HAND_DOCS
     merged = BM25Index.merge([_build(a, 0), BM25Index.build([]), _build(b, 1000), _build(c, 5000)])
     whole = BM25Index.build(
-        [(i, d) for i, d in enumerate(a)] + [(1000 + i, d) for i, d in enumerate(b)]
-        + [(5000 + i, d) for i, d in enumerate(c)])
+        [(i, d) for i, d in enumerate(a)]
+        + [(1000 + i, d) for i, d in enumerate(b)]
+        + [(5000 + i, d) for i, d in enumerate(c)]
+    )
     ref = BM25Okapi(a + b + c)
     np.testing.assert_array_equal(merged.chunk_ids, whole.chunk_ids)
     assert set(merged.terms) == set(whole.terms)
@@ -164,7 +181,7 @@ def _brute_top_k(idx: BM25Index, query: list[str], k: int) -> list[tuple[int, fl
     for q in query:
         if q in idx.vocab:
             t = idx.vocab[q]
-            contains[idx.post_doc[idx.indptr[t]:idx.indptr[t + 1]]] = True
+            contains[idx.post_doc[idx.indptr[t] : idx.indptr[t + 1]]] = True
     scores = idx.get_scores(query)
     rows = [(int(idx.chunk_ids[i]), float(scores[i])) for i in np.flatnonzero(contains)]
     return sorted(rows, key=lambda r: (-r[1], r[0]))[:k]
@@ -183,8 +200,14 @@ def test_top_k_matches_brute_force(zipf_docs: list[list[str]], k: int) -> None:
 @pytest.mark.parametrize("filler", [0, 300])  # 300 filler docs switch top_k to its sparse path
 def test_top_k_ties_break_by_ascending_chunk_id(filler: int) -> None:
     # identical docs under shuffled ids, plus a weaker and a non-matching doc
-    docs = [(30, ["alpha", "beta"]), (10, ["alpha", "beta"]), (99, ["gamma"]), (20, ["alpha", "beta"]),
-            (5, ["alpha", "beta", "beta", "delta", "delta", "delta"]), (7, ["gamma", "gamma"])]
+    docs = [
+        (30, ["alpha", "beta"]),
+        (10, ["alpha", "beta"]),
+        (99, ["gamma"]),
+        (20, ["alpha", "beta"]),
+        (5, ["alpha", "beta", "beta", "delta", "delta", "delta"]),
+        (7, ["gamma", "gamma"]),
+    ]
     docs += [(1000 + i, ["filler", f"f{i}"]) for i in range(filler)]
     idx = BM25Index.build(docs)
     full = idx.top_k(["alpha"], 10)

@@ -66,7 +66,7 @@ async def notify(order):
     await send(order.customer, f"order {order.id} received")
 '''
 
-GO_SRC = '''package store
+GO_SRC = """package store
 
 import (
 	"context"
@@ -97,9 +97,9 @@ It overwrites silently.
 func (s *Store) Put(key, value string) {
 	s.data[key] = value
 }
-'''
+"""
 
-RUST_SRC = '''use std::collections::HashMap;
+RUST_SRC = """use std::collections::HashMap;
 
 /// A cache with a fixed capacity.
 #[derive(Debug, Clone)]
@@ -130,9 +130,9 @@ mod tests {
         c.insert("a".into(), "b".into());
     }
 }
-'''
+"""
 
-TS_SRC = '''import { Injectable } from "@angular/core";
+TS_SRC = """import { Injectable } from "@angular/core";
 
 /**
  * Loads user profiles.
@@ -158,9 +158,9 @@ export const DEFAULT_PROFILE: Profile = { id: "0", name: "anonymous" };
 function helper(x: number): number {
   return x * 2;
 }
-'''
+"""
 
-JAVA_SRC = '''package com.example.billing;
+JAVA_SRC = """package com.example.billing;
 
 import java.math.BigDecimal;
 import java.util.List;
@@ -193,7 +193,7 @@ public class InvoiceCalculator {
 }
 
 record Line(String sku, BigDecimal amount) {}
-'''
+"""
 
 MARKDOWN = """# Operations guide
 
@@ -221,8 +221,8 @@ def spans_of(text: str, chunks: list[Chunk]) -> list[tuple[int, int]]:
     data = text.encode()
     out = []
     for c in chunks:
-        assert data[c.start_byte:c.end_byte].decode() == c.text
-        s = len(data[:c.start_byte].decode())
+        assert data[c.start_byte : c.end_byte].decode() == c.text
+        s = len(data[: c.start_byte].decode())
         out.append((s, s + len(c.text)))
     return out
 
@@ -253,14 +253,18 @@ def first_lines(chunks: list[Chunk]) -> list[str]:
 
 # --- parameters -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("sentences", 3000, 500), "unknown chunker 'sentences': use one of semantic, fixed, code"),
-    (("fixed", 199, 0), "chunk size must be between 200 and 1,000,000 characters (got 199)"),
-    (("fixed", 1_000_001, 0), "chunk size must be between 200 and 1,000,000 characters (got 1000001)"),
-    (("code", 3000, -1), "overlap must be a whole number of characters, 0 or more (got -1)"),
-    (("semantic", 300, 300), "overlap (300) must be smaller than the chunk size (300)"),
-    (("semantic", 300, 301), "overlap (301) must be smaller than the chunk size (300)"),
-])
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sentences", 3000, 500), "unknown chunker 'sentences': use one of semantic, fixed, code"),
+        (("fixed", 199, 0), "chunk size must be between 200 and 1,000,000 characters (got 199)"),
+        (("fixed", 1_000_001, 0), "chunk size must be between 200 and 1,000,000 characters (got 1000001)"),
+        (("code", 3000, -1), "overlap must be a whole number of characters, 0 or more (got -1)"),
+        (("semantic", 300, 300), "overlap (300) must be smaller than the chunk size (300)"),
+        (("semantic", 300, 301), "overlap (301) must be smaller than the chunk size (300)"),
+    ],
+)
 def test_validate_chunk_params_messages(args, message):
     with pytest.raises(ValueError) as info:
         validate_chunk_params(*args)
@@ -294,6 +298,7 @@ def test_small_text_is_one_trimmed_chunk_with_exact_offsets(chunker):
 
 # --- semantic ---------------------------------------------------------------------------------------
 
+
 def test_semantic_keeps_paragraphs_whole_and_overlaps_whole_units():
     chunks = chunk_text(MARKDOWN, path="ops.md", chunk_size=250, overlap=120)
     assert_invariants(MARKDOWN, chunks, 250, 120)
@@ -307,8 +312,9 @@ def test_semantic_keeps_paragraphs_whole_and_overlaps_whole_units():
     assert [(c.start_line, c.end_line) for c in chunks] == [(1, 3), (3, 8), (10, 14), (13, 16), (14, 18)]
     # a short heading travels with the paragraph under it
     assert "## Backups\n\nNightly backups" in chunks[1].text
-    assert chunks[-1].text.endswith("## Café notes 日本 🎉\n\nThe café on the ground floor opens at eight. "
-                                    "Ask for the 日本 blend; it is excellent.")
+    assert chunks[-1].text.endswith(
+        "## Café notes 日本 🎉\n\nThe café on the ground floor opens at eight. Ask for the 日本 blend; it is excellent."
+    )
 
 
 def test_semantic_splits_long_paragraph_at_sentences_with_overlap():
@@ -338,11 +344,12 @@ def test_semantic_falls_back_to_words_then_hard_split():
 
 # --- fixed ------------------------------------------------------------------------------------------
 
+
 def test_fixed_windows_do_not_cut_words():
     text = " ".join(f"token{i}" for i in range(2000))
     chunks = chunk_text(text, path="t.txt", chunker="fixed", chunk_size=500, overlap=100)
     assert_invariants(text, chunks, 500, 100)
-    for (s, e) in spans_of(text, chunks):
+    for s, e in spans_of(text, chunks):
         assert s == 0 or text[s - 1] == " "
         assert e == len(text) or text[e] == " "
         assert e - s >= 500 - 50 - 1 or e == len(text)  # nudged back by at most 10%
@@ -359,14 +366,45 @@ def test_fixed_hard_cuts_text_without_whitespace():
 
 # --- code -------------------------------------------------------------------------------------------
 
+
 def test_language_detection_by_extension():
-    names = {p: (lang.name if (lang := language_for(p)) else None) for p in [
-        "a/b.py", "x.TS", "x.tsx", "m.mjs", "g.go", "r.rs", "J.java", "c.c", "h.hpp", "k.kt", "s.cs",
-        "README.md", "Makefile", "dir.py/file", ".py"]}
+    names = {
+        p: (lang.name if (lang := language_for(p)) else None)
+        for p in [
+            "a/b.py",
+            "x.TS",
+            "x.tsx",
+            "m.mjs",
+            "g.go",
+            "r.rs",
+            "J.java",
+            "c.c",
+            "h.hpp",
+            "k.kt",
+            "s.cs",
+            "README.md",
+            "Makefile",
+            "dir.py/file",
+            ".py",
+        ]
+    }
     assert names == {
-        "a/b.py": "python", "x.TS": "javascript", "x.tsx": "javascript", "m.mjs": "javascript",
-        "g.go": "go", "r.rs": "rust", "J.java": "java", "c.c": "c", "h.hpp": "c", "k.kt": "kotlin",
-        "s.cs": "csharp", "README.md": None, "Makefile": None, "dir.py/file": None, ".py": "python"}
+        "a/b.py": "python",
+        "x.TS": "javascript",
+        "x.tsx": "javascript",
+        "m.mjs": "javascript",
+        "g.go": "go",
+        "r.rs": "rust",
+        "J.java": "java",
+        "c.c": "c",
+        "h.hpp": "c",
+        "k.kt": "kotlin",
+        "s.cs": "csharp",
+        "README.md": None,
+        "Makefile": None,
+        "dir.py/file": None,
+        ".py": "python",
+    }
 
 
 def test_code_python_keeps_decorators_and_comments_with_definitions():
@@ -380,7 +418,14 @@ def test_code_python_keeps_decorators_and_comments_with_definitions():
         "    def save(self):",
         "async def notify(order):",
     ]
-    assert [(c.start_line, c.end_line) for c in chunks] == [(1, 8), (11, 18), (21, 30), (33, 42), (44, 51), (54, 55)]
+    assert [(c.start_line, c.end_line) for c in chunks] == [
+        (1, 8),
+        (11, 18),
+        (21, 30),
+        (33, 42),
+        (44, 51),
+        (54, 55),
+    ]
     by_start = {c.start_line: c.text for c in chunks}
     assert "@dataclasses.dataclass(frozen=True)\nclass Point:" in by_start[11]
     assert "def create_order(request):" in by_start[21]
@@ -401,7 +446,11 @@ def test_code_go_block_and_line_comments_attach():
     chunks = chunk_text(GO_SRC, path="store.go", chunker="code", chunk_size=200, overlap=40)
     assert_invariants(GO_SRC, chunks, 200, 40)
     assert first_lines(chunks) == [
-        "package store", "// Store keeps values in memory.", "// Get returns the value stored under key.", "/*"]
+        "package store",
+        "// Store keeps values in memory.",
+        "// Get returns the value stored under key.",
+        "/*",
+    ]
     assert chunks[-1].text.endswith("func (s *Store) Put(key, value string) {\n\ts.data[key] = value\n}")
 
 
@@ -410,25 +459,34 @@ def test_code_rust_doc_comments_and_attributes_attach():
     assert_invariants(RUST_SRC, chunks, 200, 40)
     assert "/// A cache with a fixed capacity.\n#[derive(Debug, Clone)]\npub struct Cache {" in chunks[0].text
     assert first_lines(chunks) == [
-        "use std::collections::HashMap;", "impl Cache {", "    pub fn insert(&mut self, key: String, value: String) {",
-        "#[cfg(test)]"]
+        "use std::collections::HashMap;",
+        "impl Cache {",
+        "    pub fn insert(&mut self, key: String, value: String) {",
+        "#[cfg(test)]",
+    ]
 
 
 def test_code_typescript_decorator_with_arguments_and_jsdoc_attach():
     chunks = chunk_text(TS_SRC, path="profile.service.ts", chunker="code", chunk_size=200, overlap=40)
     assert_invariants(TS_SRC, chunks, 200, 40)
     assert first_lines(chunks) == [
-        'import { Injectable } from "@angular/core";', "/**", "  load(id: string): Promise<Profile> {",
-        "export interface Profile {"]
-    assert chunks[1].text.startswith('/**\n * Loads user profiles.\n */\n@Injectable({\n  providedIn: "root",\n})\n'
-                                     "export class ProfileService {")
+        'import { Injectable } from "@angular/core";',
+        "/**",
+        "  load(id: string): Promise<Profile> {",
+        "export interface Profile {",
+    ]
+    assert chunks[1].text.startswith(
+        '/**\n * Loads user profiles.\n */\n@Injectable({\n  providedIn: "root",\n})\nexport class ProfileService {'
+    )
 
 
 def test_code_java_splits_big_class_between_members():
     chunks = chunk_text(JAVA_SRC, path="InvoiceCalculator.java", chunker="code", chunk_size=250, overlap=60)
     assert_invariants(JAVA_SRC, chunks, 250, 60)
     assert chunks[0].text.startswith("package com.example.billing;")
-    assert chunks[1].text.startswith("/**\n * Computes invoice totals.\n */\n@Service\npublic class InvoiceCalculator {")
+    assert chunks[1].text.startswith(
+        "/**\n * Computes invoice totals.\n */\n@Service\npublic class InvoiceCalculator {"
+    )
     assert any(c.text.startswith("    /** Sum of line amounts before tax. */") for c in chunks)
     assert any(c.text.startswith("    @Override\n    public String toString()") for c in chunks)
     assert chunks[-1].text == "record Line(String sku, BigDecimal amount) {}"
@@ -449,8 +507,37 @@ def test_code_unknown_extension_falls_back_to_semantic():
 
 # --- properties -------------------------------------------------------------------------------------
 
-_VOCAB = ["alpha", "beta", "é", "日本", "🎉", "naïve", "x" * 60, "y" * 450, ".", "!", "?", "\n", "\n\n", "  ",
-          "\t", "def", "class", "fn", "func", "@dec", "# c", "//", "/*", "*/", "}", "{", "(", ")", "\r"]
+_VOCAB = [
+    "alpha",
+    "beta",
+    "é",
+    "日本",
+    "🎉",
+    "naïve",
+    "x" * 60,
+    "y" * 450,
+    ".",
+    "!",
+    "?",
+    "\n",
+    "\n\n",
+    "  ",
+    "\t",
+    "def",
+    "class",
+    "fn",
+    "func",
+    "@dec",
+    "# c",
+    "//",
+    "/*",
+    "*/",
+    "}",
+    "{",
+    "(",
+    ")",
+    "\r",
+]
 _PATHS = ["a.py", "a.go", "a.rs", "a.ts", "a.java", "a.c", "a.cs", "a.kt", "a.md", "noext"]
 
 

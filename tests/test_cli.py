@@ -13,8 +13,13 @@ from tests.support.corpus import write_mixed_tree
 
 
 def run_rlm(env, *args, check=None):
-    proc = subprocess.run([sys.executable, "-m", "rlm_api.cli", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check is not None:
         assert proc.returncode == check, (proc.returncode, proc.stdout, proc.stderr)
     return proc

@@ -51,8 +51,14 @@ IMAGE_ENV_ALLOW = {
 }
 #: set by the Dockerfile for the runtime (offline model loading, Python, pip in the build stage)
 DOCKERFILE_ENV_ALLOW = {
-    "PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME",
-    "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK",
+    "PATH",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HOME",
+    "PIP_NO_CACHE_DIR",
+    "PIP_DISABLE_PIP_VERSION_CHECK",
 }
 #: deploy/.env.example may also hold compose-only interpolation variables
 COMPOSE_ONLY_VARS = {"POSTGRES_PASSWORD", "REDIS_PASSWORD", "API_PORT", "FLOWER_PORT"}
@@ -173,7 +179,7 @@ CLI = typer.main.get_command(rlm_app)
 RUNNER = CliRunner()
 
 
-def check_rlm(args: list[str], where: str):  # noqa: ANN201 - a Typer (vendored click) command
+def check_rlm(args: list[str], where: str):  # a Typer (vendored click) command
     """Resolve ``rlm args…`` to its command, parse its options with the real parser, and run --help.
 
     Typer vendors its own click, so groups are recognised by their ``commands`` and parse errors by type.
@@ -195,7 +201,7 @@ def check_rlm(args: list[str], where: str):  # noqa: ANN201 - a Typer (vendored 
     # make_context parses and converts every option (types, required ones) without running the command
     try:
         cmd.make_context(" ".join(["rlm", *path]), list(rest))
-    except Exception as exc:  # noqa: BLE001 - any parse error (typer's vendored click) fails the check
+    except Exception as exc:  # any parse error (typer's vendored click) fails the check
         message = exc.format_message() if hasattr(exc, "format_message") else repr(exc)
         raise AssertionError(f"{where}: `rlm {' '.join(args)}`: {message}") from None
     result = RUNNER.invoke(rlm_app, [*path, "--help"])
@@ -637,8 +643,11 @@ def generated_env(docs) -> dict[str, dict[str, str]]:
 
 
 def check_k8s_objects(docs: list[tuple[Path, dict]], monkeypatch, *, rendered: bool) -> None:
-    sources = generated_env(docs) if not rendered else {
-        d["metadata"]["name"]: object_values(d) for _, d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    sources = (
+        generated_env(docs)
+        if not rendered
+        else {d["metadata"]["name"]: object_values(d) for _, d in docs if d["kind"] in ("ConfigMap", "Secret")}
+    )
     seen: dict[str, int] = {}
     deps = deployments(docs)
     for name, dep in deps.items():
@@ -723,7 +732,9 @@ def test_keda_scales_the_analyst_pool_on_its_redis_list():
         assert trigger["type"] == "redis"
         meta = trigger["metadata"]
         assert meta["listName"] == QUEUE_ANALYST and int(meta["listLength"]) > 0
-        assert "password" not in meta and "address" not in meta, "connection details belong to the TriggerAuthentication"
+        assert "password" not in meta and "address" not in meta, (
+            "connection details belong to the TriggerAuthentication"
+        )
         auth = auths[trigger["authenticationRef"]["name"]]
         params = {r["parameter"] for r in auth["spec"]["secretTargetRef"]}
         assert {"address", "password"} <= params
@@ -736,8 +747,10 @@ def _matches(selector: dict, labels: dict) -> bool:
 def test_network_policies_keep_flower_and_metrics_internal():
     docs = k8s_docs()
     policies = [d for _, d in docs if d["kind"] == "NetworkPolicy"]
-    assert any(p["spec"]["podSelector"] == {} and p["spec"].get("policyTypes") == ["Ingress"]
-               and not p["spec"].get("ingress") for p in policies), "no default-deny ingress policy"
+    assert any(
+        p["spec"]["podSelector"] == {} and p["spec"].get("policyTypes") == ["Ingress"] and not p["spec"].get("ingress")
+        for p in policies
+    ), "no default-deny ingress policy"
     deps = deployments(docs)
     flower = next(d for d in deps.values() if (containers(d)[0].get("command") or [])[:2] == ["rlm", "flower"])
     for dep in (flower, api_deployment(docs)):
@@ -751,8 +764,9 @@ def test_network_policies_keep_flower_and_metrics_internal():
                     assert "ipBlock" not in peer, f"{p['metadata']['name']}: ipBlock peer"
                     assert peer.get("podSelector") or peer.get("namespaceSelector"), "an empty peer admits all"
                     for sel in (peer.get("podSelector"), peer.get("namespaceSelector")):
-                        assert sel is None or sel.get("matchLabels") or sel.get("matchExpressions"), \
+                        assert sel is None or sel.get("matchLabels") or sel.get("matchExpressions"), (
                             f"{p['metadata']['name']}: an empty selector admits everything"
+                        )
     # Services stay inside the cluster; the Ingress routes neither Flower nor /metrics
     services = {d["metadata"]["name"]: d for _, d in docs if d["kind"] == "Service"}
     flower_labels = flower["spec"]["template"]["metadata"]["labels"]
@@ -772,8 +786,9 @@ def test_network_policies_keep_flower_and_metrics_internal():
                     assert path != "/metrics"
                 else:  # Prefix / ImplementationSpecific: a prefix of /metrics would expose it
                     prefix = path.rstrip("/")
-                    assert prefix and "/metrics" != prefix and not "/metrics".startswith(prefix + "/"), \
+                    assert prefix and "/metrics" != prefix and not "/metrics".startswith(prefix + "/"), (
                         f"Ingress path {path} reaches /metrics"
+                    )
 
 
 # --------------------------------------------------------------------------- rendered by kustomize
@@ -793,8 +808,9 @@ def test_kustomize_renders_and_the_rendered_objects_pass(target, tmp_path, monke
     assert {"Deployment", "Service", "Ingress", "NetworkPolicy", "ConfigMap"} <= kinds
     if target == "base":
         # the base expects its Secrets to exist; stand in for them with the overlay's placeholders
-        docs += [(tree, {"kind": "Secret", "metadata": {"name": n}, "stringData": v})
-                 for n, v in generated_env([]).items()]
+        docs += [
+            (tree, {"kind": "Secret", "metadata": {"name": n}, "stringData": v}) for n, v in generated_env([]).items()
+        ]
     else:
         assert {"Secret", "ScaledObject", "TriggerAuthentication", "Namespace"} <= kinds
         for _, d in docs:

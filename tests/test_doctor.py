@@ -16,8 +16,14 @@ from tests.support.workers import ROOT
 
 
 def test_doctor_against_the_test_services_reports_missing_workers(rlm_env, conn):
-    proc = subprocess.run([sys.executable, "-m", "rlm_api.cli", "doctor"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **rlm_env, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "doctor"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **rlm_env, "HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
     out = proc.stdout
     assert "ok    pgvector" in out and "ok    schema               up to date" in out
     assert "ok    broker" in out
@@ -42,8 +48,9 @@ def test_doctor_llm_checks():
     [offline] = check_llm(Settings(_env_file=None, api_key=None))
     assert offline.ok and offline.warning
     with ScriptedLLM() as srv:
-        checks = check_llm(Settings(_env_file=None, api_key="sk-test", base_url=srv.base_url,
-                                    subcall_model="scripted-model"))
+        checks = check_llm(
+            Settings(_env_file=None, api_key="sk-test", base_url=srv.base_url, subcall_model="scripted-model")
+        )
         assert checks[0].ok and srv.base_url in checks[0].detail
         by_name = {c.name: c for c in checks}
         assert by_name["model analyst"].ok

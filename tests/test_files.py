@@ -30,8 +30,15 @@ def tree(tmp_path: Path) -> Path:
     write(root / "z" / "deep" / "er" / "x.py", "x = 1\n")
     write(root / "big.log", "x" * (MAX + 1))
     write(root / "exact.log", "y" * MAX)
-    for skipped in (".git/config", "node_modules/left-pad/index.js", ".venv/lib/site.py", "pkg.egg-info/PKG-INFO",
-                    "guide/__pycache__/intro.cpython-311.pyc", "build/out.txt", ".tox/log.txt"):
+    for skipped in (
+        ".git/config",
+        "node_modules/left-pad/index.js",
+        ".venv/lib/site.py",
+        "pkg.egg-info/PKG-INFO",
+        "guide/__pycache__/intro.cpython-311.pyc",
+        "build/out.txt",
+        ".tox/log.txt",
+    ):
         write(root / skipped, "skip me\n")
     os.symlink(root / "a.txt", root / "link-to-a.txt")
     os.symlink(root / "guide", root / "link-to-guide")
@@ -45,8 +52,13 @@ def rels(cands: list[Candidate]) -> list[str]:
 
 def test_discover_walks_sorted_and_skips_junk(tree: Path):
     cands, report = discover([tree], max_file_bytes=MAX)
-    assert rels(cands) == ["docs/a.txt", "docs/exact.log", "docs/guide/intro.md", "docs/guide/setup.md",
-                           "docs/z/deep/er/x.py"]
+    assert rels(cands) == [
+        "docs/a.txt",
+        "docs/exact.log",
+        "docs/guide/intro.md",
+        "docs/guide/setup.md",
+        "docs/z/deep/er/x.py",
+    ]
     assert report.skipped_dirs == 7
     assert report.skipped_symlinks == 3
     assert report.skipped_too_large == ["docs/big.log"]
@@ -84,8 +96,9 @@ def test_special_files_are_skipped_not_opened(tmp_path: Path):
 
 
 def test_discover_dedupes_rel_paths_keeping_first(tree: Path):
-    cands, report = discover([tree / "guide", tree / "a.txt", tree / "guide", tree / "guide" / "intro.md"],
-                             max_file_bytes=MAX)
+    cands, report = discover(
+        [tree / "guide", tree / "a.txt", tree / "guide", tree / "guide" / "intro.md"], max_file_bytes=MAX
+    )
     assert rels(cands) == ["guide/intro.md", "guide/setup.md", "a.txt", "intro.md"]
     assert report.skipped_duplicates == 2
 
@@ -117,20 +130,23 @@ def candidate(path: Path) -> Candidate:
     return Candidate(abs_path=path, rel_path=path.name, size=path.stat().st_size)
 
 
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00", "binary"),
-    (b"hello\x00world", "binary"),
-    (b"GIF89a" + b"text-looking bytes", "binary"),
-    (b"%PDF-1.7\n% text-looking header", "binary"),
-    (b"\x1f\x8b\x08 gzip", "binary"),
-    (b"\x7fELF shared object", "binary"),
-    (b"PK\x03\x04zip", "binary"),
-    ("café au lait\n".encode("latin-1"), "not-utf8"),
-    (b"\xff\xfeh\x00i\x00", "binary"),  # UTF-16 has NULs
-    (b"", "empty"),
-    (b" \n\t\r\n  \n", "empty"),
-    (b"\xef\xbb\xbf  \n", "empty"),
-])
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00", "binary"),
+        (b"hello\x00world", "binary"),
+        (b"GIF89a" + b"text-looking bytes", "binary"),
+        (b"%PDF-1.7\n% text-looking header", "binary"),
+        (b"\x1f\x8b\x08 gzip", "binary"),
+        (b"\x7fELF shared object", "binary"),
+        (b"PK\x03\x04zip", "binary"),
+        ("café au lait\n".encode("latin-1"), "not-utf8"),
+        (b"\xff\xfeh\x00i\x00", "binary"),  # UTF-16 has NULs
+        (b"", "empty"),
+        (b" \n\t\r\n  \n", "empty"),
+        (b"\xef\xbb\xbf  \n", "empty"),
+    ],
+)
 def test_read_text_skips_bad_content(tmp_path: Path, data: bytes, reason: str):
     path = write(tmp_path / "f.bin", data)
     text, skip, digest = read_text(candidate(path))

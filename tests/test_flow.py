@@ -19,12 +19,19 @@ def _job(stage: str, **fields: object) -> str:
         if fields.get("task_ids"):
             job_store.add_task_ids(conn, job_id=job_id, task_ids=fields["task_ids"])
         if fields.get("batches"):
-            job_store.save_search(conn, job_id=job_id, params={}, tier="tiny", chunks_available=1,
-                                  chunk_load_failures=0, batches=fields["batches"])
+            job_store.save_search(
+                conn,
+                job_id=job_id,
+                params={},
+                tier="tiny",
+                chunks_available=1,
+                chunk_load_failures=0,
+                batches=fields["batches"],
+            )
     return job_id
 
 
-def _get(job_id: str):  # noqa: ANN202
+def _get(job_id: str):
     from rlm_workers.store import jobs as job_store
     from rlm_workers.store.db import connection
 
@@ -74,8 +81,10 @@ def test_a_crash_ends_the_job_as_the_stage_failing(settings, monkeypatch):
     job_id = _job("queued")
     assert flow.run_stage(job_id, flow.Stage.collect) == "failed"
     job = _get(job_id)
-    assert job.status == "failed" and job.error == {"type": "ZeroDivisionError",
-                                                    "message": "collect failed: bad arithmetic"}
+    assert job.status == "failed" and job.error == {
+        "type": "ZeroDivisionError",
+        "message": "collect failed: bad arithmetic",
+    }
 
 
 def test_an_ended_job_is_skipped_untouched(settings):
@@ -111,8 +120,20 @@ def test_tasks_declare_their_outage_retries():
     from rlm_workers.store.db import DB_OUTAGE
 
     app.loader.import_default_modules()
-    names = ["rlm.plan", "rlm.search", "rlm.fan_out", "rlm.analyst", "rlm.collect", "rlm.synthesize", "rlm.salvage",
-             "rlm.watchdog", "rlm.ingest", "rlm.embed", "rlm.batch.tick", "rlm.batch.reconcile"]
+    names = [
+        "rlm.plan",
+        "rlm.search",
+        "rlm.fan_out",
+        "rlm.analyst",
+        "rlm.collect",
+        "rlm.synthesize",
+        "rlm.salvage",
+        "rlm.watchdog",
+        "rlm.ingest",
+        "rlm.embed",
+        "rlm.batch.tick",
+        "rlm.batch.reconcile",
+    ]
     for name in names:
         task = app.tasks[name]
         assert tuple(task.autoretry_for) == DB_OUTAGE and task.max_retries == 30, name

@@ -51,10 +51,17 @@ def test_flower_lists_the_analyst_tasks_of_a_finished_job(rlm_env, conn, embedde
     redis.Redis.from_url(rlm_env["RLM_BROKER_URL"]).flushdb()
     env = {**rlm_env, "HF_HUB_OFFLINE": "1"}
     port = _free_port()
-    flower = subprocess.Popen([sys.executable, "-m", "rlm_api.cli", "flower", "--port", str(port)], cwd=ROOT,
-                              env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    workers = [WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=tmp_path),
-               WorkerProcess("fan", queues="rlm.analyst", env=env, log_dir=tmp_path)]
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "rlm_api.cli", "flower", "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    workers = [
+        WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=tmp_path),
+        WorkerProcess("fan", queues="rlm.analyst", env=env, log_dir=tmp_path),
+    ]
     base = f"http://127.0.0.1:{port}"
     try:
         for w in workers:
@@ -68,8 +75,13 @@ def test_flower_lists_the_analyst_tasks_of_a_finished_job(rlm_env, conn, embedde
                 pass
             time.sleep(0.5)
         time.sleep(2)  # let Flower's event receiver attach before the job's events flow
-        job_id, _ = submit_query(conn, tenant="local", query="where is the vault combination kept?",
-                                 buffers=["vault"], options={"skip_plan": True, "batch_size": 2, "threshold": -1.0})
+        job_id, _ = submit_query(
+            conn,
+            tenant="local",
+            query="where is the vault combination kept?",
+            buffers=["vault"],
+            options={"skip_plan": True, "batch_size": 2, "threshold": -1.0},
+        )
         conn.commit()
         job = wait_for_job(conn, job_id, timeout=120)
         assert job.status == "done", job.error

@@ -16,17 +16,26 @@ def job(settings):
     with connection() as conn:
         job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["b"], options={})
         job_store.set_stage(conn, job_id=job_id, stage="fan_out")
-        job_store.save_search(conn, job_id=job_id, params={}, tier="tiny", chunks_available=3,
-                              chunk_load_failures=0, batches=[[1], [2], [3]])
+        job_store.save_search(
+            conn,
+            job_id=job_id,
+            params={},
+            tier="tiny",
+            chunks_available=3,
+            chunk_load_failures=0,
+            batches=[[1], [2], [3]],
+        )
     return job_id
 
 
-def _age(conn, job_id, seconds):  # noqa: ANN001
+def _age(conn, job_id, seconds):
     """Pretend the job's last sign of life (stage change, batch start or end) was ``seconds`` ago."""
     ago = "now() - make_interval(secs => %s)"
     conn.execute(f"UPDATE jobs SET stage_at = {ago} WHERE id = %s", (seconds, job_id))
-    conn.execute(f"UPDATE job_batches SET started_at = {ago} WHERE job_id = %s AND started_at IS NOT NULL",
-                 (seconds, job_id))
+    conn.execute(
+        f"UPDATE job_batches SET started_at = {ago} WHERE job_id = %s AND started_at IS NOT NULL",
+        (seconds, job_id),
+    )
 
 
 def test_a_claim_counts_as_progress_and_a_salvage_backs_off(job):
@@ -71,8 +80,10 @@ def test_a_claim_waits_for_a_salvage_in_progress_and_then_declines(job, settings
     from rlm_workers.store import jobs as job_store
 
     got: list[bool] = []
-    with psycopg.connect(settings.database_url, autocommit=True) as salvager, \
-            psycopg.connect(settings.database_url, autocommit=True) as analyst:
+    with (
+        psycopg.connect(settings.database_url, autocommit=True) as salvager,
+        psycopg.connect(settings.database_url, autocommit=True) as analyst,
+    ):
         with salvager.transaction():
             assert job_store.lock_for_salvage(salvager, job_id=job)
             claim = threading.Thread(target=lambda: got.append(job_store.claim_batch(analyst, job_id=job, batch_no=1)))

@@ -125,8 +125,13 @@ def _process_worker(port: int, key: str, limit: int, threads: int, rounds: int) 
         for _ in range(rounds):
             with limiter.slot(timeout=30):
                 now = client.incr(key + ":now")
-                client.eval("if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[1]) or '0') then "
-                            "redis.call('SET', KEYS[1], ARGV[1]) end", 1, key + ":peak", now)
+                client.eval(
+                    "if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[1]) or '0') then "
+                    "redis.call('SET', KEYS[1], ARGV[1]) end",
+                    1,
+                    key + ":peak",
+                    now,
+                )
                 time.sleep(0.01)
                 client.decr(key + ":now")
 
@@ -226,8 +231,9 @@ def test_provider_calls_respect_the_global_limit(r):
         settings = Settings(api_key="k", base_url=srv.base_url, llm_timeout=10, llm_retries=0, max_concurrency=3)
         limiter = ConcurrencyLimiter(r, limit=settings.max_concurrency, key=_key())
         provider = OpenAIProvider(settings, limiter=Limits(limiter))
-        request = CompletionRequest(role="analyst", model="m", messages=[{"role": "user", "content": "x"}],
-                                    max_tokens=8)
+        request = CompletionRequest(
+            role="analyst", model="m", messages=[{"role": "user", "content": "x"}], max_tokens=8
+        )
         with ThreadPoolExecutor(12) as pool:
             results = list(pool.map(lambda _: provider.complete(request), range(12)))
         assert [c.text for c in results] == ["ok"] * 12

@@ -12,8 +12,10 @@ from tests.support.corpus import long_chunk_text, write_mixed_tree
 
 
 def _chunk_ids(conn, buffer_id):
-    return {r[0]: (r[1], r[2]) for r in conn.execute(
-        "SELECT id, path, content_hash FROM chunks WHERE buffer_id = %s", (buffer_id,))}
+    return {
+        r[0]: (r[1], r[2])
+        for r in conn.execute("SELECT id, path, content_hash FROM chunks WHERE buffer_id = %s", (buffer_id,))
+    }
 
 
 def _emb_count(conn, buffer_id):
@@ -46,7 +48,8 @@ def test_load_mixed_tree(conn, tree, embedder):
     assert _emb_count(conn, buf.id) >= len(_chunk_ids(conn, buf.id))
     guide = (tree / "docs" / "guide.md").read_text().splitlines()
     for start, end, text in conn.execute(
-        "SELECT start_line, end_line, text FROM chunks WHERE buffer_id = %s AND path = 'proj/docs/guide.md'", (buf.id,)
+        "SELECT start_line, end_line, text FROM chunks WHERE buffer_id = %s AND path = 'proj/docs/guide.md'",
+        (buf.id,),
     ):
         assert text.strip().splitlines()[0] in guide[start - 1]
         assert text.strip().splitlines()[-1] in guide[end - 1]
@@ -65,7 +68,9 @@ def test_reload_unchanged_does_not_reembed(conn, tree, embedder):
 def test_changed_file_replaces_only_its_chunks(conn, tree, embedder):
     buf = store.get_buffer(conn, tenant="local", name="mixed")
     before = _chunk_ids(conn, buf.id)
-    (tree / "docs" / "guide.md").write_text((tree / "docs" / "guide.md").read_text() + "\n## Audits\n\nAudits happen yearly.\n")
+    (tree / "docs" / "guide.md").write_text(
+        (tree / "docs" / "guide.md").read_text() + "\n## Audits\n\nAudits happen yearly.\n"
+    )
     report = load_paths(conn, buffer="mixed", paths=[tree], embedder=embedder, chunk_size=400, overlap=50)
     assert report.files_loaded == 1 and report.files_unchanged == 1
     after = _chunk_ids(conn, buf.id)
@@ -73,8 +78,9 @@ def test_changed_file_replaces_only_its_chunks(conn, tree, embedder):
     assert kept <= set(after)  # untouched file keeps its chunk ids
     assert not ({cid for cid, (p, _) in before.items() if p.endswith("guide.md")} & set(after))
     assert report.version == buf.version + 1
-    assert any("Audits happen yearly" in t for (t,) in conn.execute(
-        "SELECT text FROM chunks WHERE buffer_id = %s", (buf.id,)))
+    assert any(
+        "Audits happen yearly" in t for (t,) in conn.execute("SELECT text FROM chunks WHERE buffer_id = %s", (buf.id,))
+    )
 
 
 def test_deleted_file_is_removed_on_reload(conn, tree, embedder):
@@ -116,8 +122,15 @@ def test_failed_load_keeps_previous_version(conn, tmp_path, embedder):
     for i in range(6):
         (src / f"n{i}.md").write_text(f"Rewritten {i}. " + "Entirely new content about budgets. " * 20)
     with pytest.raises(RuntimeError, match="encoder died"):
-        load_paths(conn, buffer="atomic", paths=[src], embedder=_ExplodingEmbedder(embedder),
-                   chunk_size=300, overlap=0, embed_batch_size=4)
+        load_paths(
+            conn,
+            buffer="atomic",
+            paths=[src],
+            embedder=_ExplodingEmbedder(embedder),
+            chunk_size=300,
+            overlap=0,
+            embed_batch_size=4,
+        )
     after_buf = store.get_buffer(conn, tenant="local", name="atomic")
     assert after_buf.version == buf.version
     assert _chunk_ids(conn, buf.id) == before
@@ -130,8 +143,15 @@ def test_failed_first_load_leaves_no_half_buffer(conn, tmp_path, embedder):
     for i in range(4):
         (src / f"f{i}.txt").write_text("Some text about lighthouses and tides. " * 30)
     with pytest.raises(RuntimeError):
-        load_paths(conn, buffer="never", paths=[src], embedder=_ExplodingEmbedder(embedder),
-                   chunk_size=300, overlap=0, embed_batch_size=2)
+        load_paths(
+            conn,
+            buffer="never",
+            paths=[src],
+            embedder=_ExplodingEmbedder(embedder),
+            chunk_size=300,
+            overlap=0,
+            embed_batch_size=2,
+        )
     assert store.get_buffer(conn, tenant="local", name="never") is None
 
 
@@ -157,8 +177,9 @@ def test_long_chunk_is_embedded_whole(conn, tmp_path, embedder):
         (src / f"decoy{i}.txt").write_text(long_chunk_text(f"Tomato plant number {i} grew taller than the fence."))
     load_paths(conn, buffer="long", paths=[src], embedder=embedder)
     buf = store.get_buffer(conn, tenant="local", name="long")
-    (target_id, ntext), = conn.execute(
-        "SELECT id, text FROM chunks WHERE buffer_id = %s AND path = 'long/target.txt'", (buf.id,)).fetchall()
+    ((target_id, ntext),) = conn.execute(
+        "SELECT id, text FROM chunks WHERE buffer_id = %s AND path = 'long/target.txt'", (buf.id,)
+    ).fetchall()
     assert ntext.rstrip().endswith(needle) and len(ntext) > 2500
     windows = conn.execute("SELECT count(*) FROM chunk_embeddings_d384 WHERE chunk_id = %s", (target_id,)).fetchone()[0]
     assert windows >= 2, "a chunk longer than the model window must get several vectors"

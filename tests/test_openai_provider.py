@@ -29,8 +29,9 @@ def _settings(srv: ScriptedLLM, **kw: object) -> Settings:
 
 
 def _request(text: str = "hello", **kw: object) -> CompletionRequest:
-    return CompletionRequest(role="analyst", model=MODEL, messages=[{"role": "user", "content": text}],
-                             max_tokens=64, **kw)
+    return CompletionRequest(
+        role="analyst", model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64, **kw
+    )
 
 
 @pytest.fixture
@@ -140,8 +141,9 @@ def test_connection_refused_is_retryable():
 
 
 def test_auth_error_is_not_retried_and_says_what_to_check(srv):
-    srv.responder = always_error(401, "Incorrect API key provided", type="invalid_request_error",
-                                 code="invalid_api_key")
+    srv.responder = always_error(
+        401, "Incorrect API key provided", type="invalid_request_error", code="invalid_api_key"
+    )
     with pytest.raises(LLMError) as ei:
         OpenAIProvider(_settings(srv)).complete(_request())
     assert srv.calls == 1 and not ei.value.retryable
@@ -149,8 +151,9 @@ def test_auth_error_is_not_retried_and_says_what_to_check(srv):
 
 
 def test_unknown_model_404_names_the_model(srv):
-    srv.responder = always_error(404, "The model `gpt-test` does not exist", type="invalid_request_error",
-                                 code="model_not_found")
+    srv.responder = always_error(
+        404, "The model `gpt-test` does not exist", type="invalid_request_error", code="model_not_found"
+    )
     with pytest.raises(LLMError) as ei:
         OpenAIProvider(_settings(srv)).complete(_request())
     assert srv.calls == 1 and not ei.value.retryable and MODEL in ei.value.message
@@ -173,8 +176,12 @@ def test_json_output_sends_response_format(srv):
 def test_unsupported_response_format_falls_back_once(srv):
     def responder(req: dict) -> Reply | str:
         if "response_format" in req:
-            return Reply.http_error(400, "'response_format' of type 'json_object' is not supported with this model.",
-                                    type="invalid_request_error", param="response_format")
+            return Reply.http_error(
+                400,
+                "'response_format' of type 'json_object' is not supported with this model.",
+                type="invalid_request_error",
+                param="response_format",
+            )
         return '{"ok": true}'
 
     srv.responder = responder
@@ -189,11 +196,18 @@ def test_unsupported_response_format_falls_back_once(srv):
 def test_max_tokens_and_temperature_fallbacks(srv):
     def responder(req: dict) -> Reply | str:
         if "max_completion_tokens" in req:
-            return Reply.http_error(400, "Unrecognized request argument supplied: max_completion_tokens",
-                                    type="invalid_request_error")
+            return Reply.http_error(
+                400,
+                "Unrecognized request argument supplied: max_completion_tokens",
+                type="invalid_request_error",
+            )
         if "temperature" in req:
-            return Reply.http_error(400, "Unsupported value: 'temperature' does not support 0 with this model.",
-                                    type="invalid_request_error", param="temperature")
+            return Reply.http_error(
+                400,
+                "Unsupported value: 'temperature' does not support 0 with this model.",
+                type="invalid_request_error",
+                param="temperature",
+            )
         return "fine"
 
     srv.responder = responder
@@ -219,8 +233,9 @@ def test_tool_call_round_trip(srv):
     tools = [{"type": "function", "function": {"name": "get_chunks", "parameters": {"type": "object"}}}]
     p = OpenAIProvider(_settings(srv))
     messages: list[dict] = [{"role": "user", "content": "synthesize"}]
-    first = p.complete(CompletionRequest(role="synthesizer", model=MODEL, messages=messages, max_tokens=32,
-                                         tools=tools))
+    first = p.complete(
+        CompletionRequest(role="synthesizer", model=MODEL, messages=messages, max_tokens=32, tools=tools)
+    )
     [call] = first.tool_calls
     assert call.name == "get_chunks" and json.loads(call.arguments) == {"chunk_ids": [1, 2]}
     assert (first.tokens_in, first.tokens_out) == (20, 8)
@@ -228,8 +243,9 @@ def test_tool_call_round_trip(srv):
     assert srv.requests[0].body["tools"] == tools
 
     messages += [first.raw_message, {"role": "tool", "tool_call_id": call.id, "content": "chunk text"}]
-    second = p.complete(CompletionRequest(role="synthesizer", model=MODEL, messages=messages, max_tokens=32,
-                                          tools=tools))
+    second = p.complete(
+        CompletionRequest(role="synthesizer", model=MODEL, messages=messages, max_tokens=32, tools=tools)
+    )
     assert second.text == "report using chunk text" and second.tool_calls == []
     sent = srv.requests[1].body["messages"]
     assert sent[1]["role"] == "assistant" and sent[1]["tool_calls"][0]["id"] == call.id
@@ -257,11 +273,27 @@ def test_standalone_server_process(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.scripted_llm", "--port", "0",
-                             "--latency-ms", "50", "--content", "standalone", "--fail-first", "1",
-                             "--retry-after", "0"],
-                            cwd=root, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(root)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.scripted_llm",
+            "--port",
+            "0",
+            "--latency-ms",
+            "50",
+            "--content",
+            "standalone",
+            "--fail-first",
+            "1",
+            "--retry-after",
+            "0",
+        ],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("listening on http://127.0.0.1:"), line

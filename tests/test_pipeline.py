@@ -34,8 +34,6 @@ pytestmark = pytest.mark.slow
 # --------------------------------------------------------------------------- fixtures
 
 
-
-
 @pytest.fixture(scope="module")
 def env(rlm_env, llm, tmp_path_factory):
     """The environment every process of this module shares (test process, workers, CLI)."""
@@ -94,7 +92,6 @@ def workers(env, corpus, tmp_path_factory):
         w.stop()
 
 
-
 def run_job(conn, query, buffers=("essays",), timeout=120, **options):
     from rlm_workers.submit import submit_query, wait_for_job
 
@@ -115,8 +112,9 @@ def requests_for(llm, model_name):
 
 
 def logged_calls(conn, job_id):
-    return conn.execute("SELECT stage, status, tokens_in, tokens_out FROM llm_calls WHERE job_id = %s ORDER BY id",
-                        (job_id,)).fetchall()
+    return conn.execute(
+        "SELECT stage, status, tokens_in, tokens_out FROM llm_calls WHERE job_id = %s ORDER BY id", (job_id,)
+    ).fetchall()
 
 
 # --------------------------------------------------------------------------- tests
@@ -124,8 +122,9 @@ def logged_calls(conn, job_id):
 
 def test_needle_across_batches_with_exact_token_accounting(conn, fresh, model):
     # the first planner attempt gets a 429 with Retry-After; the retry succeeds
-    model.plan_reply = fail_first(1, lambda req: json.dumps({"search_mode": "hybrid", "threshold": -1.0}),
-                                  status=429, retry_after=0.5)
+    model.plan_reply = fail_first(
+        1, lambda req: json.dumps({"search_mode": "hybrid", "threshold": -1.0}), status=429, retry_after=0.5
+    )
     llm = fresh
     job = run_job(conn, QUESTION)
     r = result_of(job)
@@ -135,7 +134,9 @@ def test_needle_across_batches_with_exact_token_accounting(conn, fresh, model):
     assert r.batches_processed == len(requests_for(llm, "analyst-model")) >= 5
     assert r.chunks_analyzed == CHUNK_COUNT and r.batches_failed == 0
     needle_src = [s for s in r.sources if s.relevance == "high"]
-    assert len(needle_src) == 1 and needle_src[0].path == "essays/17-clockmaking.md" and needle_src[0].buffer == "essays"
+    assert (
+        len(needle_src) == 1 and needle_src[0].path == "essays/17-clockmaking.md" and needle_src[0].buffer == "essays"
+    )
     assert r.sources[0].relevance == "high"  # collect order: relevance first
     # the bill is exact: every call the server answered, retries and the synthesizer's tool turn included
     usage = llm.usage
@@ -235,9 +236,25 @@ def test_plan_failure_aborts_the_job(conn, fresh, model):
 
 
 def test_zero_search_results_is_no_chunks_with_hints(env, fresh):
-    proc = subprocess.run([sys.executable, "-m", "rlm_api.cli", "query", "zyzzyva quokka", "--buffer", "essays",
-                           "--skip-plan", "--search-mode", "bm25"], cwd=ROOT, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlm_api.cli",
+            "query",
+            "zyzzyva quokka",
+            "--buffer",
+            "essays",
+            "--skip-plan",
+            "--search-mode",
+            "bm25",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 3, proc.stderr
     assert "--threshold" in proc.stderr and "--search-mode" in proc.stderr
     assert fresh.calls == 0
@@ -268,8 +285,13 @@ def test_chunks_missing_at_analysis_are_counted(conn, fresh, workers):
         workers[name].stop()
     from rlm_workers.submit import submit_query, wait_for_job
 
-    job_id, _ = submit_query(conn, tenant="local", query=QUESTION, buffers=["poison"],
-                             options={"skip_plan": True, "threshold": -1.0, "batch_size": 2})
+    job_id, _ = submit_query(
+        conn,
+        tenant="local",
+        query=QUESTION,
+        buffers=["poison"],
+        options={"skip_plan": True, "threshold": -1.0, "batch_size": 2},
+    )
     conn.commit()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -306,8 +328,13 @@ def test_sigkill_of_an_analyst_worker_mid_fan_out_still_ends_the_job(conn, fresh
     from rlm_workers.submit import submit_query, wait_for_job
 
     workers["an2"].stop()  # all batches go to an1, which we then kill
-    job_id, _ = submit_query(conn, tenant="local", query=QUESTION, buffers=["essays"],
-                             options={"skip_plan": True, "threshold": -1.0, "batch_size": 4})
+    job_id, _ = submit_query(
+        conn,
+        tenant="local",
+        query=QUESTION,
+        buffers=["essays"],
+        options={"skip_plan": True, "threshold": -1.0, "batch_size": 4},
+    )
     conn.commit()
     deadline = time.monotonic() + 60
     while fresh.stats()["in_flight"] < 2 and time.monotonic() < deadline:

@@ -12,8 +12,10 @@ from tests.support.workers import WorkerProcess
 from tests.test_cli import run_rlm
 
 OLD_MODEL = "old-org/retired-encoder-v1"
-TEXT = ("# Lighthouse log\n\nThe keeper trims the lamp wick every evening before dusk.\n\n"
-        "Fog signals sound twice a minute whenever visibility drops below two miles.\n")
+TEXT = (
+    "# Lighthouse log\n\nThe keeper trims the lamp wick every evening before dusk.\n\n"
+    "Fog signals sound twice a minute whenever visibility drops below two miles.\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +31,21 @@ def drift(rlm_env, conn, embedder, tmp_path_factory):
     return root
 
 
-def _pretend_an_old_model(conn) -> int:  # noqa: ANN001
+def _pretend_an_old_model(conn) -> int:
     """As if another model had embedded the buffer: its recorded model differs from RLM_EMBEDDING_MODEL."""
-    row = conn.execute("UPDATE buffers SET embedding_model = %s WHERE name = 'drift' RETURNING version",
-                       (OLD_MODEL,)).fetchone()
+    row = conn.execute(
+        "UPDATE buffers SET embedding_model = %s WHERE name = 'drift' RETURNING version", (OLD_MODEL,)
+    ).fetchone()
     conn.commit()
     return row[0]
 
 
-def _vectors(conn) -> int:  # noqa: ANN001
+def _vectors(conn) -> int:
     from rlm_workers.store.migrations import embedding_table
 
-    return conn.execute(f"SELECT count(*) FROM {embedding_table(384)} e JOIN buffers b ON b.id = e.buffer_id "
-                        "WHERE b.name = 'drift'").fetchone()[0]
+    return conn.execute(
+        f"SELECT count(*) FROM {embedding_table(384)} e JOIN buffers b ON b.id = e.buffer_id WHERE b.name = 'drift'"
+    ).fetchone()[0]
 
 
 def test_cli_reembeds_after_a_model_change(rlm_env, conn, drift):
@@ -53,8 +57,22 @@ def test_cli_reembeds_after_a_model_change(rlm_env, conn, drift):
     report = json.loads(done.stdout)
     assert report["previous_model"] == OLD_MODEL and report["version"] == version + 1 and not report["unchanged"]
     assert report["chunks"] >= 2 and report["windows_embedded"] == windows == _vectors(conn)
-    hits = json.loads(run_rlm(rlm_env, "search", "how often do fog signals sound", "--buffer", "drift",
-                              "--mode", "semantic", "--format", "json", "--top-k", "1", check=0).stdout)
+    hits = json.loads(
+        run_rlm(
+            rlm_env,
+            "search",
+            "how often do fog signals sound",
+            "--buffer",
+            "drift",
+            "--mode",
+            "semantic",
+            "--format",
+            "json",
+            "--top-k",
+            "1",
+            check=0,
+        ).stdout
+    )
     assert "Fog signals" in json.dumps(hits)
     again = run_rlm(rlm_env, "buffer", "reembed", "drift", check=0)
     assert "already embedded" in again.stdout
@@ -72,7 +90,7 @@ def test_a_failure_half_way_keeps_the_old_vectors(rlm_env, conn, drift, embedder
         def window_texts(self, text: str) -> list[str]:
             return embedder.window_texts(text)
 
-        def encode(self, texts, batch_size):  # noqa: ANN001, ANN201
+        def encode(self, texts, batch_size):
             Failing.calls += 1
             if Failing.calls == 2:
                 raise RuntimeError("encoder crashed")
@@ -93,8 +111,14 @@ def test_rlm_embed_task_on_an_ingest_worker(rlm_env, conn, drift, tmp_path):
 
     windows = _vectors(conn)
     _pretend_an_old_model(conn)
-    worker = WorkerProcess("emb", queues="rlm.ingest", env={**rlm_env, "HF_HUB_OFFLINE": "1"}, log_dir=tmp_path,
-                           concurrency=1, pool="prefork").start()
+    worker = WorkerProcess(
+        "emb",
+        queues="rlm.ingest",
+        env={**rlm_env, "HF_HUB_OFFLINE": "1"},
+        log_dir=tmp_path,
+        concurrency=1,
+        pool="prefork",
+    ).start()
     try:
         queued = run_rlm(rlm_env, "buffer", "reembed", "drift", "--queue", check=0)
         assert "queued rlm.embed" in queued.stdout
@@ -104,8 +128,9 @@ def test_rlm_embed_task_on_an_ingest_worker(rlm_env, conn, drift, tmp_path):
             assert time.monotonic() < deadline, worker.tail()
             time.sleep(0.3)
         conn.commit()
-        assert conn.execute("SELECT embedding_model FROM buffers WHERE name = 'drift'").fetchone()[0] == \
-            model_id_for(None)
+        assert conn.execute("SELECT embedding_model FROM buffers WHERE name = 'drift'").fetchone()[0] == model_id_for(
+            None
+        )
         assert _vectors(conn) == windows and "re-embedded with" in worker.tail(200)
     finally:
         worker.stop()

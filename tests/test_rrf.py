@@ -17,8 +17,7 @@ def test_two_lists_hand_checked() -> None:
     got = rrf_fuse([[1, 2, 3], [3, 1, 4]])
     assert [d for d, _ in got] == [1, 3, 2, 4]
     assert [s for _, s in got] == [1 / 61 + 1 / 62, 1 / 63 + 1 / 61, 1 / 62, 1 / 63]
-    assert [s for _, s in got] == pytest.approx([0.0325224749, 0.0322664585, 0.0161290323, 0.0158730159],
-                                                abs=1e-10)
+    assert [s for _, s in got] == pytest.approx([0.0325224749, 0.0322664585, 0.0161290323, 0.0158730159], abs=1e-10)
 
 
 def test_custom_k() -> None:

@@ -65,11 +65,28 @@ def test_bm25_scores_match_rank_bm25(conn, settings, db_url, loaded):
 
 def test_hybrid_finds_paraphrase_that_bm25_misses(conn, settings, db_url, loaded):
     query = "a feline resting on a rug"
-    lexical = search(conn, settings=settings, url=db_url, tenant="local", buffers=["notes"], query=query,
-                     mode="bm25", top_k=5)
+    lexical = search(
+        conn,
+        settings=settings,
+        url=db_url,
+        tenant="local",
+        buffers=["notes"],
+        query=query,
+        mode="bm25",
+        top_k=5,
+    )
     assert "notes/note1.txt" not in _paths(lexical)
-    hybrid = search(conn, settings=settings, url=db_url, tenant="local", buffers=["notes"], query=query,
-                    mode="hybrid", top_k=5, threshold=0.2)
+    hybrid = search(
+        conn,
+        settings=settings,
+        url=db_url,
+        tenant="local",
+        buffers=["notes"],
+        query=query,
+        mode="hybrid",
+        top_k=5,
+        threshold=0.2,
+    )
     assert hybrid[0].path == "notes/note1.txt"
     assert "sat on the mat" in hybrid[0].text
 
@@ -89,14 +106,31 @@ def test_hybrid_score_is_rrf_of_the_arms(conn, settings, db_url, loaded):
 
 
 def test_threshold_filters_semantic_arm(conn, settings, db_url, loaded):
-    hits = search(conn, settings=settings, url=db_url, tenant="local", buffers=["notes"],
-                  query="a feline resting on a rug", mode="semantic", top_k=5, threshold=0.99)
+    hits = search(
+        conn,
+        settings=settings,
+        url=db_url,
+        tenant="local",
+        buffers=["notes"],
+        query="a feline resting on a rug",
+        mode="semantic",
+        top_k=5,
+        threshold=0.99,
+    )
     assert hits == []
 
 
 def test_multi_buffer_search(conn, settings, db_url, loaded):
-    hits = search(conn, settings=settings, url=db_url, tenant="local", buffers=["notes", "ops"],
-                  query="invoice tax total", mode="hybrid", top_k=6)
+    hits = search(
+        conn,
+        settings=settings,
+        url=db_url,
+        tenant="local",
+        buffers=["notes", "ops"],
+        query="invoice tax total",
+        mode="hybrid",
+        top_k=6,
+    )
     assert {h.buffer for h in hits} == {"notes", "ops"}
     assert hits[0].path in ("notes/note4.txt", "ops/billing.py")
 

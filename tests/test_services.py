@@ -27,7 +27,8 @@ def test_valkey_is_reused_by_a_second_process(tmp_path):
         state = json.loads((tmp_path / "valkey" / "server.json").read_text())
         other = _in_subprocess(
             f"from pathlib import Path; from rlm_workers import local_servers as services; "
-            f"print(services.embedded_valkey_url(Path({str(tmp_path)!r})))")
+            f"print(services.embedded_valkey_url(Path({str(tmp_path)!r})))"
+        )
         assert other == url
         assert json.loads((tmp_path / "valkey" / "server.json").read_text())["pid"] == state["pid"]
     finally:
@@ -63,7 +64,8 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
             assert pid != postmaster
         other = _in_subprocess(
             f"from pathlib import Path; from rlm_workers import local_servers as services; "
-            f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))")
+            f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))"
+        )
         assert other == url
         assert int((tmp_path / "pg" / "postmaster.pid").read_text().split()[0]) == postmaster  # no twin
         os.kill(postmaster, signal.SIGKILL)
@@ -71,7 +73,8 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
         assert (tmp_path / "pg" / "postmaster.pid").exists()  # stale pid file from the crash
         url2 = _in_subprocess(
             f"from pathlib import Path; from rlm_workers import local_servers as services; "
-            f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))")
+            f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))"
+        )
         with psycopg.connect(url2) as c:
             assert c.execute("SELECT 1").fetchone() == (1,)
     finally:
@@ -104,8 +107,9 @@ def test_cli_reports_missing_pgvector(tmp_path):
     if url is None:
         pytest.skip("no PostgreSQL without pgvector reachable (set RLM_TEST_PLAIN_PG_URL)")
     env = {**os.environ, "RLM_DATABASE_URL": url, "RLM_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "rlm_api.cli", "buffers"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "buffers"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 1
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "pgvector" in lines[0]
@@ -113,10 +117,14 @@ def test_cli_reports_missing_pgvector(tmp_path):
 
 def test_bad_setting_is_one_clear_line(tmp_path):
     env = {**os.environ, "RLM_MAX_CONCURRENCY": "lots", "RLM_DATA_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "rlm_api.cli", "buffers"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "buffers"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: invalid setting RLM_MAX_CONCURRENCY: Input should be a valid integer, unable to parse string as an integer"
+    assert (
+        proc.stderr.strip() == "error: invalid setting RLM_MAX_CONCURRENCY: Input should be a valid integer, "
+        "unable to parse string as an integer"
+    )
 
 
 def test_a_settings_reset_starts_no_embedded_broker(tmp_path, monkeypatch):

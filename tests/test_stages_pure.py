@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rlm_workers.config import Settings
-from rlm_workers.constants import MAX_FINDING_BYTES, MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from rlm_workers.errors import ParseError
+from rlm_workers.limits import MAX_FINDING_BYTES, MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from rlm_workers.models import AnalysisPlan, Finding, QueryOptions
 from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings
 from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
@@ -22,21 +22,30 @@ from rlm_workers.pipeline.synthesize import build_messages as build_synthesizer_
 # ---------------------------------------------------------------- scale
 
 
-@pytest.mark.parametrize(("count", "tier", "batch", "conc", "depth", "loaded"), [
-    (0, "tiny", 1, 5, None, None),
-    (19, "tiny", 1, 5, None, None),
-    (20, "small", 5, 15, 100, None),
-    (99, "small", 5, 15, 100, None),
-    (100, "medium", 10, 30, 200, 100),
-    (499, "medium", 10, 30, 200, 100),
-    (500, "large", 20, 60, 400, 200),
-    (1999, "large", 20, 60, 400, 200),
-    (2000, "xlarge", 50, 100, 500, 300),
-    (10_000_000, "xlarge", 50, 100, 500, 300),
-])
+@pytest.mark.parametrize(
+    ("count", "tier", "batch", "conc", "depth", "loaded"),
+    [
+        (0, "tiny", 1, 5, None, None),
+        (19, "tiny", 1, 5, None, None),
+        (20, "small", 5, 15, 100, None),
+        (99, "small", 5, 15, 100, None),
+        (100, "medium", 10, 30, 200, 100),
+        (499, "medium", 10, 30, 200, 100),
+        (500, "large", 20, 60, 400, 200),
+        (1999, "large", 20, 60, 400, 200),
+        (2000, "xlarge", 50, 100, 500, 300),
+        (10_000_000, "xlarge", 50, 100, 500, 300),
+    ],
+)
 def test_scaling_table(count, tier, batch, conc, depth, loaded):
     p = scaling_profile(count)
-    assert (p.tier, p.batch_size, p.concurrency, p.search_depth, p.max_loaded) == (tier, batch, conc, depth, loaded)
+    assert (p.tier, p.batch_size, p.concurrency, p.search_depth, p.max_loaded) == (
+        tier,
+        batch,
+        conc,
+        depth,
+        loaded,
+    )
 
 
 def test_scaling_rejects_negative():
@@ -105,13 +114,16 @@ def test_make_batches_by_size_keeps_rank_order():
 ENTRY = {"chunk_id": 4, "relevance": "high", "findings": ["x = 1"], "summary": "s", "follow_up": []}
 
 
-@pytest.mark.parametrize("text", [
-    json.dumps([ENTRY]),
-    json.dumps({"results": [ENTRY]}),
-    "```json\n" + json.dumps([ENTRY]) + "\n```",
-    "Here are the findings:\n" + json.dumps([ENTRY]) + "\nDone.",
-    json.dumps(ENTRY),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps([ENTRY]),
+        json.dumps({"results": [ENTRY]}),
+        "```json\n" + json.dumps([ENTRY]) + "\n```",
+        "Here are the findings:\n" + json.dumps([ENTRY]) + "\nDone.",
+        json.dumps(ENTRY),
+    ],
+)
 def test_findings_shapes_accepted(text):
     [f] = parse_findings(text, batch_chunk_ids=[4, 5])
     assert (f.chunk_id, f.relevance, f.findings) == (4, "high", ["x = 1"])
@@ -124,21 +136,41 @@ def test_findings_garbage_is_a_parse_error(text):
 
 
 def test_findings_lenient_fields_and_foreign_ids():
-    text = json.dumps([
-        {"chunk_id": "4", "relevance": "Critical", "findings": "one", "summary": None, "follow_ups": "next"},
-        {"chunk_id": 999, "relevance": "high", "findings": ["invented"]},
-        {"chunk_id": 5, "relevance": "weird"},
-    ])
+    text = json.dumps(
+        [
+            {
+                "chunk_id": "4",
+                "relevance": "Critical",
+                "findings": "one",
+                "summary": None,
+                "follow_ups": "next",
+            },
+            {"chunk_id": 999, "relevance": "high", "findings": ["invented"]},
+            {"chunk_id": 5, "relevance": "weird"},
+        ]
+    )
     got = {f.chunk_id: f for f in parse_findings(text, batch_chunk_ids=[4, 5])}
     assert set(got) == {4, 5}
-    assert (got[4].relevance, got[4].findings, got[4].summary, got[4].follow_up) == ("high", ["one"], "", ["next"])
+    assert (got[4].relevance, got[4].findings, got[4].summary, got[4].follow_up) == (
+        "high",
+        ["one"],
+        "",
+        ["next"],
+    )
     assert got[5].relevance == "low"
 
 
 def test_findings_caps():
     big = "é" * MAX_FINDING_BYTES
-    entries = [{"chunk_id": i, "relevance": "high", "findings": [big] + ["f"] * 150,
-                "follow_up": [f"q{j}" for j in range(40)]} for i in range(3)]
+    entries = [
+        {
+            "chunk_id": i,
+            "relevance": "high",
+            "findings": [big] + ["f"] * 150,
+            "follow_up": [f"q{j}" for j in range(40)],
+        }
+        for i in range(3)
+    ]
     out = parse_findings(json.dumps(entries), batch_chunk_ids=[0, 1, 2])
     assert sum(len(f.findings) for f in out) == MAX_FINDINGS_PER_BATCH
     assert all(len(x.encode()) <= MAX_FINDING_BYTES + 3 for f in out for x in f.findings)
@@ -146,8 +178,10 @@ def test_findings_caps():
 
 
 def test_plan_parsing_keeps_only_sane_fields():
-    p = parse_plan('```json\n{"search_mode": "BM25", "threshold": 7, "top_k": "50", "batch_size": true,'
-                   ' "focus_topics": ["a", 3, "b"]}\n```')
+    p = parse_plan(
+        '```json\n{"search_mode": "BM25", "threshold": 7, "top_k": "50", "batch_size": true,'
+        ' "focus_topics": ["a", 3, "b"]}\n```'
+    )
     assert p.model_fields_set == {"search_mode", "top_k", "focus_topics"}
     assert (p.search_mode, p.top_k, p.focus_topics) == ("bm25", 50, ["a", "b"])
     assert parse_plan('{"plan": {"search_mode": "semantic"}}').search_mode == "semantic"
@@ -197,8 +231,9 @@ def test_content_escape_defuses_tag_lookalikes():
 
 
 def test_analyst_message_format():
-    chunks = [ChunkForPrompt(chunk_id=i, buffer="b", path="f.py", start_line=i, end_line=i + 1, text=f"t{i}")
-              for i in (3, 8)]
+    chunks = [
+        ChunkForPrompt(chunk_id=i, buffer="b", path="f.py", start_line=i, end_line=i + 1, text=f"t{i}") for i in (3, 8)
+    ]
     sys_msg, user = build_analyst_messages("SYS", "where is X?", chunks, ["X"])
     assert sys_msg == {"role": "system", "content": "SYS"}
     text = user["content"]
@@ -207,8 +242,20 @@ def test_analyst_message_format():
 
 
 def test_synthesizer_input_is_bounded():
-    kept = [{"chunk_id": i, "buffer": "b", "path": "p", "start_line": 1, "end_line": 2, "relevance": "low",
-             "findings": ["x" * 4000] * 5, "summary": "", "follow_up": []} for i in range(100)]
+    kept = [
+        {
+            "chunk_id": i,
+            "buffer": "b",
+            "path": "p",
+            "start_line": 1,
+            "end_line": 2,
+            "relevance": "low",
+            "findings": ["x" * 4000] * 5,
+            "summary": "",
+            "follow_up": [],
+        }
+        for i in range(100)
+    ]
     text = build_synthesizer_messages("S", "q", kept, {"findings": 100})[1]["content"]
     assert len(text) < 320_000
     assert "lower-ranked findings omitted" in text

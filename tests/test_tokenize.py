@@ -9,7 +9,13 @@ from rlm_workers.search.tokenize import STOPWORDS, tokenize
 
 def test_prose_lowercases_and_drops_stopwords_and_punctuation() -> None:
     assert tokenize("The quick brown Fox -- jumps over the lazy dog!") == [
-        "quick", "brown", "fox", "jumps", "lazy", "dog"]
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "lazy",
+        "dog",
+    ]
 
 
 def test_single_characters_and_underscores_are_dropped() -> None:
@@ -67,8 +73,20 @@ def test_stopwords_are_a_small_english_list() -> None:
 def test_tokens_survive_space_join_and_split() -> None:
     # the loader stores " ".join(tokens) and the index reads it back with split()
     toks = tokenize("def load_config(path):\n    return HTTPServer(path, retries=3)  # café\tx")
-    assert toks == ["def", "load_config", "load", "config", "path", "return", "httpserver", "http", "server",
-                    "path", "retries", "café"]
+    assert toks == [
+        "def",
+        "load_config",
+        "load",
+        "config",
+        "path",
+        "return",
+        "httpserver",
+        "http",
+        "server",
+        "path",
+        "retries",
+        "café",
+    ]
     assert " ".join(toks).split() == toks
 
 

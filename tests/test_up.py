@@ -31,11 +31,26 @@ def _listening(port: int) -> bool:
 
 def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
     api_port, flower_port = _free_port(), _free_port()
-    out = open(tmp_path / "up.log", "w+")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "rlm_api.cli", "up", "--api-port", str(api_port),
-                             "--flower-port", str(flower_port), "--analysts", "4"],
-                            cwd=ROOT, env={**os.environ, **rlm_env, "HF_HUB_OFFLINE": "1"},
-                            stdout=out, stderr=subprocess.STDOUT, text=True)
+    out = open(tmp_path / "up.log", "w+")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlm_api.cli",
+            "up",
+            "--api-port",
+            str(api_port),
+            "--flower-port",
+            str(flower_port),
+            "--analysts",
+            "4",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **rlm_env, "HF_HUB_OFFLINE": "1"},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{api_port}"
         deadline = time.monotonic() + 120

@@ -1,4 +1,5 @@
-"""Overnight batches over HTTP (docs/contract.md#http-batches): submit queries × buffers, follow progress, stream results as JSONL.
+"""Overnight batches over HTTP (docs/contract.md#http-batches): submit queries × buffers, follow progress,
+stream results as JSONL.
 
 A batch and its items live in PostgreSQL; workers advance it (``rlm.batch.tick``, ``rlm_workers.overnight``).
 Other tenants' batches are 404, never 403, so ids do not leak.
@@ -34,7 +35,9 @@ class BatchIn(BaseModel):
     buffers_glob: str | None = Field(None, max_length=200, description="Also every buffer matching this glob.")
     run_at: datetime | None = Field(None, description="Do not start before this time (ISO 8601; no zone = UTC).")
     priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
-    token_budget: int | None = Field(None, ge=1, description="Stop scheduling new items once this many tokens are spent.")
+    token_budget: int | None = Field(
+        None, ge=1, description="Stop scheduling new items once this many tokens are spent."
+    )
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
 
 
@@ -60,8 +63,9 @@ class BatchStatus(BaseModel):
     started_at: str | None
     finished_at: str | None
     last_tick_at: str | None
-    eta_seconds: float | None = Field(description="Mean item time × remaining rounds (+ wait for run_at); "
-                                                  "null until an item has finished.")
+    eta_seconds: float | None = Field(
+        description="Mean item time × remaining rounds (+ wait for run_at); null until an item has finished."
+    )
 
 
 def _urls(batch_id: str) -> tuple[str, str]:
@@ -74,20 +78,37 @@ def _batch_or_404(conn: psycopg.Connection, tenant: str, batch_id: str) -> Overn
     return found_or_404(lambda i: get_overnight(conn, batch_id=i, tenant=tenant), batch_id, "batch")
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=BatchCreated,
-             responses={200: {"description": "Replay of an Idempotency-Key: the batch made the first time."}})
-def create_batch(body: BatchIn, conn: ConnDep, tenant: TenantDep, response: Response,
-                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> BatchCreated:
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=BatchCreated,
+    responses={200: {"description": "Replay of an Idempotency-Key: the batch made the first time."}},
+)
+def create_batch(
+    body: BatchIn,
+    conn: ConnDep,
+    tenant: TenantDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> BatchCreated:
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
     from rlm_workers.overnight.submit import submit_overnight
 
     run_at = body.run_at
     if run_at is not None and run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=UTC)
-    batch_id, created = submit_overnight(conn, tenant=tenant, queries=body.queries, buffers=body.buffers,
-                                         buffers_glob=body.buffers_glob, options=body.options.stored(), run_at=run_at,
-                                         priority=body.priority, token_budget=body.token_budget,
-                                         idempotency_key=idempotency_key)
+    batch_id, created = submit_overnight(
+        conn,
+        tenant=tenant,
+        queries=body.queries,
+        buffers=body.buffers,
+        buffers_glob=body.buffers_glob,
+        options=body.options.stored(),
+        run_at=run_at,
+        priority=body.priority,
+        token_budget=body.token_budget,
+        idempotency_key=idempotency_key,
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     status_url, results_url = _urls(batch_id)
@@ -96,8 +117,9 @@ def create_batch(body: BatchIn, conn: ConnDep, tenant: TenantDep, response: Resp
 
 
 @router.get("", response_model=list[BatchStatus])
-def list_batches(conn: ConnDep, tenant: TenantDep,
-                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
+def list_batches(
+    conn: ConnDep, tenant: TenantDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
+) -> list[dict[str, Any]]:
     """The tenant's most recent batches, newest first."""
     from rlm_workers.overnight.submit import status_of
     from rlm_workers.store.overnight import list_overnight
@@ -118,16 +140,26 @@ def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, A
     """Cancel: nothing new starts, running items' jobs are cancelled; finished items keep their results."""
     from rlm_workers.overnight.submit import cancel_overnight, status_of
 
-    return status_of(conn, found_or_404(lambda i: cancel_overnight(conn, tenant=tenant, batch_id=i), batch_id,
-                                        "batch"))
+    return status_of(conn, found_or_404(lambda i: cancel_overnight(conn, tenant=tenant, batch_id=i), batch_id, "batch"))
 
 
-@router.get("/{batch_id}/results", response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-ndjson": {}, "text/csv": {}},
-                             "description": 'One line per item: {"batch_id", "query", "buffer", "status", "result", '
-                                            '"item", "from_cache", "tokens", "error"}'}})
-def batch_results(batch_id: str, conn: ConnDep, tenant: TenantDep,
-                  format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl") -> StreamingResponse:
+@router.get(
+    "/{batch_id}/results",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/x-ndjson": {}, "text/csv": {}},
+            "description": 'One line per item: {"batch_id", "query", "buffer", "status", "result", '
+            '"item", "from_cache", "tokens", "error"}',
+        }
+    },
+)
+def batch_results(
+    batch_id: str,
+    conn: ConnDep,
+    tenant: TenantDep,
+    format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl",
+) -> StreamingResponse:
     """Every item in order, finished or not (``status`` tells), streamed from the database."""
     _batch_or_404(conn, tenant, batch_id)
 
@@ -140,5 +172,8 @@ def batch_results(batch_id: str, conn: ConnDep, tenant: TenantDep,
             yield from (iter_csv if format == "csv" else iter_jsonl)(c, batch_id)
 
     media = "text/csv" if format == "csv" else "application/x-ndjson"
-    return StreamingResponse(lines(), media_type=media,
-                             headers={"Content-Disposition": f'inline; filename="batch-{batch_id}.{format}"'})
+    return StreamingResponse(
+        lines(),
+        media_type=media,
+        headers={"Content-Disposition": f'inline; filename="batch-{batch_id}.{format}"'},
+    )

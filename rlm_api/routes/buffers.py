@@ -41,8 +41,16 @@ def _load(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> 
     settings = get_settings()
     conn = connect(settings)  # one transaction: a failed upload leaves the previous buffer intact
     try:
-        report = load_files(conn, tenant=tenant, buffer=opts.name, files=files, chunker=opts.chunker,
-                            chunk_size=opts.chunk_size, overlap=opts.overlap, settings=settings)
+        report = load_files(
+            conn,
+            tenant=tenant,
+            buffer=opts.name,
+            files=files,
+            chunker=opts.chunker,
+            chunk_size=opts.chunk_size,
+            overlap=opts.overlap,
+            settings=settings,
+        )
         conn.commit()
         info = buffer_info(conn, tenant=tenant, name=opts.name)
     finally:
@@ -102,10 +110,18 @@ def _inlined(schema: dict) -> dict:
     return sub(schema)
 
 
-_MULTIPART_SCHEMA = {"type": "object", "required": ["name", "files"], "properties": {
-    **{k: v for k, v in BufferOptions.model_json_schema()["properties"].items()},
-    "files": {"type": "array", "items": {"type": "string", "format": "binary"},
-              "description": "One part per file; its filename is the relative path inside the buffer."}}}
+_MULTIPART_SCHEMA = {
+    "type": "object",
+    "required": ["name", "files"],
+    "properties": {
+        **{k: v for k, v in BufferOptions.model_json_schema()["properties"].items()},
+        "files": {
+            "type": "array",
+            "items": {"type": "string", "format": "binary"},
+            "description": "One part per file; its filename is the relative path inside the buffer.",
+        },
+    },
+}
 
 
 def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> UploadAccepted:
@@ -121,8 +137,14 @@ def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) ->
     staged = [(name, data if isinstance(data, bytes) else _read(data)) for name, data in files]
     upload_id = uuid.uuid4().hex
     with connection() as conn:
-        create_upload(conn, upload_id=upload_id, tenant=tenant, buffer=opts.name, files=staged,
-                      options=opts.model_dump(include={"chunker", "chunk_size", "overlap"}))
+        create_upload(
+            conn,
+            upload_id=upload_id,
+            tenant=tenant,
+            buffer=opts.name,
+            files=staged,
+            options=opts.model_dump(include={"chunker", "chunk_size", "overlap"}),
+        )
     try:
         app.send_task("rlm.ingest", (upload_id,), argsrepr=f"upload={upload_id}")
     except Exception as exc:  # stored: the reconciler sends it once the broker is back
@@ -135,20 +157,42 @@ def _read(part: IO[bytes]) -> bytes:  # a spooled upload file
     return part.read()
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=LoadResponse,
-             responses={202: {"model": UploadAccepted, "description": "with wait=false: stored and queued for an "
-                                                                      "ingest worker; follow status_url"},
-                        422: {"description": "invalid body, buffer name or file name"},
-                        413: {"description": "body over RLM_MAX_REQUEST_BYTES"}},
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": _inlined(BufferCreate.model_json_schema())},
-                 "multipart/form-data": {"schema": _MULTIPART_SCHEMA}}}})
-async def create_buffer(request: Request, tenant: TenantDep,
-                        wait: Annotated[bool, Query(description=(
-                            "true (default): load in this request and answer 201 with the report.  false: store "
-                            "the files, answer 202 at once, and let an `rlm.ingest` worker load them (the API "
-                            "process never loads the embedding model); follow `status_url`."))] = True,
-                        ) -> LoadResponse | JSONResponse:
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=LoadResponse,
+    responses={
+        202: {
+            "model": UploadAccepted,
+            "description": "with wait=false: stored and queued for an ingest worker; follow status_url",
+        },
+        422: {"description": "invalid body, buffer name or file name"},
+        413: {"description": "body over RLM_MAX_REQUEST_BYTES"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _inlined(BufferCreate.model_json_schema())},
+                "multipart/form-data": {"schema": _MULTIPART_SCHEMA},
+            },
+        }
+    },
+)
+async def create_buffer(
+    request: Request,
+    tenant: TenantDep,
+    wait: Annotated[
+        bool,
+        Query(
+            description=(
+                "true (default): load in this request and answer 201 with the report.  false: store "
+                "the files, answer 202 at once, and let an `rlm.ingest` worker load them (the API "
+                "process never loads the embedding model); follow `status_url`."
+            )
+        ),
+    ] = True,
+) -> LoadResponse | JSONResponse:
     """Load documents into a buffer (created if new).
 
     Files already there with the same content and chunking are kept without re-embedding; files under an
@@ -161,8 +205,11 @@ async def create_buffer(request: Request, tenant: TenantDep,
         opts, files = body, [(d.path, d.text.encode("utf-8")) for d in body.documents]
     if not wait:
         accepted = await run_in_threadpool(_queue, tenant, opts, files)
-        return JSONResponse(accepted.model_dump(), status_code=status.HTTP_202_ACCEPTED,
-                            headers={"Location": accepted.status_url})
+        return JSONResponse(
+            accepted.model_dump(),
+            status_code=status.HTTP_202_ACCEPTED,
+            headers={"Location": accepted.status_url},
+        )
     # Writing, chunking and embedding are blocking: all of it runs in the threadpool.
     return await run_in_threadpool(_load, tenant, opts, files)
 

@@ -99,7 +99,7 @@ def _queue_depths(queues: Sequence[str]) -> list[tuple[dict[str, object], float]
     except Exception:  # the other metrics still render without the broker
         return []
     n = len(PRIORITY_STEPS)
-    return [({"queue": q}, sum(counts[i * n:(i + 1) * n])) for i, q in enumerate(queues)]
+    return [({"queue": q}, sum(counts[i * n : (i + 1) * n])) for i, q in enumerate(queues)]
 
 
 def render_metrics(conn: psycopg.Connection) -> str:
@@ -108,8 +108,13 @@ def render_metrics(conn: psycopg.Connection) -> str:
 
     lines: list[str] = []
 
-    def family(name: str, kind: str, help_: str, rows: list[tuple[dict[str, object], float]],
-               samples: list[tuple[str, dict[str, object], float]] = ()) -> None:
+    def family(
+        name: str,
+        kind: str,
+        help_: str,
+        rows: list[tuple[dict[str, object], float]],
+        samples: list[tuple[str, dict[str, object], float]] = (),
+    ) -> None:
         """One metric family; ``samples`` are (suffix, labels, value) for summaries' _sum/_count lines."""
         lines.append(f"# HELP {name} {help_}")
         lines.append(f"# TYPE {name} {kind}")
@@ -121,12 +126,21 @@ def render_metrics(conn: psycopg.Connection) -> str:
     family("rlm_jobs", "gauge", "Jobs by status.", [({"status": s}, n) for s, n in jobs])
     stages = metrics.stage_totals(conn)
     # A summary without quantiles: rate(_sum)/rate(_count) is the mean stage time over any window.
-    family("rlm_stage_seconds", "summary", "Wall time per pipeline stage, from jobs.timings.", [],
-           [("_sum", {"stage": k}, round(v, 4)) for k, v, _ in stages]
-           + [("_count", {"stage": k}, n) for k, _, n in stages])
+    family(
+        "rlm_stage_seconds",
+        "summary",
+        "Wall time per pipeline stage, from jobs.timings.",
+        [],
+        [("_sum", {"stage": k}, round(v, 4)) for k, v, _ in stages]
+        + [("_count", {"stage": k}, n) for k, _, n in stages],
+    )
     calls = metrics.call_totals(conn)
-    family("rlm_llm_calls_total", "counter", "LLM calls by model and status (ok, retried, error).",
-           [({"model": m, "status": st}, n) for m, st, n, _, _ in calls])
+    family(
+        "rlm_llm_calls_total",
+        "counter",
+        "LLM calls by model and status (ok, retried, error).",
+        [({"model": m, "status": st}, n) for m, st, n, _, _ in calls],
+    )
     # One series per label set: a model seen with several statuses is summed, never listed twice.
     tokens: dict[tuple[str, str], int] = {}
     errors: dict[str, int] = {}
@@ -135,10 +149,22 @@ def render_metrics(conn: psycopg.Connection) -> str:
         tokens[(model, "out")] = tokens.get((model, "out"), 0) + t_out
         if st != "ok":
             errors[model] = errors.get(model, 0) + n
-    family("rlm_llm_tokens_total", "counter", "LLM tokens (as reported by the provider) by model and direction.",
-           [({"model": m, "direction": d}, n) for (m, d), n in sorted(tokens.items())])
-    family("rlm_llm_errors_total", "counter", "Failed LLM calls (retried or final) by model.",
-           [({"model": m}, n) for m, n in sorted(errors.items())])
-    family("rlm_queue_depth", "gauge", "Messages waiting per Celery queue (all priority levels).",
-           _queue_depths(ALL_QUEUES))
+    family(
+        "rlm_llm_tokens_total",
+        "counter",
+        "LLM tokens (as reported by the provider) by model and direction.",
+        [({"model": m, "direction": d}, n) for (m, d), n in sorted(tokens.items())],
+    )
+    family(
+        "rlm_llm_errors_total",
+        "counter",
+        "Failed LLM calls (retried or final) by model.",
+        [({"model": m}, n) for m, n in sorted(errors.items())],
+    )
+    family(
+        "rlm_queue_depth",
+        "gauge",
+        "Messages waiting per Celery queue (all priority levels).",
+        _queue_depths(ALL_QUEUES),
+    )
     return "\n".join(lines) + "\n"

@@ -24,10 +24,14 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
     from rlm_workers.store.jobs import batch_progress
 
     done, total = batch_progress(conn, job_id=job.id)
-    return JobView(job_id=job.id, status=job.status, stage=job.stage,
-                   progress=Progress(batches_done=done, batches_total=total),
-                   result=QueryResult.model_validate(job.result) if job.result else None,
-                   error=ErrorBody.from_record(job.error))
+    return JobView(
+        job_id=job.id,
+        status=job.status,
+        stage=job.stage,
+        progress=Progress(batches_done=done, batches_total=total),
+        result=QueryResult.model_validate(job.result) if job.result else None,
+        error=ErrorBody.from_record(job.error),
+    )
 
 
 def _job_or_404(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
@@ -36,19 +40,43 @@ def _job_or_404(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
     return found_or_404(lambda i: get_job(conn, job_id=i, tenant=tenant), job_id, "query job")
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=QueryAccepted,
-             responses={404: {"description": "a named buffer does not exist for this tenant"},
-                        422: {"description": "invalid body: missing query, unknown option, query over 10 KB, …"}})
-def submit(body: QueryRequest, response: Response, conn: ConnDep, tenant: TenantDep,
-           idempotency_key: Annotated[str | None, Header(max_length=200, description=(
-               "Retrying with the same key (per tenant) returns the job the first request made, with the "
-               "same 202, instead of starting another.  The body of a replay is not compared: a different "
-               "query under a used key still answers with the first job."))] = None) -> QueryAccepted:
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=QueryAccepted,
+    responses={
+        404: {"description": "a named buffer does not exist for this tenant"},
+        422: {"description": "invalid body: missing query, unknown option, query over 10 KB, …"},
+    },
+)
+def submit(
+    body: QueryRequest,
+    response: Response,
+    conn: ConnDep,
+    tenant: TenantDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=200,
+            description=(
+                "Retrying with the same key (per tenant) returns the job the first request made, with the "
+                "same 202, instead of starting another.  The body of a replay is not compared: a different "
+                "query under a used key still answers with the first job."
+            ),
+        ),
+    ] = None,
+) -> QueryAccepted:
     """Queue a query; poll ``status_url`` (also the ``Location`` header) until its status is final."""
     from rlm_workers.submit import submit_query
 
-    job_id, _ = submit_query(conn, tenant=tenant, query=body.query, buffers=body.buffers,
-                             options=body.options.stored(), idempotency_key=idempotency_key)
+    job_id, _ = submit_query(
+        conn,
+        tenant=tenant,
+        query=body.query,
+        buffers=body.buffers,
+        options=body.options.stored(),
+        idempotency_key=idempotency_key,
+    )
     # Relative like the batches' URLs: right behind any proxy, whatever Host the client used.
     url = f"{router.prefix}/{job_id}"
     response.headers["Location"] = url

@@ -17,13 +17,24 @@ router = APIRouter(prefix="/v1/uploads", tags=["buffers"])
 
 def upload_view(up: UploadRow) -> UploadView:
     return UploadView(
-        upload_id=up.id, buffer=up.buffer, status=up.status, files=up.files, bytes=up.bytes, attempts=up.attempts,
-        created_at=up.created_at, finished_at=up.finished_at, report=up.report,
-        error=ErrorBody.from_record(up.error))
+        upload_id=up.id,
+        buffer=up.buffer,
+        status=up.status,
+        files=up.files,
+        bytes=up.bytes,
+        attempts=up.attempts,
+        created_at=up.created_at,
+        finished_at=up.finished_at,
+        report=up.report,
+        error=ErrorBody.from_record(up.error),
+    )
 
 
-@router.get("/{upload_id}", response_model=UploadView,
-            responses={404: {"description": "no such upload for this tenant"}})
+@router.get(
+    "/{upload_id}",
+    response_model=UploadView,
+    responses={404: {"description": "no such upload for this tenant"}},
+)
 def get_upload(upload_id: str, conn: ConnDep, tenant: TenantDep) -> UploadView:
     """``queued`` → ``running`` → ``done`` (with the loader's report) or ``failed`` (with the reason)."""
     from rlm_workers.store.uploads import get_upload as load

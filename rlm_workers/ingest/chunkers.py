@@ -41,18 +41,23 @@ class Chunk:
 def validate_chunk_params(chunker: str, chunk_size: int, overlap: int) -> None:
     if chunker not in CHUNKERS:
         raise ValueError(f"unknown chunker {chunker!r}: use one of {', '.join(CHUNKERS)}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not (
-            MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE):
-        raise ValueError(f"chunk size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE:,} characters "
-                         f"(got {chunk_size!r})")
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, int)
+        or not (MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE)
+    ):
+        raise ValueError(
+            f"chunk size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE:,} characters (got {chunk_size!r})"
+        )
     if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
         raise ValueError(f"overlap must be a whole number of characters, 0 or more (got {overlap!r})")
     if overlap >= chunk_size:
         raise ValueError(f"overlap ({overlap}) must be smaller than the chunk size ({chunk_size})")
 
 
-def chunk_text(text: str, *, path: str, chunker: str = "semantic", chunk_size: int = 3000,
-               overlap: int = 500) -> list[Chunk]:
+def chunk_text(
+    text: str, *, path: str, chunker: str = "semantic", chunk_size: int = 3000, overlap: int = 500
+) -> list[Chunk]:
     validate_chunk_params(chunker, chunk_size, overlap)
     if chunker == "fixed":
         spans = _fixed_spans(text, chunk_size, overlap)
@@ -65,6 +70,7 @@ def chunk_text(text: str, *, path: str, chunker: str = "semantic", chunk_size: i
 
 
 # --- spans → chunks -------------------------------------------------------------------------------
+
 
 class _Locator:
     """Char offset → line number and UTF-8 byte offset.
@@ -130,8 +136,15 @@ def _to_chunks(text: str, spans: list[tuple[int, int]]) -> list[Chunk]:
     out = []
     for s, e in kept:
         start_byte = loc.byte(s)
-        out.append(Chunk(text=text[s:e], start_line=loc.line(s), end_line=loc.line(e - 1),
-                         start_byte=start_byte, end_byte=loc.byte(e)))
+        out.append(
+            Chunk(
+                text=text[s:e],
+                start_line=loc.line(s),
+                end_line=loc.line(e - 1),
+                start_byte=start_byte,
+                end_byte=loc.byte(e),
+            )
+        )
     return out
 
 
@@ -178,12 +191,14 @@ def _regex_splitter(pattern: re.Pattern[str], step: int) -> Splitter:
     One unit per line or word would cost a tuple each on a 10 MB log or dump; runs of a few
     lines/words keep that fast and are still fine-grained enough for packing and overlap.
     """
+
     def split(text: str, s: int, e: int) -> list[int]:
         points, p = [], s
         while (m := pattern.search(text, p + step, e)) is not None and m.end() < e:
             points.append(m.end())
             p = m.end()
         return points
+
     return split
 
 
@@ -249,6 +264,7 @@ def _prose_splitters(size: int, overlap: int) -> list[Splitter]:
 
 # --- code -----------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Language:
     name: str
@@ -261,36 +277,62 @@ class Language:
 _C_COMMENT = re.compile(r"(?: ?(?://|/\*|\*))")
 _MODS_JAVA = r"(?:(?:public|private|protected|static|final|abstract|sealed|non-sealed|strictfp)\s+)*"
 _MODS_CS = r"(?:(?:public|private|protected|internal|static|sealed|abstract|partial|readonly|unsafe|file|new)\s+)*"
-_MODS_KT = (r"(?:(?:public|private|protected|internal|open|abstract|sealed|data|inline|value|enum|annotation|"
-            r"override|suspend|inner|companion|expect|actual|const)\s+)*")
+_MODS_KT = (
+    r"(?:(?:public|private|protected|internal|open|abstract|sealed|data|inline|value|enum|annotation|"
+    r"override|suspend|inner|companion|expect|actual|const)\s+)*"
+)
 
 
-def _lang(name: str, definition: str, comment: re.Pattern[str] = _C_COMMENT, decorator: str | None = None,
-          block_comments: bool = True) -> Language:
-    return Language(name, re.compile(definition, re.M), comment,
-                    re.compile(decorator) if decorator else None, block_comments)
+def _lang(
+    name: str,
+    definition: str,
+    comment: re.Pattern[str] = _C_COMMENT,
+    decorator: str | None = None,
+    block_comments: bool = True,
+) -> Language:
+    return Language(
+        name,
+        re.compile(definition, re.M),
+        comment,
+        re.compile(decorator) if decorator else None,
+        block_comments,
+    )
 
 
 _PY = _lang("python", r"^(?:async\s+def|def|class)\b", re.compile(r"#"), r"@", block_comments=False)
-_JS = _lang("javascript", r"^(?:export\b|(?:declare\s+)?(?:abstract\s+)?(?:async\s+)?"
-                          r"(?:function\b|class\b|interface\b|type\s|enum\b|const\b|let\b|var\b|namespace\b))",
-            decorator=r"@")
+_JS = _lang(
+    "javascript",
+    r"^(?:export\b|(?:declare\s+)?(?:abstract\s+)?(?:async\s+)?"
+    r"(?:function\b|class\b|interface\b|type\s|enum\b|const\b|let\b|var\b|namespace\b))",
+    decorator=r"@",
+)
 _LANGUAGES: dict[str, Language] = {
-    ".py": _PY, ".pyi": _PY,
+    ".py": _PY,
+    ".pyi": _PY,
     **dict.fromkeys((".js", ".jsx", ".mjs", ".cjs", ".ts", ".tsx", ".mts", ".cts"), _JS),
     ".go": _lang("go", r"^(?:func|type|var|const)\b"),
-    ".rs": _lang("rust", r"^(?:pub(?:\([^)]*\))?\s+)?(?:(?:unsafe|async|const|default|extern(?:\s+\"[^\"]*\")?)\s+)*"
-                         r"(?:fn|struct|enum|trait|impl|mod|type|const|static|union)\b|^macro_rules!",
-                 re.compile(r"(?: ?(?://|/\*|\*)|#!?\[)"), r"#!?\["),
+    ".rs": _lang(
+        "rust",
+        r"^(?:pub(?:\([^)]*\))?\s+)?(?:(?:unsafe|async|const|default|extern(?:\s+\"[^\"]*\")?)\s+)*"
+        r"(?:fn|struct|enum|trait|impl|mod|type|const|static|union)\b|^macro_rules!",
+        re.compile(r"(?: ?(?://|/\*|\*)|#!?\[)"),
+        r"#!?\[",
+    ),
     ".java": _lang("java", rf"^{_MODS_JAVA}(?:class|interface|enum|record|@interface)\b", decorator=r"@"),
-    ".cs": _lang("csharp", rf"^{_MODS_CS}(?:class|interface|struct|enum|record|delegate|namespace)\b",
-                 decorator=r"\["),
-    **dict.fromkeys((".kt", ".kts"), _lang(
-        "kotlin", rf"^{_MODS_KT}(?:fun|class|object|interface|typealias|val|var)\b", decorator=r"@")),
+    ".cs": _lang("csharp", rf"^{_MODS_CS}(?:class|interface|struct|enum|record|delegate|namespace)\b", decorator=r"\["),
+    **dict.fromkeys(
+        (".kt", ".kts"),
+        _lang("kotlin", rf"^{_MODS_KT}(?:fun|class|object|interface|typealias|val|var)\b", decorator=r"@"),
+    ),
     # C/C++: any zero-indent line that starts with a name (not a goto label) begins a declaration.
-    **dict.fromkeys((".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp", ".hxx"), _lang(
-        "c", r"^(?!(?:public|private|protected)\s*:)(?![A-Za-z_]\w*:\s*$)[A-Za-z_]|^#\s*define\b",
-        decorator=r"template\b")),
+    **dict.fromkeys(
+        (".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp", ".hxx"),
+        _lang(
+            "c",
+            r"^(?!(?:public|private|protected)\s*:)(?![A-Za-z_]\w*:\s*$)[A-Za-z_]|^#\s*define\b",
+            decorator=r"template\b",
+        ),
+    ),
 }
 _CONTINUATION = re.compile(r"[ \t)\]}]")  # inside a multi-line decorator: indented or a closing bracket
 _PROLOGUE_MAX_LINES = 200
@@ -314,7 +356,7 @@ def _prologue_start(text: str, line_start: int, lang: Language, floor: int) -> i
         prev = text.rfind("\n", 0, pos - 1) + 1
         if prev < floor:
             break
-        line = text[prev:pos - 1]
+        line = text[prev : pos - 1]
         if not line.strip():
             break
         if lang.decorator is not None and lang.decorator.match(line):

@@ -46,8 +46,11 @@ class Embedder:
     def __init__(self, model_id: str, model: SentenceTransformer) -> None:
         self.model_id = model_id
         self.model = model
-        self.dim: int = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
-                            else model.get_sentence_embedding_dimension())
+        self.dim: int = int(
+            model.get_embedding_dimension()
+            if hasattr(model, "get_embedding_dimension")
+            else model.get_sentence_embedding_dimension()
+        )
         # two special tokens ([CLS]/[SEP]) share the model's sequence budget
         self.window_tokens = max(16, int(model.max_seq_length) - 2)
         self.tokenizer = model.tokenizer
@@ -70,7 +73,7 @@ class Embedder:
         return out
 
     def window_texts(self, text: str) -> list[str]:
-        return [text[w.start:w.end] for w in self.windows(text)]
+        return [text[w.start : w.end] for w in self.windows(text)]
 
     # -- vectors ---------------------------------------------------------------
     def encode(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
@@ -79,7 +82,10 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         vecs = self.model.encode(
-            texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+            texts,
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
             show_progress_bar=False,
         )
         return vecs.astype(np.float32, copy=False)

@@ -32,8 +32,14 @@ def supports(model_dir: Path) -> bool:
         and cfg.get("position_embedding_type", "absolute") == "absolute"
         and cfg.get("hidden_act") == "gelu"
         and pooling.get("pooling_mode_mean_tokens") is True
-        and not any(pooling.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens",
-                                              "pooling_mode_mean_sqrt_len_tokens"))
+        and not any(
+            pooling.get(k)
+            for k in (
+                "pooling_mode_cls_token",
+                "pooling_mode_max_tokens",
+                "pooling_mode_mean_sqrt_len_tokens",
+            )
+        )
         and any(m.get("type", "").endswith("Normalize") for m in modules)
         and (model_dir / "model.safetensors").exists()
         and (model_dir / "tokenizer.json").exists()
@@ -72,8 +78,11 @@ class FastBertEncoder:
         torch, F, w = self._torch, self._torch.nn.functional, self.w
         t = torch.tensor([ids], dtype=torch.long)
         pos = torch.arange(len(ids)).unsqueeze(0)
-        x = (w["embeddings.word_embeddings.weight"][t] + w["embeddings.position_embeddings.weight"][pos]
-             + w["embeddings.token_type_embeddings.weight"][torch.zeros_like(t)])
+        x = (
+            w["embeddings.word_embeddings.weight"][t]
+            + w["embeddings.position_embeddings.weight"][pos]
+            + w["embeddings.token_type_embeddings.weight"][torch.zeros_like(t)]
+        )
         x = self._ln(x, "embeddings.LayerNorm")
         n, d = x.shape[1], x.shape[2]
         hd = d // self.heads
@@ -101,7 +110,7 @@ class FastBertEncoder:
         step, out = size - WINDOW_OVERLAP_TOKENS, []
         for first in range(0, n, step):
             last = min(first + size, n) - 1
-            out.append(text[offsets[first][0]:offsets[last][1]])
+            out.append(text[offsets[first][0] : offsets[last][1]])
             if last == n - 1:
                 break
         return out

@@ -15,10 +15,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Build outputs, caches and VCS metadata: large, generated, never what a question is about.
-SKIP_DIRS = frozenset({
-    ".git", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache", ".tox", ".idea", "dist", "build", ".eggs",
-})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        "node_modules",
+        ".venv",
+        "venv",
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+        ".idea",
+        "dist",
+        "build",
+        ".eggs",
+    }
+)
 
 BINARY_SNIFF_BYTES = 8192
 _BOM = b"\xef\xbb\xbf"
@@ -26,9 +39,12 @@ _BOM = b"\xef\xbb\xbf"
 _BINARY_MAGIC = (
     b"\x89PNG\r\n\x1a\n",  # PNG
     b"\xff\xd8\xff",  # JPEG
-    b"GIF87a", b"GIF89a",
+    b"GIF87a",
+    b"GIF89a",
     b"%PDF-",
-    b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08",  # zip and everything built on it (jar, docx, whl)
+    b"PK\x03\x04",
+    b"PK\x05\x06",
+    b"PK\x07\x08",  # zip and everything built on it (jar, docx, whl)
     b"\x1f\x8b",  # gzip
     b"\x7fELF",
     b"BZh91",  # bzip2 (with the usual block size, so plain text starting "BZh" is not caught)
@@ -144,7 +160,7 @@ def decode_text(data: bytes) -> tuple[str | None, str | None]:
     if looks_binary(data):
         return None, "binary"
     if data.startswith(_BOM):
-        data = data[len(_BOM):]
+        data = data[len(_BOM) :]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

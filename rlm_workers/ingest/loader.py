@@ -178,7 +178,11 @@ def load_paths(
         buf = store.lock_or_create_buffer(conn, tenant=tenant, name=buffer)
         table = ensure_embedding_table(conn, embedder.dim)
         same_params = (buf.chunker, buf.chunk_size, buf.chunk_overlap, buf.embedding_model) == (
-            chunker, chunk_size, overlap, embedder.model_id)
+            chunker,
+            chunk_size,
+            overlap,
+            embedder.model_id,
+        )
         existing = store.files_of(conn, buffer_id=buf.id)
         seen: set[str] = set()
         changed = False
@@ -201,8 +205,23 @@ def load_paths(
                     continue
                 changed = True
                 queued_before = len(windows)
-                n = _queue_file(conn, writer, file_ids, chunk_ids, windows, owners, buf.id, old, cand.rel_path,
-                                text, digest, chunker, chunk_size, overlap, embedder)
+                n = _queue_file(
+                    conn,
+                    writer,
+                    file_ids,
+                    chunk_ids,
+                    windows,
+                    owners,
+                    buf.id,
+                    old,
+                    cand.rel_path,
+                    text,
+                    digest,
+                    chunker,
+                    chunk_size,
+                    overlap,
+                    embedder,
+                )
                 report.files_loaded += 1
                 report.bytes_loaded += cand.size
                 report.chunks_written += n
@@ -221,8 +240,14 @@ def load_paths(
         if changed:
             store.renumber_ordinals(conn, buffer_id=buf.id)
         report.version = store.update_buffer_meta(
-            conn, buffer_id=buf.id, chunker=chunker, chunk_size=chunk_size, overlap=overlap,
-            embedding_model=embedder.model_id, embedding_dim=embedder.dim, bump=changed or buf.version == 0,
+            conn,
+            buffer_id=buf.id,
+            chunker=chunker,
+            chunk_size=chunk_size,
+            overlap=overlap,
+            embedding_model=embedder.model_id,
+            embedding_dim=embedder.dim,
+            bump=changed or buf.version == 0,
         )
     report.seconds = time.perf_counter() - t0
     return report
@@ -232,9 +257,23 @@ def _under(path: str, roots: list[tuple[str, bool]]) -> bool:
     return any(path.startswith(prefix) if is_dir else path == prefix for prefix, is_dir in roots)
 
 
-def _queue_file(conn: psycopg.Connection, writer: _Writer, file_ids: _Ids, chunk_ids: _Ids, windows: list[str],
-                owners: list[tuple[int, int]], buffer_id: int, old: store.FileRow | None, path: str, text: str,
-                digest: str, chunker: str, chunk_size: int, overlap: int, embedder: Embedder) -> int:
+def _queue_file(
+    conn: psycopg.Connection,
+    writer: _Writer,
+    file_ids: _Ids,
+    chunk_ids: _Ids,
+    windows: list[str],
+    owners: list[tuple[int, int]],
+    buffer_id: int,
+    old: store.FileRow | None,
+    path: str,
+    text: str,
+    digest: str,
+    chunker: str,
+    chunk_size: int,
+    overlap: int,
+    embedder: Embedder,
+) -> int:
     """Chunk one file, send its rows to the writer, and queue its windows for encoding."""
     chunks = chunk_text(text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
     file_id = file_ids.take(1)[0]
@@ -242,9 +281,24 @@ def _queue_file(conn: psycopg.Connection, writer: _Writer, file_ids: _Ids, chunk
     rows = []
     for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True)):
         terms = tokenize(ch.text)
-        rows.append((cid, buffer_id, file_id, 0, seq, path, ch.start_line, ch.end_line, ch.start_byte,
-                     ch.end_byte, ch.text, len(terms), hashlib.sha256(ch.text.encode()).hexdigest(),
-                     " ".join(terms)))
+        rows.append(
+            (
+                cid,
+                buffer_id,
+                file_id,
+                0,
+                seq,
+                path,
+                ch.start_line,
+                ch.end_line,
+                ch.start_byte,
+                ch.end_byte,
+                ch.text,
+                len(terms),
+                hashlib.sha256(ch.text.encode()).hexdigest(),
+                " ".join(terms),
+            )
+        )
         for w, piece in enumerate(embedder.window_texts(ch.text)):
             windows.append(piece)
             owners.append((cid, w))
@@ -253,16 +307,32 @@ def _queue_file(conn: psycopg.Connection, writer: _Writer, file_ids: _Ids, chunk
     def write() -> None:
         if old is not None:
             store.delete_files(conn, file_ids=[old.id])
-        store.insert_file(conn, file_id=file_id, buffer_id=buffer_id, path=path, content_hash=digest,
-                          size_bytes=size, chunk_count=len(chunks))
+        store.insert_file(
+            conn,
+            file_id=file_id,
+            buffer_id=buffer_id,
+            path=path,
+            content_hash=digest,
+            size_bytes=size,
+            chunk_count=len(chunks),
+        )
         store.copy_chunks(conn, rows)
 
     writer.submit(write)
     return len(chunks)
 
 
-def _embed(writer: _Writer, windows: list[str], owners: list[tuple[int, int]], n: int, embedder: Embedder,
-           table: str, buffer_id: int, report: LoadReport, progress: Progress) -> None:
+def _embed(
+    writer: _Writer,
+    windows: list[str],
+    owners: list[tuple[int, int]],
+    n: int,
+    embedder: Embedder,
+    table: str,
+    buffer_id: int,
+    report: LoadReport,
+    progress: Progress,
+) -> None:
     """Encode the first ``n`` queued windows and hand their rows to the writer."""
     if n <= 0:
         return

@@ -41,9 +41,16 @@ class ReembedReport:
     seconds: float = 0.0
 
 
-def reembed_buffer(conn: psycopg.Connection, *, tenant: str, name: str, embedder: Embedder | None = None,
-                   embed_batch_size: int = 64, force: bool = False,
-                   on_chunks: Callable[[int, int], None] | None = None) -> ReembedReport:
+def reembed_buffer(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    name: str,
+    embedder: Embedder | None = None,
+    embed_batch_size: int = 64,
+    force: bool = False,
+    on_chunks: Callable[[int, int], None] | None = None,
+) -> ReembedReport:
     """Replace every vector of the buffer with ``embedder``'s (the configured model by default).
 
     ``on_chunks(done, total)`` is told the progress.  The version is bumped: cached results keyed by the
@@ -86,15 +93,23 @@ def reembed_buffer(conn: psycopg.Connection, *, tenant: str, name: str, embedder
                     windows.append(piece)
                     owners.append((chunk_id, win))
             vecs = embedder.encode(windows, batch_size=embed_batch_size)
-            store.copy_embeddings(conn, table=table,
-                                  rows=[(cid, buf.id, win, vecs[i]) for i, (cid, win) in enumerate(owners)])
+            store.copy_embeddings(
+                conn, table=table, rows=[(cid, buf.id, win, vecs[i]) for i, (cid, win) in enumerate(owners)]
+            )
             report.chunks += len(rows)
             report.windows_embedded += len(windows)
             if on_chunks:
                 on_chunks(report.chunks, total)
         report.version = store.update_buffer_meta(
-            conn, buffer_id=buf.id, chunker=buf.chunker, chunk_size=buf.chunk_size, overlap=buf.chunk_overlap,
-            embedding_model=embedder.model_id, embedding_dim=embedder.dim, bump=True)
+            conn,
+            buffer_id=buf.id,
+            chunker=buf.chunker,
+            chunk_size=buf.chunk_size,
+            overlap=buf.chunk_overlap,
+            embedding_model=embedder.model_id,
+            embedding_dim=embedder.dim,
+            bump=True,
+        )
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -120,6 +135,14 @@ def run_embed(buffer_id: int) -> str:
         conn.close()
     if report.unchanged:
         return "unchanged"
-    log.info("buffer %s (%s) re-embedded with %s (was %s): %d chunks, %d windows, %.1fs", buf.name, buffer_id,
-             report.model, report.previous_model, report.chunks, report.windows_embedded, report.seconds)
+    log.info(
+        "buffer %s (%s) re-embedded with %s (was %s): %d chunks, %d windows, %.1fs",
+        buf.name,
+        buffer_id,
+        report.model,
+        report.previous_model,
+        report.chunks,
+        report.windows_embedded,
+        report.seconds,
+    )
     return "done"

@@ -62,8 +62,17 @@ def write_files(root: Path, files: list[tuple[str, bytes | BinaryIO]]) -> None:
                 shutil.copyfileobj(data, out)
 
 
-def load_files(conn: psycopg.Connection, *, tenant: str, buffer: str, files: list[tuple[str, bytes | BinaryIO]],
-               chunker: str, chunk_size: int, overlap: int, settings: Settings) -> LoadReport:
+def load_files(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    buffer: str,
+    files: list[tuple[str, bytes | BinaryIO]],
+    chunker: str,
+    chunk_size: int,
+    overlap: int,
+    settings: Settings,
+) -> LoadReport:
     """Load uploaded (name, data) pairs into a buffer as `rlm load` loads a directory; the caller commits.
 
     The embedder is the process-wide one (cached), loaded on the first load.
@@ -73,6 +82,14 @@ def load_files(conn: psycopg.Connection, *, tenant: str, buffer: str, files: lis
     with tempfile.TemporaryDirectory(prefix="rlm-upload-") as tmp:
         root = Path(tmp)
         write_files(root, files)
-        return load_paths(conn, buffer=buffer, paths=sorted(root.iterdir()), tenant=tenant, chunker=chunker,
-                          chunk_size=chunk_size, overlap=overlap, embed_batch_size=settings.embed_batch_size,
-                          max_file_bytes=settings.max_file_bytes)
+        return load_paths(
+            conn,
+            buffer=buffer,
+            paths=sorted(root.iterdir()),
+            tenant=tenant,
+            chunker=chunker,
+            chunk_size=chunk_size,
+            overlap=overlap,
+            embed_batch_size=settings.embed_batch_size,
+            max_file_bytes=settings.max_file_bytes,
+        )

@@ -44,12 +44,25 @@ def run_ingest(upload_id: str) -> str:
             if up.attempts > MAX_ATTEMPTS:
                 last = (up.error or {}).get("message", "no error recorded")
                 with status_conn.transaction():
-                    store.finish_upload(status_conn, upload_id=upload_id, status="failed", error={
-                        "type": "gave_up", "message": f"not loaded after {MAX_ATTEMPTS} attempts; last: {last}"})
+                    store.finish_upload(
+                        status_conn,
+                        upload_id=upload_id,
+                        status="failed",
+                        error={
+                            "type": "gave_up",
+                            "message": f"not loaded after {MAX_ATTEMPTS} attempts; last: {last}",
+                        },
+                    )
                 log.warning("upload %s failed after %d attempts", upload_id, MAX_ATTEMPTS)
                 return "failed"
-        log.info("upload %s: loading %d files (%d bytes) into buffer %s (attempt %d)", upload_id, up.files,
-                 up.bytes, up.buffer, up.attempts)
+        log.info(
+            "upload %s: loading %d files (%d bytes) into buffer %s (attempt %d)",
+            upload_id,
+            up.files,
+            up.bytes,
+            up.buffer,
+            up.attempts,
+        )
         try:
             report = _load(conn, up, settings)
         except RLMError as exc:
@@ -69,8 +82,13 @@ def run_ingest(upload_id: str) -> str:
             with connection() as status_conn:
                 store.note_error(status_conn, upload_id=upload_id, error=error_record(exc))
             raise
-        log.info("upload %s done: %d files loaded, %d unchanged, %d chunks", upload_id, report["files_loaded"],
-                 report["files_unchanged"], report["chunks_written"])
+        log.info(
+            "upload %s done: %d files loaded, %d unchanged, %d chunks",
+            upload_id,
+            report["files_loaded"],
+            report["files_unchanged"],
+            report["chunks_written"],
+        )
         return "done"
     finally:
         conn.close()  # also releases the advisory lock
@@ -80,9 +98,16 @@ def _load(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> 
     from .staging import load_files
 
     opts = up.options
-    report = load_files(conn, tenant=up.tenant, buffer=up.buffer, files=store.staged_files(conn, upload_id=up.id),
-                        chunker=opts.get("chunker", "semantic"), chunk_size=int(opts.get("chunk_size", 3000)),
-                        overlap=int(opts.get("overlap", 500)), settings=settings)
+    report = load_files(
+        conn,
+        tenant=up.tenant,
+        buffer=up.buffer,
+        files=store.staged_files(conn, upload_id=up.id),
+        chunker=opts.get("chunker", "semantic"),
+        chunk_size=int(opts.get("chunk_size", 3000)),
+        overlap=int(opts.get("overlap", 500)),
+        settings=settings,
+    )
     out = dataclasses.asdict(report)
     store.finish_upload(conn, upload_id=up.id, status="done", report=out)
     conn.commit()

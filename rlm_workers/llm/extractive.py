@@ -82,7 +82,10 @@ def _units(text: str) -> list[_Unit]:
         if not para:
             return
         body = [t for _, t in para]
-        code_like = any(t.startswith(("    ", "\t")) for t in body) or sum(bool(_CODEISH.search(t)) for t in body) > len(body) / 2
+        code_like = (
+            any(t.startswith(("    ", "\t")) for t in body)
+            or sum(bool(_CODEISH.search(t)) for t in body) > len(body) / 2
+        )
         if code_like or len(body) == 1 and len(body[0]) < 200:
             out.extend(_Unit(t.strip(), i) for i, t in para if t.strip())
         else:
@@ -166,12 +169,21 @@ def analyse_chunks(user_text: str) -> list[dict]:
         best = scored[0]
         grade = _grade(best[1], best[2])
         keep = [s for s in scored if s[0] >= max(0.15, best[0] * 0.5)][:MAX_QUOTES]
-        findings = [f"\"{_clip(s[3].text)}\" ({loc.rsplit(':', 1)[-1]}:{start + s[3].line})" for s in keep]
+        findings = [f'"{_clip(s[3].text)}" ({loc.rsplit(":", 1)[-1]}:{start + s[3].line})' for s in keep]
         matched = sorted({t for t in weights if any(t in set(tk) for tk in tokens[cid])})
-        summary = (f"Matches {len(matched)} of {len(weights)} query terms ({', '.join(matched[:8])}); "
-                   f"best passage at line {start + best[3].line}.")
-        out.append({"chunk_id": int(cid), "relevance": grade, "findings": findings, "summary": summary,
-                    "follow_up": []})
+        summary = (
+            f"Matches {len(matched)} of {len(weights)} query terms ({', '.join(matched[:8])}); "
+            f"best passage at line {start + best[3].line}."
+        )
+        out.append(
+            {
+                "chunk_id": int(cid),
+                "relevance": grade,
+                "findings": findings,
+                "summary": summary,
+                "follow_up": [],
+            }
+        )
     return out
 
 
@@ -200,8 +212,12 @@ def write_report(user_text: str) -> str:
 
     entries.sort(key=score, reverse=True)
     top = entries[0]
-    lines = ["## Answer", "",
-             f"The passage that best matches “{_clip(query, 200)}” is in chunk {top[0]} ({top[1]}):", ""]
+    lines = [
+        "## Answer",
+        "",
+        f"The passage that best matches “{_clip(query, 200)}” is in chunk {top[0]} ({top[1]}):",
+        "",
+    ]
     lines += [f"> {q}" for q in top[3][:1]] or ["> (no quotable passage)"]
     lines += ["", "## Evidence", ""]
     for cid, source, grade, quotes in entries[:20]:
@@ -211,9 +227,12 @@ def write_report(user_text: str) -> str:
         lines.append(f"- … and {len(entries) - 20} more chunks with findings")
     lines += ["", "## Sources", ""]
     lines += [f"- [chunk {cid}] {source} — {grade}" for cid, source, grade, _ in entries]
-    lines += ["", "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
-              "overlap with the question; no language model interpreted them. Set OPENAI_API_KEY (and "
-              "OPENAI_BASE_URL for a compatible server) for a written answer._"]
+    lines += [
+        "",
+        "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
+        "overlap with the question; no language model interpreted them. Set OPENAI_API_KEY (and "
+        "OPENAI_BASE_URL for a compatible server) for a written answer._",
+    ]
     return "\n".join(lines)
 
 

@@ -49,7 +49,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS[1] lease zset; ARGV: limit, lease_ms, lease id.  1 = acquired.
-_ACQUIRE_LUA = _LUA_NOW_MS + """
+_ACQUIRE_LUA = (
+    _LUA_NOW_MS
+    + """
 local key, limit, lease_ms = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 if redis.call('ZCARD', key) >= limit then return 0 end
@@ -58,9 +60,12 @@ redis.call('ZADD', key, now + lease_ms, ARGV[3])
 if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
 return 1
 """
+)
 
 # A lease that already expired is not revived: another holder may have its slot.
-_RENEW_LUA = _LUA_NOW_MS + """
+_RENEW_LUA = (
+    _LUA_NOW_MS
+    + """
 local key, lease_ms = KEYS[1], tonumber(ARGV[1])
 local score = redis.call('ZSCORE', key, ARGV[2])
 if not score or tonumber(score) <= now then
@@ -71,6 +76,7 @@ redis.call('ZADD', key, 'XX', now + lease_ms, ARGV[2])
 if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
 return 1
 """
+)
 
 
 #: Short, because the keeper renews live leases every third of it: a dead worker's slots come back
@@ -101,8 +107,14 @@ class Lease:
 class ConcurrencyLimiter:
     """At most ``limit`` leases on ``key`` at once, across every process sharing the Redis."""
 
-    def __init__(self, redis_client: Any, *, limit: int, key: str = constants.LIMITER_KEY_PREFIX + "inflight",
-                 lease_seconds: float = LEASE_SECONDS) -> None:
+    def __init__(
+        self,
+        redis_client: Any,
+        *,
+        limit: int,
+        key: str = constants.LIMITER_KEY_PREFIX + "inflight",
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         if lease_seconds <= 0:
@@ -166,8 +178,12 @@ class ConcurrencyLimiter:
                 self.release(lease)
             except ServiceUnavailable:
                 # The lease expires on its own; a Redis blip must not mask the call's outcome.
-                log.warning("could not release lease %s on %s; it expires in %.0fs",
-                            lease.id, lease.key, self.lease_seconds)
+                log.warning(
+                    "could not release lease %s on %s; it expires in %.0fs",
+                    lease.id,
+                    lease.key,
+                    self.lease_seconds,
+                )
 
 
 class _LeaseKeeper:
@@ -191,8 +207,11 @@ class _LeaseKeeper:
         while not self._stop.wait(interval):
             try:
                 if not self._limiter.renew(self._lease):
-                    log.warning("lease %s on %s expired before renewal; the limit may be briefly exceeded",
-                                self._lease.id, self._lease.key)
+                    log.warning(
+                        "lease %s on %s expired before renewal; the limit may be briefly exceeded",
+                        self._lease.id,
+                        self._lease.key,
+                    )
                     return
             except ServiceUnavailable as exc:
                 log.warning("lease renewal failed, will retry: %s", exc)
@@ -206,7 +225,9 @@ def limiter_from_settings(settings: Settings, redis_client: Any) -> ConcurrencyL
 # KEYS: log zset (entry id -> time), tokens hash (entry id -> tokens), running token total.
 # ARGV: rpm (0 = none), tpm (0 = none), estimated tokens, entry id, window ms.
 # Returns {0, entry id} when charged, else {wait_ms} until the oldest entry leaves the window.
-_CHARGE_LUA = _LUA_NOW_MS + """
+_CHARGE_LUA = (
+    _LUA_NOW_MS
+    + """
 local zlog, toks, total = KEYS[1], KEYS[2], KEYS[3]
 local rpm, tpm, est, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local cutoff = now - window
@@ -234,6 +255,7 @@ redis.call('INCRBY', total, est)
 for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, window * 2) end
 return {0, ARGV[4]}
 """
+)
 
 # KEYS as above; ARGV: entry id, actual tokens.  An entry that already left the
 # window is not re-added: the provider counted it when it was sent.
@@ -257,8 +279,15 @@ class Charge:
 class RateBudget:
     """Requests-per-minute and tokens-per-minute budgets over a sliding window."""
 
-    def __init__(self, redis_client: Any, *, rpm: int | None, tpm: int | None,
-                 key: str = constants.RATE_KEY_PREFIX + "default", window_seconds: float = 60.0) -> None:
+    def __init__(
+        self,
+        redis_client: Any,
+        *,
+        rpm: int | None,
+        tpm: int | None,
+        key: str = constants.RATE_KEY_PREFIX + "default",
+        window_seconds: float = 60.0,
+    ) -> None:
         self.redis = redis_client
         self.rpm = rpm or 0
         self.tpm = tpm or 0
@@ -278,8 +307,11 @@ class RateBudget:
         if not self.enabled:
             return Charge(None, est), 0.0
         entry = _owner_tag()
-        got = _redis_call(self._charge, keys=self._keys,
-                          args=[self.rpm, self.tpm, est, entry, int(self.window_seconds * 1000)])
+        got = _redis_call(
+            self._charge,
+            keys=self._keys,
+            args=[self.rpm, self.tpm, est, entry, int(self.window_seconds * 1000)],
+        )
         if int(got[0]) == 0:
             return Charge(entry, est), 0.0
         return None, int(got[0]) / 1000
@@ -308,15 +340,22 @@ class RateBudget:
 
     def used(self) -> tuple[int, int]:
         """(requests, tokens) in the current window, as of the last charge."""
-        return (int(_redis_call(self.redis.zcard, self._keys[0])),
-                int(_redis_call(self.redis.get, self._keys[2]) or 0))
+        return (
+            int(_redis_call(self.redis.zcard, self._keys[0])),
+            int(_redis_call(self.redis.get, self._keys[2]) or 0),
+        )
 
 
 class Limits:
     """What the provider goes through for every HTTP attempt: a global slot, then the rate budget."""
 
-    def __init__(self, concurrency: ConcurrencyLimiter | None = None, budget: RateBudget | None = None, *,
-                 acquire_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        concurrency: ConcurrencyLimiter | None = None,
+        budget: RateBudget | None = None,
+        *,
+        acquire_timeout: float | None = None,
+    ) -> None:
         self.concurrency = concurrency
         self.budget = budget if budget is not None and budget.enabled else None
         self.acquire_timeout = acquire_timeout
@@ -334,8 +373,9 @@ class Limits:
         goes out, so the window sees the request when the provider does; a call
         that never records keeps its (conservative) estimate.
         """
-        slot: AbstractContextManager[Any] = (self.concurrency.slot(self.acquire_timeout)
-                                             if self.concurrency else nullcontext())
+        slot: AbstractContextManager[Any] = (
+            self.concurrency.slot(self.acquire_timeout) if self.concurrency else nullcontext()
+        )
         with slot:
             charge = self.budget.wait_for_capacity(estimated_tokens, self.acquire_timeout) if self.budget else None
 

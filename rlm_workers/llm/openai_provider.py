@@ -94,8 +94,12 @@ class OpenAIProvider:
                         raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
                     import openai
 
-                    self._client = openai.OpenAI(api_key=self.settings.api_key, base_url=self.settings.base_url,
-                                                 timeout=self.settings.llm_timeout, max_retries=0)
+                    self._client = openai.OpenAI(
+                        api_key=self.settings.api_key,
+                        base_url=self.settings.base_url,
+                        timeout=self.settings.llm_timeout,
+                        max_retries=0,
+                    )
         return self._client
 
     # --- one logical call --------------------------------------------------
@@ -113,13 +117,20 @@ class OpenAIProvider:
                 response = self._send(client, params, estimate_tokens(request))
                 usage = _usage(response)
                 completion = _to_completion(response, request.model, usage)
-            except Exception as exc:  # noqa: BLE001 - classified below; anything unknown is re-raised
+            except Exception as exc:  # classified below; anything unknown is re-raised
                 latency = int((time.perf_counter() - t0) * 1000)
                 adapted = self._learn_unsupported(exc, request.model, params)
                 error, retry_after = self._classify(exc, request)
                 retry = adapted or (error.retryable and retries_left > 0)
-                attempts.append({"status": "retried" if retry else "error", "tokens_in": usage[0],
-                                 "tokens_out": usage[1], "latency_ms": latency, "error": error.message})
+                attempts.append(
+                    {
+                        "status": "retried" if retry else "error",
+                        "tokens_in": usage[0],
+                        "tokens_out": usage[1],
+                        "latency_ms": latency,
+                        "error": error.message,
+                    }
+                )
                 self._log(request, attempts[-1]["status"], usage, latency, error.message)
                 if adapted:
                     continue
@@ -156,8 +167,9 @@ class OpenAIProvider:
                 record(sum(_usage(response)))
                 return response
         except TimeoutError as exc:
-            raise LLMError(f"no global LLM slot free in time ({exc}); raise RLM_MAX_CONCURRENCY or wait",
-                           retryable=True) from exc
+            raise LLMError(
+                f"no global LLM slot free in time ({exc}); raise RLM_MAX_CONCURRENCY or wait", retryable=True
+            ) from exc
 
     def _learn_unsupported(self, exc: Exception, model: str, params: dict[str, Any]) -> bool:
         """On a 400 naming a parameter we can live without, drop it for this model; True if we did."""
@@ -182,11 +194,12 @@ class OpenAIProvider:
         if isinstance(exc, LLMError):
             return exc, None
         if isinstance(exc, openai.APITimeoutError):
-            return LLMError(f"{request.model} did not answer within {self.settings.llm_timeout:g}s "
-                            "(RLM_LLM_TIMEOUT)", retryable=True), None
+            return LLMError(
+                f"{request.model} did not answer within {self.settings.llm_timeout:g}s (RLM_LLM_TIMEOUT)",
+                retryable=True,
+            ), None
         if isinstance(exc, openai.APIConnectionError):
-            return LLMError(f"cannot connect to the LLM endpoint {where}: {exc.__cause__ or exc}",
-                            retryable=True), None
+            return LLMError(f"cannot connect to the LLM endpoint {where}: {exc.__cause__ or exc}", retryable=True), None
         if isinstance(exc, openai.APIStatusError):
             return _status_error(exc, request.model, where)
         if isinstance(exc, _BadResponse | json.JSONDecodeError | openai.APIResponseValidationError):
@@ -199,14 +212,34 @@ class OpenAIProvider:
         delay = min(self.BACKOFF_CAP, self.BACKOFF_BASE * 2**retry_no)
         return min(self.BACKOFF_CAP, delay * random.uniform(0.5, 1.5))
 
-    def _log(self, request: CompletionRequest, status: str, usage: tuple[int, int], latency_ms: int,
-             error: str | None) -> None:
+    def _log(
+        self,
+        request: CompletionRequest,
+        status: str,
+        usage: tuple[int, int],
+        latency_ms: int,
+        error: str | None,
+    ) -> None:
         level = logging.INFO if status == "ok" else logging.WARNING
-        log.log(level, "llm call model=%s role=%s status=%s tokens_in=%d tokens_out=%d latency_ms=%d%s",
-                request.model, request.role, status, usage[0], usage[1], latency_ms,
-                f" error={error}" if error else "",
-                extra={"llm_model": request.model, "llm_role": request.role, "llm_status": status,
-                       "llm_tokens_in": usage[0], "llm_tokens_out": usage[1], "llm_latency_ms": latency_ms})
+        log.log(
+            level,
+            "llm call model=%s role=%s status=%s tokens_in=%d tokens_out=%d latency_ms=%d%s",
+            request.model,
+            request.role,
+            status,
+            usage[0],
+            usage[1],
+            latency_ms,
+            f" error={error}" if error else "",
+            extra={
+                "llm_model": request.model,
+                "llm_role": request.role,
+                "llm_status": status,
+                "llm_tokens_in": usage[0],
+                "llm_tokens_out": usage[1],
+                "llm_latency_ms": latency_ms,
+            },
+        )
 
 
 def _status_error(exc: openai.APIStatusError, model: str, where: str) -> tuple[LLMError, float | None]:
@@ -215,8 +248,10 @@ def _status_error(exc: openai.APIStatusError, model: str, where: str) -> tuple[L
     detail = (exc.message or "").strip()
     if status == 429:
         if "insufficient_quota" in (exc.code or "", exc.type or ""):
-            return QuotaExhausted(f"the API key's quota is exhausted (429 insufficient_quota): check the "
-                                  f"account's billing and limits; waiting will not help. {detail}"), None
+            return QuotaExhausted(
+                f"the API key's quota is exhausted (429 insufficient_quota): check the "
+                f"account's billing and limits; waiting will not help. {detail}"
+            ), None
         return RateLimited(f"rate limited by {where} (429): {detail}", retry_after=retry_after), retry_after
     if status >= 500 or status == 408:
         return LLMError(f"{where} answered {status}: {detail}", retryable=True), retry_after
@@ -240,11 +275,22 @@ def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Complet
     if not choices or getattr(choices[0], "message", None) is None:
         raise _BadResponse(f"no choices in the response: {str(response)[:200]}")
     message = choices[0].message
-    tool_calls = [ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
-                  for tc in (message.tool_calls or []) if getattr(tc, "function", None) is not None]
+    tool_calls = [
+        ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
+        for tc in (message.tool_calls or [])
+        if getattr(tc, "function", None) is not None
+    ]
     raw: dict[str, Any] = {"role": "assistant", "content": message.content}
     if tool_calls:
-        raw["tool_calls"] = [{"id": tc.id, "type": "function",
-                              "function": {"name": tc.name, "arguments": tc.arguments}} for tc in tool_calls]
-    return Completion(text=message.content or "", model=getattr(response, "model", None) or model,
-                      tokens_in=usage[0], tokens_out=usage[1], tool_calls=tool_calls, raw_message=raw)
+        raw["tool_calls"] = [
+            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+            for tc in tool_calls
+        ]
+    return Completion(
+        text=message.content or "",
+        model=getattr(response, "model", None) or model,
+        tokens_in=usage[0],
+        tokens_out=usage[1],
+        tool_calls=tool_calls,
+        raw_message=raw,
+    )

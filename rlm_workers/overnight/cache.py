@@ -30,21 +30,35 @@ def fingerprint(settings: Settings) -> str:
         except (OSError, FileNotFoundError):
             prompts[name] = None
     online = not settings.offline
-    return _sha({
-        "v": CACHE_VERSION,
-        "provider": provider_name(settings),
-        "base_url": settings.base_url if online else None,
-        "models": [settings.primary_model, settings.subcall_model, settings.synthesizer_model] if online else [],
-        "defaults": {"batch_size": settings.batch_size, "top_k": settings.search_top_k,
-                     "threshold": settings.threshold, "finding_threshold": settings.finding_threshold},
-        "embedding_model": settings.embedding_model,
-        "prompts": prompts,
-    })
+    return _sha(
+        {
+            "v": CACHE_VERSION,
+            "provider": provider_name(settings),
+            "base_url": settings.base_url if online else None,
+            "models": [settings.primary_model, settings.subcall_model, settings.synthesizer_model] if online else [],
+            "defaults": {
+                "batch_size": settings.batch_size,
+                "top_k": settings.search_top_k,
+                "threshold": settings.threshold,
+                "finding_threshold": settings.finding_threshold,
+            },
+            "embedding_model": settings.embedding_model,
+            "prompts": prompts,
+        }
+    )
 
 
 def cache_key(*, tenant: str, query: str, buffer: str, version: int, options: dict[str, Any], fp: str) -> str:
-    return _sha({"tenant": tenant, "query": query, "buffer": buffer, "version": int(version),
-                 "options": options, "fp": fp})
+    return _sha(
+        {
+            "tenant": tenant,
+            "query": query,
+            "buffer": buffer,
+            "version": int(version),
+            "options": options,
+            "fp": fp,
+        }
+    )
 
 
 def cacheable(result: dict[str, Any] | None) -> bool:

@@ -105,13 +105,16 @@ def commit(conn: psycopg.Connection) -> None:
         conn.commit()
 
 
-def _send(name: str, args: tuple, *, countdown: float | None = None, priority: int | None = None,
-          argsrepr: str) -> None:
+def _send(
+    name: str, args: tuple, *, countdown: float | None = None, priority: int | None = None, argsrepr: str
+) -> None:
     """Send by name through our app (shared tasks bind to Celery's default app outside workers)."""
     from ..celery_app import app
 
-    opts: dict[str, Any] = {"argsrepr": argsrepr,
-                            "retry_policy": {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5}}
+    opts: dict[str, Any] = {
+        "argsrepr": argsrepr,
+        "retry_policy": {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+    }
     if countdown:
         opts["countdown"] = countdown
     if priority is not None:
@@ -143,8 +146,14 @@ class TickResult:
     actions: list[str] = field(default_factory=list)
 
 
-def tick_overnight(conn: psycopg.Connection, batch_id: str, token: str | None = None, *,
-                   settings: Settings | None = None, epoch: str | None = _UNSET) -> TickResult:
+def tick_overnight(
+    conn: psycopg.Connection,
+    batch_id: str,
+    token: str | None = None,
+    *,
+    settings: Settings | None = None,
+    epoch: str | None = _UNSET,
+) -> TickResult:
     """One step of a batch, in one transaction holding its row.  Sends nothing (see ``run_tick``)."""
     settings = settings or get_settings()
     if epoch is _UNSET:
@@ -157,8 +166,9 @@ def tick_overnight(conn: psycopg.Connection, batch_id: str, token: str | None = 
     return result
 
 
-def _tick_locked(conn: psycopg.Connection, batch_id: str, token: str | None, settings: Settings,
-                 epoch: str | None) -> TickResult:
+def _tick_locked(
+    conn: psycopg.Connection, batch_id: str, token: str | None, settings: Settings, epoch: str | None
+) -> TickResult:
     b = store.lock_overnight(conn, batch_id=batch_id)
     if b is None:
         return TickResult("busy" if store.overnight_exists(conn, batch_id=batch_id) else "missing")
@@ -178,14 +188,23 @@ def _tick_locked(conn: psycopg.Connection, batch_id: str, token: str | None, set
     # cache hits cost nothing: they are served even once the budget is spent
     _schedule(conn, b, settings, epoch, res, submit=within_budget)
     if not within_budget:
-        n = store.close_pending(conn, batch_id=b.id, status="skipped", error={
-            "type": "token_budget",
-            "message": f"the batch's token budget ({b.token_budget}) was spent ({spent} tokens) before this item ran"})
+        n = store.close_pending(
+            conn,
+            batch_id=b.id,
+            status="skipped",
+            error={
+                "type": "token_budget",
+                "message": f"the batch's token budget ({b.token_budget}) was spent ({spent} tokens) "
+                "before this item ran",
+            },
+        )
         if n:
             res.actions.append(f"token budget {b.token_budget} spent ({spent}): {n} items skipped")
             log.info("batch %s: token budget %s spent (%d): %d items skipped", b.id, b.token_budget, spent, n)
-    if store.count_status(conn, batch_id=b.id, status="pending") == 0 and \
-            store.count_status(conn, batch_id=b.id, status="running") == 0:
+    if (
+        store.count_status(conn, batch_id=b.id, status="pending") == 0
+        and store.count_status(conn, batch_id=b.id, status="running") == 0
+    ):
         store.finish_overnight(conn, batch_id=b.id)
         log.info("batch %s done", b.id)
         res.status = "done"
@@ -193,8 +212,7 @@ def _tick_locked(conn: psycopg.Connection, batch_id: str, token: str | None, set
     return _rearm(conn, b, owner, settings.batch_tick_seconds, res)
 
 
-def _rearm(conn: psycopg.Connection, b: store.OvernightRow, owner: bool, wait: float,
-           res: TickResult) -> TickResult:
+def _rearm(conn: psycopg.Connection, b: store.OvernightRow, owner: bool, wait: float, res: TickResult) -> TickResult:
     if owner:
         res.next_token, res.next_in = uuid.uuid4().hex, max(0.0, wait)
         store.mark_ticked(conn, batch_id=b.id, next_in=res.next_in, token=res.next_token)
@@ -206,19 +224,34 @@ def _rearm(conn: psycopg.Connection, b: store.OvernightRow, owner: bool, wait: f
 def _fold(conn: psycopg.Connection, b: store.OvernightRow, res: TickResult) -> None:
     for f in store.finished_jobs(conn, batch_id=b.id):
         if f.job_status == JobStatus.done.value:
-            store.finish_item(conn, batch_id=b.id, item_no=f.item_no, status="done", result=f.result, error=None,
-                              tokens=f.tokens)
+            store.finish_item(
+                conn,
+                batch_id=b.id,
+                item_no=f.item_no,
+                status="done",
+                result=f.result,
+                error=None,
+                tokens=f.tokens,
+            )
             if f.cache_key and cacheable(f.result):
                 store.cache_put(conn, tenant=b.tenant, key=f.cache_key, result=f.result)
         else:
             status = "failed" if f.job_status == JobStatus.failed.value else "cancelled"
             error = f.error or {"type": status, "message": f"the job ended {f.job_status}"}
-            store.finish_item(conn, batch_id=b.id, item_no=f.item_no, status=status, result=f.result, error=error,
-                              tokens=f.tokens)
+            store.finish_item(
+                conn,
+                batch_id=b.id,
+                item_no=f.item_no,
+                status=status,
+                result=f.result,
+                error=error,
+                tokens=f.tokens,
+            )
 
 
-def _recover(conn: psycopg.Connection, b: store.OvernightRow, settings: Settings, epoch: str | None,
-             res: TickResult) -> None:
+def _recover(
+    conn: psycopg.Connection, b: store.OvernightRow, settings: Settings, epoch: str | None, res: TickResult
+) -> None:
     stall = stall_seconds(settings)
     for f in store.in_flight(conn, batch_id=b.id):
         if f.job_id is None or f.job_status is None:
@@ -230,12 +263,25 @@ def _recover(conn: psycopg.Connection, b: store.OvernightRow, settings: Settings
         else:
             continue
         if f.job_id and f.job_status:
-            job_store.finish_job(conn, job_id=f.job_id, status=JobStatus.cancelled,
-                                 error={"type": "lost", "message": f"abandoned by batch {b.id}: {reason}"})
+            job_store.finish_job(
+                conn,
+                job_id=f.job_id,
+                status=JobStatus.cancelled,
+                error={"type": "lost", "message": f"abandoned by batch {b.id}: {reason}"},
+            )
         if f.attempts + 1 >= MAX_ATTEMPTS:
-            store.finish_item(conn, batch_id=b.id, item_no=f.item_no, status="failed", result=None, tokens=f.tokens,
-                              error={"type": "lost", "message": f"job lost {f.attempts + 1} times; last: {reason}"})
-            line = f"batch {b.id} item {f.item_no}: job {f.job_id} lost ({reason}); failed after {f.attempts + 1} attempts"
+            store.finish_item(
+                conn,
+                batch_id=b.id,
+                item_no=f.item_no,
+                status="failed",
+                result=None,
+                tokens=f.tokens,
+                error={"type": "lost", "message": f"job lost {f.attempts + 1} times; last: {reason}"},
+            )
+            line = (
+                f"batch {b.id} item {f.item_no}: job {f.job_id} lost ({reason}); failed after {f.attempts + 1} attempts"
+            )
         else:
             store.requeue_item(conn, batch_id=b.id, item_no=f.item_no, tokens=f.tokens)
             line = f"batch {b.id} item {f.item_no}: job {f.job_id} lost ({reason}); resubmitting"
@@ -243,8 +289,15 @@ def _recover(conn: psycopg.Connection, b: store.OvernightRow, settings: Settings
         res.actions.append(line)
 
 
-def _schedule(conn: psycopg.Connection, b: store.OvernightRow, settings: Settings, epoch: str | None,
-              res: TickResult, *, submit: bool) -> None:
+def _schedule(
+    conn: psycopg.Connection,
+    b: store.OvernightRow,
+    settings: Settings,
+    epoch: str | None,
+    res: TickResult,
+    *,
+    submit: bool,
+) -> None:
     """Serve pending items from the cache; submit up to the free slots (when ``submit``)."""
     from ..errors import BufferNotFound
 
@@ -261,40 +314,65 @@ def _schedule(conn: psycopg.Connection, b: store.OvernightRow, settings: Setting
         unknown = {buf for _, _, buf in window} - versions.keys()
         if unknown:
             versions.update(store.buffer_versions(conn, tenant=b.tenant, names=sorted(unknown)))
-        keys = {no: cache_key(tenant=b.tenant, query=q, buffer=buf, version=versions[buf], options=b.options, fp=fp)
-                for no, q, buf in window if buf in versions}
+        keys = {
+            no: cache_key(tenant=b.tenant, query=q, buffer=buf, version=versions[buf], options=b.options, fp=fp)
+            for no, q, buf in window
+            if buf in versions
+        }
         hits = store.cache_get(conn, tenant=b.tenant, keys=list(keys.values()))
         for no, q, buf in window:
             key = keys.get(no)
             if key is None:
-                store.finish_item(conn, batch_id=b.id, item_no=no, status="failed", result=None,
-                                  error=BufferNotFound(buf).to_dict())
+                store.finish_item(
+                    conn,
+                    batch_id=b.id,
+                    item_no=no,
+                    status="failed",
+                    result=None,
+                    error=BufferNotFound(buf).to_dict(),
+                )
             elif key in hits:
-                store.finish_item(conn, batch_id=b.id, item_no=no, status="done", result=hits[key], error=None,
-                                  from_cache=True, cache_key=key)
+                store.finish_item(
+                    conn,
+                    batch_id=b.id,
+                    item_no=no,
+                    status="done",
+                    result=hits[key],
+                    error=None,
+                    from_cache=True,
+                    cache_key=key,
+                )
             elif slots > 0:
                 job_id = uuid.uuid4().hex
                 job_store.create_job(conn, job_id=job_id, tenant=b.tenant, query=q, buffers=[buf], options=b.options)
-                store.mark_submitted(conn, batch_id=b.id, item_no=no, job_id=job_id, cache_key=key,
-                                     broker_epoch=epoch)
+                store.mark_submitted(conn, batch_id=b.id, item_no=no, job_id=job_id, cache_key=key, broker_epoch=epoch)
                 res.to_send.append((job_id, no))
                 slots -= 1
         if slots <= 0 and not hits:
             return  # nothing more this tick: the rest waits for a free slot
 
 
-def run_tick(conn: psycopg.Connection, batch_id: str, token: str | None = None, *,
-             settings: Settings | None = None) -> TickResult:
+def run_tick(
+    conn: psycopg.Connection, batch_id: str, token: str | None = None, *, settings: Settings | None = None
+) -> TickResult:
     """``tick_overnight`` and then what it decided: send the new jobs, re-arm the chain."""
     res = tick_overnight(conn, batch_id, token, settings=settings)
     unsent: list[tuple[str, int]] = []
     for i, (job_id, item_no) in enumerate(res.to_send):
         try:
-            _send("rlm.plan", (job_id,), priority=broker_priority(res.priority),
-                  argsrepr=f"job={job_id} batch={batch_id} item={item_no}")
+            _send(
+                "rlm.plan",
+                (job_id,),
+                priority=broker_priority(res.priority),
+                argsrepr=f"job={job_id} batch={batch_id} item={item_no}",
+            )
         except Exception as exc:  # broker gone: give the items back, the next tick retries
-            log.warning("batch %s: could not enqueue %d jobs (%s); they go back to pending", batch_id,
-                        len(res.to_send) - i, exc)
+            log.warning(
+                "batch %s: could not enqueue %d jobs (%s); they go back to pending",
+                batch_id,
+                len(res.to_send) - i,
+                exc,
+            )
             unsent = res.to_send[i:]
             break
     if unsent:
@@ -307,8 +385,12 @@ def run_tick(conn: psycopg.Connection, batch_id: str, token: str | None = None, 
 def _release(conn: psycopg.Connection, batch_id: str, unsent: Sequence[tuple[str, int]]) -> None:
     with conn.transaction():
         for job_id, item_no in unsent:
-            job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled,
-                                 error={"type": "lost", "message": "could not be enqueued (broker unavailable)"})
+            job_store.finish_job(
+                conn,
+                job_id=job_id,
+                status=JobStatus.cancelled,
+                error={"type": "lost", "message": "could not be enqueued (broker unavailable)"},
+            )
             store.release_item(conn, batch_id=batch_id, item_no=item_no, job_id=job_id)
     commit(conn)
 
@@ -324,8 +406,25 @@ def reconcile_overnight(conn: psycopg.Connection, *, settings: Settings) -> list
     actions = []
     for batch_id, token in claimed:
         sent = send_tick(batch_id, token)
-        line = f"batch {batch_id}: tick overdue by more than {reconcile_grace(settings):.0f}s; " + \
-               ("re-armed" if sent else "re-arm failed (broker unavailable), will retry")
+        line = f"batch {batch_id}: tick overdue by more than {reconcile_grace(settings):.0f}s; " + (
+            "re-armed" if sent else "re-arm failed (broker unavailable), will retry"
+        )
         log.warning("reconcile: %s", line)
         actions.append(line)
     return actions
+
+
+def advance(batch_id: str, token: str | None = None) -> str:
+    """What the ``rlm.batch.tick`` task does: one tick on a pooled connection; returns its status."""
+    from ..store.db import connection
+
+    with connection() as conn:
+        return run_tick(conn, batch_id, token).status
+
+
+def sweep() -> int:
+    """What the ``rlm.batch.reconcile`` task does (for celery beat users); returns how many chains restarted."""
+    from ..store.db import connection
+
+    with connection() as conn:
+        return len(reconcile_overnight(conn, settings=get_settings()))

@@ -78,10 +78,19 @@ def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[st
     return out
 
 
-def submit_overnight(conn: psycopg.Connection, *, tenant: str, queries: Sequence[str], buffers: Sequence[str] = (),
-                     buffers_glob: str | None = None, options: dict[str, Any] | None = None,
-                     run_at: datetime | None = None, priority: int = PRIORITY_DEFAULT,
-                     token_budget: int | None = None, idempotency_key: str | None = None) -> tuple[str, bool]:
+def submit_overnight(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    queries: Sequence[str],
+    buffers: Sequence[str] = (),
+    buffers_glob: str | None = None,
+    options: dict[str, Any] | None = None,
+    run_at: datetime | None = None,
+    priority: int = PRIORITY_DEFAULT,
+    token_budget: int | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[str, bool]:
     """Validate and store a batch, then send its first tick.  Returns (batch id, created now).
 
     Nothing is written when anything is invalid.  A broker that cannot be reached does not fail the
@@ -97,12 +106,14 @@ def submit_overnight(conn: psycopg.Connection, *, tenant: str, queries: Sequence
     clean = validate_options(dict(options or {}))
     n_items = len(clean_queries) * len(names)
     if n_items > MAX_ITEMS:
-        raise InvalidInput(f"{len(clean_queries)} queries × {len(names)} buffers = {n_items} items; "
-                           f"the limit is {MAX_ITEMS} per batch")
+        raise InvalidInput(
+            f"{len(clean_queries)} queries × {len(names)} buffers = {n_items} items; the limit is {MAX_ITEMS} per batch"
+        )
     if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise InvalidInput(f"invalid priority {priority!r}: use {PRIORITY_MIN} (soonest) to {PRIORITY_MAX}")
-    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, int)
-                                     or token_budget < 1):
+    if token_budget is not None and (
+        isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1
+    ):
         raise InvalidInput(f"invalid token budget {token_budget!r}: a positive number of tokens")
     if run_at is not None and run_at.tzinfo is None:
         raise InvalidInput("run_at needs a time zone (e.g. 2030-01-01T02:00:00+00:00)")
@@ -110,13 +121,30 @@ def submit_overnight(conn: psycopg.Connection, *, tenant: str, queries: Sequence
         raise InvalidInput("an idempotency key is 1-200 characters")
     token = uuid.uuid4().hex
     batch_id, created = store.create_overnight(
-        conn, batch_id=uuid.uuid4().hex, tenant=tenant, queries=clean_queries, buffers=names, options=clean,
-        run_at=run_at, priority=priority, token_budget=token_budget, tick_token=token,
-        idempotency_key=idempotency_key)
+        conn,
+        batch_id=uuid.uuid4().hex,
+        tenant=tenant,
+        queries=clean_queries,
+        buffers=names,
+        options=clean,
+        run_at=run_at,
+        priority=priority,
+        token_budget=token_budget,
+        tick_token=token,
+        idempotency_key=idempotency_key,
+    )
     commit(conn)
     if created:
-        log.info("batch %s: %d queries × %d buffers = %d items, run_at=%s, priority=%d, budget=%s", batch_id,
-                 len(clean_queries), len(names), n_items, run_at, priority, token_budget)
+        log.info(
+            "batch %s: %d queries × %d buffers = %d items, run_at=%s, priority=%d, budget=%s",
+            batch_id,
+            len(clean_queries),
+            len(names),
+            n_items,
+            run_at,
+            priority,
+            token_budget,
+        )
         send_tick(batch_id, token)
     return batch_id, created
 
@@ -129,8 +157,12 @@ def cancel_overnight(conn: psycopg.Connection, *, tenant: str, batch_id: str) ->
             return None
         if status in store.OPEN:
             for job_id in store.mark_cancelled(conn, batch_id=batch_id):
-                job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled,
-                                     error={"type": "cancelled", "message": f"batch {batch_id} was cancelled"})
+                job_store.finish_job(
+                    conn,
+                    job_id=job_id,
+                    status=JobStatus.cancelled,
+                    error={"type": "cancelled", "message": f"batch {batch_id} was cancelled"},
+                )
             log.info("batch %s cancelled", batch_id)
     commit(conn)
     return store.get_overnight(conn, batch_id=batch_id, tenant=tenant)
@@ -140,8 +172,7 @@ def _iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts is not None else None
 
 
-def status_of(conn: psycopg.Connection, batch: store.OvernightRow,
-              settings: Settings | None = None) -> dict[str, Any]:
+def status_of(conn: psycopg.Connection, batch: store.OvernightRow, settings: Settings | None = None) -> dict[str, Any]:
     """Progress as the API and ``rlm batch status`` show it."""
     settings = settings or get_settings()
     p = store.progress(conn, batch_id=batch.id)
@@ -154,24 +185,52 @@ def status_of(conn: psycopg.Connection, batch: store.OvernightRow,
         rounds = math.ceil(remaining / max(1, settings.batch_parallel))
         eta = round(wait + rounds * p.mean_item_seconds, 1)
     return {
-        "batch_id": batch.id, "status": batch.status, "total": p.total, "counts": p.counts,
-        "from_cache": p.from_cache, "tokens_spent": store.tokens_spent(conn, batch_id=batch.id),
-        "token_budget": batch.token_budget, "priority": batch.priority, "options": batch.options,
-        "run_at": _iso(batch.run_at), "created_at": _iso(batch.created_at), "started_at": _iso(batch.started_at),
-        "finished_at": _iso(batch.finished_at), "last_tick_at": _iso(batch.last_tick_at),
+        "batch_id": batch.id,
+        "status": batch.status,
+        "total": p.total,
+        "counts": p.counts,
+        "from_cache": p.from_cache,
+        "tokens_spent": store.tokens_spent(conn, batch_id=batch.id),
+        "token_budget": batch.token_budget,
+        "priority": batch.priority,
+        "options": batch.options,
+        "run_at": _iso(batch.run_at),
+        "created_at": _iso(batch.created_at),
+        "started_at": _iso(batch.started_at),
+        "finished_at": _iso(batch.finished_at),
+        "last_tick_at": _iso(batch.last_tick_at),
         "eta_seconds": eta,
     }
 
 
 def result_line(batch_id: str, item: store.ItemRow) -> dict[str, Any]:
-    """One JSONL line: the keys of docs/contract.md#batch-results (batch_id, query, buffer, status, result) plus item bookkeeping."""
-    return {"batch_id": batch_id, "query": item.query, "buffer": item.buffer, "status": item.status,
-            "result": item.result, "item": item.item_no, "from_cache": item.from_cache, "tokens": item.tokens,
-            "error": item.error}
+    """One JSONL line: the keys of docs/contract.md#batch-results (batch_id, query, buffer, status, result)
+    plus item bookkeeping."""
+    return {
+        "batch_id": batch_id,
+        "query": item.query,
+        "buffer": item.buffer,
+        "status": item.status,
+        "result": item.result,
+        "item": item.item_no,
+        "from_cache": item.from_cache,
+        "tokens": item.tokens,
+        "error": item.error,
+    }
 
 
-CSV_COLUMNS = ("batch_id", "item", "query", "buffer", "status", "from_cache", "tokens", "response", "sources",
-               "error")
+CSV_COLUMNS = (
+    "batch_id",
+    "item",
+    "query",
+    "buffer",
+    "status",
+    "from_cache",
+    "tokens",
+    "response",
+    "sources",
+    "error",
+)
 
 
 def iter_jsonl(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
@@ -193,9 +252,23 @@ def iter_csv(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
     yield flush()
     for item in store.iter_items(conn, batch_id=batch_id):
         result = item.result or {}
-        sources = "; ".join(f"{s.get('buffer')}:{s.get('path')}:{s.get('start_line')}-{s.get('end_line')}"
-                            for s in result.get("sources") or [])
+        sources = "; ".join(
+            f"{s.get('buffer')}:{s.get('path')}:{s.get('start_line')}-{s.get('end_line')}"
+            for s in result.get("sources") or []
+        )
         error = (item.error or {}).get("message", "") if item.error else ""
-        writer.writerow((batch_id, item.item_no, item.query, item.buffer, item.status, item.from_cache,
-                         item.tokens, result.get("response", ""), sources, error))
+        writer.writerow(
+            (
+                batch_id,
+                item.item_no,
+                item.query,
+                item.buffer,
+                item.status,
+                item.from_cache,
+                item.tokens,
+                result.get("response", ""),
+                sources,
+                error,
+            )
+        )
         yield flush()

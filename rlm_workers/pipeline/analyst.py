@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Settings, get_settings
-from ..constants import LIMITER_KEY_PREFIX, MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
+from ..constants import LIMITER_KEY_PREFIX
 from ..errors import ParseError, error_record
+from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..store import jobs as job_store
@@ -36,9 +37,17 @@ PARSE_RETRIES = 1
 #: how much of an unusable reply is shown back to the model in the retry
 PRIOR_REPLY_CHARS = 2000
 #: words models use for grades, mapped onto ours
-_GRADES = {"critical": Relevance.high, "high": Relevance.high, "medium": Relevance.medium,
-           "moderate": Relevance.medium, "low": Relevance.low, "minor": Relevance.low, "none": Relevance.none,
-           "irrelevant": Relevance.none, "no": Relevance.none}
+_GRADES = {
+    "critical": Relevance.high,
+    "high": Relevance.high,
+    "medium": Relevance.medium,
+    "moderate": Relevance.medium,
+    "low": Relevance.low,
+    "minor": Relevance.low,
+    "none": Relevance.none,
+    "irrelevant": Relevance.none,
+    "no": Relevance.none,
+}
 
 
 # --------------------------------------------------------------------------- messages
@@ -54,27 +63,39 @@ class ChunkForPrompt:
     text: str
 
 
-def build_messages(system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt],
-                   focus_topics: Sequence[str] = ()) -> list[dict[str, str]]:
+def build_messages(
+    system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt], focus_topics: Sequence[str] = ()
+) -> list[dict[str, str]]:
     parts = [f"## Query\n\n{query}"]
     if focus_topics:
         parts.append("## Focus topics\n\n" + "\n".join(f"- {t}" for t in focus_topics))
-    blocks = [f"### Chunk {c.chunk_id}\n\nsource: {c.buffer}:{c.path}:{c.start_line}-{c.end_line}\n\n"
-              f"{content_block(c.text)}" for c in chunks]
+    blocks = [
+        f"### Chunk {c.chunk_id}\n\nsource: {c.buffer}:{c.path}:{c.start_line}-{c.end_line}\n\n{content_block(c.text)}"
+        for c in chunks
+    ]
     parts.append("## Chunks\n\n" + "\n\n".join(blocks))
     parts.append(f"Reply with a JSON array of exactly {len(chunks)} entries, one per chunk id above.")
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def retry_messages(messages: list[dict[str, str]], reply: str, problem: str,
-                   chunk_ids: Sequence[int]) -> list[dict[str, str]]:
+def retry_messages(
+    messages: list[dict[str, str]], reply: str, problem: str, chunk_ids: Sequence[int]
+) -> list[dict[str, str]]:
     """The same conversation plus the unusable reply and what was wrong with it (PaperQA2's prior attempt):
     re-sending the identical request at temperature 0 would most likely get the identical reply."""
     shown = reply if len(reply) <= PRIOR_REPLY_CHARS else reply[:PRIOR_REPLY_CHARS] + "…"
-    return [*messages, {"role": "assistant", "content": shown}, {"role": "user", "content": (
-        f"Your previous reply could not be used: {problem}. Reply again with only a JSON array of exactly "
-        f"{len(chunk_ids)} objects, one per chunk id ({', '.join(map(str, chunk_ids))}), each with chunk_id, "
-        "relevance (high, medium, low or none), findings, summary and follow_up.")}]
+    return [
+        *messages,
+        {"role": "assistant", "content": shown},
+        {
+            "role": "user",
+            "content": (
+                f"Your previous reply could not be used: {problem}. Reply again with only a JSON array of exactly "
+                f"{len(chunk_ids)} objects, one per chunk id ({', '.join(map(str, chunk_ids))}), each with chunk_id, "
+                "relevance (high, medium, low or none), findings, summary and follow_up."
+            ),
+        },
+    ]
 
 
 # --------------------------------------------------------------------------- parsing
@@ -127,14 +148,23 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
         follow = e.get("follow_up", e.get("follow_ups")) or []
         if isinstance(follow, str):
             follow = [follow]
-        finding = Finding(chunk_id=cid, relevance=grade, findings=items, summary=clip(e.get("summary") or ""),
-                          follow_up=[clip(f, 1000) for f in follow][:MAX_FOLLOW_UPS])
+        finding = Finding(
+            chunk_id=cid,
+            relevance=grade,
+            findings=items,
+            summary=clip(e.get("summary") or ""),
+            follow_up=[clip(f, 1000) for f in follow][:MAX_FOLLOW_UPS],
+        )
         prev = merged.get(cid)
         if prev is not None:  # the same chunk twice: keep the stronger grade and every finding
             best = max((prev.relevance, finding.relevance), key=RELEVANCE_RANK.__getitem__)
-            finding = Finding(chunk_id=cid, relevance=best, findings=prev.findings + finding.findings,
-                              summary=prev.summary or finding.summary,
-                              follow_up=(prev.follow_up + finding.follow_up)[:MAX_FOLLOW_UPS])
+            finding = Finding(
+                chunk_id=cid,
+                relevance=best,
+                findings=prev.findings + finding.findings,
+                summary=prev.summary or finding.summary,
+                follow_up=(prev.follow_up + finding.follow_up)[:MAX_FOLLOW_UPS],
+            )
         merged[cid] = finding
     return list(merged.values())
 
@@ -185,18 +215,38 @@ def _analyse(job_id: str, batch_no: int) -> dict:
             err = {"type": "chunk_load", "message": f"none of the batch's {len(ids)} chunks could be loaded"}
             job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
             return {"batch": batch_no, "status": "failed", "error": err}
-    chunks = [ChunkForPrompt(chunk_id=c.id, buffer=c.buffer, path=c.path, start_line=c.start_line,
-                             end_line=c.end_line, text=c.text) for cid in ids if (c := rows.get(cid))]
+    chunks = [
+        ChunkForPrompt(
+            chunk_id=c.id,
+            buffer=c.buffer,
+            path=c.path,
+            start_line=c.start_line,
+            end_line=c.end_line,
+            text=c.text,
+        )
+        for cid in ids
+        if (c := rows.get(cid))
+    ]
     present = [c.chunk_id for c in chunks]
     params = job.params or {}
-    messages = build_messages(load_prompt("subcall", prompt_dir=settings.prompt_dir), job.query, chunks,
-                              params.get("focus_topics") or [])
+    messages = build_messages(
+        load_prompt("subcall", prompt_dir=settings.prompt_dir),
+        job.query,
+        chunks,
+        params.get("focus_topics") or [],
+    )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
     with _job_slot(job_id, params.get("concurrency"), job.batches_total, settings):
         for attempt in range(PARSE_RETRIES + 1):
-            request = CompletionRequest(role="analyst", model=settings.subcall_model, messages=messages,
-                                        max_tokens=ANALYST_MAX_TOKENS, temperature=0.0, json_output=True)
+            request = CompletionRequest(
+                role="analyst",
+                model=settings.subcall_model,
+                messages=messages,
+                max_tokens=ANALYST_MAX_TOKENS,
+                temperature=0.0,
+                json_output=True,
+            )
             completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
             try:
                 findings = parse_findings(completion.text, batch_chunk_ids=present)
@@ -206,11 +256,16 @@ def _analyse(job_id: str, batch_no: int) -> dict:
                     raise
                 log.info("job %s batch %s: unusable analyst reply (%s); asking again", job_id, batch_no, exc)
                 messages = retry_messages(messages, completion.text or "", exc.message, present)
-    stored = durable_write(None, lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no,
-                                                                  findings=findings),
-                           what=f"findings of job {job_id} batch {batch_no}")
+    stored = durable_write(
+        None,
+        lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no, findings=findings),
+        what=f"findings of job {job_id} batch {batch_no}",
+    )
     if not stored:
-        log.warning("job %s batch %s was salvaged while its call ran; its findings are not in the report",
-                    job_id, batch_no)
+        log.warning(
+            "job %s batch %s was salvaged while its call ran; its findings are not in the report",
+            job_id,
+            batch_no,
+        )
         return {"batch": batch_no, "status": "late"}
     return {"batch": batch_no, "status": "ok", "findings": len(findings)}

@@ -25,8 +25,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlm.llm")
 
 
-def call_llm(conn: psycopg.Connection | None, *, job_id: str, stage: str, request: CompletionRequest,
-             batch: int | None = None) -> Completion:
+def call_llm(
+    conn: psycopg.Connection | None,
+    *,
+    job_id: str,
+    stage: str,
+    request: CompletionRequest,
+    batch: int | None = None,
+) -> Completion:
     """Call the provider; log every attempt on the job (through ``conn``, or a connection checked out for
     the write when it is None — analysts hold none while the model thinks)."""
     p = provider()
@@ -35,21 +41,60 @@ def call_llm(conn: psycopg.Connection | None, *, job_id: str, stage: str, reques
         completion = p.complete(request)
     except LLMError as exc:
         attempts = exc.attempts or [{}]
-        calls = [LLMCall(stage=stage, batch=batch, provider=p.name, model=request.model, status="error",
-                         tokens_in=a.get("tokens_in", 0), tokens_out=a.get("tokens_out", 0),
-                         latency_ms=a.get("latency_ms", int((time.perf_counter() - t0) * 1000)),
-                         error=a.get("error") or exc.message) for a in attempts]
+        calls = [
+            LLMCall(
+                stage=stage,
+                batch=batch,
+                provider=p.name,
+                model=request.model,
+                status="error",
+                tokens_in=a.get("tokens_in", 0),
+                tokens_out=a.get("tokens_out", 0),
+                latency_ms=a.get("latency_ms", int((time.perf_counter() - t0) * 1000)),
+                error=a.get("error") or exc.message,
+            )
+            for a in attempts
+        ]
         _log_calls(conn, job_id, calls)
         raise
-    calls = [LLMCall(stage=stage, batch=batch, provider=p.name, model=request.model, status="retried",
-                     tokens_in=a.get("tokens_in", 0), tokens_out=a.get("tokens_out", 0),
-                     latency_ms=a.get("latency_ms", 0), error=a.get("error")) for a in completion.failed_attempts]
-    calls.append(LLMCall(stage=stage, batch=batch, provider=p.name, model=completion.model or request.model,
-                         status="ok", tokens_in=completion.tokens_in, tokens_out=completion.tokens_out,
-                         latency_ms=completion.latency_ms))
+    calls = [
+        LLMCall(
+            stage=stage,
+            batch=batch,
+            provider=p.name,
+            model=request.model,
+            status="retried",
+            tokens_in=a.get("tokens_in", 0),
+            tokens_out=a.get("tokens_out", 0),
+            latency_ms=a.get("latency_ms", 0),
+            error=a.get("error"),
+        )
+        for a in completion.failed_attempts
+    ]
+    calls.append(
+        LLMCall(
+            stage=stage,
+            batch=batch,
+            provider=p.name,
+            model=completion.model or request.model,
+            status="ok",
+            tokens_in=completion.tokens_in,
+            tokens_out=completion.tokens_out,
+            latency_ms=completion.latency_ms,
+        )
+    )
     _log_calls(conn, job_id, calls)
-    log.info("llm %s job=%s batch=%s provider=%s model=%s in=%d out=%d %dms", stage, job_id, batch, p.name,
-             completion.model or request.model, completion.tokens_in, completion.tokens_out, completion.latency_ms)
+    log.info(
+        "llm %s job=%s batch=%s provider=%s model=%s in=%d out=%d %dms",
+        stage,
+        job_id,
+        batch,
+        p.name,
+        completion.model or request.model,
+        completion.tokens_in,
+        completion.tokens_out,
+        completion.latency_ms,
+    )
     return completion
 
 

@@ -63,8 +63,15 @@ def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str
         if RELEVANCE_RANK[f.relevance] < floor:
             filtered += 1
             continue
-        kept.append(CollectedFinding(**vars(ref), relevance=f.relevance, findings=list(f.findings),
-                                     summary=f.summary, follow_up=list(f.follow_up)))
+        kept.append(
+            CollectedFinding(
+                **vars(ref),
+                relevance=f.relevance,
+                findings=list(f.findings),
+                summary=f.summary,
+                follow_up=list(f.follow_up),
+            )
+        )
     kept.sort(key=lambda k: (-RELEVANCE_RANK[k.relevance], k.buffer, k.ordinal, k.chunk_id))
     return CollectResult(kept=kept, filtered_count=filtered)
 
@@ -73,13 +80,28 @@ def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -
     """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
     found = job_store.findings_of(conn, job_id=job.id)
     rows = get_chunks(conn, tenant=job.tenant, chunk_ids=sorted({f.chunk_id for _, f in found}))
-    pairs = [(f, ChunkRef(chunk_id=c.id, buffer=c.buffer, ordinal=c.ordinal, path=c.path,
-                          start_line=c.start_line, end_line=c.end_line))
-             for _, f in found if (c := rows.get(f.chunk_id)) is not None]
+    pairs = [
+        (
+            f,
+            ChunkRef(
+                chunk_id=c.id,
+                buffer=c.buffer,
+                ordinal=c.ordinal,
+                path=c.path,
+                start_line=c.start_line,
+                end_line=c.end_line,
+            ),
+        )
+        for _, f in found
+        if (c := rows.get(f.chunk_id)) is not None
+    ]
     threshold = (job.options or {}).get("finding_threshold") or default_threshold
     result = collect(pairs, finding_threshold=threshold)
-    job_store.save_collected(conn, job_id=job.id, collected={
-        "kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count})
+    job_store.save_collected(
+        conn,
+        job_id=job.id,
+        collected={"kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count},
+    )
     return result.filtered_count
 
 

@@ -23,8 +23,10 @@ def run(ctx: StageContext) -> str:
     if job.task_ids:
         return "already launched"
     n = job.batches_total
-    header = [app.signature("rlm.analyst", (job.id, k), immutable=True).set(argsrepr=f"job={job.id} batch={k + 1}/{n}")
-              for k in range(n)]
+    header = [
+        app.signature("rlm.analyst", (job.id, k), immutable=True).set(argsrepr=f"job={job.id} batch={k + 1}/{n}")
+        for k in range(n)
+    ]
     body = app.signature(TASK[Stage.collect], (job.id,), immutable=True).set(argsrepr=f"job={job.id}")
     body.link_error(app.signature("rlm.salvage", (job.id,), immutable=True).set(argsrepr=f"job={job.id}"))
     result = chord(header, app=app)(body)

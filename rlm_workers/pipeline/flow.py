@@ -49,20 +49,41 @@ class Stage(StrEnum):
 
 
 #: the stages in the order a job moves through them
-ORDER: tuple[Stage, ...] = (Stage.queued, Stage.plan, Stage.search, Stage.fan_out, Stage.collect, Stage.synthesize)
+ORDER: tuple[Stage, ...] = (
+    Stage.queued,
+    Stage.plan,
+    Stage.search,
+    Stage.fan_out,
+    Stage.collect,
+    Stage.synthesize,
+)
 #: a stage that ends well runs the next one in the same task (fan_out's successor runs as the chord's callback)
-CHAINED: dict[Stage, Stage] = {Stage.plan: Stage.search, Stage.search: Stage.fan_out, Stage.collect: Stage.synthesize}
+CHAINED: dict[Stage, Stage] = {
+    Stage.plan: Stage.search,
+    Stage.search: Stage.fan_out,
+    Stage.collect: Stage.synthesize,
+}
 #: the Celery task of each stage (queues: ``celery_app.py``)
-TASK: dict[Stage, str] = {Stage.plan: "rlm.plan", Stage.search: "rlm.search", Stage.fan_out: "rlm.fan_out",
-                          Stage.collect: "rlm.collect", Stage.synthesize: "rlm.synthesize"}
+TASK: dict[Stage, str] = {
+    Stage.plan: "rlm.plan",
+    Stage.search: "rlm.search",
+    Stage.fan_out: "rlm.fan_out",
+    Stage.collect: "rlm.collect",
+    Stage.synthesize: "rlm.synthesize",
+}
 #: a job stuck before its chord exists is pushed on by sending this stage's task again; later stages are
 #: salvaged from what is stored instead (``salvage.py``)
 RESEND: dict[Stage, Stage] = {Stage.queued: Stage.plan, Stage.plan: Stage.plan, Stage.search: Stage.search}
 #: stages after the fan-out: the job's evidence is all in; what is left is writing the report
 FINISHING: frozenset[Stage] = frozenset({Stage.collect, Stage.synthesize})
 #: where each stage's ``run(ctx) -> str`` lives; "ok" means: go on to the chained stage
-RUNNERS: dict[Stage, str] = {Stage.plan: "plan", Stage.search: "search", Stage.fan_out: "fanout",
-                             Stage.collect: "collect", Stage.synthesize: "synthesize"}
+RUNNERS: dict[Stage, str] = {
+    Stage.plan: "plan",
+    Stage.search: "search",
+    Stage.fan_out: "fanout",
+    Stage.collect: "collect",
+    Stage.synthesize: "synthesize",
+}
 #: stages that time themselves: synthesize ends the job, so its time must be stored before the report is
 SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize})
 #: said on the job's error when a stage fails with a known error
@@ -88,8 +109,14 @@ class StageContext:
     settings: Settings
 
 
-def fail_job(conn: psycopg.Connection, *, job_id: str, exc: BaseException, result: dict[str, Any] | None = None,
-             prefix: str | None = None) -> None:
+def fail_job(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    exc: BaseException,
+    result: dict[str, Any] | None = None,
+    prefix: str | None = None,
+) -> None:
     log.warning("job %s failed: %s", job_id, exc)
     job_store.finish_job(conn, job_id=job_id, status=JobStatus.failed, error=error_record(exc, prefix), result=result)
 
@@ -106,8 +133,7 @@ class StageTimer:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            job_store.add_timing(self.conn, job_id=self.job_id, stage=self.stage,
-                                 seconds=time.perf_counter() - self.t0)
+            job_store.add_timing(self.conn, job_id=self.job_id, stage=self.stage, seconds=time.perf_counter() - self.t0)
         except Exception:  # timings never hide the stage's own outcome
             log.exception("could not record timing for job %s", self.job_id)
 

@@ -16,8 +16,13 @@ from ..models import AnalysisPlan, QueryOptions
 from .scale import ScalingProfile
 
 #: compiled-in fallbacks, the last link of the chain
-DEFAULTS: dict[str, Any] = {"search_mode": "hybrid", "threshold": 0.3, "top_k": 200, "max_chunks": 100,
-                            "batch_size": 10}
+DEFAULTS: dict[str, Any] = {
+    "search_mode": "hybrid",
+    "threshold": 0.3,
+    "top_k": 200,
+    "max_chunks": 100,
+    "batch_size": 10,
+}
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,9 @@ def _first(*candidates: tuple[str, Any]) -> tuple[Any, str]:
     raise AssertionError("the default link of the chain is never None")
 
 
-def resolve_params(opts: QueryOptions, plan: AnalysisPlan | None, profile: ScalingProfile,
-                   settings: Settings) -> ResolvedParams:
+def resolve_params(
+    opts: QueryOptions, plan: AnalysisPlan | None, profile: ScalingProfile, settings: Settings
+) -> ResolvedParams:
     """Resolve every parameter; ``plan`` counts only for the fields the planner actually set."""
     planned = {k: getattr(plan, k) for k in plan.model_fields_set} if plan is not None else {}
     everything = max(1, profile.chunk_count)
@@ -51,13 +57,17 @@ def resolve_params(opts: QueryOptions, plan: AnalysisPlan | None, profile: Scali
     out: dict[str, Any] = {}
 
     def pick(name: str, *rest: tuple[str, Any]) -> None:
-        out[name], sources[name] = _first(("cli", getattr(opts, name)), ("plan", planned.get(name)), *rest,
-                                          ("default", DEFAULTS[name]))
+        out[name], sources[name] = _first(
+            ("cli", getattr(opts, name)), ("plan", planned.get(name)), *rest, ("default", DEFAULTS[name])
+        )
 
     pick("search_mode")
     pick("threshold", ("config", settings.threshold))
-    pick("top_k", ("scale", profile.search_depth if profile.search_depth is not None else everything),
-         ("config", settings.search_top_k))
+    pick(
+        "top_k",
+        ("scale", profile.search_depth if profile.search_depth is not None else everything),
+        ("config", settings.search_top_k),
+    )
     pick("max_chunks", ("scale", profile.max_loaded if profile.max_loaded is not None else everything))
     if opts.num_agents:
         # --num-agents fixes the number of batches; make_batches cuts them evenly.
@@ -71,13 +81,21 @@ def resolve_params(opts: QueryOptions, plan: AnalysisPlan | None, profile: Scali
     if opts.num_agents:
         n = min(out["max_chunks"], out["top_k"])
         out["batch_size"] = max(1, math.ceil(n / opts.num_agents))
-    return ResolvedParams(search_mode=out["search_mode"], threshold=float(out["threshold"]), top_k=int(out["top_k"]),
-                          max_chunks=int(out["max_chunks"]), batch_size=int(out["batch_size"]), focus_topics=focus,
-                          concurrency=concurrency, sources=sources)
+    return ResolvedParams(
+        search_mode=out["search_mode"],
+        threshold=float(out["threshold"]),
+        top_k=int(out["top_k"]),
+        max_chunks=int(out["max_chunks"]),
+        batch_size=int(out["batch_size"]),
+        focus_topics=focus,
+        concurrency=concurrency,
+        sources=sources,
+    )
 
 
-def make_batches(chunk_ids: list[int], *, batch_size: int | None = None,
-                 num_agents: int | None = None) -> list[list[int]]:
+def make_batches(
+    chunk_ids: list[int], *, batch_size: int | None = None, num_agents: int | None = None
+) -> list[list[int]]:
     """Cut the ranked chunk ids into batches, keeping rank order.
 
     With ``num_agents`` the chunks are divided evenly (sizes differ by at most
@@ -91,9 +109,9 @@ def make_batches(chunk_ids: list[int], *, batch_size: int | None = None,
         out, start = [], 0
         for k in range(n):
             size = base + (1 if k < extra else 0)
-            out.append(chunk_ids[start:start + size])
+            out.append(chunk_ids[start : start + size])
             start += size
         return out
     if not batch_size or batch_size < 1:
         raise ValueError("make_batches needs a batch_size >= 1 or num_agents")
-    return [chunk_ids[i:i + batch_size] for i in range(0, len(chunk_ids), batch_size)]
+    return [chunk_ids[i : i + batch_size] for i in range(0, len(chunk_ids), batch_size)]

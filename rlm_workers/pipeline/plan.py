@@ -34,16 +34,23 @@ log = logging.getLogger("rlm.pipeline.plan")
 
 PLAN_MAX_TOKENS = 1024
 #: what a planner may set, bounded as the user's own options are
-_PLANNED: dict[str, TypeAdapter[Any]] = {"search_mode": TypeAdapter(SearchMode), "threshold": TypeAdapter(Threshold),
-                                         "top_k": TypeAdapter(TopK), "max_chunks": TypeAdapter(MaxChunks),
-                                         "batch_size": TypeAdapter(BatchSize)}
+_PLANNED: dict[str, TypeAdapter[Any]] = {
+    "search_mode": TypeAdapter(SearchMode),
+    "threshold": TypeAdapter(Threshold),
+    "top_k": TypeAdapter(TopK),
+    "max_chunks": TypeAdapter(MaxChunks),
+    "batch_size": TypeAdapter(BatchSize),
+}
 
 
-def build_messages(system_prompt: str, query: str, chunk_count: int, byte_size: int,
-                   buffers: Sequence[str]) -> list[dict[str, str]]:
-    user = (f"## Query\n\n{query}\n\n## Dataset\n\n"
-            f"- buffers: {', '.join(buffers)}\n- chunks: {chunk_count}\n- bytes: {byte_size}\n\n"
-            "Reply with the JSON plan only.")
+def build_messages(
+    system_prompt: str, query: str, chunk_count: int, byte_size: int, buffers: Sequence[str]
+) -> list[dict[str, str]]:
+    user = (
+        f"## Query\n\n{query}\n\n## Dataset\n\n"
+        f"- buffers: {', '.join(buffers)}\n- chunks: {chunk_count}\n- bytes: {byte_size}\n\n"
+        "Reply with the JSON plan only."
+    )
     return [system_message(system_prompt), {"role": "user", "content": user}]
 
 
@@ -106,10 +113,21 @@ def run(ctx: StageContext) -> str:
         return OK
     _prefetch_query_vector(job.query, settings)
     chunks, size = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
-    messages = build_messages(load_prompt("primary", prompt_dir=settings.prompt_dir), job.query, chunks, size,
-                              job.buffers)
-    completion = call_llm(conn, job_id=job.id, stage="plan", request=CompletionRequest(
-        role="plan", model=settings.primary_model, messages=messages, max_tokens=PLAN_MAX_TOKENS, json_output=True))
+    messages = build_messages(
+        load_prompt("primary", prompt_dir=settings.prompt_dir), job.query, chunks, size, job.buffers
+    )
+    completion = call_llm(
+        conn,
+        job_id=job.id,
+        stage="plan",
+        request=CompletionRequest(
+            role="plan",
+            model=settings.primary_model,
+            messages=messages,
+            max_tokens=PLAN_MAX_TOKENS,
+            json_output=True,
+        ),
+    )
     planned = parse_plan(completion.text).model_dump(exclude_unset=True)
     # paid for: a database blink is waited out rather than answered by a second planner call
     durable_write(conn, lambda c: job_store.save_plan(c, job_id=job.id, plan=planned), what=f"plan of job {job.id}")

@@ -33,8 +33,9 @@ def load_prompt(name: str, *, prompt_dir: str | Path | None = None) -> str:
     """
     if name not in PROMPT_NAMES:
         raise ValueError(f"unknown prompt {name!r}")
-    candidates = ([Path(prompt_dir).expanduser() / f"{name}.md"] if prompt_dir else []) + \
-        [d / f"{name}.md" for d in _shipped_dirs()]
+    candidates = ([Path(prompt_dir).expanduser() / f"{name}.md"] if prompt_dir else []) + [
+        d / f"{name}.md" for d in _shipped_dirs()
+    ]
     for path in candidates:
         try:
             if path.is_file() and 0 < path.stat().st_size <= MAX_PROMPT_BYTES:

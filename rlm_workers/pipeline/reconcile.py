@@ -40,8 +40,7 @@ def reconcile_jobs(conn: psycopg.Connection, *, send: Callable[[str, str], None]
             job_store.touch_job(conn, job_id=job_id)
             send(task, job_id)
             action = f"re-sent {task}"
-        elif salvage_job(conn, job_id, f"reconciler: stuck in {stage} for {idle:.0f}s",
-                         min_idle_seconds=idle_seconds):
+        elif salvage_job(conn, job_id, f"reconciler: stuck in {stage} for {idle:.0f}s", min_idle_seconds=idle_seconds):
             action = "salvaged from stored findings"
         else:
             continue  # a batch started or the job ended since the sweep looked: not stuck after all
@@ -51,8 +50,7 @@ def reconcile_jobs(conn: psycopg.Connection, *, send: Callable[[str, str], None]
     return actions
 
 
-def reconcile_uploads(conn: psycopg.Connection, *, send: Callable[[str, str], None],
-                      idle_seconds: float) -> list[str]:
+def reconcile_uploads(conn: psycopg.Connection, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:
     """Re-send ``rlm.ingest`` for uploads still open after ``idle_seconds``: a lost message, a dead worker, or
     a broker that was down when the API stored it.  A delivery that finds the upload being loaded leaves it."""
     from ..store.uploads import stale_uploads

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from ..constants import MAX_FINDING_BYTES
+from ..limits import MAX_FINDING_BYTES
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 
@@ -25,7 +25,7 @@ def json_candidates(text: str) -> list[Any]:
     for open_, close in (("[", "]"), ("{", "}")):
         i, j = stripped.find(open_), stripped.rfind(close)
         if 0 <= i < j:
-            pieces.append(stripped[i:j + 1])
+            pieces.append(stripped[i : j + 1])
     for piece in pieces:
         try:
             out.append(json.loads(piece))

@@ -15,8 +15,17 @@ def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
     out = []
     for f in collected:
         snippet = (f.get("findings") or [f.get("summary") or ""])[0]
-        out.append(Source(chunk_id=f["chunk_id"], buffer=f["buffer"], path=f["path"], start_line=f["start_line"],
-                          end_line=f["end_line"], relevance=f["relevance"], snippet=snippet[:SNIPPET_CHARS]))
+        out.append(
+            Source(
+                chunk_id=f["chunk_id"],
+                buffer=f["buffer"],
+                path=f["path"],
+                start_line=f["start_line"],
+                end_line=f["end_line"],
+                relevance=f["relevance"],
+                snippet=snippet[:SNIPPET_CHARS],
+            )
+        )
     return out
 
 
@@ -54,8 +63,15 @@ def build_result(
         batches_processed=len(ok),
         batches_failed=len(failed),
         chunk_load_failures=chunk_load_failures,
-        batch_errors=[BatchError(batch=b.batch_no, type=(b.error or {}).get("type", "error"),
-                                 message=(b.error or {}).get("message", ""), chunk_ids=b.chunk_ids) for b in failed],
+        batch_errors=[
+            BatchError(
+                batch=b.batch_no,
+                type=(b.error or {}).get("type", "error"),
+                message=(b.error or {}).get("message", ""),
+                chunk_ids=b.chunk_ids,
+            )
+            for b in failed
+        ],
         sources=sources_from(collected),
         llm_calls=calls,
         total_tokens=tokens_in + tokens_out,
@@ -67,6 +83,8 @@ def build_result(
 
 def status_line(r: QueryResult) -> str:
     """The one-line summary printed under a text report (docs/contract.md#json-shapes)."""
-    return (f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed | "
-            f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
-            f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s")
+    return (
+        f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed | "
+        f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
+        f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s"
+    )

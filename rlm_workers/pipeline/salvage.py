@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlm.pipeline.salvage")
 
-LOST = {"type": "lost", "message": "the batch never reported (worker lost or task failed); finished without it"}
+LOST = {
+    "type": "lost",
+    "message": "the batch never reported (worker lost or task failed); finished without it",
+}
 #: how often the watchdog re-arms while collect/synthesize are still legitimately running
 MAX_REARMS = 3
 
@@ -75,16 +78,24 @@ def watchdog(job_id: str, rearms: int = 0) -> str:
         done, total = job_store.batch_progress(conn, job_id=job_id)
         finishing = job.stage in FINISHING
         if finishing and rearms < MAX_REARMS:
-            app.send_task("rlm.watchdog", (job_id, rearms + 1), countdown=max(5, settings.job_timeout // 2),
-                          argsrepr=f"job={job_id}")
+            app.send_task(
+                "rlm.watchdog",
+                (job_id, rearms + 1),
+                countdown=max(5, settings.job_timeout // 2),
+                argsrepr=f"job={job_id}",
+            )
             return "rearmed"
         # A fan-out still moving (batches claimed or finished lately) is slow, not stuck: wait again.
-        if salvage_job(conn, job_id, f"watchdog: {done}/{total} batches, idle {settings.job_timeout}s",
-                       min_idle_seconds=None if finishing else settings.job_timeout):
+        if salvage_job(
+            conn,
+            job_id,
+            f"watchdog: {done}/{total} batches, idle {settings.job_timeout}s",
+            min_idle_seconds=None if finishing else settings.job_timeout,
+        ):
             return "salvaged"
         if job_store.get_job(conn, job_id=job_id).terminal:
             return "ended"
-        app.send_task("rlm.watchdog", (job_id, rearms), countdown=watchdog_countdown(settings),
-                      argsrepr=f"job={job_id}")
+        app.send_task(
+            "rlm.watchdog", (job_id, rearms), countdown=watchdog_countdown(settings), argsrepr=f"job={job_id}"
+        )
         return "rearmed"
-

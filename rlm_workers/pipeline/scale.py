@@ -40,5 +40,11 @@ def scaling_profile(chunk_count: int) -> ScalingProfile:
         if chunk_count >= candidate[0]:
             row = candidate
     _, tier, batch, conc, depth, loaded = row
-    return ScalingProfile(tier=tier, chunk_count=chunk_count, batch_size=batch, concurrency=conc,
-                          search_depth=depth, max_loaded=loaded)
+    return ScalingProfile(
+        tier=tier,
+        chunk_count=chunk_count,
+        batch_size=batch,
+        concurrency=conc,
+        search_depth=depth,
+        max_loaded=loaded,
+    )

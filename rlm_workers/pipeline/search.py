@@ -28,17 +28,35 @@ def run(ctx: StageContext) -> str:
     plan = AnalysisPlan(**job.plan) if job.plan else None
     opts = QueryOptions.model_validate(job.options)
     params = resolve_params(opts, plan, profile, settings)
-    ranked = rank(conn, settings=settings, url=database_url(settings), rows=rows, query=job.query,
-                  mode=params.search_mode, top_k=params.top_k, threshold=params.threshold)
+    ranked = rank(
+        conn,
+        settings=settings,
+        url=database_url(settings),
+        rows=rows,
+        query=job.query,
+        mode=params.search_mode,
+        top_k=params.top_k,
+        threshold=params.threshold,
+    )
     if not ranked:
-        raise NoChunks(f"no chunks matched the query in {', '.join(job.buffers)} "
-                       f"(mode {params.search_mode}, threshold {params.threshold})")
+        raise NoChunks(
+            f"no chunks matched the query in {', '.join(job.buffers)} "
+            f"(mode {params.search_mode}, threshold {params.threshold})"
+        )
     chosen = [r.chunk_id for r in ranked]
     if params.max_chunks:
         chosen = chosen[: params.max_chunks]
-    batches = make_batches(chosen, batch_size=None if opts.num_agents else params.batch_size,
-                           num_agents=opts.num_agents)
+    batches = make_batches(
+        chosen, batch_size=None if opts.num_agents else params.batch_size, num_agents=opts.num_agents
+    )
     with conn.transaction():
-        job_store.save_search(conn, job_id=job.id, params=params.as_dict(), tier=profile.tier,
-                              chunks_available=total, chunk_load_failures=0, batches=batches)
+        job_store.save_search(
+            conn,
+            job_id=job.id,
+            params=params.as_dict(),
+            tier=profile.tier,
+            chunks_available=total,
+            chunk_load_failures=0,
+            batches=batches,
+        )
     return OK

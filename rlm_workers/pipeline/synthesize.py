@@ -49,13 +49,16 @@ def _finding_block(f: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_messages(system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]],
-                               stats: Mapping[str, Any]) -> list[dict[str, str]]:
+def build_messages(
+    system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]
+) -> list[dict[str, str]]:
     """Findings in collect order; the analysts' words came from untrusted text, so they are data too."""
     blocks, used, omitted = [], 0, 0
     for f in kept:
-        block = (f"### Chunk {f['chunk_id']}\n\nsource: {f['buffer']}:{f['path']}:{f['start_line']}-{f['end_line']}"
-                 f"\n\n{content_block(_finding_block(f))}")
+        block = (
+            f"### Chunk {f['chunk_id']}\n\nsource: {f['buffer']}:{f['path']}:{f['start_line']}-{f['end_line']}"
+            f"\n\n{content_block(_finding_block(f))}"
+        )
         if used + len(block) > MAX_SYNTH_FINDINGS_CHARS and blocks:
             omitted += 1
             continue
@@ -70,12 +73,14 @@ def build_messages(system_prompt: str, query: str, kept: Sequence[Mapping[str, A
 
 def canned_no_findings_report(query: str) -> str:
     shown = query if len(query) <= 200 else query[:200] + "…"
-    return ("## No relevant findings\n\n"
-            f"The analysts read the chunks the search selected for “{shown}” and none of them held "
-            "relevant evidence (or every finding fell below the finding threshold).\n\n"
-            "Try: a lower `--threshold`, another `--search-mode` (`bm25` for exact names, `semantic` for "
-            "concepts), a larger `--top-k`/`--max-chunks`, or check that the right buffer is loaded "
-            "(`rlm buffer show NAME`).")
+    return (
+        "## No relevant findings\n\n"
+        f"The analysts read the chunks the search selected for “{shown}” and none of them held "
+        "relevant evidence (or every finding fell below the finding threshold).\n\n"
+        "Try: a lower `--threshold`, another `--search-mode` (`bm25` for exact names, `semantic` for "
+        "concepts), a larger `--top-k`/`--max-chunks`, or check that the right buffer is loaded "
+        "(`rlm buffer show NAME`)."
+    )
 
 
 # --------------------------------------------------------------------------- the stage
@@ -88,22 +93,42 @@ def run_synthesizer(conn: psycopg.Connection, job: JobRow, kept: list[dict], set
 
     stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
     messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
-    ctx = ToolContext(conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings,
-                      url=database_url(settings))
+    ctx = ToolContext(
+        conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings, url=database_url(settings)
+    )
     for turn in range(MAX_TURNS):
         last = turn == MAX_TURNS - 1
-        completion = call_llm(conn, job_id=job.id, stage="synthesize", request=CompletionRequest(
-            role="synthesizer", model=settings.synthesizer_model, messages=messages, max_tokens=SYNTH_MAX_TOKENS,
-            tools=None if last else TOOL_SPECS))
+        completion = call_llm(
+            conn,
+            job_id=job.id,
+            stage="synthesize",
+            request=CompletionRequest(
+                role="synthesizer",
+                model=settings.synthesizer_model,
+                messages=messages,
+                max_tokens=SYNTH_MAX_TOKENS,
+                tools=None if last else TOOL_SPECS,
+            ),
+        )
         if not completion.tool_calls:
             if not completion.text.strip():
                 raise LLMError("the synthesizer returned an empty report", retryable=True)
             return completion.text
-        messages.append(completion.raw_message or {"role": "assistant", "content": completion.text or None,
-                                                   "tool_calls": [
-                                                       {"id": tc.id, "type": "function",
-                                                        "function": {"name": tc.name, "arguments": tc.arguments}}
-                                                       for tc in completion.tool_calls]})
+        messages.append(
+            completion.raw_message
+            or {
+                "role": "assistant",
+                "content": completion.text or None,
+                "tool_calls": [
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        "function": {"name": tc.name, "arguments": tc.arguments},
+                    }
+                    for tc in completion.tool_calls
+                ],
+            }
+        )
         for tc in completion.tool_calls:
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": run_tool(ctx, tc.name, tc.arguments)})
     raise LLMError(f"the synthesizer was still calling tools after {MAX_TURNS} turns", retryable=False)
@@ -124,19 +149,36 @@ def finish_with_report(conn: psycopg.Connection, job: JobRow, settings: Settings
             log.warning("synthesis failed for job %s: %s", job.id, exc)
             response, error = "", exc
     # The report is paid for: from here on, a database blink is waited out, never answered by a rerun.
-    durable_write(conn, lambda c: _store_report(c, job, response, kept, collected, error, settings),
-                  what=f"report of job {job.id}")
+    durable_write(
+        conn,
+        lambda c: _store_report(c, job, response, kept, collected, error, settings),
+        what=f"report of job {job.id}",
+    )
 
 
-def _store_report(conn: psycopg.Connection, job: JobRow, response: str, kept: list[dict], collected: dict,
-                  error: BaseException | None, settings: Settings) -> None:
+def _store_report(
+    conn: psycopg.Connection,
+    job: JobRow,
+    response: str,
+    kept: list[dict],
+    collected: dict,
+    error: BaseException | None,
+    settings: Settings,
+) -> None:
     from .report import build_result
 
     result = build_result(
-        job_id=job.id, response=response, provider=provider_name(settings), tier=job.scaling_tier or "tiny",
-        params=job.params or {}, collected=kept, findings_filtered=int(collected.get("filtered") or 0),
-        batches=job_store.batches(conn, job_id=job.id), chunks_available=job.chunks_available or 0,
-        chunk_load_failures=job.chunk_load_failures, usage=job_store.usage_totals(conn, job_id=job.id),
+        job_id=job.id,
+        response=response,
+        provider=provider_name(settings),
+        tier=job.scaling_tier or "tiny",
+        params=job.params or {},
+        collected=kept,
+        findings_filtered=int(collected.get("filtered") or 0),
+        batches=job_store.batches(conn, job_id=job.id),
+        chunks_available=job.chunks_available or 0,
+        chunk_load_failures=job.chunk_load_failures,
+        usage=job_store.usage_totals(conn, job_id=job.id),
         elapsed_seconds=time.time() - job.created_at.timestamp(),
     ).model_dump()
     if error is not None:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..constants import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
+from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
 from ..models import SearchMode
 
 MAX_CHUNKS_PER_CALL = 20
@@ -23,20 +23,49 @@ MAX_GREP_SCAN_BYTES = 50 * 1024 * 1024
 
 
 def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
 TOOL_SPECS: list[dict[str, Any]] = [
-    _fn("get_chunks", "Full text of chunks by id (at most 20).",
-        {"chunk_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": MAX_CHUNKS_PER_CALL}}, ["chunk_ids"]),
-    _fn("search", "Hybrid/semantic/bm25 search over the job's buffers (or the named ones).",
-        {"query": {"type": "string"}, "buffers": {"type": "array", "items": {"type": "string"}},
-         "mode": {"type": "string", "enum": [m.value for m in SearchMode]},
-         "top_k": {"type": "integer", "minimum": 1, "maximum": 20}}, ["query"]),
-    _fn("grep_chunks", "Lines matching an RE2 regular expression (at most 500 bytes) in the job's buffers.",
-        {"pattern": {"type": "string"}, "buffers": {"type": "array", "items": {"type": "string"}},
-         "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS}}, ["pattern"]),
+    _fn(
+        "get_chunks",
+        "Full text of chunks by id (at most 20).",
+        {"chunk_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": MAX_CHUNKS_PER_CALL}},
+        ["chunk_ids"],
+    ),
+    _fn(
+        "search",
+        "Hybrid/semantic/bm25 search over the job's buffers (or the named ones).",
+        {
+            "query": {"type": "string"},
+            "buffers": {"type": "array", "items": {"type": "string"}},
+            "mode": {"type": "string", "enum": [m.value for m in SearchMode]},
+            "top_k": {"type": "integer", "minimum": 1, "maximum": 20},
+        },
+        ["query"],
+    ),
+    _fn(
+        "grep_chunks",
+        "Lines matching an RE2 regular expression (at most 500 bytes) in the job's buffers.",
+        {
+            "pattern": {"type": "string"},
+            "buffers": {"type": "array", "items": {"type": "string"}},
+            "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS},
+        },
+        ["pattern"],
+    ),
     _fn("get_buffer", "Size, chunking and model of one buffer.", {"name": {"type": "string"}}, ["name"]),
     _fn("list_buffers", "All buffers you may read.", {}, []),
     _fn("storage_stats", "Totals: buffers, files, chunks, bytes.", {}, []),
@@ -79,7 +108,7 @@ def run_tool(ctx: ToolContext, name: str, raw_arguments: str | None) -> str:
         result = _DISPATCH[name](ctx, args)
     except ToolError as exc:
         result = {"error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - e.g. an unknown buffer: the model can correct itself
+    except Exception as exc:  # e.g. an unknown buffer: the model can correct itself
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         result = {"error": message[:500]}
     return json.dumps(result, ensure_ascii=False)
@@ -101,10 +130,20 @@ def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     if len(ids) > MAX_CHUNKS_PER_CALL:
         raise ToolError(f"at most {MAX_CHUNKS_PER_CALL} chunk ids per call")
     rows = get_chunks(ctx.conn, tenant=ctx.tenant, chunk_ids=ids)
-    return {"chunks": [
-        {"chunk_id": c.id, "buffer": c.buffer, "path": c.path, "lines": f"{c.start_line}-{c.end_line}",
-         "text": c.text[:MAX_TEXT_CHARS]} for c in (rows.get(i) for i in ids) if c is not None
-    ], "missing": [i for i in ids if i not in rows]}
+    return {
+        "chunks": [
+            {
+                "chunk_id": c.id,
+                "buffer": c.buffer,
+                "path": c.path,
+                "lines": f"{c.start_line}-{c.end_line}",
+                "text": c.text[:MAX_TEXT_CHARS],
+            }
+            for c in (rows.get(i) for i in ids)
+            if c is not None
+        ],
+        "missing": [i for i in ids if i not in rows],
+    }
 
 
 def _search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -116,14 +155,32 @@ def _search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     top_k = args.get("top_k", 10)
     if not isinstance(top_k, int) or not 1 <= top_k <= 20:
         raise ToolError("top_k must be an integer from 1 to 20")
-    hits = search(ctx.conn, settings=ctx.settings, url=ctx.url, tenant=ctx.tenant, buffers=_buffers(ctx, args),
-                  query=query, mode=args.get("mode", "hybrid"), top_k=top_k)
-    return {"results": [{"chunk_id": h.chunk_id, "buffer": h.buffer, "path": h.path,
-                         "lines": f"{h.start_line}-{h.end_line}", "score": h.score, "text": h.text[:600]}
-                        for h in hits]}
+    hits = search(
+        ctx.conn,
+        settings=ctx.settings,
+        url=ctx.url,
+        tenant=ctx.tenant,
+        buffers=_buffers(ctx, args),
+        query=query,
+        mode=args.get("mode", "hybrid"),
+        top_k=top_k,
+    )
+    return {
+        "results": [
+            {
+                "chunk_id": h.chunk_id,
+                "buffer": h.buffer,
+                "path": h.path,
+                "lines": f"{h.start_line}-{h.end_line}",
+                "score": h.score,
+                "text": h.text[:600],
+            }
+            for h in hits
+        ]
+    }
 
 
-def compile_regex(pattern: Any):  # noqa: ANN401, ANN201
+def compile_regex(pattern: Any):
     import re2
 
     if not isinstance(pattern, str) or not pattern:
@@ -155,8 +212,15 @@ def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
             scanned += len(text)
             for offset, line in enumerate(text.split("\n")):
                 if regex.search(line):
-                    matches.append({"chunk_id": cid, "buffer": buf, "path": path, "line": start + offset,
-                                    "text": line[:300]})
+                    matches.append(
+                        {
+                            "chunk_id": cid,
+                            "buffer": buf,
+                            "path": path,
+                            "line": start + offset,
+                            "text": line[:300],
+                        }
+                    )
                     if len(matches) >= limit:
                         break
             if len(matches) >= limit or scanned > MAX_GREP_SCAN_BYTES:
@@ -179,16 +243,24 @@ def _get_buffer(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 def _list_buffers(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     from ..store.buffers import list_buffers
 
-    return {"buffers": [{"name": b.name, "files": b.files, "chunks": b.chunks, "bytes": b.bytes}
-                        for b in list_buffers(ctx.conn, tenant=ctx.tenant)]}
+    return {
+        "buffers": [
+            {"name": b.name, "files": b.files, "chunks": b.chunks, "bytes": b.bytes}
+            for b in list_buffers(ctx.conn, tenant=ctx.tenant)
+        ]
+    }
 
 
 def _storage_stats(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     from ..store.buffers import list_buffers
 
     infos = list_buffers(ctx.conn, tenant=ctx.tenant)
-    return {"buffers": len(infos), "files": sum(b.files for b in infos), "chunks": sum(b.chunks for b in infos),
-            "bytes": sum(b.bytes for b in infos)}
+    return {
+        "buffers": len(infos),
+        "files": sum(b.files for b in infos),
+        "chunks": sum(b.chunks for b in infos),
+        "bytes": sum(b.bytes for b in infos),
+    }
 
 
 _DISPATCH = {

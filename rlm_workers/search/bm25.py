@@ -56,8 +56,9 @@ def _length_norm(doc_len: np.ndarray, total_len: int) -> np.ndarray:
     return K1 * (1 - B + B * doc_len / avgdl)
 
 
-def _csc_from_triples(term: np.ndarray, doc: np.ndarray, tf: np.ndarray,
-                      n_terms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _csc_from_triples(
+    term: np.ndarray, doc: np.ndarray, tf: np.ndarray, n_terms: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sort (term, doc, tf) triples term-major; docs stay ascending within a term.
 
     For each term, its triples must already come in ascending doc order; the
@@ -77,8 +78,16 @@ def _csc_from_triples(term: np.ndarray, doc: np.ndarray, tf: np.ndarray,
 class BM25Index:
     """Immutable BM25 index over (chunk_id, tokens) documents."""
 
-    def __init__(self, *, chunk_ids: np.ndarray, doc_len: np.ndarray, terms: list[str],
-                 indptr: np.ndarray, post_doc: np.ndarray, post_tf: np.ndarray) -> None:
+    def __init__(
+        self,
+        *,
+        chunk_ids: np.ndarray,
+        doc_len: np.ndarray,
+        terms: list[str],
+        indptr: np.ndarray,
+        post_doc: np.ndarray,
+        post_tf: np.ndarray,
+    ) -> None:
         self.chunk_ids = np.asarray(chunk_ids, dtype=np.int64)
         self.doc_len = np.asarray(doc_len, dtype=np.float64)
         self.terms = terms
@@ -99,8 +108,12 @@ class BM25Index:
         nnz = len(self.post_doc)
         if len(self.doc_len) != n or len(self.vocab) != v or len(self.indptr) != v + 1:
             raise ValueError("BM25 index arrays have inconsistent lengths")
-        if len(self.post_tf) != nnz or self.indptr[0] != 0 or self.indptr[-1] != nnz \
-                or np.any(self.indptr[1:] < self.indptr[:-1]):
+        if (
+            len(self.post_tf) != nnz
+            or self.indptr[0] != 0
+            or self.indptr[-1] != nnz
+            or np.any(self.indptr[1:] < self.indptr[:-1])
+        ):
             raise ValueError("BM25 postings do not match indptr")
         if nnz and (self.post_doc.min() < 0 or self.post_doc.max() >= n):
             raise ValueError("BM25 postings reference unknown documents")
@@ -133,10 +146,16 @@ class BM25Index:
             p_tf.fromlist(list(counts.values()))
         p_doc = np.repeat(np.arange(len(ids), dtype=np.int32), np.frombuffer(n_unique, dtype=np.int64))
         indptr, post_doc, post_tf = _csc_from_triples(
-            np.frombuffer(p_term, dtype=np.int32), p_doc, np.frombuffer(p_tf, dtype=np.int32), len(vocab))
-        return cls(chunk_ids=np.frombuffer(ids, dtype=np.int64).copy(),
-                   doc_len=np.frombuffer(lens, dtype=np.int64).astype(np.float64),
-                   terms=list(vocab), indptr=indptr, post_doc=post_doc, post_tf=post_tf)
+            np.frombuffer(p_term, dtype=np.int32), p_doc, np.frombuffer(p_tf, dtype=np.int32), len(vocab)
+        )
+        return cls(
+            chunk_ids=np.frombuffer(ids, dtype=np.int64).copy(),
+            doc_len=np.frombuffer(lens, dtype=np.int64).astype(np.float64),
+            terms=list(vocab),
+            indptr=indptr,
+            post_doc=post_doc,
+            post_tf=post_tf,
+        )
 
     @classmethod
     def merge(cls, indexes: Sequence[BM25Index]) -> BM25Index:
@@ -147,8 +166,7 @@ class BM25Index:
         if len(indexes) == 1:
             return indexes[0]  # immutable, and its statistics are already the union's
         vocab: defaultdict[str, int] = defaultdict(count().__next__)  # numbers new terms in C
-        remaps = [np.fromiter(map(vocab.__getitem__, idx.terms), dtype=np.int64, count=idx.n_terms)
-                  for idx in indexes]
+        remaps = [np.fromiter(map(vocab.__getitem__, idx.terms), dtype=np.int64, count=idx.n_terms) for idx in indexes]
         df = np.zeros(len(vocab), dtype=np.int64)
         for idx, remap in zip(indexes, remaps, strict=True):
             df[remap] += idx.df  # remap has no repeats within one index
@@ -171,9 +189,14 @@ class BM25Index:
         def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
             return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
-        return cls(chunk_ids=cat([i.chunk_ids for i in indexes], np.int64),
-                   doc_len=cat([i.doc_len for i in indexes], np.float64),
-                   terms=list(vocab), indptr=indptr, post_doc=post_doc, post_tf=post_tf)
+        return cls(
+            chunk_ids=cat([i.chunk_ids for i in indexes], np.int64),
+            doc_len=cat([i.doc_len for i in indexes], np.float64),
+            terms=list(vocab),
+            indptr=indptr,
+            post_doc=post_doc,
+            post_tf=post_tf,
+        )
 
     def save(self, path: Path) -> None:
         """Write atomically (temp file + rename): readers never see a half-written index."""
@@ -185,10 +208,17 @@ class BM25Index:
         try:
             # a file object stops np.savez from appending ".npz" to the temp name
             with open(tmp, "wb") as fh:
-                np.savez(fh, version=np.int64(_FORMAT_VERSION), chunk_ids=self.chunk_ids,
-                         doc_len=self.doc_len, terms=np.frombuffer(blob.encode(), dtype=np.uint8),
-                         n_terms=np.int64(self.n_terms), indptr=self.indptr,
-                         post_doc=self.post_doc, post_tf=self.post_tf)
+                np.savez(
+                    fh,
+                    version=np.int64(_FORMAT_VERSION),
+                    chunk_ids=self.chunk_ids,
+                    doc_len=self.doc_len,
+                    terms=np.frombuffer(blob.encode(), dtype=np.uint8),
+                    n_terms=np.int64(self.n_terms),
+                    indptr=self.indptr,
+                    post_doc=self.post_doc,
+                    post_tf=self.post_tf,
+                )
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -203,8 +233,14 @@ class BM25Index:
             terms = z["terms"].tobytes().decode().split(_SEP) if n_terms else []
             if len(terms) != n_terms:
                 raise ValueError("BM25 vocabulary is corrupt")
-            return cls(chunk_ids=z["chunk_ids"], doc_len=z["doc_len"], terms=terms,
-                       indptr=z["indptr"], post_doc=z["post_doc"], post_tf=z["post_tf"])
+            return cls(
+                chunk_ids=z["chunk_ids"],
+                doc_len=z["doc_len"],
+                terms=terms,
+                indptr=z["indptr"],
+                post_doc=z["post_doc"],
+                post_tf=z["post_tf"],
+            )
 
     def _term_contribs(self, query_tokens: Sequence[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(doc indexes, score contributions) per query token, unknown tokens skipped."""

@@ -8,8 +8,13 @@ from collections.abc import Sequence
 __all__ = ["rrf_fuse"]
 
 
-def rrf_fuse(rankings: Sequence[Sequence[int]], *, k: int = 60,
-             weights: Sequence[float] | None = None) -> list[tuple[int, float]]:
+#: the fusion constant of the original RRF paper, which the contract fixes (docs/contract.md#pipeline-semantics)
+RRF_K = 60
+
+
+def rrf_fuse(
+    rankings: Sequence[Sequence[int]], *, k: int = RRF_K, weights: Sequence[float] | None = None
+) -> list[tuple[int, float]]:
     """Fuse rankings: score(d) = Σ_i w_i / (k + rank_i(d)), ranks starting at 1.
 
     A doc missing from a ranking gets nothing from it; a doc repeated within a

@@ -19,11 +19,23 @@ if TYPE_CHECKING:
 _WINDOW_FANOUT = 3
 
 
-def semantic_search(conn: psycopg.Connection, *, buffer_ids: Sequence[int], dim: int, query_vec: np.ndarray,
-                    limit: int, threshold: float | None) -> list[tuple[int, float]]:
+def semantic_search(
+    conn: psycopg.Connection,
+    *,
+    buffer_ids: Sequence[int],
+    dim: int,
+    query_vec: np.ndarray,
+    limit: int,
+    threshold: float | None,
+) -> list[tuple[int, float]]:
     """(chunk_id, cosine similarity) best first, at most ``limit`` chunks, similarity ≥ threshold."""
-    rows = nearest_windows(conn, table=embedding_table(dim), buffer_ids=buffer_ids, query_vec=query_vec,
-                           limit=max(1, limit) * _WINDOW_FANOUT)
+    rows = nearest_windows(
+        conn,
+        table=embedding_table(dim),
+        buffer_ids=buffer_ids,
+        query_vec=query_vec,
+        limit=max(1, limit) * _WINDOW_FANOUT,
+    )
     best: dict[int, float] = {}
     for cid, sim in rows:
         if sim > best.get(cid, -2.0):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import Settings
-from ..constants import MAX_QUERY_BYTES, RRF_K, SEARCH_MODES
 from ..errors import InvalidInput
+from ..limits import MAX_QUERY_BYTES
 from ..models import SearchHit
 from ..store.buffers import BufferRow, get_chunks, require_buffers
 
@@ -39,12 +39,22 @@ def validate_query(query: str) -> str:
 
 
 def validate_search_params(mode: str, top_k: int, threshold: float | None) -> None:
-    if mode not in SEARCH_MODES:
-        raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(SEARCH_MODES)}")
-    if not 1 <= top_k <= 10_000:
-        raise InvalidInput(f"--top-k must be between 1 and 10000, got {top_k}")
-    if threshold is not None and not -1.0 <= threshold <= 1.0:
-        raise InvalidInput(f"--threshold must be between -1 and 1 (cosine similarity), got {threshold}")
+    """The bounds of ``QueryOptions`` (one place), said as a person at the command line would fix them."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from ..models import SearchMode, Threshold, TopK
+
+    modes = [m.value for m in SearchMode]
+    if mode not in modes:
+        raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(modes)}")
+    checks = [(TopK, top_k, "--top-k must be between 1 and 10000, got {}")]
+    if threshold is not None:
+        checks.append((Threshold, threshold, "--threshold must be between -1 and 1 (cosine similarity), got {}"))
+    for kind, value, message in checks:
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError:
+            raise InvalidInput(message.format(value)) from None
 
 
 def _bm25_index(conn: psycopg.Connection, rows: Sequence[BufferRow], settings: Settings, url: str) -> BM25Index:
@@ -82,8 +92,17 @@ def query_vector(model: str | None, query: str) -> np.ndarray:
     return vec
 
 
-def rank(conn: psycopg.Connection, *, settings: Settings, url: str, rows: Sequence[BufferRow], query: str,
-         mode: str, top_k: int, threshold: float | None) -> list[Ranked]:
+def rank(
+    conn: psycopg.Connection,
+    *,
+    settings: Settings,
+    url: str,
+    rows: Sequence[BufferRow],
+    query: str,
+    mode: str,
+    top_k: int,
+    threshold: float | None,
+) -> list[Ranked]:
     """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses with RRF (k=60)."""
     from ..search.tokenize import tokenize
 
@@ -98,30 +117,62 @@ def rank(conn: psycopg.Connection, *, settings: Settings, url: str, rows: Sequen
         vec_rows, dim = _semantic_rows(rows, settings)
         if dim:
             vec = query_vector(settings.embedding_model, query)
-            dense = semantic_search(conn, buffer_ids=[r.id for r in vec_rows], dim=dim, query_vec=vec,
-                                    limit=depth, threshold=threshold)
+            dense = semantic_search(
+                conn,
+                buffer_ids=[r.id for r in vec_rows],
+                dim=dim,
+                query_vec=vec,
+                limit=depth,
+                threshold=threshold,
+            )
     if mode == "bm25":
         return [Ranked(c, s) for c, s in lexical[:top_k]]
     if mode == "semantic":
         return [Ranked(c, s) for c, s in dense[:top_k]]
-    from .rrf import rrf_fuse
+    from .rrf import RRF_K, rrf_fuse
 
     fused = rrf_fuse([[c for c, _ in lexical], [c for c, _ in dense]], k=RRF_K)
     return [Ranked(c, s) for c, s in fused[:top_k]]
 
 
-def search(conn: psycopg.Connection, *, settings: Settings, url: str, tenant: str, buffers: Sequence[str],
-           query: str, mode: str = "hybrid", top_k: int = 10, threshold: float | None = None) -> list[SearchHit]:
+def search(
+    conn: psycopg.Connection,
+    *,
+    settings: Settings,
+    url: str,
+    tenant: str,
+    buffers: Sequence[str],
+    query: str,
+    mode: str = "hybrid",
+    top_k: int = 10,
+    threshold: float | None = None,
+) -> list[SearchHit]:
     query = validate_query(query)
     validate_search_params(mode, top_k, threshold)
     if not buffers:
         raise InvalidInput("name at least one --buffer to search")
     rows = require_buffers(conn, tenant=tenant, names=buffers)
-    ranked = rank(conn, settings=settings, url=url, rows=rows, query=query, mode=mode, top_k=top_k,
-                  threshold=settings.threshold if threshold is None else threshold)
+    ranked = rank(
+        conn,
+        settings=settings,
+        url=url,
+        rows=rows,
+        query=query,
+        mode=mode,
+        top_k=top_k,
+        threshold=settings.threshold if threshold is None else threshold,
+    )
     chunks = get_chunks(conn, tenant=tenant, chunk_ids=[r.chunk_id for r in ranked])
     return [
-        SearchHit(chunk_id=r.chunk_id, buffer=c.buffer, path=c.path, start_line=c.start_line,
-                  end_line=c.end_line, score=round(r.score, 6), text=c.text)
-        for r in ranked if (c := chunks.get(r.chunk_id)) is not None
+        SearchHit(
+            chunk_id=r.chunk_id,
+            buffer=c.buffer,
+            path=c.path,
+            start_line=c.start_line,
+            end_line=c.end_line,
+            score=round(r.score, 6),
+            text=c.text,
+        )
+        for r in ranked
+        if (c := chunks.get(r.chunk_id)) is not None
     ]

@@ -66,15 +66,25 @@ def require_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[st
 def lock_or_create_buffer(conn: psycopg.Connection, *, tenant: str, name: str) -> BufferRow:
     """Inside a transaction: the buffer row, locked against concurrent loads."""
     conn.execute(
-        "INSERT INTO buffers (tenant, name) VALUES (%s, %s) ON CONFLICT (tenant, name) DO NOTHING", (tenant, name)
+        "INSERT INTO buffers (tenant, name) VALUES (%s, %s) ON CONFLICT (tenant, name) DO NOTHING",
+        (tenant, name),
     )
     row = get_buffer(conn, tenant=tenant, name=name, for_update=True)
     assert row is not None
     return row
 
 
-def update_buffer_meta(conn: psycopg.Connection, *, buffer_id: int, chunker: str, chunk_size: int, overlap: int,
-                       embedding_model: str, embedding_dim: int, bump: bool) -> int:
+def update_buffer_meta(
+    conn: psycopg.Connection,
+    *,
+    buffer_id: int,
+    chunker: str,
+    chunk_size: int,
+    overlap: int,
+    embedding_model: str,
+    embedding_dim: int,
+    bump: bool,
+) -> int:
     row = conn.execute(
         """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
                embedding_dim = %s, version = version + %s, updated_at = CASE WHEN %s THEN now() ELSE updated_at END
@@ -102,9 +112,18 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
         (tenant, name) if name else (tenant,),
     ).fetchall()
     return [
-        BufferInfo(name=r[0], id=r[1], version=r[2], files=r[3], chunks=r[4], bytes=int(r[5]), chunker=r[6],
-                   embedding_model=r[7], created_at=r[8].isoformat(timespec="seconds"),
-                   updated_at=r[9].isoformat(timespec="seconds"))
+        BufferInfo(
+            name=r[0],
+            id=r[1],
+            version=r[2],
+            files=r[3],
+            chunks=r[4],
+            bytes=int(r[5]),
+            chunker=r[6],
+            embedding_model=r[7],
+            created_at=r[8].isoformat(timespec="seconds"),
+            updated_at=r[9].isoformat(timespec="seconds"),
+        )
         for r in rows
     ]
 
@@ -136,8 +155,16 @@ def delete_files(conn: psycopg.Connection, *, file_ids: Iterable[int]) -> int:
     return conn.execute("DELETE FROM files WHERE id = ANY(%s)", (ids,)).rowcount
 
 
-def insert_file(conn: psycopg.Connection, *, file_id: int, buffer_id: int, path: str, content_hash: str, size_bytes: int,
-                chunk_count: int) -> None:
+def insert_file(
+    conn: psycopg.Connection,
+    *,
+    file_id: int,
+    buffer_id: int,
+    path: str,
+    content_hash: str,
+    size_bytes: int,
+    chunk_count: int,
+) -> None:
     conn.execute(
         """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
            VALUES (%s, %s, %s, %s, %s, %s)""",
@@ -158,16 +185,45 @@ def reserve_ids(conn: psycopg.Connection, *, sequence: str, n: int) -> list[int]
     return [r[0] for r in rows]
 
 
-CHUNK_COPY_COLS = ("id", "buffer_id", "file_id", "ordinal", "seq", "path", "start_line", "end_line",
-                   "start_byte", "end_byte", "text", "token_count", "content_hash", "terms")
-_CHUNK_TYPES = ["int8", "int8", "int8", "int4", "int4", "text", "int4", "int4", "int8", "int8", "text", "int4",
-                "text", "text"]
+CHUNK_COPY_COLS = (
+    "id",
+    "buffer_id",
+    "file_id",
+    "ordinal",
+    "seq",
+    "path",
+    "start_line",
+    "end_line",
+    "start_byte",
+    "end_byte",
+    "text",
+    "token_count",
+    "content_hash",
+    "terms",
+)
+_CHUNK_TYPES = [
+    "int8",
+    "int8",
+    "int8",
+    "int4",
+    "int4",
+    "text",
+    "int4",
+    "int4",
+    "int8",
+    "int8",
+    "text",
+    "int4",
+    "text",
+    "text",
+]
 
 
 def copy_chunks(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-    with conn.cursor() as cur, cur.copy(
-        f"COPY chunks ({', '.join(CHUNK_COPY_COLS)}) FROM STDIN WITH (FORMAT BINARY)"
-    ) as copy:
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"COPY chunks ({', '.join(CHUNK_COPY_COLS)}) FROM STDIN WITH (FORMAT BINARY)") as copy,
+    ):
         copy.set_types(_CHUNK_TYPES)
         for row in rows:
             copy.write_row(row)
@@ -175,9 +231,13 @@ def copy_chunks(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]]) -> No
 
 def chunk_texts(conn: psycopg.Connection, *, buffer_id: int, after: int, limit: int) -> list[tuple[int, str]]:
     """(chunk id, text) of the buffer in id order after ``after``: one page of a keyset scan."""
-    return [(r[0], r[1]) for r in conn.execute(
-        "SELECT id, text FROM chunks WHERE buffer_id = %s AND id > %s ORDER BY id LIMIT %s",
-        (buffer_id, after, limit))]
+    return [
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT id, text FROM chunks WHERE buffer_id = %s AND id > %s ORDER BY id LIMIT %s",
+            (buffer_id, after, limit),
+        )
+    ]
 
 
 def delete_embeddings(conn: psycopg.Connection, *, table: str, buffer_id: int) -> None:
@@ -187,9 +247,10 @@ def delete_embeddings(conn: psycopg.Connection, *, table: str, buffer_id: int) -
 
 def copy_embeddings(conn: psycopg.Connection, *, table: str, rows: Iterable[tuple[int, int, int, Any]]) -> None:
     """rows: (chunk_id, buffer_id, window, float32 vector)."""
-    with conn.cursor() as cur, cur.copy(
-        f"COPY {table} (chunk_id, buffer_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)"
-    ) as copy:
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"COPY {table} (chunk_id, buffer_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy,
+    ):
         copy.set_types(["int8", "int8", "int2", "vector"])
         for row in rows:
             copy.write_row(row)
@@ -239,8 +300,9 @@ def iter_terms(conn: psycopg.Connection, *, buffer_id: int, batch: int = 5000) -
             yield cid, terms.split()
 
 
-def nearest_windows(conn: psycopg.Connection, *, table: str, buffer_ids: Sequence[int], query_vec: np.ndarray,
-                    limit: int) -> list[tuple[int, float]]:
+def nearest_windows(
+    conn: psycopg.Connection, *, table: str, buffer_ids: Sequence[int], query_vec: np.ndarray, limit: int
+) -> list[tuple[int, float]]:
     """(chunk id, cosine similarity) of the ``limit`` windows nearest the query, over the HNSW index."""
     with conn.transaction():
         # ef_search bounds how many rows HNSW can return; iterative scan keeps

@@ -94,10 +94,15 @@ def connection(settings: Settings | None = None, *, timeout: float | None = None
                 # Migrate on a plain connection first: the pool's configure hook must stay cheap.
                 connect(url=url).close()
                 pool = ConnectionPool(
-                    url, min_size=1, max_size=20, open=True, configure=lambda c: _prepare(c, url),
+                    url,
+                    min_size=1,
+                    max_size=20,
+                    open=True,
+                    configure=lambda c: _prepare(c, url),
                     # a connection broken by a PostgreSQL restart is replaced at checkout, not handed out
                     check=ConnectionPool.check_connection,
-                    kwargs={"connect_timeout": 10, "autocommit": True}, name="rlm",
+                    kwargs={"connect_timeout": 10, "autocommit": True},
+                    name="rlm",
                 )
                 _pools[url] = pool
     with pool.connection(timeout=timeout) as conn:

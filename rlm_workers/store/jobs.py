@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
 from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall
+
+if TYPE_CHECKING:
+    import psycopg
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 
@@ -48,12 +51,23 @@ class JobRow:
         return self.status in TERMINAL
 
 
-_JOB_COLS = ("id, tenant, status, stage, query, buffers, options, plan, params, scaling_tier, chunks_available, "
-             "chunk_load_failures, batches_total, collected, result, error, timings, task_ids, created_at, started_at, finished_at")
+_JOB_COLS = (
+    "id, tenant, status, stage, query, buffers, options, plan, params, scaling_tier, chunks_available, "
+    "chunk_load_failures, batches_total, collected, result, error, timings, task_ids, created_at, started_at, "
+    "finished_at"
+)
 
 
-def create_job(conn, *, job_id: str, tenant: str, query: str, buffers: Sequence[str], options: dict[str, Any],  # noqa: ANN001
-               idempotency_key: str | None = None) -> tuple[str, bool]:
+def create_job(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    tenant: str,
+    query: str,
+    buffers: Sequence[str],
+    options: dict[str, Any],
+    idempotency_key: str | None = None,
+) -> tuple[str, bool]:
     """Insert a queued job; with an idempotency key already used, return the existing job instead."""
     row = conn.execute(
         """INSERT INTO jobs (id, tenant, query, buffers, options, idempotency_key)
@@ -64,12 +78,13 @@ def create_job(conn, *, job_id: str, tenant: str, query: str, buffers: Sequence[
     ).fetchone()
     if row:
         return row[0], True
-    existing = conn.execute("SELECT id FROM jobs WHERE tenant = %s AND idempotency_key = %s",
-                            (tenant, idempotency_key)).fetchone()
+    existing = conn.execute(
+        "SELECT id FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, idempotency_key)
+    ).fetchone()
     return existing[0], False
 
 
-def get_job(conn, *, job_id: str, tenant: str | None = None) -> JobRow | None:  # noqa: ANN001
+def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None) -> JobRow | None:
     sql = f"SELECT {_JOB_COLS} FROM jobs WHERE id = %s"
     args: tuple = (job_id,)
     if tenant is not None:
@@ -79,7 +94,7 @@ def get_job(conn, *, job_id: str, tenant: str | None = None) -> JobRow | None:  
     return JobRow(*row) if row else None
 
 
-def set_stage(conn, *, job_id: str, stage: str) -> bool:  # noqa: ANN001
+def set_stage(conn: psycopg.Connection, *, job_id: str, stage: str) -> bool:
     """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled)."""
     cur = conn.execute(
         """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now()), stage_at = now()
@@ -89,21 +104,31 @@ def set_stage(conn, *, job_id: str, stage: str) -> bool:  # noqa: ANN001
     return cur.rowcount > 0
 
 
-def add_timing(conn, *, job_id: str, stage: str, seconds: float) -> None:  # noqa: ANN001
-    conn.execute("UPDATE jobs SET timings = timings || jsonb_build_object(%s::text, %s::float8) WHERE id = %s",
-                 (stage, round(seconds, 4), job_id))
+def add_timing(conn: psycopg.Connection, *, job_id: str, stage: str, seconds: float) -> None:
+    conn.execute(
+        "UPDATE jobs SET timings = timings || jsonb_build_object(%s::text, %s::float8) WHERE id = %s",
+        (stage, round(seconds, 4), job_id),
+    )
 
 
-def add_task_ids(conn, *, job_id: str, task_ids: Sequence[str]) -> None:  # noqa: ANN001
+def add_task_ids(conn: psycopg.Connection, *, job_id: str, task_ids: Sequence[str]) -> None:
     conn.execute("UPDATE jobs SET task_ids = task_ids || %s::text[] WHERE id = %s", (list(task_ids), job_id))
 
 
-def save_plan(conn, *, job_id: str, plan: dict[str, Any] | None) -> None:  # noqa: ANN001
+def save_plan(conn: psycopg.Connection, *, job_id: str, plan: dict[str, Any] | None) -> None:
     conn.execute("UPDATE jobs SET plan = %s WHERE id = %s", (Jsonb(plan) if plan is not None else None, job_id))
 
 
-def save_search(conn, *, job_id: str, params: dict[str, Any], tier: str, chunks_available: int,  # noqa: ANN001
-                chunk_load_failures: int, batches: Sequence[Sequence[int]]) -> None:
+def save_search(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    params: dict[str, Any],
+    tier: str,
+    chunks_available: int,
+    chunk_load_failures: int,
+    batches: Sequence[Sequence[int]],
+) -> None:
     conn.execute(
         """UPDATE jobs SET params = %s, scaling_tier = %s, chunks_available = %s, chunk_load_failures = %s,
                batches_total = %s WHERE id = %s""",
@@ -116,11 +141,11 @@ def save_search(conn, *, job_id: str, params: dict[str, Any], tier: str, chunks_
         )
 
 
-def save_collected(conn, *, job_id: str, collected: dict[str, Any]) -> None:  # noqa: ANN001
+def save_collected(conn: psycopg.Connection, *, job_id: str, collected: dict[str, Any]) -> None:
     conn.execute("UPDATE jobs SET collected = %s WHERE id = %s", (Jsonb(collected), job_id))
 
 
-def add_chunk_load_failures(conn, *, job_id: str, n: int) -> None:  # noqa: ANN001
+def add_chunk_load_failures(conn: psycopg.Connection, *, job_id: str, n: int) -> None:
     if n:
         conn.execute("UPDATE jobs SET chunk_load_failures = chunk_load_failures + %s WHERE id = %s", (n, job_id))
 
@@ -130,7 +155,7 @@ _LAST_ACTIVITY = """greatest(j.stage_at, (SELECT greatest(max(b.started_at), max
                                          FROM job_batches b WHERE b.job_id = j.id))"""
 
 
-def claim_batch(conn, *, job_id: str, batch_no: int) -> list[int] | None:  # noqa: ANN001
+def claim_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> list[int] | None:
     """Start a pending batch of an open job and return its chunk ids; None means: do not call the LLM
     (the job ended, the batch was salvaged, or an earlier delivery already finished it).
 
@@ -143,32 +168,48 @@ def claim_batch(conn, *, job_id: str, batch_no: int) -> list[int] | None:  # noq
         """WITH open_job AS (SELECT id FROM jobs WHERE id = %(j)s AND status IN ('queued', 'running') FOR SHARE)
            UPDATE job_batches SET attempts = attempts + 1, started_at = now()
            WHERE job_id = (SELECT id FROM open_job) AND batch_no = %(b)s AND status = 'pending'
-           RETURNING chunk_ids""", {"j": job_id, "b": batch_no}).fetchone()
+           RETURNING chunk_ids""",
+        {"j": job_id, "b": batch_no},
+    ).fetchone()
     return list(row[0]) if row else None
 
 
-def lock_for_salvage(conn, *, job_id: str, min_idle_seconds: float | None = None) -> bool:  # noqa: ANN001
+def lock_for_salvage(conn: psycopg.Connection, *, job_id: str, min_idle_seconds: float | None = None) -> bool:
     """Inside a transaction: lock the open job; False if it ended or (with ``min_idle_seconds``) moved lately."""
-    if conn.execute("SELECT 1 FROM jobs WHERE id = %s AND status IN ('queued', 'running') FOR UPDATE",
-                    (job_id,)).fetchone() is None:
+    if (
+        conn.execute(
+            "SELECT 1 FROM jobs WHERE id = %s AND status IN ('queued', 'running') FOR UPDATE", (job_id,)
+        ).fetchone()
+        is None
+    ):
         return False
     if min_idle_seconds is None:
         return True
     # a second statement: its snapshot includes claims that committed while we waited for the lock
-    idle = conn.execute(f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s",
-                        (job_id,)).fetchone()[0]
+    idle = conn.execute(
+        f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s", (job_id,)
+    ).fetchone()[0]
     return float(idle) >= min_idle_seconds
 
 
-def finish_batch(conn, *, job_id: str, batch_no: int, findings: Sequence[Finding] = (),  # noqa: ANN001
-                 error: dict[str, Any] | None = None) -> bool:
+def finish_batch(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    batch_no: int,
+    findings: Sequence[Finding] = (),
+    error: dict[str, Any] | None = None,
+) -> bool:
     """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost."""
     with conn.transaction():
-        if conn.execute(
-            """UPDATE job_batches SET status = %s, error = %s, finished_at = now()
+        if (
+            conn.execute(
+                """UPDATE job_batches SET status = %s, error = %s, finished_at = now()
                WHERE job_id = %s AND batch_no = %s AND status = 'pending' RETURNING batch_no""",
-            ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
-        ).fetchone() is None:
+                ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
+            ).fetchone()
+            is None
+        ):
             return False
         conn.execute("DELETE FROM job_findings WHERE job_id = %s AND batch_no = %s", (job_id, batch_no))
         if findings:
@@ -178,15 +219,26 @@ def finish_batch(conn, *, job_id: str, batch_no: int, findings: Sequence[Finding
                        VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
                        SET relevance = EXCLUDED.relevance, findings = EXCLUDED.findings, summary = EXCLUDED.summary,
                            follow_up = EXCLUDED.follow_up""",
-                    [(job_id, batch_no, f.chunk_id, f.relevance, Jsonb(f.findings), f.summary, Jsonb(f.follow_up))
-                     for f in findings],
+                    [
+                        (
+                            job_id,
+                            batch_no,
+                            f.chunk_id,
+                            f.relevance,
+                            Jsonb(f.findings),
+                            f.summary,
+                            Jsonb(f.follow_up),
+                        )
+                        for f in findings
+                    ],
                 )
     return True
 
 
-def fail_unfinished_batches(conn, *, job_id: str, reason: dict[str, Any]) -> int:  # noqa: ANN001
+def fail_unfinished_batches(conn: psycopg.Connection, *, job_id: str, reason: dict[str, Any]) -> int:
     return conn.execute(
-        "UPDATE job_batches SET status = 'failed', error = %s, finished_at = now() WHERE job_id = %s AND status = 'pending'",
+        """UPDATE job_batches SET status = 'failed', error = %s, finished_at = now()
+           WHERE job_id = %s AND status = 'pending'""",
         (Jsonb(reason), job_id),
     ).rowcount
 
@@ -201,51 +253,81 @@ class BatchRecord:
     error: dict[str, Any] | None
 
 
-def batches(conn, *, job_id: str) -> list[BatchRecord]:  # noqa: ANN001
-    return [BatchRecord(r[0], list(r[1]), r[2], r[3]) for r in conn.execute(
-        "SELECT batch_no, chunk_ids, status, error FROM job_batches WHERE job_id = %s ORDER BY batch_no", (job_id,))]
+def batches(conn: psycopg.Connection, *, job_id: str) -> list[BatchRecord]:
+    return [
+        BatchRecord(r[0], list(r[1]), r[2], r[3])
+        for r in conn.execute(
+            "SELECT batch_no, chunk_ids, status, error FROM job_batches WHERE job_id = %s ORDER BY batch_no",
+            (job_id,),
+        )
+    ]
 
 
-def batch_progress(conn, *, job_id: str) -> tuple[int, int]:  # noqa: ANN001
+def batch_progress(conn: psycopg.Connection, *, job_id: str) -> tuple[int, int]:
     row = conn.execute(
         """SELECT count(*) FILTER (WHERE status <> 'pending'), count(*) FROM job_batches WHERE job_id = %s""",
-        (job_id,)).fetchone()
+        (job_id,),
+    ).fetchone()
     return int(row[0]), int(row[1])
 
 
-def findings_of(conn, *, job_id: str) -> list[tuple[int, Finding]]:  # noqa: ANN001
+def findings_of(conn: psycopg.Connection, *, job_id: str) -> list[tuple[int, Finding]]:
     rows = conn.execute(
         """SELECT batch_no, chunk_id, relevance, findings, summary, follow_up FROM job_findings
-           WHERE job_id = %s ORDER BY batch_no, chunk_id""", (job_id,)).fetchall()
-    return [(r[0], Finding(chunk_id=r[1], relevance=r[2], findings=r[3], summary=r[4], follow_up=r[5]))
-            for r in rows]
+           WHERE job_id = %s ORDER BY batch_no, chunk_id""",
+        (job_id,),
+    ).fetchall()
+    return [(r[0], Finding(chunk_id=r[1], relevance=r[2], findings=r[3], summary=r[4], follow_up=r[5])) for r in rows]
 
 
-def record_llm_call(conn, *, job_id: str | None, call: LLMCall) -> None:  # noqa: ANN001
+def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCall) -> None:
     conn.execute(
-        """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error)
+        """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms,
+                                  status, error)
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-        (job_id, call.stage, call.batch, call.provider, call.model, call.tokens_in, call.tokens_out,
-         call.latency_ms, call.status, (call.error or None) and call.error[:1000]),
+        (
+            job_id,
+            call.stage,
+            call.batch,
+            call.provider,
+            call.model,
+            call.tokens_in,
+            call.tokens_out,
+            call.latency_ms,
+            call.status,
+            (call.error or None) and call.error[:1000],
+        ),
     )
 
 
-def usage_totals(conn, *, job_id: str) -> tuple[int, int, int]:  # noqa: ANN001
+def usage_totals(conn: psycopg.Connection, *, job_id: str) -> tuple[int, int, int]:
     """(calls, tokens_in, tokens_out) over every call logged for the job, retries included."""
     row = conn.execute(
         "SELECT count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) FROM llm_calls WHERE job_id = %s",
-        (job_id,)).fetchone()
+        (job_id,),
+    ).fetchone()
     return int(row[0]), int(row[1]), int(row[2])
 
 
-def finish_job(conn, *, job_id: str, status: JobStatus, result: dict[str, Any] | None = None,  # noqa: ANN001
-               error: dict[str, Any] | None = None) -> bool:
+def finish_job(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    status: JobStatus,
+    result: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> bool:
     """End the job once; a second delivery of a final stage changes nothing."""
     cur = conn.execute(
         """UPDATE jobs SET status = %s, stage = %s, result = coalesce(%s, result), error = %s, finished_at = now()
            WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')""",
-        (status.value, status.value, Jsonb(result) if result is not None else None,
-         Jsonb(error) if error is not None else None, job_id),
+        (
+            status.value,
+            status.value,
+            Jsonb(result) if result is not None else None,
+            Jsonb(error) if error is not None else None,
+            job_id,
+        ),
     )
     if cur.rowcount == 0:
         return False
@@ -254,36 +336,60 @@ def finish_job(conn, *, job_id: str, status: JobStatus, result: dict[str, Any] |
     return True
 
 
-def cancel_job(conn, *, job_id: str, tenant: str) -> JobRow | None:  # noqa: ANN001
+def cancel_job(conn: psycopg.Connection, *, job_id: str, tenant: str) -> JobRow | None:
     job = get_job(conn, job_id=job_id, tenant=tenant)
     if job is None:
         return None
-    finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error={"type": "cancelled", "message": "cancelled by the user"})
+    finish_job(
+        conn,
+        job_id=job_id,
+        status=JobStatus.cancelled,
+        error={"type": "cancelled", "message": "cancelled by the user"},
+    )
     return get_job(conn, job_id=job_id, tenant=tenant)
 
 
-def touch_job(conn, *, job_id: str) -> None:  # noqa: ANN001
+def touch_job(conn: psycopg.Connection, *, job_id: str) -> None:
     """Progress without a stage change (a batch finished): the job is not stuck."""
     conn.execute("UPDATE jobs SET stage_at = now() WHERE id = %s", (job_id,))
 
 
-def stale_jobs(conn, *, idle_seconds: float, limit: int = 100) -> list[tuple[str, str, float]]:  # noqa: ANN001
+def stale_jobs(conn: psycopg.Connection, *, idle_seconds: float, limit: int = 100) -> list[tuple[str, str, float]]:
     """(id, stage, idle seconds) of open jobs with no sign of life (stage, batch start or end) that long."""
-    return [(r[0], r[1], float(r[2])) for r in conn.execute(
-        f"""SELECT id, stage, idle FROM (
+    return [
+        (r[0], r[1], float(r[2]))
+        for r in conn.execute(
+            f"""SELECT id, stage, idle FROM (
                 SELECT j.id, j.stage, j.stage_at, extract(epoch FROM now() - {_LAST_ACTIVITY}) AS idle FROM jobs j
                 WHERE j.status IN ('queued', 'running') AND j.stage_at < now() - make_interval(secs => %(s)s)) c
-            WHERE idle >= %(s)s ORDER BY stage_at LIMIT %(n)s""", {"s": idle_seconds, "n": limit})]
+            WHERE idle >= %(s)s ORDER BY stage_at LIMIT %(n)s""",
+            {"s": idle_seconds, "n": limit},
+        )
+    ]
 
 
-def llm_calls_of(conn, *, job_id: str) -> list[LLMCall]:
+def llm_calls_of(conn: psycopg.Connection, *, job_id: str) -> list[LLMCall]:
     """Every call logged for the job, retries included, in the order they were logged."""
-    return [LLMCall(stage=r[0], batch=r[1], provider=r[2], model=r[3], tokens_in=r[4], tokens_out=r[5],
-                    latency_ms=r[6], status=r[7], error=r[8]) for r in conn.execute(
-        """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error FROM llm_calls
-           WHERE job_id = %s ORDER BY id""", (job_id,))]
+    return [
+        LLMCall(
+            stage=r[0],
+            batch=r[1],
+            provider=r[2],
+            model=r[3],
+            tokens_in=r[4],
+            tokens_out=r[5],
+            latency_ms=r[6],
+            status=r[7],
+            error=r[8],
+        )
+        for r in conn.execute(
+            """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error FROM llm_calls
+           WHERE job_id = %s ORDER BY id""",
+            (job_id,),
+        )
+    ]
 
 
-def listen_job_ended(conn, *, listen: bool = True) -> None:  # noqa: ANN001
+def listen_job_ended(conn: psycopg.Connection, *, listen: bool = True) -> None:
     """Start (or stop) hearing ``finish_job``'s notifications on this connection; takes effect at commit."""
     conn.execute(f"{'LISTEN' if listen else 'UNLISTEN'} {JOB_ENDED_CHANNEL}")

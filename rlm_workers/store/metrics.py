@@ -33,13 +33,21 @@ def jobs_by_status(conn: psycopg.Connection) -> list[tuple[str, int]]:
 
 def stage_totals(conn: psycopg.Connection) -> list[StageTotal]:
     """Summed wall time and count per stage over every job's ``timings``."""
-    return [StageTotal(*r) for r in conn.execute(
-        """SELECT t.key, sum(t.value::float8), count(*) FROM jobs, jsonb_each_text(jobs.timings) t
-           GROUP BY t.key""")]
+    return [
+        StageTotal(*r)
+        for r in conn.execute(
+            """SELECT t.key, sum(t.value::float8), count(*) FROM jobs, jsonb_each_text(jobs.timings) t
+           GROUP BY t.key"""
+        )
+    ]
 
 
 def call_totals(conn: psycopg.Connection) -> list[CallTotal]:
     """Logged LLM calls and their tokens per (model, status)."""
-    return [CallTotal(*r) for r in conn.execute(
-        """SELECT model, status, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0)
-           FROM llm_calls GROUP BY model, status""")]
+    return [
+        CallTotal(*r)
+        for r in conn.execute(
+            """SELECT model, status, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0)
+           FROM llm_calls GROUP BY model, status"""
+        )
+    ]

@@ -283,7 +283,8 @@ def ensure_embedding_table(conn: psycopg.Connection, dim: int) -> str:
 
 def applied(conn: psycopg.Connection) -> list[str]:
     conn.execute(
-        "CREATE TABLE IF NOT EXISTS rlm_migrations (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        "CREATE TABLE IF NOT EXISTS rlm_migrations "
+        "(name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
     )
     return [r[0] for r in conn.execute("SELECT name FROM rlm_migrations ORDER BY name")]
 

@@ -47,8 +47,10 @@ class OvernightRow:
         return self.status in OPEN
 
 
-_OVERNIGHT_COLS = ("id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
-               "started_at, finished_at, last_tick_at, tick_token, next_tick_at")
+_OVERNIGHT_COLS = (
+    "id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
+    "started_at, finished_at, last_tick_at, tick_token, next_tick_at"
+)
 
 
 @dataclass
@@ -68,16 +70,29 @@ class ItemRow:
     attempts: int
 
 
-_ITEM_COLS = ("item_no, query, buffer, status, job_id, cache_key, from_cache, result, error, tokens, submitted_at, "
-              "finished_at, attempts")
+_ITEM_COLS = (
+    "item_no, query, buffer, status, job_id, cache_key, from_cache, result, error, tokens, submitted_at, "
+    "finished_at, attempts"
+)
 
 
 # --------------------------------------------------------------------------- creation and reading
 
 
-def create_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str, queries: Sequence[str], buffers: Sequence[str],
-                 options: dict[str, Any], run_at: datetime | None, priority: int, token_budget: int | None,
-                 tick_token: str, idempotency_key: str | None = None) -> tuple[str, bool]:
+def create_overnight(
+    conn: psycopg.Connection,
+    *,
+    batch_id: str,
+    tenant: str,
+    queries: Sequence[str],
+    buffers: Sequence[str],
+    options: dict[str, Any],
+    run_at: datetime | None,
+    priority: int,
+    token_budget: int | None,
+    tick_token: str,
+    idempotency_key: str | None = None,
+) -> tuple[str, bool]:
     """Insert the batch and its items (queries outer, buffers inner) in one transaction.
 
     With an idempotency key already used by this tenant, nothing is written and the existing id returned.
@@ -92,10 +107,14 @@ def create_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str, qu
             (batch_id, tenant, Jsonb(options), run_at, priority, token_budget, idempotency_key, tick_token),
         ).fetchone()
         if row is None:
-            existing = conn.execute("SELECT id FROM batches WHERE tenant = %s AND idempotency_key = %s",
-                                    (tenant, idempotency_key)).fetchone()
+            existing = conn.execute(
+                "SELECT id FROM batches WHERE tenant = %s AND idempotency_key = %s", (tenant, idempotency_key)
+            ).fetchone()
             return existing[0], False
-        with conn.cursor() as cur, cur.copy("COPY batch_items (batch_id, item_no, query, buffer) FROM STDIN") as cp:
+        with (
+            conn.cursor() as cur,
+            cur.copy("COPY batch_items (batch_id, item_no, query, buffer) FROM STDIN") as cp,
+        ):
             n = 0
             for q in queries:
                 for b in buffers:
@@ -115,8 +134,10 @@ def get_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str | None
 
 
 def list_overnight(conn: psycopg.Connection, *, tenant: str, limit: int = 50) -> list[OvernightRow]:
-    rows = conn.execute(f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
-                        (tenant, limit)).fetchall()
+    rows = conn.execute(
+        f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
+        (tenant, limit),
+    ).fetchall()
     return [OvernightRow(*r) for r in rows]
 
 
@@ -132,16 +153,24 @@ class Progress:
 
 def progress(conn: psycopg.Connection, *, batch_id: str) -> Progress:
     counts = dict.fromkeys(ITEM_STATES, 0)
-    for status, n in conn.execute("SELECT status, count(*) FROM batch_items WHERE batch_id = %s GROUP BY status",
-                                  (batch_id,)):
+    for status, n in conn.execute(
+        "SELECT status, count(*) FROM batch_items WHERE batch_id = %s GROUP BY status", (batch_id,)
+    ):
         counts[status] = int(n)
     row = conn.execute(
         """SELECT coalesce(sum(tokens), 0), count(*) FILTER (WHERE from_cache),
                   avg(extract(epoch FROM finished_at - submitted_at))
                       FILTER (WHERE NOT from_cache AND status IN ('done', 'failed') AND submitted_at IS NOT NULL)
-           FROM batch_items WHERE batch_id = %s""", (batch_id,)).fetchone()
-    return Progress(counts=counts, total=sum(counts.values()), tokens=int(row[0]), from_cache=int(row[1]),
-                    mean_item_seconds=float(row[2]) if row[2] is not None else None)
+           FROM batch_items WHERE batch_id = %s""",
+        (batch_id,),
+    ).fetchone()
+    return Progress(
+        counts=counts,
+        total=sum(counts.values()),
+        tokens=int(row[0]),
+        from_cache=int(row[1]),
+        mean_item_seconds=float(row[2]) if row[2] is not None else None,
+    )
 
 
 def iter_items(conn: psycopg.Connection, *, batch_id: str, page: int = 500) -> Iterator[ItemRow]:
@@ -150,7 +179,8 @@ def iter_items(conn: psycopg.Connection, *, batch_id: str, page: int = 500) -> I
     while True:
         rows = conn.execute(
             f"SELECT {_ITEM_COLS} FROM batch_items WHERE batch_id = %s AND item_no > %s ORDER BY item_no LIMIT %s",
-            (batch_id, after, page)).fetchall()
+            (batch_id, after, page),
+        ).fetchall()
         if not rows:
             return
         for r in rows:
@@ -167,8 +197,9 @@ def items(conn: psycopg.Connection, *, batch_id: str) -> list[ItemRow]:
 
 def lock_overnight(conn: psycopg.Connection, *, batch_id: str) -> OvernightRow | None:
     """The batch row locked for this transaction; None if missing or another tick holds it (SKIP LOCKED)."""
-    row = conn.execute(f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE id = %s FOR UPDATE SKIP LOCKED",
-                       (batch_id,)).fetchone()
+    row = conn.execute(
+        f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE id = %s FOR UPDATE SKIP LOCKED", (batch_id,)
+    ).fetchone()
     return OvernightRow(*row) if row else None
 
 
@@ -181,11 +212,16 @@ def db_now(conn: psycopg.Connection) -> datetime:
 
 
 def mark_started(conn: psycopg.Connection, *, batch_id: str) -> None:
-    conn.execute("""UPDATE batches SET status = 'running', started_at = coalesce(started_at, now())
-                    WHERE id = %s AND status = 'scheduled'""", (batch_id,))
+    conn.execute(
+        """UPDATE batches SET status = 'running', started_at = coalesce(started_at, now())
+                    WHERE id = %s AND status = 'scheduled'""",
+        (batch_id,),
+    )
 
 
-def mark_ticked(conn: psycopg.Connection, *, batch_id: str, next_in: float | None = None, token: str | None = None) -> None:
+def mark_ticked(
+    conn: psycopg.Connection, *, batch_id: str, next_in: float | None = None, token: str | None = None
+) -> None:
     """Record this tick; with ``token`` also hand the chain to the tick about to be sent."""
     if token is None:
         conn.execute("UPDATE batches SET last_tick_at = now() WHERE id = %s", (batch_id,))
@@ -193,13 +229,16 @@ def mark_ticked(conn: psycopg.Connection, *, batch_id: str, next_in: float | Non
         conn.execute(
             """UPDATE batches SET last_tick_at = now(), tick_token = %s,
                    next_tick_at = now() + make_interval(secs => %s) WHERE id = %s""",
-            (token, float(next_in or 0), batch_id))
+            (token, float(next_in or 0), batch_id),
+        )
 
 
 def finish_overnight(conn: psycopg.Connection, *, batch_id: str, status: str = "done") -> None:
-    conn.execute("""UPDATE batches SET status = %s, finished_at = now(), last_tick_at = now(), tick_token = NULL,
+    conn.execute(
+        """UPDATE batches SET status = %s, finished_at = now(), last_tick_at = now(), tick_token = NULL,
                         next_tick_at = NULL WHERE id = %s AND status IN ('scheduled', 'running')""",
-                 (status, batch_id))
+        (status, batch_id),
+    )
 
 
 @dataclass
@@ -221,19 +260,39 @@ def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJo
                   i.cache_key
            FROM batch_items i JOIN jobs j ON j.id = i.job_id
            WHERE i.batch_id = %s AND i.status = 'running' AND j.status IN ('done', 'failed', 'cancelled')
-           ORDER BY i.item_no""", (batch_id,)).fetchall()
+           ORDER BY i.item_no""",
+        (batch_id,),
+    ).fetchall()
     return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6]) for r in rows]
 
 
-def finish_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, status: str, result: dict[str, Any] | None,
-                error: dict[str, Any] | None, tokens: int = 0, from_cache: bool = False,
-                cache_key: str | None = None) -> None:
+def finish_item(
+    conn: psycopg.Connection,
+    *,
+    batch_id: str,
+    item_no: int,
+    status: str,
+    result: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    tokens: int = 0,
+    from_cache: bool = False,
+    cache_key: str | None = None,
+) -> None:
     conn.execute(
         """UPDATE batch_items SET status = %s, result = %s, error = %s, tokens = tokens + %s, from_cache = %s,
                cache_key = coalesce(%s, cache_key), finished_at = now()
            WHERE batch_id = %s AND item_no = %s""",
-        (status, Jsonb(result) if result is not None else None, Jsonb(error) if error is not None else None,
-         tokens, from_cache, cache_key, batch_id, item_no))
+        (
+            status,
+            Jsonb(result) if result is not None else None,
+            Jsonb(error) if error is not None else None,
+            tokens,
+            from_cache,
+            cache_key,
+            batch_id,
+            item_no,
+        ),
+    )
 
 
 @dataclass
@@ -260,9 +319,12 @@ def in_flight(conn: psycopg.Connection, *, batch_id: str) -> list[InFlight]:
            FROM batch_items i LEFT JOIN jobs j ON j.id = i.job_id
            WHERE i.batch_id = %s AND i.status = 'running'
              AND (j.id IS NULL OR j.status IN ('queued', 'running'))
-           ORDER BY i.item_no""", (batch_id,)).fetchall()
-    return [InFlight(r[0], r[1], r[2], r[3], int(r[4]), float(r[5]) if r[5] is not None else None, int(r[6]))
-            for r in rows]
+           ORDER BY i.item_no""",
+        (batch_id,),
+    ).fetchall()
+    return [
+        InFlight(r[0], r[1], r[2], r[3], int(r[4]), float(r[5]) if r[5] is not None else None, int(r[6])) for r in rows
+    ]
 
 
 def requeue_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, tokens: int) -> None:
@@ -270,25 +332,39 @@ def requeue_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, token
     conn.execute(
         """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL,
                attempts = attempts + 1, tokens = tokens + %s WHERE batch_id = %s AND item_no = %s""",
-        (tokens, batch_id, item_no))
+        (tokens, batch_id, item_no),
+    )
 
 
 def release_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, job_id: str) -> None:
     """An item whose job never reached the broker goes back to pending (no attempt counted)."""
     conn.execute(
         """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL
-           WHERE batch_id = %s AND item_no = %s AND job_id = %s""", (batch_id, item_no, job_id))
+           WHERE batch_id = %s AND item_no = %s AND job_id = %s""",
+        (batch_id, item_no, job_id),
+    )
 
 
-def pending_items(conn: psycopg.Connection, *, batch_id: str, after: int = -1, limit: int = 500) -> list[tuple[int, str, str]]:
-    return [(r[0], r[1], r[2]) for r in conn.execute(
-        """SELECT item_no, query, buffer FROM batch_items WHERE batch_id = %s AND status = 'pending' AND item_no > %s
-           ORDER BY item_no LIMIT %s""", (batch_id, after, limit))]
+def pending_items(
+    conn: psycopg.Connection, *, batch_id: str, after: int = -1, limit: int = 500
+) -> list[tuple[int, str, str]]:
+    return [
+        (r[0], r[1], r[2])
+        for r in conn.execute(
+            """SELECT item_no, query, buffer FROM batch_items
+               WHERE batch_id = %s AND status = 'pending' AND item_no > %s
+           ORDER BY item_no LIMIT %s""",
+            (batch_id, after, limit),
+        )
+    ]
 
 
 def count_status(conn: psycopg.Connection, *, batch_id: str, status: str) -> int:
-    return int(conn.execute("SELECT count(*) FROM batch_items WHERE batch_id = %s AND status = %s",
-                            (batch_id, status)).fetchone()[0])
+    return int(
+        conn.execute(
+            "SELECT count(*) FROM batch_items WHERE batch_id = %s AND status = %s", (batch_id, status)
+        ).fetchone()[0]
+    )
 
 
 def tokens_spent(conn: psycopg.Connection, *, batch_id: str) -> int:
@@ -297,34 +373,54 @@ def tokens_spent(conn: psycopg.Connection, *, batch_id: str) -> int:
         """SELECT (SELECT coalesce(sum(tokens), 0) FROM batch_items WHERE batch_id = %(b)s)
                 + (SELECT coalesce(sum(c.tokens_in + c.tokens_out), 0) FROM llm_calls c
                    JOIN batch_items r ON r.job_id = c.job_id WHERE r.batch_id = %(b)s AND r.status = 'running')""",
-        {"b": batch_id}).fetchone()
+        {"b": batch_id},
+    ).fetchone()
     return int(row[0])
 
 
-def mark_submitted(conn: psycopg.Connection, *, batch_id: str, item_no: int, job_id: str, cache_key: str,
-                   broker_epoch: str | None) -> None:
+def mark_submitted(
+    conn: psycopg.Connection,
+    *,
+    batch_id: str,
+    item_no: int,
+    job_id: str,
+    cache_key: str,
+    broker_epoch: str | None,
+) -> None:
     conn.execute(
         """UPDATE batch_items SET status = 'running', job_id = %s, cache_key = %s, broker_epoch = %s,
                submitted_at = now(), error = NULL WHERE batch_id = %s AND item_no = %s""",
-        (job_id, cache_key, broker_epoch, batch_id, item_no))
+        (job_id, cache_key, broker_epoch, batch_id, item_no),
+    )
 
 
 def close_pending(conn: psycopg.Connection, *, batch_id: str, status: str, error: dict[str, Any]) -> int:
     """Every pending item → ``status`` (skipped by the budget, cancelled with the batch)."""
     return conn.execute(
         """UPDATE batch_items SET status = %s, error = %s, finished_at = now()
-           WHERE batch_id = %s AND status = 'pending'""", (status, Jsonb(error), batch_id)).rowcount
+           WHERE batch_id = %s AND status = 'pending'""",
+        (status, Jsonb(error), batch_id),
+    ).rowcount
 
 
 def running_job_ids(conn: psycopg.Connection, *, batch_id: str) -> list[tuple[int, str | None]]:
-    return [(r[0], r[1]) for r in conn.execute(
-        "SELECT item_no, job_id FROM batch_items WHERE batch_id = %s AND status = 'running' ORDER BY item_no",
-        (batch_id,))]
+    return [
+        (r[0], r[1])
+        for r in conn.execute(
+            "SELECT item_no, job_id FROM batch_items WHERE batch_id = %s AND status = 'running' ORDER BY item_no",
+            (batch_id,),
+        )
+    ]
 
 
 def buffer_versions(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> dict[str, int]:
-    return {r[0]: int(r[1]) for r in conn.execute(
-        "SELECT name, version FROM buffers WHERE tenant = %s AND name = ANY(%s)", (tenant, list(set(names))))}
+    return {
+        r[0]: int(r[1])
+        for r in conn.execute(
+            "SELECT name, version FROM buffers WHERE tenant = %s AND name = ANY(%s)",
+            (tenant, list(set(names))),
+        )
+    }
 
 
 # --------------------------------------------------------------------------- reconciler
@@ -345,7 +441,9 @@ def claim_stale(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 
            UPDATE batches b SET tick_token = md5(random()::text || clock_timestamp()::text),
                   next_tick_at = now()
            FROM stale WHERE b.id = stale.id
-           RETURNING b.id, b.tick_token""", (grace_seconds, limit)).fetchall()
+           RETURNING b.id, b.tick_token""",
+        (grace_seconds, limit),
+    ).fetchall()
     return [(r[0], r[1]) for r in rows]
 
 
@@ -355,16 +453,21 @@ def claim_stale(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 
 def cache_get(conn: psycopg.Connection, *, tenant: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
     if not keys:
         return {}
-    return {r[0]: r[1] for r in conn.execute(
-        "SELECT cache_key, result FROM result_cache WHERE tenant = %s AND cache_key = ANY(%s)",
-        (tenant, list(set(keys))))}
+    return {
+        r[0]: r[1]
+        for r in conn.execute(
+            "SELECT cache_key, result FROM result_cache WHERE tenant = %s AND cache_key = ANY(%s)",
+            (tenant, list(set(keys))),
+        )
+    }
 
 
 def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, result: dict[str, Any]) -> None:
     conn.execute(
         """INSERT INTO result_cache (cache_key, tenant, result) VALUES (%s, %s, %s)
            ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, created_at = now()""",
-        (key, tenant, Jsonb(result)))
+        (key, tenant, Jsonb(result)),
+    )
 
 
 # --------------------------------------------------------------------------- cancel
@@ -372,8 +475,9 @@ def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, result: dict[s
 
 def lock_for_cancel(conn: psycopg.Connection, *, batch_id: str, tenant: str) -> str | None:
     """Inside a transaction: the tenant's batch row locked (waiting for a tick holding it); its status, or None."""
-    row = conn.execute("SELECT status FROM batches WHERE id = %s AND tenant = %s FOR UPDATE",
-                       (batch_id, tenant)).fetchone()
+    row = conn.execute(
+        "SELECT status FROM batches WHERE id = %s AND tenant = %s FOR UPDATE", (batch_id, tenant)
+    ).fetchone()
     return row[0] if row else None
 
 
@@ -386,6 +490,8 @@ def mark_cancelled(conn: psycopg.Connection, *, batch_id: str) -> list[str]:
     cancelled = {"type": "cancelled", "message": "the batch was cancelled"}
     conn.execute(
         """UPDATE batch_items SET status = 'cancelled', error = %s, finished_at = now()
-           WHERE batch_id = %s AND status IN ('pending', 'running')""", (Jsonb(cancelled), batch_id))
+           WHERE batch_id = %s AND status IN ('pending', 'running')""",
+        (Jsonb(cancelled), batch_id),
+    )
     finish_overnight(conn, batch_id=batch_id, status="cancelled")
     return jobs

@@ -17,8 +17,9 @@ from psycopg.types.json import Jsonb
 if TYPE_CHECKING:
     import psycopg
 
-_COLS = ("id, tenant, buffer, options, status, report, error, files, bytes, attempts, created_at, started_at, "
-         "finished_at")
+_COLS = (
+    "id, tenant, buffer, options, status, report, error, files, bytes, attempts, created_at, started_at, finished_at"
+)
 
 
 @dataclass(frozen=True)
@@ -43,22 +44,34 @@ class UploadRow:
         return self.status in ("done", "failed")
 
 
-def create_upload(conn: psycopg.Connection, *, upload_id: str, tenant: str, buffer: str, options: dict[str, Any],
-                  files: Sequence[tuple[str, bytes]]) -> None:
+def create_upload(
+    conn: psycopg.Connection,
+    *,
+    upload_id: str,
+    tenant: str,
+    buffer: str,
+    options: dict[str, Any],
+    files: Sequence[tuple[str, bytes]],
+) -> None:
     """The upload row and its files, in one transaction: a worker never sees half an upload."""
     with conn.transaction():
         conn.execute(
             """INSERT INTO uploads (id, tenant, buffer, options, files, bytes)
                VALUES (%s, %s, %s, %s, %s, %s)""",
-            (upload_id, tenant, buffer, Jsonb(options), len(files), sum(len(d) for _, d in files)))
+            (upload_id, tenant, buffer, Jsonb(options), len(files), sum(len(d) for _, d in files)),
+        )
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO upload_files (upload_id, path, data) VALUES (%s, %s, %b)",
-                            [(upload_id, path, data) for path, data in files])
+            cur.executemany(
+                "INSERT INTO upload_files (upload_id, path, data) VALUES (%s, %s, %b)",
+                [(upload_id, path, data) for path, data in files],
+            )
 
 
 def get_upload(conn: psycopg.Connection, *, upload_id: str, tenant: str | None = None) -> UploadRow | None:
-    row = conn.execute(f"SELECT {_COLS} FROM uploads WHERE id = %s AND (%s::text IS NULL OR tenant = %s)",
-                       (upload_id, tenant, tenant)).fetchone()
+    row = conn.execute(
+        f"SELECT {_COLS} FROM uploads WHERE id = %s AND (%s::text IS NULL OR tenant = %s)",
+        (upload_id, tenant, tenant),
+    ).fetchone()
     return UploadRow(*row) if row else None
 
 
@@ -76,29 +89,42 @@ def start_upload(conn: psycopg.Connection, *, upload_id: str) -> UploadRow | Non
     row = conn.execute(
         f"""UPDATE uploads SET status = 'running', attempts = attempts + 1, sent_at = now(),
                    started_at = coalesce(started_at, now())
-            WHERE id = %s AND status IN ('queued', 'running') RETURNING {_COLS}""", (upload_id,)).fetchone()
+            WHERE id = %s AND status IN ('queued', 'running') RETURNING {_COLS}""",
+        (upload_id,),
+    ).fetchone()
     return UploadRow(*row) if row else None
 
 
 def staged_files(conn: psycopg.Connection, *, upload_id: str) -> list[tuple[str, bytes]]:
-    rows = conn.execute("SELECT path, data FROM upload_files WHERE upload_id = %s ORDER BY path",
-                        (upload_id,)).fetchall()
+    rows = conn.execute(
+        "SELECT path, data FROM upload_files WHERE upload_id = %s ORDER BY path", (upload_id,)
+    ).fetchall()
     return [(path, bytes(data)) for path, data in rows]
 
 
-def finish_upload(conn: psycopg.Connection, *, upload_id: str, status: str, report: dict[str, Any] | None = None,
-                  error: dict[str, Any] | None = None) -> None:
+def finish_upload(
+    conn: psycopg.Connection,
+    *,
+    upload_id: str,
+    status: str,
+    report: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+) -> None:
     """End the upload and drop its staged bytes (in the caller's transaction)."""
-    conn.execute("""UPDATE uploads SET status = %s, report = %s, error = %s, finished_at = now()
-                    WHERE id = %s""", (status, Jsonb(report) if report else None,
-                                       Jsonb(error) if error else None, upload_id))
+    conn.execute(
+        """UPDATE uploads SET status = %s, report = %s, error = %s, finished_at = now()
+                    WHERE id = %s""",
+        (status, Jsonb(report) if report else None, Jsonb(error) if error else None, upload_id),
+    )
     conn.execute("DELETE FROM upload_files WHERE upload_id = %s", (upload_id,))
 
 
 def note_error(conn: psycopg.Connection, *, upload_id: str, error: dict[str, Any]) -> None:
     """The last attempt's error, kept while the upload waits for another attempt."""
-    conn.execute("UPDATE uploads SET error = %s WHERE id = %s AND status IN ('queued', 'running')",
-                 (Jsonb(error), upload_id))
+    conn.execute(
+        "UPDATE uploads SET error = %s WHERE id = %s AND status IN ('queued', 'running')",
+        (Jsonb(error), upload_id),
+    )
 
 
 def stale_uploads(conn: psycopg.Connection, *, idle_seconds: float, limit: int = 100) -> list[str]:
@@ -109,5 +135,6 @@ def stale_uploads(conn: psycopg.Connection, *, idle_seconds: float, limit: int =
                  AND sent_at < now() - make_interval(secs => %s)
                ORDER BY sent_at LIMIT %s FOR UPDATE SKIP LOCKED)
            UPDATE uploads u SET sent_at = now() FROM stale WHERE u.id = stale.id RETURNING u.id""",
-        (idle_seconds, limit)).fetchall()
+        (idle_seconds, limit),
+    ).fetchall()
     return [r[0] for r in rows]

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 from celery import Task, shared_task
 
-from ..config import get_settings
-from ..overnight.scheduler import reconcile_overnight, run_tick
-from ..store.db import connection
+from ..overnight import scheduler
 from .base import DurableTask
 
 
 @shared_task(name="rlm.batch.tick", base=DurableTask, bind=True, ignore_result=True)
 def tick(self: Task, batch_id: str, token: str | None = None) -> str:
     """One step of the batch; a retried tick keeps its token, so it still owns the chain."""
-    with connection() as conn:
-        return run_tick(conn, batch_id, token).status
+    return scheduler.advance(batch_id, token)
 
 
 @shared_task(name="rlm.batch.reconcile", base=DurableTask, bind=True, ignore_result=True)
 def reconcile(self: Task) -> int:
     """For celery beat users: the same sweep the workers' reconciler thread runs."""
-    with connection() as conn:
-        return len(reconcile_overnight(conn, settings=get_settings()))
+    return scheduler.sweep()

@@ -21,8 +21,13 @@ def test_services():
     from tests.support.services import TestServices
 
     data_dir = Path(tempfile.mkdtemp(prefix="rlm-faults-"))
-    svc = TestServices(data_dir=data_dir, admin_url=services.embedded_postgres_url(data_dir),
-                       broker_url=services.embedded_valkey_url(data_dir), embedded_pg=True, embedded_valkey=True)
+    svc = TestServices(
+        data_dir=data_dir,
+        admin_url=services.embedded_postgres_url(data_dir),
+        broker_url=services.embedded_valkey_url(data_dir),
+        embedded_pg=True,
+        embedded_valkey=True,
+    )
     yield svc
     svc.stop()
 
@@ -33,15 +38,20 @@ def test_services():
 CLOCKS = {"RLM_VISIBILITY_TIMEOUT": "30", "RLM_JOB_TIMEOUT": "20", "RLM_RECONCILE_SECONDS": "2"}
 
 
-
-
 @pytest.fixture(scope="module")
 def env(rlm_env, llm):
     from tests.support.envpatch import patched_env
 
-    extra = {"OPENAI_API_KEY": "sk-test-not-a-real-key", "OPENAI_BASE_URL": llm.base_url, **MODEL_ENV,
-             "RLM_LLM_RETRIES": "3", "RLM_LLM_TIMEOUT": "20", "RLM_MAX_CONCURRENCY": "4", "HF_HUB_OFFLINE": "1",
-             **CLOCKS}
+    extra = {
+        "OPENAI_API_KEY": "sk-test-not-a-real-key",
+        "OPENAI_BASE_URL": llm.base_url,
+        **MODEL_ENV,
+        "RLM_LLM_RETRIES": "3",
+        "RLM_LLM_TIMEOUT": "20",
+        "RLM_MAX_CONCURRENCY": "4",
+        "HF_HUB_OFFLINE": "1",
+        **CLOCKS,
+    }
     with patched_env(extra):
         yield {**rlm_env, **extra}
 
@@ -62,8 +72,10 @@ def workers(env, corpus, tmp_path_factory):
 
     redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
     logs = tmp_path_factory.mktemp("fault-logs")
-    ws = {"ctl": WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-          "an": WorkerProcess("fan", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8)}
+    ws = {
+        "ctl": WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
+        "an": WorkerProcess("fan", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8),
+    }
     for w in ws.values():
         w.start()
     yield ws
@@ -81,5 +93,5 @@ def db(env):
     yield c
     try:
         c.close()
-    except Exception:  # noqa: BLE001 - already gone with a restarted server
+    except Exception:
         pass

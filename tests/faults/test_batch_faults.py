@@ -36,9 +36,19 @@ def submit(options=None):
     from rlm_workers.overnight.submit import submit_overnight
 
     with _db() as c:
-        batch_id, _ = submit_overnight(c, tenant="local", queries=QUERIES, buffers=["essays"],
-                                   options={"skip_plan": True, "threshold": -1.0, "max_chunks": 6, "batch_size": 2,
-                                            **(options or {})})
+        batch_id, _ = submit_overnight(
+            c,
+            tenant="local",
+            queries=QUERIES,
+            buffers=["essays"],
+            options={
+                "skip_plan": True,
+                "threshold": -1.0,
+                "max_chunks": 6,
+                "batch_size": 2,
+                **(options or {}),
+            },
+        )
     return batch_id
 
 
@@ -77,8 +87,10 @@ def check_nothing_lost_or_billed_twice(batch_id, items, llm, baseline):
     assert len({i.job_id for i in items}) == len(items)
     with _db() as c:
         for i in items:
-            logged = c.execute("SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls WHERE job_id = %s",
-                               (i.job_id,)).fetchone()[0]
+            logged = c.execute(
+                "SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls WHERE job_id = %s",
+                (i.job_id,),
+            ).fetchone()[0]
             assert i.tokens == logged == i.result["total_tokens"]
         deadline = time.monotonic() + 60
         while llm.stats()["in_flight"] and time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from tests.support.scripted_llm import Reply
 
 pytestmark = pytest.mark.slow
 
+
 def submit(conn, query=QUESTION, **options):
     from rlm_workers.submit import submit_query
 
@@ -49,8 +50,11 @@ def stage_of(conn, job_id):
 
 
 def analyst_calls_per_batch(conn, job_id):
-    rows = conn.execute("SELECT batch_no, count(*) FROM llm_calls WHERE job_id = %s AND stage = 'analyst' "
-                        "AND status = 'ok' GROUP BY batch_no", (job_id,)).fetchall()
+    rows = conn.execute(
+        "SELECT batch_no, count(*) FROM llm_calls WHERE job_id = %s AND stage = 'analyst' "
+        "AND status = 'ok' GROUP BY batch_no",
+        (job_id,),
+    ).fetchall()
     conn.commit()
     return dict(rows)
 
@@ -161,13 +165,17 @@ def test_llm_answering_30_percent_errors_for_a_minute(db_url, rlm_env, fresh, mo
             # a job salvaged while a call was in flight has that call logged after its result was written.
             assert wait_for(lambda: fresh.stats()["in_flight"] == 0, timeout=60)
             time.sleep(1)
-            logged = c.execute("SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls WHERE job_id = ANY(%s)",
-                               ([j.id for j in jobs],)).fetchone()[0]
+            logged = c.execute(
+                "SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls WHERE job_id = ANY(%s)",
+                ([j.id for j in jobs],),
+            ).fetchone()[0]
             assert logged == fresh.usage["total_tokens"]
             for j in jobs:
                 if j.result:
-                    mine = c.execute("SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls "
-                                     "WHERE job_id = %s", (j.id,)).fetchone()[0]
+                    mine = c.execute(
+                        "SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls WHERE job_id = %s",
+                        (j.id,),
+                    ).fetchone()[0]
                     assert j.result["total_tokens"] <= mine
             assert sum(1 for j in jobs if j.status == "done") >= len(jobs) // 2
     finally:
@@ -182,9 +190,14 @@ def test_reconciler_pushes_a_job_whose_task_was_lost(fresh, workers, env):
 
     conn = psycopg.connect(env["RLM_DATABASE_URL"])
 
-    job_id, _ = job_store.create_job(conn, job_id="lost" + os.urandom(6).hex(), tenant="local", query=QUESTION,
-                                     buffers=["essays"], options={"skip_plan": True, "threshold": -1.0,
-                                                                  "max_chunks": 4})
+    job_id, _ = job_store.create_job(
+        conn,
+        job_id="lost" + os.urandom(6).hex(),
+        tenant="local",
+        query=QUESTION,
+        buffers=["essays"],
+        options={"skip_plan": True, "threshold": -1.0, "max_chunks": 4},
+    )
     conn.commit()  # stored, but no task was ever sent: exactly what a lost message looks like
     job = wait(conn, job_id, timeout=90)
     assert job.status == "done", job.error

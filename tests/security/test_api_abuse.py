@@ -24,20 +24,34 @@ def world(rlm_env, conn, tmp_path_factory):
     key_a, _ = create_key(conn, tenant="tenant-a")
     key_b, _ = create_key(conn, tenant="tenant-b")
     conn.commit()
-    api = Api({**rlm_env, "HF_HUB_OFFLINE": "1", "RLM_MAX_REQUEST_BYTES": "100000"},
-              tmp_path_factory.mktemp("abuse") / "api.log")
+    api = Api(
+        {**rlm_env, "HF_HUB_OFFLINE": "1", "RLM_MAX_REQUEST_BYTES": "100000"},
+        tmp_path_factory.mktemp("abuse") / "api.log",
+    )
     with httpx.Client(base_url=api.base, headers={"Authorization": f"Bearer {key_a}"}, timeout=120) as a:
-        r = a.post("/v1/buffers", json={"name": "secrets", "documents": [
-            {"path": "plan.md", "text": "# Plan\n\nThe merger closes on the fifth of March.\n"}]})
+        r = a.post(
+            "/v1/buffers",
+            json={
+                "name": "secrets",
+                "documents": [{"path": "plan.md", "text": "# Plan\n\nThe merger closes on the fifth of March.\n"}],
+            },
+        )
         assert r.status_code == 201, r.text
-        r = a.post("/v1/buffers?wait=false", json={"name": "secrets", "documents": [
-            {"path": "later.md", "text": "# Later\n\nThe merger terms stay sealed.\n"}]})
+        r = a.post(
+            "/v1/buffers?wait=false",
+            json={
+                "name": "secrets",
+                "documents": [{"path": "later.md", "text": "# Later\n\nThe merger terms stay sealed.\n"}],
+            },
+        )
         assert r.status_code == 202, r.text
         upload_id = r.json()["upload_id"]
-    job_id, _ = job_store.create_job(conn, job_id="abusejob" + "0" * 8, tenant="tenant-a", query="q",
-                                     buffers=["secrets"], options={})
-    batch_id, _ = submit_overnight(conn, tenant="tenant-a", queries=["when does the merger close?"],
-                                   buffers=["secrets"])
+    job_id, _ = job_store.create_job(
+        conn, job_id="abusejob" + "0" * 8, tenant="tenant-a", query="q", buffers=["secrets"], options={}
+    )
+    batch_id, _ = submit_overnight(
+        conn, tenant="tenant-a", queries=["when does the merger close?"], buffers=["secrets"]
+    )
     conn.commit()
     yield {"api": api, "a": key_a, "b": key_b, "job": job_id, "batch": batch_id, "upload": upload_id}
     api.stop()
@@ -45,9 +59,16 @@ def world(rlm_env, conn, tmp_path_factory):
 
 def _routes(w):
     j, b = w["job"], w["batch"]
-    return [("GET", "/v1/buffers/secrets"), ("DELETE", "/v1/buffers/secrets"), ("GET", f"/v1/queries/{j}"),
-            ("DELETE", f"/v1/queries/{j}"), ("GET", f"/v1/batches/{b}"), ("DELETE", f"/v1/batches/{b}"),
-            ("GET", f"/v1/batches/{b}/results"), ("GET", f"/v1/uploads/{w['upload']}")]
+    return [
+        ("GET", "/v1/buffers/secrets"),
+        ("DELETE", "/v1/buffers/secrets"),
+        ("GET", f"/v1/queries/{j}"),
+        ("DELETE", f"/v1/queries/{j}"),
+        ("GET", f"/v1/batches/{b}"),
+        ("DELETE", f"/v1/batches/{b}"),
+        ("GET", f"/v1/batches/{b}/results"),
+        ("GET", f"/v1/uploads/{w['upload']}"),
+    ]
 
 
 def test_every_v1_route_needs_a_valid_key(world):
@@ -55,16 +76,16 @@ def test_every_v1_route_needs_a_valid_key(world):
     v1 = [(m.upper(), p) for p, ops in spec["paths"].items() if p.startswith("/v1") for m in ops]
     assert len(v1) >= 10
     for method, path in v1:
-        url = world["api"].base + path.replace("{name}", "secrets").replace("{job_id}", world["job"]) \
-            .replace("{batch_id}", world["batch"]).replace("{upload_id}", world["upload"])
+        url = world["api"].base + path.replace("{name}", "secrets").replace("{job_id}", world["job"]).replace(
+            "{batch_id}", world["batch"]
+        ).replace("{upload_id}", world["upload"])
         for headers in ({}, {"Authorization": "Bearer rlm_forged"}, {"Authorization": world["a"]}):
             r = httpx.request(method, url, headers=headers, json={}, timeout=30)
             assert r.status_code == 401, (method, path, headers, r.status_code)
 
 
 def test_other_tenant_ids_are_404_on_every_route_and_leak_nothing(world):
-    with httpx.Client(base_url=world["api"].base, headers={"Authorization": f"Bearer {world['b']}"},
-                      timeout=30) as b:
+    with httpx.Client(base_url=world["api"].base, headers={"Authorization": f"Bearer {world['b']}"}, timeout=30) as b:
         for method, path in _routes(world):
             r = b.request(method, path)
             assert r.status_code == 404, (method, path, r.status_code)
@@ -80,8 +101,7 @@ def test_other_tenant_ids_are_404_on_every_route_and_leak_nothing(world):
 
 
 def test_oversized_and_hostile_bodies(world):
-    with httpx.Client(base_url=world["api"].base, headers={"Authorization": f"Bearer {world['a']}"},
-                      timeout=60) as a:
+    with httpx.Client(base_url=world["api"].base, headers={"Authorization": f"Bearer {world['a']}"}, timeout=60) as a:
         r = a.post("/v1/buffers", json={"name": "big", "documents": [{"path": "a.md", "text": "x" * 200_000}]})
         assert r.status_code == 413
         r = a.post("/v1/queries", json={"query": "q" * (10 * 1024 + 1), "buffers": ["secrets"]})

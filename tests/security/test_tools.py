@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlm_workers.constants import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
+from rlm_workers.limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
 from rlm_workers.pipeline.tools import ToolContext, run_tool
 
 
@@ -16,8 +16,9 @@ def ctx(settings, conn, embedder, tmp_path_factory):
     from rlm_workers.local_servers import database_url
 
     mine = tmp_path_factory.mktemp("tools-mine")
-    (mine / "retry.py").write_text("def backoff(attempt):\n    return min(60, 2 ** attempt)\n\n"
-                                   "EVIL = 'a' * 40000 + '!'\n")
+    (mine / "retry.py").write_text(
+        "def backoff(attempt):\n    return min(60, 2 ** attempt)\n\nEVIL = 'a' * 40000 + '!'\n"
+    )
     theirs = tmp_path_factory.mktemp("tools-theirs")
     (theirs / "secret.md").write_text("# Other tenant\n\nThe launch code is 0000.\n")
     load_paths(conn, buffer="mine", paths=[mine], embedder=embedder, tenant="acme")
@@ -57,8 +58,9 @@ def test_argument_and_pattern_caps(ctx):
 
 
 def test_other_tenants_data_is_invisible(ctx):
-    theirs = ctx.conn.execute("SELECT c.id FROM chunks c JOIN buffers b ON b.id = c.buffer_id "
-                              "WHERE b.name = 'theirs'").fetchone()[0]
+    theirs = ctx.conn.execute(
+        "SELECT c.id FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = 'theirs'"
+    ).fetchone()[0]
     out = call(ctx, "get_chunks", {"chunk_ids": [theirs]})
     assert out["chunks"] == [] and out["missing"] == [theirs]
     assert "error" in call(ctx, "grep_chunks", {"pattern": "launch", "buffers": ["theirs"]})

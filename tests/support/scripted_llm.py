@@ -55,8 +55,14 @@ class Reply:
     finish_reason: str | None = None
 
     @classmethod
-    def text(cls, content: str, *, prompt_tokens: int | None = None, completion_tokens: int | None = None,
-             delay: float = 0.0) -> Reply:
+    def text(
+        cls,
+        content: str,
+        *,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        delay: float = 0.0,
+    ) -> Reply:
         return cls(content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, delay=delay)
 
     @classmethod
@@ -64,11 +70,24 @@ class Reply:
         return cls(content=content, tool_calls=[{"name": n, "arguments": a} for n, a in calls], **kw)
 
     @classmethod
-    def http_error(cls, status: int, message: str = "scripted error", *, type: str = "server_error",
-                   code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None,
-                   delay: float = 0.0) -> Reply:
-        return cls(content=None, status=status, error={"message": message, "type": type, "code": code, "param": param},
-                   headers=dict(headers or {}), delay=delay)
+    def http_error(
+        cls,
+        status: int,
+        message: str = "scripted error",
+        *,
+        type: str = "server_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+        delay: float = 0.0,
+    ) -> Reply:
+        return cls(
+            content=None,
+            status=status,
+            error={"message": message, "type": type, "code": code, "param": param},
+            headers=dict(headers or {}),
+            delay=delay,
+        )
 
     @classmethod
     def malformed_body(cls, body: bytes = b"<html>502 Bad Gateway</html>") -> Reply:
@@ -80,10 +99,17 @@ Responder = Callable[[dict[str, Any]], "Reply | str"]
 
 # --- ready-made responders -------------------------------------------------
 
-def fixed(content: str = "ok", *, latency_ms: float = 0, prompt_tokens: int | None = None,
-          completion_tokens: int | None = None) -> Responder:
-    return lambda _req: Reply.text(content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                   delay=latency_ms / 1000)
+
+def fixed(
+    content: str = "ok",
+    *,
+    latency_ms: float = 0,
+    prompt_tokens: int | None = None,
+    completion_tokens: int | None = None,
+) -> Responder:
+    return lambda _req: Reply.text(
+        content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, delay=latency_ms / 1000
+    )
 
 
 def with_latency(responder: Responder, latency_ms: float) -> Responder:
@@ -91,11 +117,19 @@ def with_latency(responder: Responder, latency_ms: float) -> Responder:
         reply = _as_reply(responder(req))
         reply.delay += latency_ms / 1000
         return reply
+
     return respond
 
 
-def fail_first(n: int, then: Responder | None = None, *, status: int = 429, retry_after: float | None = 1,
-               message: str = "Rate limit reached", code: str | None = "rate_limit_exceeded") -> Responder:
+def fail_first(
+    n: int,
+    then: Responder | None = None,
+    *,
+    status: int = 429,
+    retry_after: float | None = 1,
+    message: str = "Rate limit reached",
+    code: str | None = "rate_limit_exceeded",
+) -> Responder:
     """The first ``n`` calls fail (429 with Retry-After by default), later ones go to ``then``."""
     then = then or fixed()
     counter = itertools.count()
@@ -109,6 +143,7 @@ def fail_first(n: int, then: Responder | None = None, *, status: int = 429, retr
         if i < n:
             return Reply.http_error(status, message, type=kind, code=code, headers=headers)
         return then(req)
+
     return respond
 
 
@@ -117,8 +152,12 @@ def always_error(status: int = 500, message: str = "The server had an error", **
 
 
 def quota_exhausted() -> Responder:
-    return always_error(429, "You exceeded your current quota, please check your plan and billing details.",
-                        type="insufficient_quota", code="insufficient_quota")
+    return always_error(
+        429,
+        "You exceeded your current quota, please check your plan and billing details.",
+        type="insufficient_quota",
+        code="insufficient_quota",
+    )
 
 
 def malformed_json(content: str = '{"chunk_id": 1, "relevance": "hi') -> Responder:
@@ -128,6 +167,7 @@ def malformed_json(content: str = '{"chunk_id": 1, "relevance": "hi') -> Respond
 
 def rules(table: Sequence[tuple[str, Reply | str | Responder]], default: Reply | str | Responder = "ok") -> Responder:
     """First rule whose substring occurs in the last user message wins."""
+
     def pick(value: Reply | str | Responder, req: dict[str, Any]) -> Reply | str:
         if callable(value):
             return value(req)
@@ -139,6 +179,7 @@ def rules(table: Sequence[tuple[str, Reply | str | Responder]], default: Reply |
             if needle in text:
                 return pick(value, req)
         return pick(default, req)
+
     return respond
 
 
@@ -163,6 +204,7 @@ def _as_reply(value: Reply | str) -> Reply:
 
 
 # --- the server ------------------------------------------------------------
+
 
 @dataclass
 class RecordedRequest:
@@ -189,22 +231,38 @@ class _Stats:
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"calls": len(self.requests), "max_concurrency": self.max_concurrency,
-                    "in_flight": self.in_flight, "usage": dict(self.usage)}
+            return {
+                "calls": len(self.requests),
+                "max_concurrency": self.max_concurrency,
+                "in_flight": self.in_flight,
+                "usage": dict(self.usage),
+            }
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the openai client expects
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet test output
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
         if path == "/v1/models":
-            self._json(200, {"object": "list", "data": [
-                {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "scripted"}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": self.server.model_name,
+                            "object": "model",
+                            "created": 0,
+                            "owned_by": "scripted",
+                        }
+                    ],
+                },
+            )
         elif path == "/_stats":
             self._json(200, self.server.stats.snapshot())
         elif path == "/_requests":
@@ -214,7 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if path == "/_reset":
@@ -235,8 +293,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _chat(self, body: dict[str, Any]) -> None:
         stats = self.server.stats
         with stats.lock:
-            stats.requests.append(RecordedRequest(self.path, body, time.time(),
-                                                 {k.lower(): v for k, v in self.headers.items()}))
+            stats.requests.append(
+                RecordedRequest(self.path, body, time.time(), {k.lower(): v for k, v in self.headers.items()})
+            )
             stats.in_flight += 1
             stats.max_concurrency = max(stats.max_concurrency, stats.in_flight)
             call_id = next(stats.ids)
@@ -246,9 +305,12 @@ class _Handler(BaseHTTPRequestHandler):
             if reply.delay > 0:
                 time.sleep(reply.delay)
             status, payload, usage = _render(reply, body, call_id)
-        except Exception as exc:  # noqa: BLE001 - a broken responder is a 500, not a dead server thread
+        except Exception as exc:  # a broken responder is a 500, not a dead server thread
             reply = Reply()
-            status, payload = 500, {"error": {"message": f"responder failed: {exc!r}", "type": "server_error"}}
+            status, payload = (
+                500,
+                {"error": {"message": f"responder failed: {exc!r}", "type": "server_error"}},
+            )
         finally:
             # Leave the in-flight count BEFORE answering: a client that got its answer and
             # released its limiter slot must never still be counted here.
@@ -285,24 +347,41 @@ def _render(reply: Reply, req: dict[str, Any], call_id: int) -> tuple[int, dict[
     if reply.raw_body is not None:
         return reply.status, {}, None
     if reply.status >= 400:
-        return reply.status, {"error": reply.error or {"message": "scripted error", "type": "server_error"}}, None
+        return (
+            reply.status,
+            {"error": reply.error or {"message": "scripted error", "type": "server_error"}},
+            None,
+        )
     message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
     out_text = reply.content or ""
     if reply.tool_calls:
         message["tool_calls"] = []
         for i, tc in enumerate(reply.tool_calls):
             args = tc["arguments"] if isinstance(tc["arguments"], str) else json.dumps(tc["arguments"])
-            message["tool_calls"].append({"id": tc.get("id") or f"call_{call_id}_{i}", "type": "function",
-                                          "function": {"name": tc["name"], "arguments": args}})
+            message["tool_calls"].append(
+                {
+                    "id": tc.get("id") or f"call_{call_id}_{i}",
+                    "type": "function",
+                    "function": {"name": tc["name"], "arguments": args},
+                }
+            )
             out_text += tc["name"] + args
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else _estimate(json.dumps(req.get("messages")))
     completion = reply.completion_tokens if reply.completion_tokens is not None else _estimate(out_text)
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     payload: dict[str, Any] = {
-        "id": f"chatcmpl-scripted-{call_id}", "object": "chat.completion", "created": int(time.time()),
+        "id": f"chatcmpl-scripted-{call_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
         "model": req.get("model") or "scripted",
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop"),
+            }
+        ],
     }
     if reply.include_usage:
         payload["usage"] = usage
@@ -324,8 +403,14 @@ class _Server(ThreadingHTTPServer):
 class ScriptedLLM:
     """The server in a background thread; ``base_url`` ends in ``/v1`` like OpenAI's."""
 
-    def __init__(self, responder: Responder | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str = "scripted-model") -> None:
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_name: str = "scripted-model",
+    ) -> None:
         self._server = _Server((host, port), responder or fixed(), model_name)
         self._thread: threading.Thread | None = None
 
@@ -346,8 +431,12 @@ class ScriptedLLM:
         return f"http://{self._server.server_address[0]}:{self.port}/v1"
 
     def start(self) -> ScriptedLLM:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="scripted-llm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="scripted-llm",
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -391,6 +480,7 @@ class ScriptedLLM:
 
 
 # --- standalone process ----------------------------------------------------
+
 
 def _load_responder(spec: str) -> Responder:
     """``module:attr``: a responder, or a zero-argument factory returning one."""

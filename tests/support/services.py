@@ -53,5 +53,10 @@ def start_services(data_dir: Path) -> TestServices:
     redis_url = os.environ.get("RLM_TEST_BROKER_URL")
     admin = pg or services.embedded_postgres_url(data_dir)
     broker = redis_url or services.embedded_valkey_url(data_dir)
-    return TestServices(data_dir=data_dir, admin_url=admin, broker_url=broker,
-                        embedded_pg=pg is None, embedded_valkey=redis_url is None)
+    return TestServices(
+        data_dir=data_dir,
+        admin_url=admin,
+        broker_url=broker,
+        embedded_pg=pg is None,
+        embedded_valkey=redis_url is None,
+    )

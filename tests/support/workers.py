@@ -24,15 +24,23 @@ def _kill_leftovers() -> None:
 class WorkerProcess:
     """One ``rlm worker`` process; its log goes to a file the test can show on failure."""
 
-    def __init__(self, name: str, *, queues: str, env: dict[str, str], log_dir: Path, concurrency: int = 4,
-                 pool: str = "threads") -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        queues: str,
+        env: dict[str, str],
+        log_dir: Path,
+        concurrency: int = 4,
+        pool: str = "threads",
+    ) -> None:
         self.name, self.queues, self.env, self.concurrency, self.pool = name, queues, env, concurrency, pool
         self.log_path = log_dir / f"worker-{name}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its whole life
+        log = open(self.log_path, "ab")
         mark = self.log_path.stat().st_size
         self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         if self not in _STARTED:
@@ -54,8 +62,18 @@ class WorkerProcess:
         return [sys.executable, "-m", "rlm_api.cli", "worker", *self.worker_options()]
 
     def worker_options(self) -> list[str]:
-        return ["-Q", self.queues, "-c", str(self.concurrency), "-P", self.pool, "-n", f"{self.name}@%h",
-                "-l", "INFO"]
+        return [
+            "-Q",
+            self.queues,
+            "-c",
+            str(self.concurrency),
+            "-P",
+            self.pool,
+            "-n",
+            f"{self.name}@%h",
+            "-l",
+            "INFO",
+        ]
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
