@@ -92,19 +92,6 @@ def model():
     return Model()
 
 
-def _point_celery_at(url: str) -> None:
-    """The test process sends tasks too (API submit): its Celery app must use this module's broker."""
-    from rlm_workers import resources
-    from rlm_workers.celery_app import app
-
-    app.conf.broker_url = url
-    app.conf.result_backend = url
-    app._pool = None
-    app.amqp._producer_pool = None
-    app._local.__dict__.pop("backend", None)
-    resources.reset()
-
-
 @pytest.fixture(scope="module")
 def env(rlm_env, llm, valkey):
     from tests.support.envpatch import patched_env
@@ -124,15 +111,10 @@ def env(rlm_env, llm, valkey):
         "RLM_JOB_TIMEOUT": "50",
         "HF_HUB_OFFLINE": "1",
     }
-    from rlm_workers.celery_app import app
-
-    # read before our broker URL is in the environment: the first read configures the app lazily
-    saved = (app.conf.broker_url, app.conf.result_backend)
+    # the test process sends tasks too (API submit): reset_settings (patched_env) points its Celery app and its
+    # Redis client at this module's broker, and back at the shared one afterwards
     with patched_env(extra):
-        _point_celery_at(valkey[1])
         yield {**rlm_env, **extra}
-    _point_celery_at(saved[0])
-    app.conf.result_backend = saved[1]
 
 
 @pytest.fixture(scope="module")
