@@ -238,6 +238,7 @@ def write_report(user_text: str) -> str:
 
 class ExtractiveProvider:
     name = "extractive"
+    local = True
 
     def complete(self, request: CompletionRequest) -> Completion:
         t0 = time.perf_counter()

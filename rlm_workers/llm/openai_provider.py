@@ -67,6 +67,7 @@ def estimate_tokens(request: CompletionRequest) -> int:
 
 class OpenAIProvider:
     name = "openai"
+    local = False
 
     #: exponential backoff when the server gives no Retry-After (class attributes so tests can shorten them)
     BACKOFF_BASE = 0.5

@@ -50,6 +50,8 @@ class Completion:
 class LLMProvider(Protocol):
     #: "openai" or "extractive": printed in every QueryResult
     name: str
+    #: answers in this process with no endpoint behind it: nothing to rate-limit or share between workers
+    local: bool
 
     def complete(self, request: CompletionRequest) -> Completion:
         """One call.  Raises ``rlm_workers.errors.LLMError`` (with ``retryable``) on failure."""

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Settings, get_settings
+from ..config import get_settings
 from ..constants import LIMITER_KEY_PREFIX
 from ..errors import ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
+from ..resources import provider
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
@@ -172,9 +173,9 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
 # --------------------------------------------------------------------------- the task's logic
 
 
-def _job_slot(job_id: str, limit: int | None, batches: int | None, settings: Settings) -> Any:
+def _job_slot(job_id: str, limit: int | None, batches: int | None) -> Any:
     """The scaling profile's per-job concurrency, shared by every worker through Redis."""
-    if not limit or settings.offline or (batches and batches <= int(limit)):
+    if not limit or provider().local or (batches and batches <= int(limit)):
         # a cap at or above the job's batch count can never bind: skip two Redis round trips
         return contextlib.nullcontext()
     from ..llm.limiter import ConcurrencyLimiter
@@ -237,7 +238,7 @@ def _analyse(job_id: str, batch_no: int) -> dict:
     )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
-    with _job_slot(job_id, params.get("concurrency"), job.batches_total, settings):
+    with _job_slot(job_id, params.get("concurrency"), job.batches_total):
         for attempt in range(PARSE_RETRIES + 1):
             request = CompletionRequest(
                 role="analyst",

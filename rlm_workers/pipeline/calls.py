@@ -37,50 +37,37 @@ def call_llm(
     the write when it is None — analysts hold none while the model thinks)."""
     p = provider()
     t0 = time.perf_counter()
+
+    def attempt(a: dict, status: str, *, model: str = request.model, error: str | None = None) -> LLMCall:
+        """One HTTP attempt as a log row (``a`` as the provider reports it: tokens, latency, error)."""
+        latency = a.get("latency_ms", int((time.perf_counter() - t0) * 1000))
+        return LLMCall(
+            stage=stage,
+            batch=batch,
+            provider=p.name,
+            model=model,
+            status=status,
+            tokens_in=a.get("tokens_in", 0),
+            tokens_out=a.get("tokens_out", 0),
+            latency_ms=latency,
+            error=a.get("error") or error,
+        )
+
     try:
         completion = p.complete(request)
     except LLMError as exc:
-        attempts = exc.attempts or [{}]
-        calls = [
-            LLMCall(
-                stage=stage,
-                batch=batch,
-                provider=p.name,
-                model=request.model,
-                status="error",
-                tokens_in=a.get("tokens_in", 0),
-                tokens_out=a.get("tokens_out", 0),
-                latency_ms=a.get("latency_ms", int((time.perf_counter() - t0) * 1000)),
-                error=a.get("error") or exc.message,
-            )
-            for a in attempts
-        ]
-        _log_calls(conn, job_id, calls)
+        _log_calls(conn, job_id, [attempt(a, "error", error=exc.message) for a in exc.attempts or [{}]])
         raise
-    calls = [
-        LLMCall(
-            stage=stage,
-            batch=batch,
-            provider=p.name,
-            model=request.model,
-            status="retried",
-            tokens_in=a.get("tokens_in", 0),
-            tokens_out=a.get("tokens_out", 0),
-            latency_ms=a.get("latency_ms", 0),
-            error=a.get("error"),
-        )
-        for a in completion.failed_attempts
-    ]
+    calls = [attempt(a, "retried") for a in completion.failed_attempts]
     calls.append(
-        LLMCall(
-            stage=stage,
-            batch=batch,
-            provider=p.name,
+        attempt(
+            {
+                "tokens_in": completion.tokens_in,
+                "tokens_out": completion.tokens_out,
+                "latency_ms": completion.latency_ms,
+            },
+            "ok",
             model=completion.model or request.model,
-            status="ok",
-            tokens_in=completion.tokens_in,
-            tokens_out=completion.tokens_out,
-            latency_ms=completion.latency_ms,
         )
     )
     _log_calls(conn, job_id, calls)

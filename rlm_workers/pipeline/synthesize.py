@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LLMError
 from ..llm.protocol import CompletionRequest
-from ..llm.registry import provider_name
 from ..models import JobStatus
+from ..resources import provider
 from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
@@ -170,7 +170,7 @@ def _store_report(
     result = build_result(
         job_id=job.id,
         response=response,
-        provider=provider_name(settings),
+        provider=provider().name,  # the one that answered
         tier=job.scaling_tier or "tiny",
         params=job.params or {},
         collected=kept,
