@@ -12,15 +12,14 @@ CODE = ("rlm_workers", "rlm_api")
 SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE)\b")
 
 
-def _tracked(*patterns: str) -> list[str]:
-    out = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", *patterns],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    return [p for p in out if (ROOT / p).is_file()]
+def _tracked() -> list[str]:
+    """The project's files: what git tracks (or would), or, outside a checkout (an exported tree), every file
+    but the ignored kinds."""
+    proc = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return [p for p in proc.stdout.split() if (ROOT / p).is_file()]
+    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "_data", "build", "dist"}
+    return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.parts)]
 
 
 def _python_files() -> list:
