@@ -2,15 +2,12 @@
 
 Built on first use (importing this starts nothing), one per process.  ``reset()``
 drops them so the next use rebuilds from the current settings — ``reset_settings``
-calls it, so a test that switches brokers or models never talks to the old ones;
-``use(provider=...)`` swaps one in for a block.
+calls it, so a test that switches brokers or models never talks to the old ones.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,20 +56,3 @@ def provider() -> LLMProvider:
 def reset() -> None:
     with _lock:
         _built.clear()
-
-
-@contextlib.contextmanager
-def use(**resources: Any) -> Iterator[None]:
-    """Swap resources in for a block (``use(provider=fake)``); the previous ones come back after."""
-    with _lock:
-        before = {k: _built.get(k) for k in resources}
-        _built.update(resources)
-    try:
-        yield
-    finally:
-        with _lock:
-            for k, v in before.items():
-                if v is None:
-                    _built.pop(k, None)
-                else:
-                    _built[k] = v

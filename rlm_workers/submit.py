@@ -14,6 +14,7 @@ from .models import QueryOptions
 from .search.service import validate_query
 from .store import jobs as job_store
 from .store.buffers import require_buffers
+from .store.db import commit
 
 if TYPE_CHECKING:
     import psycopg
@@ -65,7 +66,7 @@ def submit_query(
         options=clean,
         idempotency_key=idempotency_key,
     )
-    conn.commit() if not conn.autocommit else None
+    commit(conn)
     if created:
         app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")
     return job_id, created
@@ -83,21 +84,18 @@ def wait_for_job(
     (progress for ``on_progress``, and a safety net should a notification be missed)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     job_store.listen_job_ended(conn)
-    if not conn.autocommit:
-        conn.commit()  # LISTEN takes effect at commit
+    commit(conn)  # LISTEN takes effect at commit
     try:
         while True:
             job = job_store.get_job(conn, job_id=job_id)
             if job is None:
                 raise InvalidInput(f"no job {job_id}")
-            if not conn.autocommit:
-                conn.commit()  # end the snapshot so the next look sees new rows
+            commit(conn)  # end the snapshot so the next look sees new rows
             if job.terminal:
                 return job
             if on_progress is not None:
                 done, total = job_store.batch_progress(conn, job_id=job_id)
-                if not conn.autocommit:
-                    conn.commit()
+                commit(conn)
                 on_progress(job, done, total)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.status} ({job.stage}) after {timeout:.0f}s")
@@ -107,7 +105,6 @@ def wait_for_job(
     finally:
         try:
             job_store.listen_job_ended(conn, listen=False)
-            if not conn.autocommit:
-                conn.commit()
+            commit(conn)
         except Exception:  # the connection may be gone with the server; nothing to undo then
             pass

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import BufferNotFound
 from ..store import buffers as store
-from ..store.chunks import count_chunks
 from ..store.migrations import embedding_table, ensure_embedding_table
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def reembed_buffer(
             report.unchanged = True  # decided before loading a model: nothing to do costs no torch import
             return report
         embedder = embedder or get_embedder()
-        total = count_chunks(conn, buffer_ids=[buf.id])
+        total = store.count_chunks(conn, buffer_ids=[buf.id])
         # the old vectors live in their width's table (created when they were written)
         if buf.embedding_dim and buf.embedding_dim != embedder.dim:
             store.delete_embeddings(conn, table=embedding_table(buf.embedding_dim), buffer_id=buf.id)

@@ -40,6 +40,7 @@ from ..config import Settings, get_settings
 from ..models import JobStatus
 from ..store import jobs as job_store
 from ..store import overnight as store
+from ..store.db import commit
 from .cache import cache_key, cacheable, fingerprint
 
 if TYPE_CHECKING:
@@ -97,12 +98,6 @@ def stall_seconds(settings: Settings) -> float:
 def reconcile_grace(settings: Settings) -> float:
     """How overdue a batch's next tick may be before the reconciler starts a new chain."""
     return max(5 * settings.batch_tick_seconds, 2.0)
-
-
-def commit(conn: psycopg.Connection) -> None:
-    """End the caller's transaction on a CLI connection; pooled ones are autocommit."""
-    if not conn.autocommit:
-        conn.commit()
 
 
 def _send(

@@ -22,7 +22,8 @@ from ..errors import InvalidInput
 from ..models import JobStatus
 from ..store import jobs as job_store
 from ..store import overnight as store
-from .scheduler import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, commit, send_tick
+from ..store.db import commit
+from .scheduler import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, send_tick
 
 if TYPE_CHECKING:
     import psycopg

@@ -105,7 +105,6 @@ class StageContext:
 
     conn: psycopg.Connection
     job: JobRow
-    stage: Stage
     settings: Settings
 
 
@@ -163,7 +162,7 @@ def _run_one(job_id: str, stage: Stage) -> str:
         if position(job.stage) > position(stage):
             return OK  # a redelivery of an earlier stage: the job is past it, pass on without moving it back
         job_store.set_stage(conn, job_id=job_id, stage=stage)
-        ctx = StageContext(conn=conn, job=job, stage=stage, settings=settings)
+        ctx = StageContext(conn=conn, job=job, settings=settings)
         try:
             if stage in SELF_TIMED:
                 return _runner(stage)(ctx)

@@ -11,8 +11,7 @@ from ..local_servers import database_url
 from ..models import AnalysisPlan, QueryOptions
 from ..search.service import rank
 from ..store import jobs as job_store
-from ..store.buffers import require_buffers
-from ..store.chunks import count_chunks
+from ..store.buffers import count_chunks, require_buffers
 from .flow import OK, StageContext
 from .params import make_batches, resolve_params
 from .scale import scaling_profile

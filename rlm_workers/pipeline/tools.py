@@ -197,8 +197,7 @@ def compile_regex(pattern: Any):
 
 
 def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..store.buffers import require_buffers
-    from ..store.chunks import iter_chunk_texts
+    from ..store.buffers import iter_chunk_texts, require_buffers
 
     regex = compile_regex(args.get("pattern"))
     limit = args.get("max_results", 20)

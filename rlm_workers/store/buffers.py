@@ -290,6 +290,29 @@ def get_chunks(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int
     return {r[0]: ChunkRow(*r) for r in rows}
 
 
+def count_chunks(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> int:
+    row = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = ANY(%s)", (list(buffer_ids),)).fetchone()
+    return int(row[0])
+
+
+def iter_chunk_texts(
+    conn: psycopg.Connection, *, buffer_ids: Sequence[int], page: int = 500
+) -> Iterator[tuple[int, str, str, int, str]]:
+    """(chunk id, buffer name, path, start line, text) in document order, streamed by a server-side cursor.
+
+    Runs inside its own transaction (named cursors need one); stop iterating to stop reading.
+    """
+    with conn.transaction(), conn.cursor(name="rlm_chunk_texts") as cur:
+        cur.itersize = page
+        cur.execute(
+            """SELECT c.id, b.name, c.path, c.start_line, c.text FROM chunks c
+                       JOIN buffers b ON b.id = c.buffer_id
+                       WHERE c.buffer_id = ANY(%s) ORDER BY b.name, c.ordinal""",
+            (list(buffer_ids),),
+        )
+        yield from cur
+
+
 def iter_terms(conn: psycopg.Connection, *, buffer_id: int, batch: int = 5000) -> Iterator[tuple[int, list[str]]]:
     """(chunk_id, terms) of a buffer in id order, streamed: feeds the BM25 index build."""
     # a server-side cursor lives in a transaction; workers' pooled connections are autocommit

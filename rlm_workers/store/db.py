@@ -109,6 +109,12 @@ def connection(settings: Settings | None = None, *, timeout: float | None = None
         yield conn
 
 
+def commit(conn: psycopg.Connection) -> None:
+    """End the caller's transaction on a plain connection (CLI, tests); pooled ones are autocommit."""
+    if not conn.autocommit:
+        conn.commit()
+
+
 def close_pools() -> None:
     for pool in list(_pools.values()):
         pool.close()
