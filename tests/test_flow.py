@@ -137,3 +137,23 @@ def test_tasks_declare_their_outage_retries():
     for name in names:
         task = app.tasks[name]
         assert tuple(task.autoretry_for) == DB_OUTAGE and task.max_retries == 30, name
+
+
+def test_a_delivery_beside_a_launch_in_progress_sends_no_second_chord(settings):
+    """A stage message restored while its first delivery is still sending the chord (a worker that lost Redis
+    mid-send) finds the job's launch lock taken and sends nothing; once released, a stored launch is seen."""
+    import psycopg
+
+    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.store import jobs as job_store
+
+    job_id = _job("search", batches=[[1], [2]])
+    with psycopg.connect(settings.database_url, autocommit=True) as first:
+        with job_store.launch_lock(first, job_id=job_id) as held:
+            assert held
+            assert run_stage(job_id, Stage.fan_out) == "being launched by another delivery"
+            job_store.add_task_ids(first, job_id=job_id, task_ids=["chord-id"])  # the first delivery's send
+        assert run_stage(job_id, Stage.fan_out) == "already launched"
+        with job_store.launch_lock(first, job_id=job_id) as again:
+            assert again  # released by the delivery that ran, and by the one that held it
+    assert _get(job_id).task_ids == ["chord-id"]

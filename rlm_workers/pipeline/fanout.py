@@ -8,20 +8,34 @@ Tasks are named, not imported: the pipeline does not depend on its adapters.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from celery import chord
 
 from ..store import jobs as job_store
 from .flow import TASK, Stage, StageContext
 from .salvage import watchdog_countdown
 
+if TYPE_CHECKING:
+    from ..store.jobs import JobRow
+
 
 def run(ctx: StageContext) -> str:
-    """Send the chord for a job whose batches are cut; a redelivery (task ids stored) sends nothing."""
+    """Send the chord for a job whose batches are cut; a redelivery (task ids stored, or a launch in progress
+    under the job's launch lock) sends nothing."""
+    with job_store.launch_lock(ctx.conn, job_id=ctx.job.id) as mine:
+        if not mine:
+            return "being launched by another delivery"
+        # read again under the lock: a delivery that held it may have launched since this stage began
+        job = job_store.get_job(ctx.conn, job_id=ctx.job.id)
+        if job.task_ids:
+            return "already launched"
+        return _launch(ctx, job)
+
+
+def _launch(ctx: StageContext, job: JobRow) -> str:
     from ..celery_app import app
 
-    job = ctx.job
-    if job.task_ids:
-        return "already launched"
     n = job.batches_total
     header = [
         app.signature("rlm.analyst", (job.id, k), immutable=True).set(argsrepr=f"job={job.id} batch={k + 1}/{n}")

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -107,6 +108,21 @@ def connection(settings: Settings | None = None, *, timeout: float | None = None
                 _pools[url] = pool
     with pool.connection(timeout=timeout) as conn:
         yield conn
+
+
+def session_lock_key(space: int, name: str) -> int:
+    """An advisory lock key: a 32-bit space (one per kind of thing locked) and a hash of the thing's id."""
+    return space << 32 | zlib.crc32(name.encode())
+
+
+def try_session_lock(conn: psycopg.Connection, key: int) -> bool:
+    """A session advisory lock, held until ``release_session_lock`` or until the connection closes (a dead
+    worker's lock goes with it); False when another session holds it."""
+    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+
+
+def release_session_lock(conn: psycopg.Connection, key: int) -> None:
+    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def commit(conn: psycopg.Connection) -> None:

@@ -7,7 +7,8 @@ Celery may deliver a stage twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall
+from .db import release_session_lock, session_lock_key, try_session_lock
 
 if TYPE_CHECKING:
     import psycopg
@@ -393,3 +395,22 @@ def llm_calls_of(conn: psycopg.Connection, *, job_id: str) -> list[LLMCall]:
 def listen_job_ended(conn: psycopg.Connection, *, listen: bool = True) -> None:
     """Start (or stop) hearing ``finish_job``'s notifications on this connection; takes effect at commit."""
     conn.execute(f"{'LISTEN' if listen else 'UNLISTEN'} {JOB_ENDED_CHANNEL}")
+
+
+_LAUNCH_SPACE = 0x524C4D46  # "RLMF": the fan-out launch of a job, apart from uploads' and migrations' locks
+
+
+@contextlib.contextmanager
+def launch_lock(conn: psycopg.Connection, *, job_id: str) -> Iterator[bool]:
+    """Hold the job's launch lock for a block (True), or say another delivery holds it (False).
+
+    Sending a chord and storing its task ids are two steps; a delivery of the same stage running beside a
+    first one still in between (a message restored when a worker lost Redis) must not send a second chord.
+    """
+    key = session_lock_key(_LAUNCH_SPACE, job_id)
+    held = try_session_lock(conn, key)
+    try:
+        yield held
+    finally:
+        if held:
+            release_session_lock(conn, key)

@@ -6,13 +6,14 @@ upload's ``done`` commit in one transaction, and the staged bytes go with it.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
+
+from .db import session_lock_key, try_session_lock
 
 if TYPE_CHECKING:
     import psycopg
@@ -80,8 +81,7 @@ _LOCK_SPACE = 0x524C4D49  # "RLMI": keeps these advisory locks apart from the mi
 
 def try_lock_upload(conn: psycopg.Connection, *, upload_id: str) -> bool:
     """A session advisory lock on the upload (held until released or the connection closes); False if taken."""
-    key = _LOCK_SPACE << 32 | zlib.crc32(upload_id.encode())
-    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+    return try_session_lock(conn, session_lock_key(_LOCK_SPACE, upload_id))
 
 
 def start_upload(conn: psycopg.Connection, *, upload_id: str) -> UploadRow | None:
