@@ -157,3 +157,21 @@ def test_a_delivery_beside_a_launch_in_progress_sends_no_second_chord(settings):
         with job_store.launch_lock(first, job_id=job_id) as again:
             assert again  # released by the delivery that ran, and by the one that held it
     assert _get(job_id).task_ids == ["chord-id"]
+
+
+def test_a_broker_outage_leaves_the_job_where_it_was(settings, monkeypatch):
+    """Sending the chord with the broker gone fails the task, not the job: recovery (the reconciler, an overnight
+    batch's broker-epoch check) picks the job up where it stopped."""
+    import kombu.exceptions
+
+    from rlm_workers.pipeline import flow
+
+    def away(ctx: object) -> str:
+        raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(flow, "_runner", lambda s: away)
+    job_id = _job("search", batches=[[1]])
+    with pytest.raises(kombu.exceptions.OperationalError):
+        flow.run_stage(job_id, flow.Stage.fan_out)
+    job = _get(job_id)
+    assert job.status == "running" and job.stage == "fan_out" and job.error is None

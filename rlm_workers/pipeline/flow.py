@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+import kombu.exceptions
+import redis.exceptions
+
 from ..config import Settings, get_settings
 from ..errors import RLMError, error_record
 from ..models import JobStatus
@@ -86,6 +89,14 @@ RUNNERS: dict[Stage, str] = {
 }
 #: stages that time themselves: synthesize ends the job, so its time must be stored before the report is
 SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize})
+#: the broker (or Celery's Redis result backend) away while a stage sends a task: not the job's fault either.
+#: The task fails and the job stays where it was, for the reconciler or an overnight batch's broker-epoch check
+#: to pick up (a retry would need the very broker that is gone).
+BROKER_OUTAGE: tuple[type[BaseException], ...] = (
+    kombu.exceptions.OperationalError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
 #: said on the job's error when a stage fails with a known error
 FAIL_PREFIX: dict[Stage, str] = {Stage.plan: "planning failed"}
 OK = "ok"
@@ -170,6 +181,9 @@ def _run_one(job_id: str, stage: Stage) -> str:
                 return _runner(stage)(ctx)
         except DB_OUTAGE:
             raise  # not the job's fault: the task retries
+        except BROKER_OUTAGE:
+            log.warning("%s of job %s: broker unavailable; the job stays in %s for recovery", stage, job_id, stage)
+            raise
         except RLMError as exc:
             fail_job(conn, job_id=job_id, exc=exc, prefix=FAIL_PREFIX.get(stage))
         except Exception as exc:  # the job must end, whatever broke
