@@ -167,16 +167,33 @@ def test_two_processes_share_the_limit(r, valkey):
     assert r.zcard(key) == 0
 
 
-def test_rate_budget_makes_calls_beyond_rpm_wait(r):
+def _charged_at_ms(r, budget: RateBudget, charge) -> int:
+    """When the budget let a request go, on the Redis server's clock (the window's own clock)."""
+    return int(r.zscore(budget._keys[0], charge.id))
+
+
+def test_rate_budget_makes_calls_beyond_rpm_wait(r, monkeypatch):
     budget = RateBudget(r, rpm=3, tpm=None, key=_key(), window_seconds=1.0)
-    t0 = time.monotonic()
-    stamps = []
+    refusals: list[float] = []  # the waits the budget asked for, one per refused attempt
+    real_try_charge = budget.try_charge
+
+    def counted(est):
+        charge, wait = real_try_charge(est)
+        if charge is None:
+            refusals.append(wait)
+        return charge, wait
+
+    monkeypatch.setattr(budget, "try_charge", counted)
+    sent = []  # (refusals before this request was charged, when it was charged)
     for _ in range(6):
-        budget.wait_for_capacity(10, timeout=5)
-        stamps.append(time.monotonic() - t0)
-    assert stamps[2] < 0.3  # the first three go at once
-    assert stamps[3] >= 0.9  # the fourth waits for the first to leave the window
-    assert stamps[5] < 2.5
+        charge = budget.wait_for_capacity(10, timeout=30)
+        sent.append((len(refusals), _charged_at_ms(r, budget, charge)))
+    assert [n for n, _ in sent[:3]] == [0, 0, 0]  # the first three go at once
+    assert sent[3][0] >= 1  # the fourth was refused before it went
+    assert all(0 < w <= budget.window_seconds for w in refusals)  # each wait ends when the oldest entry leaves
+    # never more than 3 in any 1 s window: the fourth leaves a window after the first, and so on
+    for (_, earlier), (_, later) in zip(sent, sent[3:], strict=False):
+        assert later - earlier >= 1000
     _, wait = budget.try_charge(1)
     assert wait > 0
 
@@ -187,10 +204,12 @@ def test_token_budget_uses_actual_usage(r):
     assert budget.try_charge(60)[0] is None  # 60 + 60 > 100
     budget.record(first, 10)  # the call used far less than estimated
     assert budget.used() == (1, 10)
-    assert budget.try_charge(80)[0] is not None  # 10 + 80 fits
-    t0 = time.monotonic()
-    budget.wait_for_capacity(50, timeout=5)  # 90 + 50 does not: waits for the window to move
-    assert time.monotonic() - t0 >= 0.8
+    second, _ = budget.try_charge(80)
+    assert second is not None  # 10 + 80 fits
+    second_at = _charged_at_ms(r, budget, second)  # read now: the entry is gone once it leaves the window
+    assert budget.try_charge(50)[0] is None  # 90 + 50 does not
+    third = budget.wait_for_capacity(50, timeout=30)  # ... until the 80 has left the window (10 + 50 alone fits)
+    assert _charged_at_ms(r, budget, third) - second_at >= 1000
 
 
 def test_oversized_request_runs_in_an_empty_window(r):

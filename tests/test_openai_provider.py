@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -47,10 +48,11 @@ def fast_backoff(monkeypatch):
 
 
 def test_success_maps_text_usage_and_parameters(srv):
-    srv.responder = fixed("the answer", prompt_tokens=123, completion_tokens=45)
+    srv.responder = fixed("the answer", prompt_tokens=123, completion_tokens=45, latency_ms=20)
     c = OpenAIProvider(_settings(srv)).complete(_request(temperature=0.0))
     assert (c.text, c.tokens_in, c.tokens_out, c.model) == ("the answer", 123, 45, MODEL)
-    assert c.failed_attempts == [] and c.tool_calls == [] and c.latency_ms >= 0
+    # the server held its answer 20 ms: a latency that is not measured (0) is caught
+    assert c.failed_attempts == [] and c.tool_calls == [] and c.latency_ms >= 20
     assert c.raw_message == {"role": "assistant", "content": "the answer"}
     body = srv.requests[0].body
     assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
@@ -65,14 +67,24 @@ def test_missing_usage_counts_zero(srv):
     assert (c.tokens_in, c.tokens_out) == (0, 0)
 
 
-def test_429_retry_after_is_honoured_and_attempt_recorded(srv):
+def test_429_retry_after_is_honoured_and_attempt_recorded(srv, monkeypatch):
     srv.responder = fail_first(1, fixed("late", prompt_tokens=5, completion_tokens=2), retry_after=1)
-    t0 = time.monotonic()
+    waits: list[tuple[float, float]] = []  # (when the client began to wait, for how long)
+    real_backoff = OpenAIProvider._backoff
+
+    def recorded_backoff(self, retry_no, retry_after):
+        wait = real_backoff(self, retry_no, retry_after)
+        waits.append((time.time(), wait))
+        return wait
+
+    monkeypatch.setattr(OpenAIProvider, "_backoff", recorded_backoff)
     c = OpenAIProvider(_settings(srv)).complete(_request())
     assert c.text == "late"
     assert srv.calls == 2
-    gap = srv.requests[1].arrived - srv.requests[0].arrived
-    assert gap >= 0.95 and time.monotonic() - t0 >= 0.95
+    [(began, wait)] = waits
+    assert wait == 1.0  # the server's Retry-After, not the (patched, 0.05 s) exponential backoff
+    # in order: the 429 arrived, the client waited what it was told, and only then sent the retry
+    assert srv.requests[0].arrived <= began and srv.requests[1].arrived >= began + wait
     [failed] = c.failed_attempts
     assert failed["status"] == "retried" and "429" in failed["error"]
     assert set(failed) == {"status", "tokens_in", "tokens_out", "latency_ms", "error"}
@@ -118,13 +130,26 @@ def test_persistent_500_is_retryable_after_all_retries(srv):
 
 
 def test_timeout_is_retryable(srv):
-    srv.responder = fixed("too slow", latency_ms=1500)
-    t0 = time.monotonic()
-    with pytest.raises(LLMError) as ei:
-        OpenAIProvider(_settings(srv, llm_timeout=0.5, llm_retries=1)).complete(_request())
+    gate = threading.Event()
+    answered: list[int] = []
+
+    def held(_req):
+        # Nothing is answered until the client has given up; the 60 s release only keeps a client that
+        # ignores its timeout from hanging the test (it then gets "too slow" and pytest.raises fails).
+        gate.wait(60)
+        answered.append(1)
+        return Reply.text("too slow")
+
+    srv.responder = held
+    try:
+        with pytest.raises(LLMError) as ei:
+            OpenAIProvider(_settings(srv, llm_timeout=0.5, llm_retries=1)).complete(_request())
+        assert answered == []  # the client gave up on both attempts before either was answered
+    finally:
+        gate.set()
     assert ei.value.retryable and "0.5s" in ei.value.message
     assert srv.calls == 2
-    assert time.monotonic() - t0 < 3.0  # the client gave up, it did not wait for the answers
+    assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
 
 
 def test_connection_refused_is_retryable():

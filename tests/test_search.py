@@ -106,18 +106,30 @@ def test_hybrid_score_is_rrf_of_the_arms(conn, settings, db_url, loaded):
 
 
 def test_threshold_filters_semantic_arm(conn, settings, db_url, loaded):
-    hits = search(
-        conn,
-        settings=settings,
-        url=db_url,
-        tenant="local",
-        buffers=["notes"],
-        query="a feline resting on a rug",
-        mode="semantic",
-        top_k=5,
-        threshold=0.99,
-    )
-    assert hits == []
+    def semantic(threshold):
+        return search(
+            conn,
+            settings=settings,
+            url=db_url,
+            tenant="local",
+            buffers=["notes"],
+            query="a feline resting on a rug",
+            mode="semantic",
+            top_k=5,
+            threshold=threshold,
+        )
+
+    everything = semantic(-1.0)
+    assert len(everything) == len(NOTES)  # a broken semantic arm returns nothing at every threshold
+    assert everything[0].path == "notes/note1.txt"
+    scores = [h.score for h in everything]
+    assert scores == sorted(scores, reverse=True) and scores[0] > scores[-1]
+    cut = (scores[0] + scores[-1]) / 2
+    kept = semantic(cut)
+    # exactly the hits at or above the threshold, in the same order: a strict, non-empty filtering
+    assert [h.chunk_id for h in kept] == [h.chunk_id for h in everything if h.score >= cut]
+    assert 0 < len(kept) < len(everything)
+    assert semantic(0.99) == []
 
 
 def test_multi_buffer_search(conn, settings, db_url, loaded):
