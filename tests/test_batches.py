@@ -514,19 +514,18 @@ def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model,
     r = api.post("/v1/batches", json={"queries": queries, "buffers": ["beta"], "priority": 9})
     batch_id = r.json()["batch_id"]
     time.sleep(1.0)
-    t0 = time.monotonic()
     job_id, _ = submit_query(
         conn, tenant="local", query="Interactive: what about salt marshes?", buffers=["beta"], options={}
     )
     conn.commit()
     job = wait_for_job(conn, job_id, timeout=60)
-    took = time.monotonic() - t0
     assert job.status == "done"
     p = store.progress(conn, batch_id=batch_id)
     conn.commit()
+    # the order of events, not a duration: the query ended while batch items still waited or ran
     assert p.counts["pending"] + p.counts["running"] > 0, "the batch should still be running"
-    assert took < 10, took
-    wait_batch(conn, batch_id, workers)
+    b = wait_batch(conn, batch_id, workers)
+    assert b.status == "done" and job.finished_at < b.finished_at
 
 
 def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, model, workers, api, valkey):
