@@ -177,4 +177,6 @@ def test_bm25_cache_is_written_and_invalidated_by_version(conn, settings, db_url
     hits = rank(conn, settings=settings, url=db_url, rows=[new], query="frisbee", mode="bm25", top_k=3, threshold=None)
     assert len(hits) == 1
     assert not files[0].exists()  # the stale version's cache file was pruned
-    assert bm25_cache.TOKENIZER_VERSION >= 1
+    # the new version's cache file names the tokenizer: bumping TOKENIZER_VERSION can never reuse an old file
+    [now] = (settings.data_dir / "cache" / "bm25").glob(f"*-b{new.id}-v{new.version}-*.npz")
+    assert now.name.endswith(f"-t{bm25_cache.TOKENIZER_VERSION}.npz")
