@@ -47,6 +47,7 @@ bench: install
 	$(PY) bench/overhead.py
 	$(PY) bench/batch.py
 	$(PY) bench/load.py
+	$(PY) bench/timings.py
 
 up: install
 	$(RLM) up
