@@ -90,25 +90,39 @@ def test_dead_holders_leases_are_reclaimed(r):
     assert 0 < r.pttl(limiter.key) <= 1000  # the key itself goes away if everyone dies
 
 
+def _redis_now_ms(r) -> int:
+    secs, micros = r.time()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
 def test_renewal_keeps_a_slow_call_in_its_slot(r):
+    # Counted in renewals seen in Redis, not in seconds waited; the 1.5 s lease leaves a busy box a second of slack.
     key = _key()
-    holder = ConcurrencyLimiter(r, limit=1, key=key, lease_seconds=0.5)
-    other = ConcurrencyLimiter(r, limit=1, key=key, lease_seconds=0.5)
-    with holder.slot(timeout=1):
-        deadline = time.monotonic() + 1.5  # three lease lifetimes
-        while time.monotonic() < deadline:
+    holder = ConcurrencyLimiter(r, limit=1, key=key, lease_seconds=1.5)
+    other = ConcurrencyLimiter(r, limit=1, key=key, lease_seconds=1.5)
+    with holder.slot(timeout=1) as lease:
+        first_expiry = last = r.zscore(key, lease.id)
+        renewals = 0
+        while renewals < 4:  # four renewals a third of a lease apart: past the first lease's expiry
             assert other.try_acquire() is None
+            score = r.zscore(key, lease.id)
+            assert score is not None, "the lease was dropped while its holder was alive"
+            if score > last:
+                renewals, last = renewals + 1, score
             time.sleep(0.05)
-    assert other.acquire(timeout=0.5) is not None
+        assert _redis_now_ms(r) > first_expiry  # the slot outlived its first lease: it was kept, not just not lost
+        assert other.try_acquire() is None
+    assert other.acquire(timeout=1.5) is not None
 
 
 def test_manual_renew_extends_the_lease(r):
-    limiter = ConcurrencyLimiter(r, limit=1, key=_key(), lease_seconds=0.4)
+    limiter = ConcurrencyLimiter(r, limit=1, key=_key(), lease_seconds=1.0)
     lease = limiter.acquire(timeout=1)
-    for _ in range(4):
-        time.sleep(0.2)
+    first_expiry = r.zscore(limiter.key, lease.id)
+    while _redis_now_ms(r) <= first_expiry:
+        time.sleep(0.25)
         assert limiter.renew(lease) is True
-    assert limiter.try_acquire() is None
+    assert limiter.try_acquire() is None  # past the first expiry, still held
     limiter.release(lease)
     assert limiter.try_acquire() is not None
 
