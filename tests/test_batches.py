@@ -243,23 +243,23 @@ def test_queries_file_formats():
             parse_queries(bad)
 
 
-def test_cache_key_covers_buffer_version_options_and_models():
+def test_cache_key_covers_buffer_content_options_and_models():
     from rlm_workers.config import Settings
     from rlm_workers.overnight.cache import cache_key, fingerprint
 
     s1 = Settings(api_key="k", subcall_model="m1")
     s2 = Settings(api_key="k", subcall_model="m2")
     fp1, fp2 = fingerprint(s1), fingerprint(s2)
-    base = dict(tenant="t", query="q", buffer="b", version=1, options={}, fp=fp1)
+    base = dict(tenant="t", query="q", buffer_id=1, content="c1", options={}, fp=fp1)
     k = cache_key(**base)
     assert k == cache_key(**base)
     assert fp1 != fp2 and fp1 != fingerprint(Settings())  # other model; offline provider
     for change in (
-        {"version": 2},
+        {"content": "c2"},
         {"options": {"top_k": 5}},
         {"fp": fp2},
         {"tenant": "u"},
-        {"buffer": "c"},
+        {"buffer_id": 2},
         {"query": "q2"},
     ):
         assert cache_key(**{**base, **change}) != k
@@ -502,6 +502,54 @@ def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
     assert st["status"] == "scheduled" and st["total"] == 1
     assert run_rlm(env, "batch", "cancel", proc.stdout.strip()).returncode == 0
     assert run_rlm(env, "batch", "status", "f" * 32).returncode == 2
+
+
+def test_a_buffer_deleted_and_reloaded_is_not_answered_from_the_cache(
+    env, conn, fresh, workers, api, embedder, tmp_path
+):
+    """The cache was keyed on buffer name + version; both restart when a buffer is deleted and recreated, so
+    the old content's answer (with its dead chunk ids) was served for the new content."""
+    from rlm_workers.ingest.loader import load_paths
+    from rlm_workers.store.buffers import delete_buffer, get_buffer
+
+    def load(topic):
+        d = tmp_path / topic.replace(" ", "-")
+        d.mkdir()
+        (d / "notes.md").write_text(_essay(topic))
+        load_paths(conn, buffer="gamma", paths=[d], embedder=embedder)
+        conn.commit()
+        return get_buffer(conn, tenant="local", name="gamma")
+
+    def run():
+        r = api.post("/v1/batches", json={"queries": ["What do people disagree about?"], "buffers": ["gamma"]})
+        assert r.status_code == 202, r.text
+        wait_batch(conn, r.json()["batch_id"], workers)
+        (line,) = jsonl(api.get(r.json()["results_url"]).text)
+        assert line["status"] == "done", line
+        return line
+
+    first_buffer = load("lighthouses")
+    first = run()
+    assert not first["from_cache"] and run()["from_cache"]  # cached, and served again while unchanged
+    cached = conn.execute("SELECT count(*) FROM result_cache WHERE buffer_id = %s", (first_buffer.id,)).fetchone()[0]
+    assert cached == 1
+
+    assert delete_buffer(conn, tenant="local", name="gamma")
+    conn.commit()
+    # the deleted content's answers go with it
+    assert conn.execute("SELECT count(*) FROM result_cache WHERE buffer_id = %s", (first_buffer.id,)).fetchone()[0] == 0
+    second_buffer = load("beekeeping")
+    conn.commit()
+    assert second_buffer.version == first_buffer.version  # versions restart: the name and version are not enough
+    plans_before = plans(fresh)
+    second = run()
+    assert not second["from_cache"] and plans(fresh) == plans_before + 1
+    chunk_ids = {s["chunk_id"] for s in second["result"]["sources"]}
+    live = {r[0] for r in conn.execute("SELECT id FROM chunks WHERE buffer_id = %s", (second_buffer.id,))}
+    conn.commit()
+    assert chunk_ids and chunk_ids <= live
+    assert delete_buffer(conn, tenant="local", name="gamma")
+    conn.commit()
 
 
 def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model, workers, api):

@@ -229,7 +229,7 @@ def _fold(conn: psycopg.Connection, b: store.OvernightRow, res: TickResult) -> N
                 tokens=f.tokens,
             )
             if f.cache_key and cacheable(f.result):
-                store.cache_put(conn, tenant=b.tenant, key=f.cache_key, result=f.result)
+                store.cache_put(conn, tenant=b.tenant, key=f.cache_key, buffer=f.buffer, result=f.result)
         else:
             status = "failed" if f.job_status == JobStatus.failed.value else "cancelled"
             error = f.error or {"type": status, "message": f"the job ended {f.job_status}"}
@@ -298,7 +298,7 @@ def _schedule(
 
     slots = settings.batch_parallel - store.count_status(conn, batch_id=b.id, status="running") if submit else 0
     fp: str | None = None
-    versions: dict[str, int] = {}
+    contents: dict[str, tuple[int, str]] = {}
     after = -1
     for _ in range(MAX_WINDOWS):
         window = store.pending_items(conn, batch_id=b.id, after=after, limit=CACHE_WINDOW)
@@ -306,13 +306,20 @@ def _schedule(
             return
         after = window[-1][0]
         fp = fp or fingerprint(settings)
-        unknown = {buf for _, _, buf in window} - versions.keys()
+        unknown = {buf for _, _, buf in window} - contents.keys()
         if unknown:
-            versions.update(store.buffer_versions(conn, tenant=b.tenant, names=sorted(unknown)))
+            contents.update(store.buffer_contents(conn, tenant=b.tenant, names=sorted(unknown)))
         keys = {
-            no: cache_key(tenant=b.tenant, query=q, buffer=buf, version=versions[buf], options=b.options, fp=fp)
+            no: cache_key(
+                tenant=b.tenant,
+                query=q,
+                buffer_id=contents[buf][0],
+                content=contents[buf][1],
+                options=b.options,
+                fp=fp,
+            )
             for no, q, buf in window
-            if buf in versions
+            if buf in contents
         }
         hits = store.cache_get(conn, tenant=b.tenant, keys=list(keys.values()))
         for no, q, buf in window:

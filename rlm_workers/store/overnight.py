@@ -250,6 +250,7 @@ class FinishedJob:
     error: dict[str, Any] | None
     tokens: int
     cache_key: str | None
+    buffer: str
 
 
 def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJob]:
@@ -257,13 +258,13 @@ def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJo
     rows = conn.execute(
         """SELECT i.item_no, i.job_id, j.status, j.result, j.error,
                   coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0),
-                  i.cache_key
+                  i.cache_key, i.buffer
            FROM batch_items i JOIN jobs j ON j.id = i.job_id
            WHERE i.batch_id = %s AND i.status = 'running' AND j.status IN ('done', 'failed', 'cancelled')
            ORDER BY i.item_no""",
         (batch_id,),
     ).fetchall()
-    return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6]) for r in rows]
+    return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6], r[7]) for r in rows]
 
 
 def finish_item(
@@ -413,11 +414,22 @@ def running_job_ids(conn: psycopg.Connection, *, batch_id: str) -> list[tuple[in
     ]
 
 
-def buffer_versions(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> dict[str, int]:
+def buffer_contents(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """Buffer name → (id, content digest) for the result cache's key.
+
+    The digest covers the version, the chunking and embedding settings and every file's path and content
+    hash (which the loader stores): a buffer deleted and reloaded under the same name has a new id, and any
+    reload that changes what a query can find changes the digest.
+    """
     return {
-        r[0]: int(r[1])
+        r[0]: (int(r[1]), r[2])
         for r in conn.execute(
-            "SELECT name, version FROM buffers WHERE tenant = %s AND name = ANY(%s)",
+            r"""SELECT b.name, b.id,
+                      encode(sha256(convert_to(concat_ws(E'\n', b.version, b.chunker, b.chunk_size, b.chunk_overlap,
+                          b.embedding_model, b.embedding_dim,
+                          (SELECT string_agg(f.path || E'\t' || f.content_hash, E'\n' ORDER BY f.path)
+                           FROM files f WHERE f.buffer_id = b.id)), 'UTF8')), 'hex')
+               FROM buffers b WHERE b.tenant = %s AND b.name = ANY(%s)""",
             (tenant, list(set(names))),
         )
     }
@@ -462,11 +474,18 @@ def cache_get(conn: psycopg.Connection, *, tenant: str, keys: Sequence[str]) -> 
     }
 
 
-def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, result: dict[str, Any]) -> None:
+def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, buffer: str, result: dict[str, Any]) -> None:
+    """Cache under the buffer's row, so deleting the buffer deletes its answers (ON DELETE CASCADE).
+
+    Nothing is cached when the buffer is gone; the key names the buffer id it was computed for, so a row
+    attached to a buffer recreated meanwhile is never served for it.
+    """
     conn.execute(
-        """INSERT INTO result_cache (cache_key, tenant, result) VALUES (%s, %s, %s)
-           ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, created_at = now()""",
-        (key, tenant, Jsonb(result)),
+        """INSERT INTO result_cache (cache_key, tenant, result, buffer_id)
+           SELECT %s, %s, %s, id FROM buffers WHERE tenant = %s AND name = %s
+           ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, buffer_id = EXCLUDED.buffer_id,
+               created_at = now()""",
+        (key, tenant, Jsonb(result), tenant, buffer),
     )
 
 
