@@ -52,6 +52,8 @@ log = logging.getLogger("rlm.overnight")
 EPOCH_KEY = "rlm:broker-epoch"
 #: an item whose job was lost this many times fails instead of being resubmitted again
 MAX_ATTEMPTS = 3
+#: a batch whose tick failed this many times in a row (not a database outage) is closed, its open items failed
+MAX_TICK_FAILURES = 5
 #: the longest single countdown while a batch waits for run_at (long ETAs misbehave on Redis)
 MAX_WAIT_SECONDS = 60.0
 #: pending items looked up in the result cache per round, and rounds per tick
@@ -170,6 +172,14 @@ def _tick_locked(
     if not b.open:
         return TickResult(b.status)
     owner = token is not None and token == b.tick_token
+    if b.run_at is None:
+        # stored before run_at was bounded (docs/contract.md#http-batches): it can never come, say so and close
+        _fail_batch(
+            conn,
+            b.id,
+            "the batch's run_at is out of range and cannot be read; submit it again with a run_at at most a year ahead",
+        )
+        return TickResult("done")
     now = store.db_now(conn)
     if b.run_at > now:
         wait = min((b.run_at - now).total_seconds(), MAX_WAIT_SECONDS)
@@ -205,6 +215,14 @@ def _tick_locked(
         res.status = "done"
         return res
     return _rearm(conn, b, owner, settings.batch_tick_seconds, res)
+
+
+def _fail_batch(conn: psycopg.Connection, batch_id: str, message: str) -> None:
+    """Close a batch that cannot be advanced: open items fail with ``message``, their jobs are cancelled."""
+    error = {"type": "batch_failed", "message": message}
+    for job_id in store.fail_open(conn, batch_id=batch_id, error=error):
+        job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error=error)
+    log.error("batch %s closed, its open items failed: %s", batch_id, message)
 
 
 def _rearm(conn: psycopg.Connection, b: store.OvernightRow, owner: bool, wait: float, res: TickResult) -> TickResult:
@@ -417,11 +435,38 @@ def reconcile_overnight(conn: psycopg.Connection, *, settings: Settings) -> list
 
 
 def advance(batch_id: str, token: str | None = None) -> str:
-    """What the ``rlm.batch.tick`` task does: one tick on a pooled connection; returns its status."""
-    from ..store.db import connection
+    """What the ``rlm.batch.tick`` task does: one tick on a pooled connection; returns its status.
+
+    A database outage is raised (``DurableTask`` retries it).  Any other failure is logged and counted on the
+    batch and the tick ends: the reconciler re-arms the chain, and after ``MAX_TICK_FAILURES`` failures in a
+    row the batch is closed with its open items failed, so one broken batch cannot fail forever.
+    """
+    from ..store.db import DB_OUTAGE, connection
 
     with connection() as conn:
-        return run_tick(conn, batch_id, token).status
+        try:
+            return run_tick(conn, batch_id, token).status
+        except DB_OUTAGE:
+            raise
+        except Exception as exc:
+            log.error("batch %s: tick failed: %s", batch_id, exc, exc_info=True)
+            conn.rollback()
+            return record_tick_failure(conn, batch_id, exc)
+
+
+def record_tick_failure(conn: psycopg.Connection, batch_id: str, exc: BaseException) -> str:
+    """Count a failed tick; the ``MAX_TICK_FAILURES``-th in a row closes the batch.  Returns the tick's status."""
+    with conn.transaction():
+        n = store.count_tick_failure(conn, batch_id=batch_id)
+        if n >= MAX_TICK_FAILURES:
+            _fail_batch(
+                conn,
+                batch_id,
+                f"the batch could not be advanced: its tick failed {n} times in a row "
+                f"(last: {type(exc).__name__}); see the worker log",
+            )
+    commit(conn)
+    return "done" if n >= MAX_TICK_FAILURES else "failed"
 
 
 def sweep() -> int:

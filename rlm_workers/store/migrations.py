@@ -244,6 +244,9 @@ CREATE TABLE upload_files (
 """
 
 M009_OVERNIGHT = """
+-- A tick that keeps failing (not a database outage) is counted; past a few in a row the batch is closed
+-- with its open items failed, instead of being re-armed by the reconciler forever.
+ALTER TABLE batches ADD COLUMN tick_failures integer NOT NULL DEFAULT 0;
 -- A cached answer belongs to the buffer whose content produced it and goes with it. Rows from before were
 -- keyed on the buffer's name and version, which restart when a buffer is deleted and recreated: they may
 -- answer for deleted content, so they are dropped (a cache only costs a recomputation).

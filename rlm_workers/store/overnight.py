@@ -30,7 +30,8 @@ class OvernightRow:
     id: str
     tenant: str
     options: dict[str, Any]
-    run_at: datetime
+    #: None when the stored time cannot be read (see _readable)
+    run_at: datetime | None
     priority: int
     token_budget: int | None
     status: str
@@ -47,9 +48,19 @@ class OvernightRow:
         return self.status in OPEN
 
 
-_OVERNIGHT_COLS = (
-    "id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
-    "started_at, finished_at, last_tick_at, tick_token, next_tick_at"
+def _readable(col: str) -> str:
+    """A timestamp column, or NULL when Python cannot hold it: PostgreSQL stores years past 9999 (a run_at of
+    ``9999-12-31T23:59:59-23:59`` is year 10000 in UTC) that psycopg refuses to load, and one such row must
+    not make every read of the tenant's batches fail.  A day's margin covers the session's time zone."""
+    return f"CASE WHEN {col} BETWEEN '0001-01-03 00:00+00' AND '9999-12-29 00:00+00' THEN {col} END"
+
+
+_OVERNIGHT_COLS = ", ".join(
+    _readable(c) if c.endswith("_at") else c
+    for c in (
+        "id tenant options run_at priority token_budget status idempotency_key created_at "
+        "started_at finished_at last_tick_at tick_token next_tick_at"
+    ).split()
 )
 
 
@@ -222,15 +233,39 @@ def mark_started(conn: psycopg.Connection, *, batch_id: str) -> None:
 def mark_ticked(
     conn: psycopg.Connection, *, batch_id: str, next_in: float | None = None, token: str | None = None
 ) -> None:
-    """Record this tick; with ``token`` also hand the chain to the tick about to be sent."""
+    """Record this tick (a tick that got this far did not fail); with ``token`` also hand the chain to the
+    tick about to be sent."""
     if token is None:
-        conn.execute("UPDATE batches SET last_tick_at = now() WHERE id = %s", (batch_id,))
+        conn.execute("UPDATE batches SET last_tick_at = now(), tick_failures = 0 WHERE id = %s", (batch_id,))
     else:
         conn.execute(
-            """UPDATE batches SET last_tick_at = now(), tick_token = %s,
+            """UPDATE batches SET last_tick_at = now(), tick_failures = 0, tick_token = %s,
                    next_tick_at = now() + make_interval(secs => %s) WHERE id = %s""",
             (token, float(next_in or 0), batch_id),
         )
+
+
+def count_tick_failure(conn: psycopg.Connection, *, batch_id: str) -> int:
+    """One more tick failed in a row; returns how many (0 if the batch is gone or closed)."""
+    row = conn.execute(
+        """UPDATE batches SET tick_failures = tick_failures + 1
+           WHERE id = %s AND status IN ('scheduled', 'running') RETURNING tick_failures""",
+        (batch_id,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def fail_open(conn: psycopg.Connection, *, batch_id: str, error: dict[str, Any]) -> list[str]:
+    """Inside a transaction: close a batch that cannot be advanced; its pending and running items fail with
+    ``error``.  Returns the job ids that were in flight (the caller cancels the jobs)."""
+    jobs = [j for _, j in running_job_ids(conn, batch_id=batch_id) if j]
+    conn.execute(
+        """UPDATE batch_items SET status = 'failed', error = %s, finished_at = now()
+           WHERE batch_id = %s AND status IN ('pending', 'running')""",
+        (Jsonb(error), batch_id),
+    )
+    finish_overnight(conn, batch_id=batch_id)
+    return jobs
 
 
 def finish_overnight(conn: psycopg.Connection, *, batch_id: str, status: str = "done") -> None:
