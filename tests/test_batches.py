@@ -687,6 +687,43 @@ def test_a_buffer_deleted_and_reloaded_is_not_answered_from_the_cache(
     conn.commit()
 
 
+def test_nul_and_lone_surrogates_are_refused_on_every_query_path(env, conn, api, workers, tmp_path):
+    """PostgreSQL text cannot hold NUL and UTF-8 cannot encode a lone surrogate: batch queries (API and queries
+    file) and `rlm query` let them through to a 500 or a traceback.  One validator refuses them everywhere."""
+    before = conn.execute("SELECT count(*) FROM batches").fetchone()[0]
+    conn.commit()
+    for raw in (b'["Fine?", "a\\u0000b"]', b'["Fine?", "lone \\ud800 half"]'):
+        body = b'{"queries": ' + raw + b', "buffers": ["alpha"]}'
+        r = api.post("/v1/batches", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_input", (raw, r.text)
+    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    conn.commit()
+
+    for text, what in (
+        ("Fine?\nnul \x00 here\n", "line 2: the query contains a NUL character"),
+        ('{"query": "lone \\ud800 half"}\n', "line 1: the query contains text that is not valid Unicode"),
+        ('Fine?\n{"query": "a\\u0000b"}\n', "line 2: the query contains a NUL character"),
+    ):
+        qfile = tmp_path / "queries.txt"
+        qfile.write_text(text, encoding="utf-8")
+        proc = run_rlm(env, "batch", "submit", "-q", str(qfile), "-b", "alpha", "--no-check-workers")
+        assert proc.returncode == 2 and proc.stdout == "", (text, proc.stderr)
+        assert what in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (text, proc.stderr)
+
+    # a non-UTF-8 byte in argv arrives as a lone surrogate (surrogateescape)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "query", b"broken \xff byte", "--buffer", "alpha"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=180,
+    )
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2 and "not valid Unicode" in err and "Traceback" not in err, err
+    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    conn.commit()
+
+
 def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model, workers, api):
     """Batch items are bounded per batch and start behind interactive work: a query submitted mid-batch ends first."""
     from rlm_workers.store import overnight as store

@@ -101,6 +101,14 @@ def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[st
     return out
 
 
+def _numbered(check: Any, n: int, query: str) -> str:
+    """``check(query)``, its error naming which query (1-based) of the batch it is."""
+    try:
+        return check(query)
+    except InvalidInput as exc:
+        raise InvalidInput(f"query {n}: {exc.message}") from None
+
+
 def submit_overnight(
     conn: psycopg.Connection,
     *,
@@ -122,7 +130,7 @@ def submit_overnight(
     from ..search.service import validate_query
     from ..submit import validate_options
 
-    clean_queries = list(dict.fromkeys(validate_query(q) for q in queries))
+    clean_queries = list(dict.fromkeys(_numbered(validate_query, n, q) for n, q in enumerate(queries, 1)))
     if not clean_queries:
         raise InvalidInput("give at least one query")
     names = resolve_buffers(conn, tenant=tenant, names=buffers, glob=buffers_glob)
