@@ -43,18 +43,29 @@ class StatusFmt(str, Enum):
 
 
 def parse_at(value: str, *, now: datetime | None = None) -> datetime:
-    """ISO 8601 (no zone = this machine's local time) or relative: +30m, +2h, +1d."""
+    """ISO 8601 or relative (+30m, +2h, +1d) → an aware time within the bounds of ``check_run_at``.
+
+    No zone means this machine's local time (the API, with no local time to go by, refuses a zone-less
+    ``run_at``): the result always carries its offset, so what is stored is never ambiguous.
+    """
+    from rlm_workers.limits import MAX_RUN_AT_AHEAD_DAYS
+    from rlm_workers.overnight.submit import check_run_at
+
     now = now or datetime.now(UTC)
     m = _RELATIVE.match(value.strip())
     if m:
-        return now + timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        if seconds > MAX_RUN_AT_AHEAD_DAYS * 86400:  # before timedelta: +99999999d would overflow a datetime
+            raise InvalidInput(f"--at {value.strip()} is more than {MAX_RUN_AT_AHEAD_DAYS} days ahead")
+        return now + timedelta(seconds=seconds)
     try:
         ts = datetime.fromisoformat(value.strip())
-    except ValueError:
+        ts = ts.astimezone() if ts.tzinfo is None else ts
+    except (ValueError, OverflowError):
         raise InvalidInput(
             f"invalid --at {value!r}: use ISO 8601 (2030-01-01T02:00, +00:00 for UTC) or +30m / +2h / +1d"
         ) from None
-    return ts.astimezone() if ts.tzinfo is None else ts
+    return check_run_at(ts, now=now, name="--at")
 
 
 def read_queries(path: str) -> list[str]:
@@ -106,7 +117,9 @@ def submit(
     ] = None,
     at: Annotated[
         str | None,
-        typer.Option("--at", help="Start no earlier than this: ISO 8601 (no zone = local time) or +30m / +2h."),
+        typer.Option(
+            "--at", help="Start no earlier than this (≤ 1 year ahead): ISO 8601 (no zone = local time) or +30m / +2h."
+        ),
     ] = None,
     priority: Annotated[int, typer.Option(help="1 soonest … 9 latest; interactive queries always go first.")] = 3,
     token_budget: Annotated[
@@ -160,6 +173,9 @@ def submit(
             idempotency_key=idempotency_key,
         )
     typer.echo(batch_id)
+    if run_at is not None:
+        # stdout stays the bare id for scripts; the resolved time (a zone-less --at is local) goes to stderr
+        typer.echo(f"starts no earlier than {run_at.astimezone(UTC).isoformat().replace('+00:00', 'Z')}", err=True)
     if check_workers:
         _warn_if_no_worker()
 
@@ -184,7 +200,7 @@ def _status_line(st: dict) -> str:
     budget = f"/{st['token_budget']}" if st["token_budget"] else ""
     parts.append(f"tokens {st['tokens_spent']}{budget}")
     if st["status"] == "scheduled":
-        parts.append(f"starts {st['run_at']}")
+        parts.append(f"starts {st['run_at'] or '(unreadable run_at)'}")
     elif st["eta_seconds"] is not None and st["status"] == "running":
         parts.append(f"ETA {st['eta_seconds']:.0f}s")
     return " | ".join(parts)

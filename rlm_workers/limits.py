@@ -7,3 +7,7 @@ MAX_TOOL_ARGS_BYTES = 100 * 1024
 MAX_FINDINGS_PER_BATCH = 200
 MAX_FINDING_BYTES = 5 * 1024
 MAX_FOLLOW_UPS = 10
+#: how far ahead a batch's run_at / --at may be: later is a typo, and far enough out cannot even be read back
+MAX_RUN_AT_AHEAD_DAYS = 365
+#: how far in the past: a past time means "now", but one years back is a mistake worth saying
+MAX_RUN_AT_BEHIND_DAYS = 365

@@ -30,6 +30,23 @@ class Relevance(StrEnum):
 #: ordering used by Collect and by ``finding_threshold``
 RELEVANCE_RANK: dict[str, int] = {Relevance.high: 3, Relevance.medium: 2, Relevance.low: 1, Relevance.none: 0}
 
+
+def check_query_text(text: str) -> str:
+    """The one rule every query path (API bodies, batches, the CLI) applies to the text itself.
+
+    PostgreSQL text cannot hold a NUL, and a lone surrogate (a JSON ``"\\ud800"``, a non-UTF-8 byte in argv)
+    cannot be encoded as UTF-8: either would fail only when stored.  Raises ValueError (a pydantic validator
+    turns it into a 422; ``validate_query`` into InvalidInput).
+    """
+    if "\x00" in text:
+        raise ValueError("the query contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the query contains text that is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
 # The bounds of every query knob, shared by QueryOptions, AnalysisPlan and plan parsing.
 # Strict: a JSON true is not 1, and "50" is not a number (what a person typed is checked, not coerced).
 Threshold = Annotated[float, Field(strict=True, ge=-1.0, le=1.0)]

@@ -243,23 +243,23 @@ def test_queries_file_formats():
             parse_queries(bad)
 
 
-def test_cache_key_covers_buffer_version_options_and_models():
+def test_cache_key_covers_buffer_content_options_and_models():
     from rlm_workers.config import Settings
     from rlm_workers.overnight.cache import cache_key, fingerprint
 
     s1 = Settings(api_key="k", subcall_model="m1")
     s2 = Settings(api_key="k", subcall_model="m2")
     fp1, fp2 = fingerprint(s1), fingerprint(s2)
-    base = dict(tenant="t", query="q", buffer="b", version=1, options={}, fp=fp1)
+    base = dict(tenant="t", query="q", buffer_id=1, content="c1", options={}, fp=fp1)
     k = cache_key(**base)
     assert k == cache_key(**base)
     assert fp1 != fp2 and fp1 != fingerprint(Settings())  # other model; offline provider
     for change in (
-        {"version": 2},
+        {"content": "c2"},
         {"options": {"top_k": 5}},
         {"fp": fp2},
         {"tenant": "u"},
-        {"buffer": "c"},
+        {"buffer_id": 2},
         {"query": "q2"},
     ):
         assert cache_key(**{**base, **change}) != k
@@ -271,10 +271,31 @@ def test_at_accepts_iso_and_relative_times():
 
     now = datetime(2030, 1, 1, tzinfo=UTC)
     assert parse_at("+90m", now=now) == now + timedelta(minutes=90)
-    assert parse_at("2030-01-02T03:00:00+00:00") == datetime(2030, 1, 2, 3, tzinfo=UTC)
-    assert parse_at("2030-01-02T03:00").tzinfo is not None  # local time
+    assert parse_at("2030-01-02T03:00:00+00:00", now=now) == datetime(2030, 1, 2, 3, tzinfo=UTC)
+    local = parse_at("2030-01-02T03:00", now=now)  # no zone: this machine's local time, made explicit
+    assert local.utcoffset() is not None and local == datetime(2030, 1, 2, 3).astimezone()
     with pytest.raises(InvalidInput):
         parse_at("tomorrow")
+
+
+def test_at_is_bounded_to_a_year_either_way():
+    """--at +99999999d overflowed a datetime (traceback); a year-10000 time was stored and then unreadable."""
+    from rlm_api.cli_batch import parse_at
+    from rlm_workers.errors import InvalidInput
+
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    assert parse_at("+365d", now=now) == now + timedelta(days=365)
+    for bad, msg in (
+        ("+99999999d", "more than 365 days ahead"),
+        ("+999999999999999999999999999999h", "more than 365 days ahead"),
+        ("+366d", "more than 365 days ahead"),
+        ("9999-12-31T23:59:59-23:59", "more than 365 days ahead"),
+        ("9999-12-31T23:59:59", "ahead|invalid --at"),
+        ("0001-01-01T00:00:00+14:00", "in the past|invalid --at"),
+        ("2028-12-31T00:00:00Z", "in the past"),
+    ):
+        with pytest.raises(InvalidInput, match=msg):
+            parse_at(bad, now=now)
 
 
 def test_broker_priority_keeps_batches_behind_interactive_queries():
@@ -502,6 +523,205 @@ def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
     assert st["status"] == "scheduled" and st["total"] == 1
     assert run_rlm(env, "batch", "cancel", proc.stdout.strip()).returncode == 0
     assert run_rlm(env, "batch", "status", "f" * 32).returncode == 2
+
+
+def test_run_at_needs_a_zone_and_is_bounded(env, conn, api, workers, tmp_path):
+    """A far-future run_at was accepted (202) and poisoned the tenant's batches; a zone-less one was taken as
+    UTC by the API but as local time by the CLI.  Now: the API refuses both (422, nothing stored); the CLI
+    resolves a zone-less --at as local time and says the UTC instant."""
+    before = conn.execute("SELECT count(*) FROM batches").fetchone()[0]
+    conn.commit()
+    for run_at, msg in (
+        ("9999-12-31T23:59:59-23:59", "more than 365 days ahead"),
+        ((datetime.now(UTC) + timedelta(days=400)).isoformat(), "more than 365 days ahead"),
+        ("2001-01-01T00:00:00Z", "in the past"),
+        ("2030-01-01T02:00:00", "run_at needs a time zone offset, e.g. 2026-11-24T02:00:00Z"),
+    ):
+        r = api.post("/v1/batches", json={"queries": ["Bounded?"], "buffers": ["alpha"], "run_at": run_at})
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_input", (run_at, r.text)
+        assert msg in r.json()["error"]["message"], (run_at, r.text)
+    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    conn.commit()
+
+    for at in ("+99999999d", "9999-12-31T23:59:59-23:59"):
+        proc = run_rlm(env, "batch", "submit", "-q", "-", "-b", "alpha", "--at", at, "--no-check-workers", stdin="q\n")
+        assert proc.returncode == 2 and proc.stdout == "", (at, proc.stderr)
+        assert "--at" in proc.stderr and "365 days" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+    local = (datetime.now() + timedelta(hours=3)).replace(microsecond=0)
+    proc = run_rlm(
+        env, "batch", "submit", "-q", "-", "-b", "alpha", "--at", local.isoformat(), "--no-check-workers", stdin="q\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    batch_id = proc.stdout.strip()
+    utc = local.astimezone(UTC)
+    assert f"starts no earlier than {utc.isoformat().replace('+00:00', 'Z')}" in proc.stderr
+    st = api.get(f"/v1/batches/{batch_id}").json()
+    assert datetime.fromisoformat(st["run_at"]) == utc
+    assert api.delete(f"/v1/batches/{batch_id}").status_code == 200
+
+
+def _insert_raw_batch(conn, batch_id, *, run_at_sql, next_tick_sql, query="Unreadable question?"):
+    """A batch row written straight to SQL, as a version without the run_at bound could store it."""
+    conn.execute(
+        f"""INSERT INTO batches (id, tenant, run_at, tick_token, next_tick_at)
+            VALUES (%s, 'local', {run_at_sql}, 'old-token', {next_tick_sql})""",
+        (batch_id,),
+    )
+    conn.execute(
+        "INSERT INTO batch_items (batch_id, item_no, query, buffer) VALUES (%s, 0, %s, 'alpha')", (batch_id, query)
+    )
+    conn.commit()
+
+
+def test_an_unreadable_batch_row_breaks_no_list_cancel_or_tick(env, conn, fresh, workers, api):
+    """Year 10000 (UTC) is stored by PostgreSQL but cannot be loaded by psycopg: one such row made
+    GET /v1/batches 500 for its tenant, `rlm batch list/status/cancel` traceback, and its tick fail forever."""
+    from rlm_workers.store import overnight as store
+
+    far = "'10000-01-01 23:58:59+00'::timestamptz"  # 9999-12-31T23:59:59-23:59 in UTC
+    kept, ticked = "a" * 31 + "1", "a" * 31 + "2"
+    # one the reconciler leaves alone for now (next tick an hour away), one whose tick is long overdue
+    _insert_raw_batch(conn, kept, run_at_sql=far, next_tick_sql="now() + interval '1 hour'")
+    _insert_raw_batch(conn, ticked, run_at_sql=far, next_tick_sql="now() - interval '1 hour'")
+
+    r = api.get("/v1/batches")
+    assert r.status_code == 200, r.text
+    shown = {b["batch_id"]: b for b in r.json()}
+    assert kept in shown and shown[kept]["run_at"] is None and shown[kept]["total"] == 1
+    assert api.get(f"/v1/batches/{kept}").status_code == 200
+    proc = run_rlm(env, "batch", "list")
+    assert proc.returncode == 0 and kept in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
+    proc = run_rlm(env, "batch", "status", kept, "--format", "json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["run_at"] is None, proc.stderr
+    proc = run_rlm(env, "batch", "cancel", kept)
+    assert proc.returncode == 0 and "cancelled" in proc.stdout, proc.stderr
+    assert api.delete(f"/v1/batches/{kept}").json()["status"] == "cancelled"
+
+    # the reconciler re-arms the overdue one once; its tick closes it for good instead of failing
+    b = wait_batch(conn, ticked, workers, timeout=60)
+    assert b.status == "done" and b.run_at is None
+    (item,) = store.items(conn, batch_id=ticked)
+    conn.commit()
+    assert item.status == "failed" and item.error["type"] == "batch_failed" and "run_at" in item.error["message"]
+    assert fresh.calls == 0
+    assert api.get("/v1/batches").status_code == 200
+
+
+def test_a_tick_that_keeps_failing_closes_the_batch(env, conn, fresh, workers, api):
+    """A tick that fails for a reason other than an outage used to be re-armed by the reconciler forever;
+    now the failures are counted and the batch is closed with its items failed and its error said."""
+    from rlm_workers.overnight.scheduler import MAX_TICK_FAILURES
+    from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.store import overnight as store
+
+    # a real failure inside the tick's transaction: creating this batch's job raises in PostgreSQL
+    conn.execute(
+        """CREATE FUNCTION poison_job() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN IF NEW.query LIKE 'Poisoned tick%' THEN RAISE EXCEPTION 'injected failure'; END IF;
+           RETURN NEW; END $$;
+           CREATE TRIGGER poison_job BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION poison_job();"""
+    )
+    conn.commit()
+    try:
+        batch_id, _ = submit_overnight(conn, tenant="local", queries=["Poisoned tick question?"], buffers=["alpha"])
+        b = wait_batch(conn, batch_id, workers, timeout=90)
+    finally:
+        conn.execute("DROP TRIGGER poison_job ON jobs; DROP FUNCTION poison_job()")
+        conn.commit()
+    assert b.status == "done"
+    (item,) = store.items(conn, batch_id=batch_id)
+    failures = conn.execute("SELECT tick_failures FROM batches WHERE id = %s", (batch_id,)).fetchone()[0]
+    conn.commit()
+    assert failures == MAX_TICK_FAILURES
+    assert item.status == "failed" and item.error["type"] == "batch_failed"
+    assert f"failed {MAX_TICK_FAILURES} times in a row" in item.error["message"]
+    assert fresh.calls == 0
+
+
+def test_a_buffer_deleted_and_reloaded_is_not_answered_from_the_cache(
+    env, conn, fresh, workers, api, embedder, tmp_path
+):
+    """The cache was keyed on buffer name + version; both restart when a buffer is deleted and recreated, so
+    the old content's answer (with its dead chunk ids) was served for the new content."""
+    from rlm_workers.ingest.loader import load_paths
+    from rlm_workers.store.buffers import delete_buffer, get_buffer
+
+    def load(topic):
+        d = tmp_path / topic.replace(" ", "-")
+        d.mkdir()
+        (d / "notes.md").write_text(_essay(topic))
+        load_paths(conn, buffer="gamma", paths=[d], embedder=embedder)
+        conn.commit()
+        return get_buffer(conn, tenant="local", name="gamma")
+
+    def run():
+        r = api.post("/v1/batches", json={"queries": ["What do people disagree about?"], "buffers": ["gamma"]})
+        assert r.status_code == 202, r.text
+        wait_batch(conn, r.json()["batch_id"], workers)
+        (line,) = jsonl(api.get(r.json()["results_url"]).text)
+        assert line["status"] == "done", line
+        return line
+
+    first_buffer = load("lighthouses")
+    first = run()
+    assert not first["from_cache"] and run()["from_cache"]  # cached, and served again while unchanged
+    cached = conn.execute("SELECT count(*) FROM result_cache WHERE buffer_id = %s", (first_buffer.id,)).fetchone()[0]
+    assert cached == 1
+
+    assert delete_buffer(conn, tenant="local", name="gamma")
+    conn.commit()
+    # the deleted content's answers go with it
+    assert conn.execute("SELECT count(*) FROM result_cache WHERE buffer_id = %s", (first_buffer.id,)).fetchone()[0] == 0
+    second_buffer = load("beekeeping")
+    conn.commit()
+    assert second_buffer.version == first_buffer.version  # versions restart: the name and version are not enough
+    plans_before = plans(fresh)
+    second = run()
+    assert not second["from_cache"] and plans(fresh) == plans_before + 1
+    chunk_ids = {s["chunk_id"] for s in second["result"]["sources"]}
+    live = {r[0] for r in conn.execute("SELECT id FROM chunks WHERE buffer_id = %s", (second_buffer.id,))}
+    conn.commit()
+    assert chunk_ids and chunk_ids <= live
+    assert delete_buffer(conn, tenant="local", name="gamma")
+    conn.commit()
+
+
+def test_nul_and_lone_surrogates_are_refused_on_every_query_path(env, conn, api, workers, tmp_path):
+    """PostgreSQL text cannot hold NUL and UTF-8 cannot encode a lone surrogate: batch queries (API and queries
+    file) and `rlm query` let them through to a 500 or a traceback.  One validator refuses them everywhere."""
+    before = conn.execute("SELECT count(*) FROM batches").fetchone()[0]
+    conn.commit()
+    for raw in (b'["Fine?", "a\\u0000b"]', b'["Fine?", "lone \\ud800 half"]'):
+        body = b'{"queries": ' + raw + b', "buffers": ["alpha"]}'
+        r = api.post("/v1/batches", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_input", (raw, r.text)
+    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    conn.commit()
+
+    for text, what in (
+        ("Fine?\nnul \x00 here\n", "line 2: the query contains a NUL character"),
+        ('{"query": "lone \\ud800 half"}\n', "line 1: the query contains text that is not valid Unicode"),
+        ('Fine?\n{"query": "a\\u0000b"}\n', "line 2: the query contains a NUL character"),
+    ):
+        qfile = tmp_path / "queries.txt"
+        qfile.write_text(text, encoding="utf-8")
+        proc = run_rlm(env, "batch", "submit", "-q", str(qfile), "-b", "alpha", "--no-check-workers")
+        assert proc.returncode == 2 and proc.stdout == "", (text, proc.stderr)
+        assert what in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (text, proc.stderr)
+
+    # a non-UTF-8 byte in argv arrives as a lone surrogate (surrogateescape)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "query", b"broken \xff byte", "--buffer", "alpha"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=180,
+    )
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 2 and "not valid Unicode" in err and "Traceback" not in err, err
+    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    conn.commit()
 
 
 def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model, workers, api):

@@ -8,7 +8,7 @@ Other tenants' batches are 404, never 403, so ids do not leak.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -33,7 +33,11 @@ class BatchIn(BaseModel):
     queries: list[str] = Field(min_length=1, max_length=10_000, description="The questions (duplicates dropped).")
     buffers: list[str] = Field(default_factory=list, max_length=10_000, description="Buffer names.")
     buffers_glob: str | None = Field(None, max_length=200, description="Also every buffer matching this glob.")
-    run_at: datetime | None = Field(None, description="Do not start before this time (ISO 8601; no zone = UTC).")
+    run_at: datetime | None = Field(
+        None,
+        description="Do not start before this time: ISO 8601 with a zone offset (2026-11-24T02:00:00Z), "
+        "at most a year ahead.",
+    )
     priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
     token_budget: int | None = Field(
         None, ge=1, description="Stop scheduling new items once this many tokens are spent."
@@ -94,9 +98,6 @@ def create_batch(
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
     from rlm_workers.overnight.submit import submit_overnight
 
-    run_at = body.run_at
-    if run_at is not None and run_at.tzinfo is None:
-        run_at = run_at.replace(tzinfo=UTC)
     batch_id, created = submit_overnight(
         conn,
         tenant=tenant,
@@ -104,7 +105,7 @@ def create_batch(
         buffers=body.buffers,
         buffers_glob=body.buffers_glob,
         options=body.options.stored(),
-        run_at=run_at,
+        run_at=body.run_at,
         priority=body.priority,
         token_budget=body.token_budget,
         idempotency_key=idempotency_key,

@@ -1,5 +1,9 @@
 """The result cache's key: an overnight item is served from the cache only when nothing that shapes its
-answer changed (tenant, query, buffer name and version, options, provider, models, query defaults, prompts).
+answer changed (tenant, query, the buffer's id and content, options, provider, models, query defaults, prompts).
+
+The buffer is named by its id and a digest of its content (``store.overnight.buffer_contents``), never by
+its name and version: a buffer deleted and reloaded under the same name starts again at version 1, and an
+answer about the deleted content (citing its chunk ids) must not be served for the new one.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..config import Settings
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def _sha(obj: Any) -> str:
@@ -48,13 +52,13 @@ def fingerprint(settings: Settings) -> str:
     )
 
 
-def cache_key(*, tenant: str, query: str, buffer: str, version: int, options: dict[str, Any], fp: str) -> str:
+def cache_key(*, tenant: str, query: str, buffer_id: int, content: str, options: dict[str, Any], fp: str) -> str:
     return _sha(
         {
             "tenant": tenant,
             "query": query,
-            "buffer": buffer,
-            "version": int(version),
+            "buffer_id": int(buffer_id),
+            "content": content,
             "options": options,
             "fp": fp,
         }

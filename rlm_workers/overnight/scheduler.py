@@ -52,6 +52,8 @@ log = logging.getLogger("rlm.overnight")
 EPOCH_KEY = "rlm:broker-epoch"
 #: an item whose job was lost this many times fails instead of being resubmitted again
 MAX_ATTEMPTS = 3
+#: a batch whose tick failed this many times in a row (not a database outage) is closed, its open items failed
+MAX_TICK_FAILURES = 5
 #: the longest single countdown while a batch waits for run_at (long ETAs misbehave on Redis)
 MAX_WAIT_SECONDS = 60.0
 #: pending items looked up in the result cache per round, and rounds per tick
@@ -170,6 +172,14 @@ def _tick_locked(
     if not b.open:
         return TickResult(b.status)
     owner = token is not None and token == b.tick_token
+    if b.run_at is None:
+        # stored before run_at was bounded (docs/contract.md#http-batches): it can never come, say so and close
+        _fail_batch(
+            conn,
+            b.id,
+            "the batch's run_at is out of range and cannot be read; submit it again with a run_at at most a year ahead",
+        )
+        return TickResult("done")
     now = store.db_now(conn)
     if b.run_at > now:
         wait = min((b.run_at - now).total_seconds(), MAX_WAIT_SECONDS)
@@ -207,6 +217,14 @@ def _tick_locked(
     return _rearm(conn, b, owner, settings.batch_tick_seconds, res)
 
 
+def _fail_batch(conn: psycopg.Connection, batch_id: str, message: str) -> None:
+    """Close a batch that cannot be advanced: open items fail with ``message``, their jobs are cancelled."""
+    error = {"type": "batch_failed", "message": message}
+    for job_id in store.fail_open(conn, batch_id=batch_id, error=error):
+        job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error=error)
+    log.error("batch %s closed, its open items failed: %s", batch_id, message)
+
+
 def _rearm(conn: psycopg.Connection, b: store.OvernightRow, owner: bool, wait: float, res: TickResult) -> TickResult:
     if owner:
         res.next_token, res.next_in = uuid.uuid4().hex, max(0.0, wait)
@@ -229,7 +247,7 @@ def _fold(conn: psycopg.Connection, b: store.OvernightRow, res: TickResult) -> N
                 tokens=f.tokens,
             )
             if f.cache_key and cacheable(f.result):
-                store.cache_put(conn, tenant=b.tenant, key=f.cache_key, result=f.result)
+                store.cache_put(conn, tenant=b.tenant, key=f.cache_key, buffer=f.buffer, result=f.result)
         else:
             status = "failed" if f.job_status == JobStatus.failed.value else "cancelled"
             error = f.error or {"type": status, "message": f"the job ended {f.job_status}"}
@@ -298,7 +316,7 @@ def _schedule(
 
     slots = settings.batch_parallel - store.count_status(conn, batch_id=b.id, status="running") if submit else 0
     fp: str | None = None
-    versions: dict[str, int] = {}
+    contents: dict[str, tuple[int, str]] = {}
     after = -1
     for _ in range(MAX_WINDOWS):
         window = store.pending_items(conn, batch_id=b.id, after=after, limit=CACHE_WINDOW)
@@ -306,13 +324,20 @@ def _schedule(
             return
         after = window[-1][0]
         fp = fp or fingerprint(settings)
-        unknown = {buf for _, _, buf in window} - versions.keys()
+        unknown = {buf for _, _, buf in window} - contents.keys()
         if unknown:
-            versions.update(store.buffer_versions(conn, tenant=b.tenant, names=sorted(unknown)))
+            contents.update(store.buffer_contents(conn, tenant=b.tenant, names=sorted(unknown)))
         keys = {
-            no: cache_key(tenant=b.tenant, query=q, buffer=buf, version=versions[buf], options=b.options, fp=fp)
+            no: cache_key(
+                tenant=b.tenant,
+                query=q,
+                buffer_id=contents[buf][0],
+                content=contents[buf][1],
+                options=b.options,
+                fp=fp,
+            )
             for no, q, buf in window
-            if buf in versions
+            if buf in contents
         }
         hits = store.cache_get(conn, tenant=b.tenant, keys=list(keys.values()))
         for no, q, buf in window:
@@ -410,11 +435,38 @@ def reconcile_overnight(conn: psycopg.Connection, *, settings: Settings) -> list
 
 
 def advance(batch_id: str, token: str | None = None) -> str:
-    """What the ``rlm.batch.tick`` task does: one tick on a pooled connection; returns its status."""
-    from ..store.db import connection
+    """What the ``rlm.batch.tick`` task does: one tick on a pooled connection; returns its status.
+
+    A database outage is raised (``DurableTask`` retries it).  Any other failure is logged and counted on the
+    batch and the tick ends: the reconciler re-arms the chain, and after ``MAX_TICK_FAILURES`` failures in a
+    row the batch is closed with its open items failed, so one broken batch cannot fail forever.
+    """
+    from ..store.db import DB_OUTAGE, connection
 
     with connection() as conn:
-        return run_tick(conn, batch_id, token).status
+        try:
+            return run_tick(conn, batch_id, token).status
+        except DB_OUTAGE:
+            raise
+        except Exception as exc:
+            log.error("batch %s: tick failed: %s", batch_id, exc, exc_info=True)
+            conn.rollback()
+            return record_tick_failure(conn, batch_id, exc)
+
+
+def record_tick_failure(conn: psycopg.Connection, batch_id: str, exc: BaseException) -> str:
+    """Count a failed tick; the ``MAX_TICK_FAILURES``-th in a row closes the batch.  Returns the tick's status."""
+    with conn.transaction():
+        n = store.count_tick_failure(conn, batch_id=batch_id)
+        if n >= MAX_TICK_FAILURES:
+            _fail_batch(
+                conn,
+                batch_id,
+                f"the batch could not be advanced: its tick failed {n} times in a row "
+                f"(last: {type(exc).__name__}); see the worker log",
+            )
+    commit(conn)
+    return "done" if n >= MAX_TICK_FAILURES else "failed"
 
 
 def sweep() -> int:

@@ -14,7 +14,7 @@ import logging
 import math
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, get_settings
@@ -63,6 +63,28 @@ def parse_queries(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def check_run_at(run_at: datetime, *, now: datetime | None = None, name: str = "run_at") -> datetime:
+    """A zone-aware time at most MAX_RUN_AT_AHEAD_DAYS ahead and MAX_RUN_AT_BEHIND_DAYS back.
+
+    Unbounded, ``9999-12-31T23:59:59-23:59`` is year 10000 in UTC: PostgreSQL stores it but it cannot be read
+    back into Python, which broke every read of the tenant's batches.
+    """
+    from ..limits import MAX_RUN_AT_AHEAD_DAYS, MAX_RUN_AT_BEHIND_DAYS
+
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise InvalidInput(f"{name} needs a time zone offset, e.g. 2026-11-24T02:00:00Z")
+    now = now or datetime.now(UTC)
+    try:
+        delta = run_at - now
+    except OverflowError:
+        delta = None
+    if delta is None or delta > timedelta(days=MAX_RUN_AT_AHEAD_DAYS):
+        raise InvalidInput(f"{name} {run_at.isoformat()} is more than {MAX_RUN_AT_AHEAD_DAYS} days ahead")
+    if delta < -timedelta(days=MAX_RUN_AT_BEHIND_DAYS):
+        raise InvalidInput(f"{name} {run_at.isoformat()} is more than {MAX_RUN_AT_BEHIND_DAYS} days in the past")
+    return run_at
+
+
 def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[str], glob: str | None) -> list[str]:
     from ..store.buffers import list_buffers, require_buffers, validate_buffer_name
 
@@ -77,6 +99,14 @@ def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[st
         raise InvalidInput("name at least one buffer (--buffer NAME or --buffers-glob PATTERN)")
     require_buffers(conn, tenant=tenant, names=out)
     return out
+
+
+def _numbered(check: Any, n: int, query: str) -> str:
+    """``check(query)``, its error naming which query (1-based) of the batch it is."""
+    try:
+        return check(query)
+    except InvalidInput as exc:
+        raise InvalidInput(f"query {n}: {exc.message}") from None
 
 
 def submit_overnight(
@@ -100,7 +130,7 @@ def submit_overnight(
     from ..search.service import validate_query
     from ..submit import validate_options
 
-    clean_queries = list(dict.fromkeys(validate_query(q) for q in queries))
+    clean_queries = list(dict.fromkeys(_numbered(validate_query, n, q) for n, q in enumerate(queries, 1)))
     if not clean_queries:
         raise InvalidInput("give at least one query")
     names = resolve_buffers(conn, tenant=tenant, names=buffers, glob=buffers_glob)
@@ -116,8 +146,8 @@ def submit_overnight(
         isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1
     ):
         raise InvalidInput(f"invalid token budget {token_budget!r}: a positive number of tokens")
-    if run_at is not None and run_at.tzinfo is None:
-        raise InvalidInput("run_at needs a time zone (e.g. 2030-01-01T02:00:00+00:00)")
+    if run_at is not None:
+        check_run_at(run_at)
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
         raise InvalidInput("an idempotency key is 1-200 characters")
     token = uuid.uuid4().hex
@@ -176,12 +206,14 @@ def _iso(ts: datetime | None) -> str | None:
 def status_of(conn: psycopg.Connection, batch: store.OvernightRow, settings: Settings | None = None) -> dict[str, Any]:
     """Progress as the API and ``rlm batch status`` show it."""
     settings = settings or get_settings()
+    if batch.run_at is None:
+        log.warning("batch %s: its stored run_at is out of range and cannot be read; shown without one", batch.id)
     p = store.progress(conn, batch_id=batch.id)
     remaining = p.counts["pending"] + p.counts["running"]
     eta: float | None = None
     if remaining == 0:
         eta = 0.0
-    elif batch.open and p.mean_item_seconds is not None:
+    elif batch.open and p.mean_item_seconds is not None and batch.run_at is not None:
         wait = max(0.0, (batch.run_at - store.db_now(conn)).total_seconds())
         rounds = math.ceil(remaining / max(1, settings.batch_parallel))
         eta = round(wait + rounds * p.mean_item_seconds, 1)

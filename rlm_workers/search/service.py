@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..config import Settings
 from ..errors import InvalidInput
 from ..limits import MAX_QUERY_BYTES
-from ..models import SearchHit
+from ..models import SearchHit, check_query_text
 from ..store.buffers import BufferRow, get_chunks, require_buffers
 
 if TYPE_CHECKING:
@@ -33,6 +33,10 @@ class Ranked:
 def validate_query(query: str) -> str:
     if not query or not query.strip():
         raise InvalidInput("the query is empty: say what to look for")
+    try:
+        check_query_text(query)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     if len(query.encode()) > MAX_QUERY_BYTES:
         raise InvalidInput(f"the query is {len(query.encode())} bytes; the limit is {MAX_QUERY_BYTES} (10 KB)")
     return query.strip()

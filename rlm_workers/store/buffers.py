@@ -129,6 +129,8 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
 
 
 def delete_buffer(conn: psycopg.Connection, *, tenant: str, name: str) -> bool:
+    """Delete the buffer and everything it holds: files, chunks, embeddings and the overnight result-cache rows
+    answered from it (all ON DELETE CASCADE), so a buffer reloaded under the same name never serves them."""
     cur = conn.execute("DELETE FROM buffers WHERE tenant = %s AND name = %s", (tenant, name))
     return cur.rowcount > 0
 

@@ -243,6 +243,18 @@ CREATE TABLE upload_files (
 );
 """
 
+M009_OVERNIGHT = """
+-- A tick that keeps failing (not a database outage) is counted; past a few in a row the batch is closed
+-- with its open items failed, instead of being re-armed by the reconciler forever.
+ALTER TABLE batches ADD COLUMN tick_failures integer NOT NULL DEFAULT 0;
+-- A cached answer belongs to the buffer whose content produced it and goes with it. Rows from before were
+-- keyed on the buffer's name and version, which restart when a buffer is deleted and recreated: they may
+-- answer for deleted content, so they are dropped (a cache only costs a recomputation).
+DELETE FROM result_cache;
+ALTER TABLE result_cache ADD COLUMN buffer_id bigint NOT NULL REFERENCES buffers(id) ON DELETE CASCADE;
+CREATE INDEX result_cache_buffer ON result_cache (buffer_id);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -250,6 +262,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m004_job_stage_time", M004_JOB_STAGE_TIME),
     ("m005_batch_recovery", M005_BATCH_RECOVERY),
     ("m006_uploads", M006_UPLOADS),
+    ("m009_overnight", M009_OVERNIGHT),
 ]
 
 

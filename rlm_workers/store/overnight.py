@@ -30,7 +30,8 @@ class OvernightRow:
     id: str
     tenant: str
     options: dict[str, Any]
-    run_at: datetime
+    #: None when the stored time cannot be read (see _readable)
+    run_at: datetime | None
     priority: int
     token_budget: int | None
     status: str
@@ -47,9 +48,19 @@ class OvernightRow:
         return self.status in OPEN
 
 
-_OVERNIGHT_COLS = (
-    "id, tenant, options, run_at, priority, token_budget, status, idempotency_key, created_at, "
-    "started_at, finished_at, last_tick_at, tick_token, next_tick_at"
+def _readable(col: str) -> str:
+    """A timestamp column, or NULL when Python cannot hold it: PostgreSQL stores years past 9999 (a run_at of
+    ``9999-12-31T23:59:59-23:59`` is year 10000 in UTC) that psycopg refuses to load, and one such row must
+    not make every read of the tenant's batches fail.  A day's margin covers the session's time zone."""
+    return f"CASE WHEN {col} BETWEEN '0001-01-03 00:00+00' AND '9999-12-29 00:00+00' THEN {col} END"
+
+
+_OVERNIGHT_COLS = ", ".join(
+    _readable(c) if c.endswith("_at") else c
+    for c in (
+        "id tenant options run_at priority token_budget status idempotency_key created_at "
+        "started_at finished_at last_tick_at tick_token next_tick_at"
+    ).split()
 )
 
 
@@ -222,15 +233,39 @@ def mark_started(conn: psycopg.Connection, *, batch_id: str) -> None:
 def mark_ticked(
     conn: psycopg.Connection, *, batch_id: str, next_in: float | None = None, token: str | None = None
 ) -> None:
-    """Record this tick; with ``token`` also hand the chain to the tick about to be sent."""
+    """Record this tick (a tick that got this far did not fail); with ``token`` also hand the chain to the
+    tick about to be sent."""
     if token is None:
-        conn.execute("UPDATE batches SET last_tick_at = now() WHERE id = %s", (batch_id,))
+        conn.execute("UPDATE batches SET last_tick_at = now(), tick_failures = 0 WHERE id = %s", (batch_id,))
     else:
         conn.execute(
-            """UPDATE batches SET last_tick_at = now(), tick_token = %s,
+            """UPDATE batches SET last_tick_at = now(), tick_failures = 0, tick_token = %s,
                    next_tick_at = now() + make_interval(secs => %s) WHERE id = %s""",
             (token, float(next_in or 0), batch_id),
         )
+
+
+def count_tick_failure(conn: psycopg.Connection, *, batch_id: str) -> int:
+    """One more tick failed in a row; returns how many (0 if the batch is gone or closed)."""
+    row = conn.execute(
+        """UPDATE batches SET tick_failures = tick_failures + 1
+           WHERE id = %s AND status IN ('scheduled', 'running') RETURNING tick_failures""",
+        (batch_id,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def fail_open(conn: psycopg.Connection, *, batch_id: str, error: dict[str, Any]) -> list[str]:
+    """Inside a transaction: close a batch that cannot be advanced; its pending and running items fail with
+    ``error``.  Returns the job ids that were in flight (the caller cancels the jobs)."""
+    jobs = [j for _, j in running_job_ids(conn, batch_id=batch_id) if j]
+    conn.execute(
+        """UPDATE batch_items SET status = 'failed', error = %s, finished_at = now()
+           WHERE batch_id = %s AND status IN ('pending', 'running')""",
+        (Jsonb(error), batch_id),
+    )
+    finish_overnight(conn, batch_id=batch_id)
+    return jobs
 
 
 def finish_overnight(conn: psycopg.Connection, *, batch_id: str, status: str = "done") -> None:
@@ -250,6 +285,7 @@ class FinishedJob:
     error: dict[str, Any] | None
     tokens: int
     cache_key: str | None
+    buffer: str
 
 
 def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJob]:
@@ -257,13 +293,13 @@ def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJo
     rows = conn.execute(
         """SELECT i.item_no, i.job_id, j.status, j.result, j.error,
                   coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0),
-                  i.cache_key
+                  i.cache_key, i.buffer
            FROM batch_items i JOIN jobs j ON j.id = i.job_id
            WHERE i.batch_id = %s AND i.status = 'running' AND j.status IN ('done', 'failed', 'cancelled')
            ORDER BY i.item_no""",
         (batch_id,),
     ).fetchall()
-    return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6]) for r in rows]
+    return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6], r[7]) for r in rows]
 
 
 def finish_item(
@@ -413,11 +449,22 @@ def running_job_ids(conn: psycopg.Connection, *, batch_id: str) -> list[tuple[in
     ]
 
 
-def buffer_versions(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> dict[str, int]:
+def buffer_contents(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """Buffer name → (id, content digest) for the result cache's key.
+
+    The digest covers the version, the chunking and embedding settings and every file's path and content
+    hash (which the loader stores): a buffer deleted and reloaded under the same name has a new id, and any
+    reload that changes what a query can find changes the digest.
+    """
     return {
-        r[0]: int(r[1])
+        r[0]: (int(r[1]), r[2])
         for r in conn.execute(
-            "SELECT name, version FROM buffers WHERE tenant = %s AND name = ANY(%s)",
+            r"""SELECT b.name, b.id,
+                      encode(sha256(convert_to(concat_ws(E'\n', b.version, b.chunker, b.chunk_size, b.chunk_overlap,
+                          b.embedding_model, b.embedding_dim,
+                          (SELECT string_agg(f.path || E'\t' || f.content_hash, E'\n' ORDER BY f.path)
+                           FROM files f WHERE f.buffer_id = b.id)), 'UTF8')), 'hex')
+               FROM buffers b WHERE b.tenant = %s AND b.name = ANY(%s)""",
             (tenant, list(set(names))),
         )
     }
@@ -462,11 +509,18 @@ def cache_get(conn: psycopg.Connection, *, tenant: str, keys: Sequence[str]) -> 
     }
 
 
-def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, result: dict[str, Any]) -> None:
+def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, buffer: str, result: dict[str, Any]) -> None:
+    """Cache under the buffer's row, so deleting the buffer deletes its answers (ON DELETE CASCADE).
+
+    Nothing is cached when the buffer is gone; the key names the buffer id it was computed for, so a row
+    attached to a buffer recreated meanwhile is never served for it.
+    """
     conn.execute(
-        """INSERT INTO result_cache (cache_key, tenant, result) VALUES (%s, %s, %s)
-           ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, created_at = now()""",
-        (key, tenant, Jsonb(result)),
+        """INSERT INTO result_cache (cache_key, tenant, result, buffer_id)
+           SELECT %s, %s, %s, id FROM buffers WHERE tenant = %s AND name = %s
+           ON CONFLICT (cache_key) DO UPDATE SET result = EXCLUDED.result, buffer_id = EXCLUDED.buffer_id,
+               created_at = now()""",
+        (key, tenant, Jsonb(result), tenant, buffer),
     )
 
 
