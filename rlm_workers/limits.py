@@ -7,3 +7,6 @@ MAX_TOOL_ARGS_BYTES = 100 * 1024
 MAX_FINDINGS_PER_BATCH = 200
 MAX_FINDING_BYTES = 5 * 1024
 MAX_FOLLOW_UPS = 10
+
+#: `rlm doctor` reads at most this many messages of a queue to tell delayed (ETA) ones from ready ones
+DOCTOR_QUEUE_SCAN = 1000

@@ -479,6 +479,54 @@ def result_backend_url(settings: Settings) -> str:
     return settings.result_backend or broker_url(settings)
 
 
+def running_database_url(settings: Settings) -> str | None:
+    """The database URL if configured or if the embedded server runs; None if it is stopped (never starts it)."""
+    if settings.database_url:
+        return settings.database_url
+    pg = postgres_status(settings.data_dir)
+    return pg["url"] if pg else None
+
+
+def running_broker_url(settings: Settings) -> str | None:
+    """The broker URL if configured or if the embedded Valkey runs; None if it is stopped (never starts it)."""
+    if settings.broker_url:
+        return settings.broker_url
+    state = valkey_status(settings.data_dir)
+    return state.url if state else None
+
+
+def status_lines(settings: Settings) -> list[str]:
+    """What `rlm services status` prints: each server's state, looked at only (a stopped one stays stopped)."""
+    lines = []
+    if settings.database_url:
+        lines.append(f"database: configured {redact(settings.database_url)}")
+    elif pg := postgres_status(settings.data_dir):
+        where = f"socket {pg['socket_dir']}" if pg["socket_dir"] else "127.0.0.1"
+        lines.append(f"database: embedded running, pid {pg['pid']}, port {pg['port']} ({where})")
+    else:
+        lines.append("database: embedded stopped (the next rlm command starts it)")
+    if settings.broker_url:
+        lines.append(f"broker:   configured {redact(settings.broker_url)}")
+    elif state := valkey_status(settings.data_dir):
+        vdir = settings.data_dir / VALKEY_DIRNAME
+        auth = f"password in {vdir / PASSWORD_FILE}" if state.password else "no password yet; set on next use"
+        lines.append(f"broker:   embedded running, pid {state.pid}, port {state.port} (127.0.0.1; {auth})")
+    else:
+        lines.append("broker:   embedded stopped (the next rlm command starts it)")
+    lines.append(f"data dir: {settings.data_dir}")
+    return lines
+
+
+def redact(url: str) -> str:
+    """A URL fit to print: its password replaced by ***."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    return url
+
+
 def stop_embedded(settings: Settings) -> dict[str, bool]:
     return {
         "postgres": stop_embedded_postgres(settings.data_dir),
