@@ -331,3 +331,72 @@ def test_an_open_valkey_from_an_older_data_dir_is_secured_in_place(tmp_path):
         assert f"requirepass {new_password}" in (tmp_path / "valkey" / "valkey.conf").read_text()
     finally:
         services.stop_embedded_valkey(tmp_path)
+
+
+# --------------------------------------------------------------------------- MissingExtension on a real server
+
+
+def _as_role(url: str, role: str, database: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, f"{role}:@{host}", "/" + database, parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="module")
+def without_pgvector(test_services):
+    """Roles on the test server (no plain PostgreSQL needed) that cannot have pgvector.
+
+    ``noext`` may not CREATE EXTENSION (pgvector is not a trusted extension); ``novec`` sees no pgvector at
+    all: its extension_control_path (PostgreSQL 18) points at a directory without control files.
+    """
+    import uuid
+
+    with psycopg.connect(test_services.admin_url, autocommit=True) as c:
+        if not c.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
+            pytest.skip("the test PostgreSQL's admin role is not a superuser")
+        new_path = int(c.execute("SHOW server_version_num").fetchone()[0]) >= 180000
+        data_dir = c.execute("SHOW data_directory").fetchone()[0]
+        suffix = uuid.uuid4().hex[:8]
+        urls = {}
+        for kind in ("noext", "novec"):
+            role = f"rlm_{kind}_{suffix}"
+            c.execute(f'CREATE ROLE "{role}" LOGIN')
+            c.execute(f'CREATE DATABASE "{role}" OWNER "{role}"')
+            if kind == "novec" and new_path:
+                c.execute(f"ALTER ROLE \"{role}\" SET extension_control_path = '{data_dir}'")
+            if kind == "noext" or new_path:
+                urls[kind] = _as_role(test_services.admin_url, role, role)
+    return urls
+
+
+def test_a_role_that_may_not_create_pgvector_gets_one_line(without_pgvector, tmp_path):
+    env = {**os.environ, "RLM_DATABASE_URL": without_pgvector["noext"], "RLM_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "buffers"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "may not CREATE EXTENSION vector" in lines[0], proc.stderr
+
+
+def test_a_server_without_pgvector_gets_one_line(without_pgvector, tmp_path):
+    from rlm_workers.config import Settings
+    from rlm_workers.doctor import check_database
+
+    if "novec" not in without_pgvector:
+        pytest.skip("hiding pgvector needs PostgreSQL 18 (extension_control_path)")
+    url = without_pgvector["novec"]
+    with psycopg.connect(url, autocommit=True) as c, pytest.raises(MissingExtension) as info:
+        services.ensure_pgvector(c)
+    assert "has no pgvector" in info.value.message and "\n" not in info.value.message
+    env = {**os.environ, "RLM_DATABASE_URL": url, "RLM_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "buffers"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "has no pgvector" in lines[0], proc.stderr
+    by_name = {c.name: c for c in check_database(Settings(_env_file=None), url)}
+    assert not by_name["pgvector"].ok and "pgvector/pgvector" in by_name["pgvector"].detail
