@@ -65,7 +65,7 @@ def _start_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Write a file only its owner can read (secrets, and configs that contain them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -317,7 +317,7 @@ def _password(vdir: Path) -> str:
     password = _read_password(vdir)
     if password is None:
         password = secrets.token_urlsafe(32)  # URL-safe: it goes into redis:// URLs unquoted
-        _write_private(vdir / PASSWORD_FILE, password + "\n")
+        write_private(vdir / PASSWORD_FILE, password + "\n")
     return password
 
 
@@ -402,7 +402,7 @@ def _write_config(vdir: Path, port: int, password: str) -> Path:
     # appendonly: queued tasks and results survive a restart of the embedded broker.
     # requirepass lives here, not on the command line, which every local user can read in `ps`;
     # the file is 0600 for the same reason.
-    _write_private(
+    write_private(
         conf,
         "\n".join(
             [
