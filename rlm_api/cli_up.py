@@ -38,7 +38,7 @@ def flower_credentials(data_dir: Path) -> tuple[str, Path]:
     return creds, path
 
 
-def flower_argv(host: str, port: int, basic_auth: str) -> tuple[list[str], dict[str, str]]:
+def flower_argv(host: str, port: int, basic_auth: str | None) -> tuple[list[str], dict[str, str]]:
     """The Flower command line and its env.  Basic auth is always on.
 
     Without credentials Flower's control API (worker shutdown, cancel-consumer, revoke, pool resize) is open
@@ -46,6 +46,11 @@ def flower_argv(host: str, port: int, basic_auth: str) -> tuple[list[str], dict[
     credentials travel in the environment (FLOWER_BASIC_AUTH), never on the command line, which any local
     user can read in `ps`.
     """
+    if not basic_auth:
+        raise InvalidInput(
+            f"Flower on {host} would be open to every local user: set RLM_FLOWER_BASIC_AUTH=user:password "
+            "(`rlm flower` generates credentials into RLM_DATA_DIR/flower-auth when it is unset)"
+        )
     if ":" not in basic_auth:
         raise InvalidInput("RLM_FLOWER_BASIC_AUTH must look like user:password")
     argv = [

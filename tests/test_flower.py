@@ -22,8 +22,9 @@ def test_flower_credentials_never_go_on_the_command_line():
     argv, env = flower_argv("0.0.0.0", 5555, "ops:s3cret")
     assert not any("s3cret" in a for a in argv)
     assert env == {"FLOWER_BASIC_AUTH": "ops:s3cret"}  # and never FLOWER_UNAUTHENTICATED_API
-    with pytest.raises(InvalidInput, match="RLM_FLOWER_BASIC_AUTH"):
-        flower_argv("127.0.0.1", 5555, "no-colon")
+    for bad in (None, "", "no-colon"):
+        with pytest.raises(InvalidInput, match="RLM_FLOWER_BASIC_AUTH"):
+            flower_argv("127.0.0.1", 5555, bad)  # loopback too: every local user reaches loopback
 
 
 def _free_port() -> int:
