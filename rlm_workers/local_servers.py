@@ -50,8 +50,9 @@ _thread_locks_guard = threading.Lock()
 def _start_lock(path: Path) -> Iterator[None]:
     """Serialises start-up between threads and processes that race to start the same server.
 
-    flock() alone does not: it belongs to the open file, but pgserver's own lock is per process, so two
-    threads of one new worker both "held" it and started two servers on one data dir.
+    pgserver's own lock is a per-process fcntl lock, so two threads of one new worker both "held" it and
+    raced to initialise and start one data dir; the thread lock makes the start single-flight in-process,
+    the flock across processes.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     key = path.resolve()
