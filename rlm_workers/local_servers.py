@@ -105,6 +105,18 @@ def _is_postgres(pid: int) -> bool:
         return True  # someone else's process we cannot look at: never treat it as gone
 
 
+def _serves(pid: int, pgdata: Path) -> bool:
+    """Whether a postgres pid runs in this data dir (after a reboot the pid may be another cluster's)."""
+    import psutil
+
+    try:
+        return Path(psutil.Process(pid).cwd()) == pgdata.resolve()
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.AccessDenied, OSError):
+        return True  # cannot tell: never treat a live postgres as gone
+
+
 def _clear_stale_postmaster(pgdata: Path) -> None:
     """A postmaster.pid whose process is gone, a zombie, or not postgres is left by a crash.
 
@@ -117,7 +129,7 @@ def _clear_stale_postmaster(pgdata: Path) -> None:
         pid = int(pidfile.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return
-    if _is_postgres(pid):
+    if _is_postgres(pid) and _serves(pid, pgdata):
         return
     deadline = time.monotonic() + ORPHAN_WAIT_SECONDS
     # backends notice the dead postmaster within a second or so and exit

@@ -400,3 +400,16 @@ def test_a_server_without_pgvector_gets_one_line(without_pgvector, tmp_path):
     assert len(lines) == 1 and "has no pgvector" in lines[0], proc.stderr
     by_name = {c.name: c for c in check_database(Settings(_env_file=None), url)}
     assert not by_name["pgvector"].ok and "pgvector/pgvector" in by_name["pgvector"].detail
+
+
+def test_a_pid_file_naming_another_clusters_postmaster_is_stale(test_services, tmp_path):
+    """After a reboot the recorded pid can belong to another PostgreSQL: not ours, so the file is stale."""
+    if not test_services.embedded_pg:
+        pytest.skip("needs the embedded test PostgreSQL as the other cluster")
+    other = (test_services.data_dir / "pg" / "postmaster.pid").read_text()
+    pgdata = tmp_path / "pg"
+    pgdata.mkdir()
+    (pgdata / "postmaster.pid").write_text(other)
+    services._clear_stale_postmaster(pgdata)
+    assert not (pgdata / "postmaster.pid").exists()
+    assert (test_services.data_dir / "pg" / "postmaster.pid").read_text() == other  # the other one untouched
