@@ -509,14 +509,12 @@ def worker(
 
 @services_app.command("status")
 def services_status() -> None:
-    """Show which database and broker this machine's rlm commands use."""
+    """Show whether the database and broker run (pid, port); only looks, never starts them."""
     from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.local_servers import status_lines
 
-    s = get_settings()
-    typer.echo(f"database: {'configured' if s.database_url else 'embedded'} {database_url(s)}")
-    typer.echo(f"broker:   {'configured' if s.broker_url else 'embedded'} {broker_url(s)}")
-    typer.echo(f"data dir: {s.data_dir}")
+    for line in status_lines(get_settings()):
+        typer.echo(line)
 
 
 @services_app.command("stop")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -18,30 +17,41 @@ from rlm_workers.errors import InvalidInput
 if TYPE_CHECKING:
     import psycopg
 
-LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+FLOWER_AUTH_FILE = "flower-auth"
 
 
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
+def flower_credentials(data_dir: Path) -> tuple[str, Path]:
+    """user:password for Flower when none is configured: generated once into the data dir (0600), reused."""
+    import secrets
+
+    from rlm_workers.local_servers import write_private
+
+    path = data_dir / FLOWER_AUTH_FILE
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        creds = path.read_text().strip()
+    except OSError:
+        creds = ""
+    if ":" not in creds:
+        # no comma: Flower splits FLOWER_BASIC_AUTH on commas into several credentials
+        creds = f"rlm:{secrets.token_urlsafe(24)}"
+        write_private(path, creds + "\n")
+    return creds, path
 
 
 def flower_argv(host: str, port: int, basic_auth: str | None) -> tuple[list[str], dict[str, str]]:
-    """The Flower command line and extra env; refuses an unauthenticated bind off loopback.
+    """The Flower command line and its env.  Basic auth is always on.
 
-    Flower's own ``/metrics`` and ``/healthcheck`` skip auth, so off loopback the only safe
-    default is to demand credentials for everything.
+    Without credentials Flower's control API (worker shutdown, cancel-consumer, revoke, pool resize) is open
+    to every local user, and its Origin check against cross-site form posts is only active with auth.  The
+    credentials travel in the environment (FLOWER_BASIC_AUTH), never on the command line, which any local
+    user can read in `ps`.
     """
-    if not is_loopback(host) and not basic_auth:
+    if not basic_auth:
         raise InvalidInput(
-            f"Flower on {host} would be open to the network: set RLM_FLOWER_BASIC_AUTH=user:password "
-            "or bind to 127.0.0.1"
+            f"Flower on {host} would be open to every local user: set RLM_FLOWER_BASIC_AUTH=user:password "
+            "(`rlm flower` generates credentials into RLM_DATA_DIR/flower-auth when it is unset)"
         )
-    if basic_auth and ":" not in basic_auth:
+    if ":" not in basic_auth:
         raise InvalidInput("RLM_FLOWER_BASIC_AUTH must look like user:password")
     argv = [
         sys.executable,
@@ -53,13 +63,7 @@ def flower_argv(host: str, port: int, basic_auth: str | None) -> tuple[list[str]
         f"--address={host}",
         f"--port={port}",
     ]
-    env: dict[str, str] = {}
-    if basic_auth:
-        argv.append(f"--basic-auth={basic_auth}")
-    else:
-        # Loopback only (checked above): let local tools read Flower's HTTP API without credentials.
-        env["FLOWER_UNAUTHENTICATED_API"] = "true"
-    return argv, env
+    return argv, {"FLOWER_BASIC_AUTH": basic_auth}
 
 
 def flower_command(
@@ -68,13 +72,24 @@ def flower_command(
     ] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port (default RLM_FLOWER_PORT, 5555).")] = None,
 ) -> None:
-    """Run Flower against the configured (or embedded) broker; basic auth is required off loopback."""
+    """Run Flower against the configured (or embedded) broker, always behind basic auth.
+
+    The credentials are RLM_FLOWER_BASIC_AUTH, or generated once into RLM_DATA_DIR/flower-auth.
+    """
     from rlm_workers.config import get_settings
     from rlm_workers.local_servers import broker_url
 
     s = get_settings()
-    argv, extra = flower_argv(host or s.flower_host, port if port is not None else s.flower_port, s.flower_basic_auth)
-    env = {**os.environ, **extra, "RLM_BROKER_URL": broker_url(s)}
+    if s.flower_basic_auth:
+        creds, where = s.flower_basic_auth, "RLM_FLOWER_BASIC_AUTH"
+    else:
+        creds, path = flower_credentials(s.data_dir)
+        where = str(path)
+    argv, extra = flower_argv(host or s.flower_host, port if port is not None else s.flower_port, creds)
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_UNAUTHENTICATED_API"}
+    env.update(extra)
+    env["RLM_BROKER_URL"] = broker_url(s)
+    typer.echo(f"flower: basic auth as {creds.split(':', 1)[0]!r}, credentials (user:password) in {where}", err=True)
     # Become Flower rather than wait on it: a SIGTERM to `rlm flower` (a supervisor, a test) must reach it,
     # not leave an orphan serving on the port.
     sys.stdout.flush()

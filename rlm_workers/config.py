@@ -88,13 +88,15 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")
     log_level: str = Field("INFO", description="Python logging level.")
     flower_basic_auth: str | None = Field(
-        None, description="user:password for Flower; required off loopback.", repr=False
+        None,
+        description="user:password for Flower (always required); unset: generated into RLM_DATA_DIR/flower-auth.",
+        repr=False,
     )
 
     # --- HTTP API and batches ----------------------------------------------
     api_host: str = Field("127.0.0.1", description="Address `rlm api` / `rlm up` bind the HTTP API to.")
     api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API.")
-    flower_host: str = Field("127.0.0.1", description="Address Flower binds to; off loopback it needs basic auth.")
+    flower_host: str = Field("127.0.0.1", description="Address Flower binds to (behind basic auth).")
     flower_port: int = Field(5555, ge=0, le=65535, description="Port of Flower.")
     max_request_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Largest HTTP request body (413 above).")
     batch_parallel: int = Field(

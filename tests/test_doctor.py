@@ -15,21 +15,82 @@ from tests.support.scripted_llm import ScriptedLLM
 from tests.support.workers import ROOT
 
 
-def test_doctor_against_the_test_services_reports_missing_workers(rlm_env, conn):
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlm_api.cli", "doctor"],
+def _rlm(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs `rlm` with exactly this environment (rlm_env is also patched into os.environ)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env={**os.environ, **rlm_env, "HF_HUB_OFFLINE": "1"},
+        env={**env, "HF_HUB_OFFLINE": "1"},
         timeout=120,
     )
+
+
+def _embedded_env(data_dir) -> dict[str, str]:
+    """A one-shot setup as `make demo` leaves it: embedded servers under the data dir, nothing configured."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+    return {**env, "RLM_DATA_DIR": str(data_dir)}
+
+
+def test_doctor_against_the_test_services_reports_missing_workers(rlm_env, conn):
+    proc = _rlm("doctor", env={**os.environ, **rlm_env})
     out = proc.stdout
     assert "ok    pgvector" in out and "ok    schema               up to date" in out
     assert "ok    broker" in out
-    assert "FAIL  queue rlm.analyst    no worker consumes it" in out
+    # the one-shot setup runs no workers between commands: a warning, not a failure
+    assert "warn  queue rlm.analyst    no worker consumes it" in out
     assert "offline extractive provider" in out
+    assert proc.returncode == 0, out
+    proc = _rlm("doctor", "--require-workers", env={**os.environ, **rlm_env})
+    assert "FAIL  queue rlm.analyst    no worker consumes it" in proc.stdout
     assert proc.returncode == 1
+
+
+def test_doctor_and_status_start_no_embedded_server(tmp_path):
+    env = _embedded_env(tmp_path)
+    status = _rlm("services", "status", env=env)
+    assert status.returncode == 0, status.stderr
+    assert "database: embedded stopped" in status.stdout and "broker:   embedded stopped" in status.stdout
+    doctor = _rlm("doctor", env=env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "warn  database             the embedded PostgreSQL is stopped" in doctor.stdout
+    assert "warn  broker               the embedded Valkey is stopped" in doctor.stdout
+    assert _rlm("doctor", "--services", env=env).returncode == 1
+    # looking started nothing
+    assert not (tmp_path / "pg" / "postmaster.pid").exists() and not (tmp_path / "valkey" / "server.json").exists()
+
+
+def test_doctor_right_after_make_demo(tmp_path):
+    """Embedded servers up, no worker, leftover watchdogs (sent with a countdown) in the control queue."""
+    from celery import Celery
+
+    from rlm_workers import local_servers
+    from rlm_workers.celery_app import celery_config
+
+    settings = Settings(_env_file=None, data_dir=tmp_path, database_url=None, broker_url=None, result_backend=None)
+    local_servers.embedded_postgres_url(tmp_path)
+    broker = local_servers.embedded_valkey_url(tmp_path)
+    try:
+        sender = Celery("doctor-test", set_as_current=False)
+        sender.conf.update(celery_config(settings))
+        for job in ("j1", "j2"):
+            sender.send_task("rlm.watchdog", (job,), countdown=3600)
+        sender.send_task("rlm.analyst", ("j3", 1))
+        sender.close()
+        env = _embedded_env(tmp_path)
+        proc = _rlm("doctor", env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "rlm.control=0 (+2 delayed)" in proc.stdout and "rlm.analyst=1," in proc.stdout
+        assert "warn  queue rlm.control    no worker consumes it" in proc.stdout
+        status = _rlm("services", "status", env=env)
+        pg_pid = int((tmp_path / "pg" / "postmaster.pid").read_text().split()[0])
+        valkey = local_servers.valkey_status(tmp_path)
+        assert f"database: embedded running, pid {pg_pid}, port " in status.stdout
+        assert f"broker:   embedded running, pid {valkey.pid}, port {valkey.port} " in status.stdout
+        assert valkey.password and valkey.password not in status.stdout and broker not in status.stdout
+    finally:
+        local_servers.stop_embedded(settings)
 
 
 def test_doctor_names_a_postgres_without_pgvector():
