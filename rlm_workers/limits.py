@@ -7,3 +7,7 @@ MAX_TOOL_ARGS_BYTES = 100 * 1024
 MAX_FINDINGS_PER_BATCH = 200
 MAX_FINDING_BYTES = 5 * 1024
 MAX_FOLLOW_UPS = 10
+
+#: characters per chunk: one bound for the chunker, `rlm load --chunk-size` and the API's chunk_size
+MIN_CHUNK_SIZE = 200
+MAX_CHUNK_SIZE = 1_000_000
