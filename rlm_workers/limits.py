@@ -11,3 +11,5 @@ MAX_FOLLOW_UPS = 10
 #: characters per chunk: one bound for the chunker, `rlm load --chunk-size` and the API's chunk_size
 MIN_CHUNK_SIZE = 200
 MAX_CHUNK_SIZE = 1_000_000
+#: one path component (file or directory name), as most file systems allow
+MAX_NAME_COMPONENT_BYTES = 255

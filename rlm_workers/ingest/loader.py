@@ -168,6 +168,7 @@ def load_paths(
     report.skip("too-large", len(disc.skipped_too_large))
     report.too_large = list(disc.skipped_too_large)
     report.skip("symlink", disc.skipped_symlinks)
+    report.skip("bad-name", disc.skipped_bad_names)
     if embedder is None:
         from .embed import get_embedder
 
