@@ -80,6 +80,62 @@ def test_a_late_nul_or_a_bad_name_skips_that_file_not_the_directory(conn, tmp_pa
     assert {path for _, path in _chunks(conn, "mixed-input")} == {"proj/good.md"}
 
 
+# --------------------------------------------------------------------------- queued uploads (the ingest worker)
+
+
+def _stage(conn, upload_id: str, files: list[tuple[str, bytes]], buffer: str = "queued") -> None:
+    from rlm_workers.store.uploads import create_upload
+
+    create_upload(conn, upload_id=upload_id, tenant="acme", buffer=buffer, options={}, files=files)
+    conn.commit()
+
+
+@pytest.mark.parametrize(
+    ("upload_id", "files", "needle"),
+    [
+        ("latenul000001", [("late.txt", LATE_NUL)], "nothing to load: 1 file skipped (1 binary)"),
+        ("longname00001", [("d/" + "n" * 300 + ".md", GOOD.encode())], "has a component over 255 bytes"),
+        ("ctrlname00001", [("a\x85.md", GOOD.encode())], "control character (U+0085)"),
+    ],
+    ids=["late-nul", "long-name", "c1-name"],
+)
+def test_an_upload_that_can_never_load_fails_at_once_without_internals(rlm_env, conn, upload_id, files, needle):
+    from rlm_workers.ingest.uploads import run_ingest
+    from rlm_workers.store.uploads import get_upload
+
+    _stage(conn, upload_id, files)
+    assert run_ingest(upload_id) == "failed"
+    up = get_upload(conn, upload_id=upload_id, tenant="acme")
+    assert up.status == "failed" and up.attempts == 1, up
+    assert up.error["type"] == "invalid_input" and needle in up.error["message"], up.error
+    for internal in ("rlm-upload-", "/tmp", "COPY", "CONTEXT", "psycopg", "Errno"):
+        assert internal not in up.error["message"]
+    assert conn.execute("SELECT count(*) FROM upload_files WHERE upload_id = %s", (upload_id,)).fetchone()[0] == 0
+    assert store.get_buffer(conn, tenant="acme", name="queued") is None
+
+
+def test_an_unexpected_upload_error_is_retried_but_shows_no_internals(rlm_env, conn):
+    from rlm_workers.ingest.uploads import run_ingest
+    from rlm_workers.store.uploads import create_upload, get_upload
+
+    create_upload(
+        conn,
+        upload_id="oddoptions001",
+        tenant="acme",
+        buffer="queued",
+        options={"chunk_size": "lots"},  # what no API accepts: stands in for a fault inside the worker
+        files=[("a.md", GOOD.encode())],
+    )
+    conn.commit()
+    with pytest.raises(ValueError):
+        run_ingest("oddoptions001")  # raised, so the task is retried
+    up = get_upload(conn, upload_id="oddoptions001", tenant="acme")
+    assert up.status == "running" and up.error["type"] == "internal_error", up
+    assert "lots" not in up.error["message"] and "ValueError" in up.error["message"]
+    conn.execute("DELETE FROM uploads WHERE id = 'oddoptions001'")
+    conn.commit()
+
+
 # --------------------------------------------------------------------------- `rlm load`
 
 
