@@ -5,6 +5,8 @@ refusal or a counted skip, never an empty buffer, a traceback, a retried upload 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,6 +136,40 @@ def test_an_unexpected_upload_error_is_retried_but_shows_no_internals(rlm_env, c
     assert "lots" not in up.error["message"] and "ValueError" in up.error["message"]
     conn.execute("DELETE FROM uploads WHERE id = 'oddoptions001'")
     conn.commit()
+
+
+def test_upload_finished_at_is_when_the_load_ended_not_when_it_began(rlm_env, settings, conn, tmp_path, embedder):
+    """finished_at is written in the load's own transaction: it must be the clock, not that transaction's start."""
+    from rlm_workers.ingest.uploads import run_ingest
+    from rlm_workers.store.db import connect
+    from rlm_workers.store.uploads import get_upload
+
+    conn.execute("INSERT INTO buffers (tenant, name) VALUES ('acme', 'timed')")
+    conn.commit()
+    _stage(conn, "timedupload01", [("tide.md", GOOD.encode())], buffer="timed")
+    blocker = connect(settings)
+    result: list[str] = []
+    try:
+        # Hold the buffer row: the load's transaction begins, then waits for it.
+        blocker.execute("SELECT id FROM buffers WHERE tenant = 'acme' AND name = 'timed' FOR UPDATE")
+        loader = threading.Thread(target=lambda: result.append(run_ingest("timedupload01")))
+        loader.start()
+        deadline = time.monotonic() + 120
+        while not conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()[0]:
+            conn.rollback()
+            assert time.monotonic() < deadline and loader.is_alive(), "the load never reached the buffer lock"
+            time.sleep(0.05)
+        (mid_load,) = conn.execute("SELECT clock_timestamp()").fetchone()
+        conn.rollback()
+    finally:
+        blocker.rollback()
+        blocker.close()
+    loader.join(timeout=300)
+    assert result == ["done"]
+    up = get_upload(conn, upload_id="timedupload01", tenant="acme")
+    assert up.started_at <= mid_load <= up.finished_at, (up.started_at, mid_load, up.finished_at)
 
 
 # --------------------------------------------------------------------------- `rlm load`
