@@ -13,3 +13,5 @@ MIN_CHUNK_SIZE = 200
 MAX_CHUNK_SIZE = 1_000_000
 #: one path component (file or directory name), as most file systems allow
 MAX_NAME_COMPONENT_BYTES = 255
+#: widest vector pgvector's HNSW index can hold (``vector`` type); wider embeddings cannot be searched
+MAX_INDEXED_EMBEDDING_DIM = 2000

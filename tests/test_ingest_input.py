@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlm_workers.errors import InvalidInput
+from rlm_workers.errors import ConfigError, InvalidInput
 from rlm_workers.ingest.loader import load_paths
 from rlm_workers.store import buffers as store
 from tests.test_cli import run_rlm
@@ -80,6 +80,18 @@ def test_a_late_nul_or_a_bad_name_skips_that_file_not_the_directory(conn, tmp_pa
     assert report.files_loaded == 1
     assert report.skipped == {"binary": 1, "bad-name": 1}
     assert {path for _, path in _chunks(conn, "mixed-input")} == {"proj/good.md"}
+
+
+def test_embedding_wider_than_hnsw_can_index_is_a_config_error(conn):
+    from rlm_workers.store.migrations import embedding_table, ensure_embedding_table
+
+    assert embedding_table(2000) == "chunk_embeddings_d2000"
+    with pytest.raises(ConfigError, match="embedding dimension 3072 cannot be indexed.*at most 2000"):
+        ensure_embedding_table(conn, 3072)
+    conn.rollback()
+    assert conn.execute("SELECT to_regclass('chunk_embeddings_d3072')").fetchone()[0] is None
+    with pytest.raises(ConfigError):
+        embedding_table(2001)
 
 
 # --------------------------------------------------------------------------- queued uploads (the ingest worker)
