@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlm_workers.limits import MAX_QUERY_BYTES
 from rlm_workers.models import BufferInfo, QueryOptions, QueryResult
@@ -122,6 +122,15 @@ class JobView(BaseModel):
 class Document(Strict):
     path: str = Field(..., min_length=1, max_length=1024, description="Relative path, e.g. docs/intro.md.")
     text: str
+
+    @model_validator(mode="after")
+    def _text_has_no_nul(self) -> Document:
+        # A file with a NUL is skipped as binary, but a JSON document says it is text: refuse it, naming it.
+        if "\x00" in self.text:
+            raise ValueError(
+                f"{self.path[:200]!r}: text contains a NUL character (\\u0000); send binary files as multipart"
+            )
+        return self
 
 
 class BufferOptions(Strict):

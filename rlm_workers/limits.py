@@ -13,3 +13,11 @@ MAX_RUN_AT_AHEAD_DAYS = 365
 MAX_RUN_AT_BEHIND_DAYS = 365
 #: `rlm doctor` reads at most this many messages of a queue to tell delayed (ETA) ones from ready ones
 DOCTOR_QUEUE_SCAN = 1000
+
+#: characters per chunk: one bound for the chunker, `rlm load --chunk-size` and the API's chunk_size
+MIN_CHUNK_SIZE = 200
+MAX_CHUNK_SIZE = 1_000_000
+#: one path component (file or directory name), as most file systems allow
+MAX_NAME_COMPONENT_BYTES = 255
+#: widest vector pgvector's HNSW index can hold (``vector`` type); wider embeddings cannot be searched
+MAX_INDEXED_EMBEDDING_DIM = 2000

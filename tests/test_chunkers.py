@@ -279,6 +279,17 @@ def test_validate_accepts_bounds_and_chunk_text_validates():
     assert CHUNKERS == ("semantic", "fixed", "code")
 
 
+def test_chunk_size_bounds_are_the_shared_limits():
+    """The API's upload options read the same constants, so a size one accepts the other never refuses."""
+    from rlm_workers.limits import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+
+    validate_chunk_params("fixed", MIN_CHUNK_SIZE, 0)
+    validate_chunk_params("fixed", MAX_CHUNK_SIZE, 0)
+    for size in (MIN_CHUNK_SIZE - 1, MAX_CHUNK_SIZE + 1):
+        with pytest.raises(ValueError, match=f"between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE:,}"):
+            validate_chunk_params("fixed", size, 0)
+
+
 @pytest.mark.parametrize("chunker", CHUNKERS)
 def test_empty_and_blank_text_give_no_chunks(chunker):
     assert chunk_text("", path="a.py", chunker=chunker) == []

@@ -1,18 +1,23 @@
 """Finding the files an ``rlm load`` covers and reading them as text.
 
-Nothing here raises on bad *content*: binary, non-UTF-8, empty and unreadable
+Nothing here raises on bad *content*: binary (a NUL anywhere), non-UTF-8, empty and unreadable
 files come back as a skip reason the loader counts (docs/contract.md#limits).  Only a path
-the user named that does not exist is an error, and it is reported before
-anything is read so a typo never leaves a half-done load.
+the user named that does not exist or whose name cannot be stored (``path_problem``) is an
+error, and it is reported before anything is read so a typo never leaves a half-done load;
+such names met while walking a directory are skipped and counted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..errors import InvalidInput
+from ..limits import MAX_NAME_COMPONENT_BYTES
 
 # Build outputs, caches and VCS metadata: large, generated, never what a question is about.
 SKIP_DIRS = frozenset(
@@ -68,7 +73,32 @@ class DiscoverReport:
     skipped_symlinks: int = 0
     skipped_special: int = 0  # FIFOs, sockets, devices: reading a FIFO would block forever
     skipped_duplicates: int = 0
+    #: files and directories whose names cannot be stored (``path_problem``)
+    skipped_bad_names: int = 0
     unreadable_dirs: int = 0
+
+
+# Cc: C0, DEL and C1 controls (a newline in a name forges lines in listings and prompts); Cs: lone surrogates
+# (a non-UTF-8 name from the file system) that PostgreSQL cannot store; Zl/Zp: Unicode line breaks.
+_BAD_NAME_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+def path_problem(rel: str) -> str | None:
+    """Why a stored file path is refused ("contains …"), or None: the one check behind `rlm load`, the API and
+    the ingest worker.
+
+    Paths end up in listings, logs and model prompts, one per line, so a control character is never
+    allowed; a component over 255 bytes cannot be a file name on common file systems.
+    """
+    for ch in rel:
+        if (category := unicodedata.category(ch)) == "Cs":
+            return "is not valid UTF-8"
+        if category in _BAD_NAME_CATEGORIES:
+            return f"contains a control character (U+{ord(ch):04X})"
+    for part in rel.split("/"):
+        if len(part.encode("utf-8")) > MAX_NAME_COMPONENT_BYTES:
+            return f"has a component over {MAX_NAME_COMPONENT_BYTES} bytes ({part[:40]!r}…)"
+    return None
 
 
 def skip_dir(name: str) -> bool:
@@ -85,6 +115,10 @@ def discover(paths: Sequence[Path | str], *, max_file_bytes: int) -> tuple[list[
     for p in paths:
         if not os.path.exists(p):  # also catches a dangling symlink
             raise FileNotFoundError(f"no such file or directory: {p}")
+        # The stored paths start with this name (see _walk's prefix), so it must be storable too.
+        name = Path(p).resolve().name
+        if problem := path_problem(name):
+            raise InvalidInput(f"cannot load {name!r}: the name {problem}; rename it")
     report = DiscoverReport()
     out: list[Candidate] = []
     seen: set[str] = set()
@@ -133,7 +167,9 @@ def _walk(root: Path, prefix: str, max_file_bytes: int, report: DiscoverReport) 
             continue
         child = f"{rel}/{entry.name}" if rel else entry.name
         try:
-            if entry.is_symlink():
+            if path_problem(entry.name):
+                report.skipped_bad_names += 1
+            elif entry.is_symlink():
                 report.skipped_symlinks += 1
             elif entry.is_dir(follow_symlinks=False):
                 if skip_dir(entry.name):
@@ -165,6 +201,8 @@ def decode_text(data: bytes) -> tuple[str | None, str | None]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None, "not-utf8"
+    if "\x00" in text:  # past the sniff window; PostgreSQL text cannot hold NUL, so a late one would fail the load
+        return None, "binary"
     if not text.strip():
         return None, "empty"
     # Chunk offsets are defined on this normalised text, so Windows files get stable line numbers.

@@ -168,6 +168,11 @@ def load_paths(
     report.skip("too-large", len(disc.skipped_too_large))
     report.too_large = list(disc.skipped_too_large)
     report.skip("symlink", disc.skipped_symlinks)
+    report.skip("special", disc.skipped_special)
+    report.skip("bad-name", disc.skipped_bad_names)
+    report.skip("unreadable-dir", disc.unreadable_dirs)
+    if not candidates:  # before the embedder is loaded: there is nothing to encode
+        raise InvalidInput(_nothing_to_load(report, buffer))
     if embedder is None:
         from .embed import get_embedder
 
@@ -229,6 +234,10 @@ def load_paths(
                 while len(windows) >= embed_batch_size:
                     _embed(writer, windows, owners, embed_batch_size, embedder, table, buf.id, report, progress)
                 progress.file_done(cand.rel_path)
+            if not seen:
+                # Every file was skipped: an empty new buffer, or an old one emptied by a directory of images,
+                # is never what the user meant.  Raising here rolls the whole load back.
+                raise InvalidInput(_nothing_to_load(report, buffer))
             _embed(writer, windows, owners, len(windows), embedder, table, buf.id, report, progress)
             gone = [f.id for path, f in existing.items() if path not in seen and _under(path, _roots(paths))]
             if gone:
@@ -251,6 +260,17 @@ def load_paths(
         )
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _nothing_to_load(report: LoadReport, buffer: str) -> str:
+    skipped = sum(report.skipped.values())
+    if not skipped:
+        return f"nothing to load: no files found; buffer {buffer!r} was not changed"
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
+    return (
+        f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text files "
+        f"are loaded (binary and non-UTF-8 files are skipped); buffer {buffer!r} was not changed"
+    )
 
 
 def _under(path: str, roots: list[tuple[str, bool]]) -> bool:

@@ -6,6 +6,7 @@ server never opens a path the client names.
 
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -13,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import InvalidInput
+from .files import path_problem
 
 if TYPE_CHECKING:
     import psycopg
@@ -25,7 +27,9 @@ MAX_DEPTH = 32
 
 def safe_relative(name: str) -> PurePosixPath:
     """A client file name as a relative path, or InvalidInput: no absolute paths, no '..', no tricks."""
-    if not name or "\\" in name or len(name) > 1024 or any(ord(c) < 32 or ord(c) == 127 for c in name):
+    if problem := path_problem(name):
+        raise InvalidInput(f"invalid file name {name[:80]!r}: it {problem}")
+    if not name or "\\" in name or len(name) > 1024:
         raise InvalidInput(f"invalid file name {name[:80]!r}: use a relative path with '/' separators")
     path = PurePosixPath(name)
     if path.is_absolute() or any(p.strip() in ("..", ".", "") for p in name.split("/")) or len(path.parts) > MAX_DEPTH:
@@ -47,19 +51,30 @@ def write_files(root: Path, files: list[tuple[str, bytes | BinaryIO]]) -> None:
     """Write (name, bytes | binary file) pairs under ``root``; every name is checked before anything is written."""
     check_names(name for name, _ in files)
     for name, data in files:
-        target = root.joinpath(*safe_relative(name).parts)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise InvalidInput(f"{name!r} puts a file under another uploaded file's name") from None
-        if target.is_dir():
-            raise InvalidInput(f"{name!r} is also used as a directory in this upload")
-        with open(target, "wb") as out:
-            if isinstance(data, bytes):
-                out.write(data)
-            else:
-                data.seek(0)
-                shutil.copyfileobj(data, out)
+            _write_one(root, name, data)
+        except OSError as exc:
+            # A name this server's file system refuses fails the same way on every attempt: the client's to
+            # fix, told without the server's temporary path (which ``exc`` carries), so an upload ends at once.
+            if exc.errno in (errno.ENAMETOOLONG, errno.EILSEQ, errno.EINVAL):
+                raise InvalidInput(f"invalid file name {name[:80]!r}: {exc.strerror or 'refused'}") from None
+            raise
+
+
+def _write_one(root: Path, name: str, data: bytes | BinaryIO) -> None:
+    target = root.joinpath(*safe_relative(name).parts)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InvalidInput(f"{name!r} puts a file under another uploaded file's name") from None
+    if target.is_dir():
+        raise InvalidInput(f"{name!r} is also used as a directory in this upload")
+    with open(target, "wb") as out:
+        if isinstance(data, bytes):
+            out.write(data)
+        else:
+            data.seek(0)
+            shutil.copyfileobj(data, out)
 
 
 def load_files(

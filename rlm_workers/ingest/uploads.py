@@ -79,8 +79,16 @@ def run_ingest(upload_id: str) -> str:
             raise
         except Exception as exc:
             conn.rollback()
+            if _bad_data(exc):  # the same bytes fail the same way on every attempt: end it now
+                store.finish_upload(conn, upload_id=upload_id, status="failed", error=_BAD_DATA)
+                conn.commit()
+                log.warning("upload %s failed: data the database refuses: %s", upload_id, exc)
+                return "failed"
+            # The client sees the upload's error: never the exception text, which can carry SQL, the data
+            # and the server's temporary paths.  The full error goes to the worker log.
+            log.warning("upload %s: attempt %d failed: %r", upload_id, up.attempts, exc)
             with connection() as status_conn:
-                store.note_error(status_conn, upload_id=upload_id, error=error_record(exc))
+                store.note_error(status_conn, upload_id=upload_id, error=_internal_error(exc))
             raise
         log.info(
             "upload %s done: %d files loaded, %d unchanged, %d chunks",
@@ -92,6 +100,27 @@ def run_ingest(upload_id: str) -> str:
         return "done"
     finally:
         conn.close()  # also releases the advisory lock
+
+
+_BAD_DATA = {
+    "type": "invalid_input",
+    "message": "the upload holds text the database cannot store (such as a NUL character); "
+    "fix the file and upload it again",
+}
+
+
+def _bad_data(exc: BaseException) -> bool:
+    import psycopg
+
+    # SQLSTATE class 22 (data exception): the values themselves are refused, whatever the server's state.
+    return isinstance(exc, psycopg.errors.DataError)
+
+
+def _internal_error(exc: BaseException) -> dict[str, str]:
+    return {
+        "type": "internal_error",
+        "message": f"the ingest worker could not load the upload ({type(exc).__name__}); its log has the details",
+    }
 
 
 def _load(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> dict[str, Any]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
+from ..limits import MAX_INDEXED_EMBEDDING_DIM
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -268,8 +271,12 @@ MIGRATIONS: list[tuple[str, str]] = [
 
 def embedding_table(dim: int) -> str:
     """One table per vector width: an HNSW index needs a fixed dimension."""
-    if not (0 < int(dim) <= 16000):
-        raise ValueError(f"unsupported embedding dimension {dim}")
+    if not (0 < int(dim) <= MAX_INDEXED_EMBEDDING_DIM):
+        raise ConfigError(
+            f"embedding dimension {dim} cannot be indexed: pgvector's HNSW index holds at most "
+            f"{MAX_INDEXED_EMBEDDING_DIM} dimensions; choose an RLM_EMBEDDING_MODEL with {MAX_INDEXED_EMBEDDING_DIM} "
+            "or fewer"
+        )
     return f"chunk_embeddings_d{int(dim)}"
 
 

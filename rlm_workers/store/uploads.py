@@ -111,8 +111,9 @@ def finish_upload(
     error: dict[str, Any] | None = None,
 ) -> None:
     """End the upload and drop its staged bytes (in the caller's transaction)."""
+    # clock_timestamp(), not now(): the load runs in this same transaction, and now() is when it began.
     conn.execute(
-        """UPDATE uploads SET status = %s, report = %s, error = %s, finished_at = now()
+        """UPDATE uploads SET status = %s, report = %s, error = %s, finished_at = clock_timestamp()
                     WHERE id = %s""",
         (status, Jsonb(report) if report else None, Jsonb(error) if error else None, upload_id),
     )
