@@ -19,6 +19,8 @@ import typer
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import SearchMode
 
+from .cli_types import SearchModeOpt, click_error_kind, new_typer
+
 if TYPE_CHECKING:
     import psycopg
     from rich.console import Console
@@ -28,14 +30,9 @@ if TYPE_CHECKING:
     from rlm_workers.models import QueryResult
     from rlm_workers.store.jobs import JobRow
 
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.",
-)
-buffer_app = typer.Typer(no_args_is_help=True, help="Inspect or remove one buffer.")
-services_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL and Valkey servers.")
+app = new_typer(help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.")
+buffer_app = new_typer(help="Inspect or remove one buffer.")
+services_app = new_typer(help="The embedded PostgreSQL and Valkey servers.")
 app.add_typer(buffer_app, name="buffer")
 app.add_typer(services_app, name="services")
 # Sub-command groups live in their own modules (typer-only imports, so the CLI stays fast to start).
@@ -375,7 +372,7 @@ def query(
     text: Annotated[str, typer.Argument(metavar="QUERY", help="The question.")],
     buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to query; repeatable.")],
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
-    search_mode: Annotated[SearchMode | None, typer.Option("--search-mode")] = None,
+    search_mode: SearchModeOpt = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
@@ -532,6 +529,16 @@ def services_stop() -> None:
 # --------------------------------------------------------------------------- entry point
 
 
+def _undecodable_arg(argv: list[str]) -> int | None:
+    """Index of the first argument that was not valid UTF-8 (Python keeps such bytes as lone surrogates)."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return i
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
     import warnings
@@ -539,9 +546,15 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    bad = _undecodable_arg(args)
+    if bad is not None:
+        # Never echo the bytes back: they are not text, and the terminal may take them as control codes.
+        _err(f"argument {bad + 1} is not valid UTF-8; rlm takes names, queries and paths as UTF-8 text")
+        return 2
     try:
         # Outside standalone mode click returns the code of typer.Exit instead of raising it.
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=args, prog_name="rlm", standalone_mode=False)
         if isinstance(rc, int) and rc:
             return rc
     except RLMError as exc:
@@ -550,17 +563,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted; nothing half-written was kept")
         return 130
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2 if isinstance(exc, click.UsageError) else exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            return 1
-        raise
+    except Exception as exc:  # click usage errors and the like, from click or typer's vendored copy
+        kind = click_error_kind(exc)
+        if kind is None:
+            raise
+        if kind[0] in ("usage", "click"):
+            exc.show()  # type: ignore[attr-defined]
+        return kind[1]
     return 0
 
 

@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .cli_types import new_typer
+
 if TYPE_CHECKING:
     import psycopg
 
-keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (printed once), list, revoke.")
+keys_app = new_typer(help="API keys: create (printed once), list, revoke.")
 
 
 def _conn() -> psycopg.Connection:
