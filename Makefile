@@ -47,7 +47,7 @@ test-fast: install
 # real query through the whole pipeline (plan, search, chord fan-out, collect, synthesize).  With no
 # OPENAI_API_KEY the offline extractive provider answers; with one, the configured models do.
 demo: install
-	$(RLM) load rlm_workers rlm_api prompts README.md --buffer rlm-self
+	$(RLM) load rlm_workers rlm_api README.md --buffer rlm-self
 	$(RLM) buffers
 	$(RLM) search "how are embedded servers reused by a second process" --buffer rlm-self --top-k 5
 	$(RLM) search "BM25Okapi" --buffer rlm-self --mode bm25 --top-k 3
