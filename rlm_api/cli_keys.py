@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -54,12 +55,29 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> Non
 
 
 @keys_app.command("revoke")
-def revoke(key: Annotated[str, typer.Argument(help="The key, or the prefix `rlm keys list` shows.")]) -> None:
+def revoke(
+    key: Annotated[
+        str,
+        typer.Argument(
+            metavar="PREFIX|-",
+            help="The prefix `rlm keys list` shows, or - to read the whole key from stdin (never put it in argv).",
+        ),
+    ],
+) -> None:
     """Revoke a key at once; requests with it answer 401 from then on."""
     from rlm_workers.errors import InvalidInput
 
-    from .auth import revoke_key
+    from .auth import KEY_PREFIX, revoke_key
 
+    if key == "-":
+        key = sys.stdin.readline().strip()
+        if not key:
+            raise InvalidInput("no key on stdin: pipe the key in, e.g. `rlm keys revoke - < keyfile`")
+    elif key.startswith(KEY_PREFIX) and len(key) > 20:
+        # Still revoked (it is exposed now anyway), but say how not to expose the next one.
+        typer.echo(
+            "warning: a whole key on the command line lands in shell history and `ps`; use - next time", err=True
+        )
     conn = _conn()
     try:
         n = revoke_key(conn, key_or_prefix=key.rstrip("…"))
