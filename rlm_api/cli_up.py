@@ -165,7 +165,10 @@ def up_command(
         nonlocal stopping
         stopping = True
 
+    # Both, explicitly: a shell running `rlm up &` from a script starts it with SIGINT ignored, and
+    # Python only turns SIGINT into KeyboardInterrupt when it was not ignored at start.
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         for name, argv in procs.items():
             running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
