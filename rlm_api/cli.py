@@ -392,7 +392,7 @@ def query(
     from rlm_workers.errors import NoChunks
     from rlm_workers.models import QueryResult
     from rlm_workers.search.service import validate_query
-    from rlm_workers.submit import submit_query, validate_options, wait_for_job
+    from rlm_workers.submit import cancel_query, submit_query, validate_options, wait_for_job
 
     validate_query(text)
     options = validate_options(
@@ -411,23 +411,37 @@ def query(
         from rlm_workers.store.buffers import require_buffers
 
         require_buffers(conn, tenant=TENANT, names=buffer)
-        with ensure_workers(celery_app) as ephemeral:
+        # Ctrl-C only sets a flag while a job may exist: the wait below stops at a safe point and cancels
+        # the job, instead of a KeyboardInterrupt tearing through psycopg, kombu and the in-process worker.
+        with _sigint_as_flag() as interrupted, ensure_workers(celery_app) as ephemeral:
+            if interrupted.is_set():
+                _err("interrupted; nothing was submitted")
+                raise typer.Exit(130)
             job_id, _ = submit_query(conn, tenant=TENANT, query=text, buffers=buffer, options=options)
             conn.commit()
             if verbose:
                 console.print(f"job {job_id} ({'in-process worker' if ephemeral else 'running workers'})")
+            show = not (fmt == Fmt.json and not console.is_terminal)
             with console.status("queued", spinner="dots") as status:
 
                 def progress(job, done, total):
-                    extra = f" {done}/{total} batches" if total else ""
-                    status.update(f"{job.stage}{extra}")
+                    if interrupted.is_set():
+                        raise _Interrupted
+                    if show:
+                        extra = f" {done}/{total} batches" if total else ""
+                        status.update(f"{job.stage}{extra}")
 
-                job = wait_for_job(
-                    conn,
-                    job_id,
-                    timeout=timeout,
-                    on_progress=None if fmt == Fmt.json and not console.is_terminal else progress,
-                )
+                try:
+                    job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
+                except _Interrupted:
+                    status.stop()
+                    cancel_query(conn, job_id=job_id, tenant=TENANT)
+                    _err(f"interrupted: job {job_id} cancelled")
+                    raise typer.Exit(130) from None
+                except TimeoutError:
+                    status.stop()
+                    _timed_out(conn, job_id, timeout, ephemeral)
+                    raise typer.Exit(1) from None
         if verbose:
             _print_verbose(console, conn, job)
     result = QueryResult.model_validate(job.result) if job.result else None
@@ -439,9 +453,50 @@ def query(
         _print_result(result, fmt)  # findings are kept even when synthesis failed
     if err.get("type") == "no_chunks":
         raise NoChunks(err["message"].split(". Try:")[0])
-    if err.get("type") in ("invalid_input", "buffer_not_found", "config_error"):
-        raise InvalidInput(err["message"])
-    raise RLMError(f"{err.get('type')}: {err.get('message')}")
+    # Even a bad-input failure (a buffer removed mid-job, a worker's setting) happened after the job was
+    # stored: exit 1 with its id, not 2, which promises nothing was written (docs/contract.md#exit-codes).
+    raise RLMError(f"job {job_id} {job.status} ({err.get('type')}): {err.get('message')}")
+
+
+class _Interrupted(Exception):
+    """Ctrl-C seen by the wait loop (raised at a safe point, between database round trips)."""
+
+
+@contextlib.contextmanager
+def _sigint_as_flag():
+    import signal
+    import threading
+
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # signals reach the main thread only; nothing to install
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral: bool) -> None:
+    from rlm_workers.store.jobs import get_job
+    from rlm_workers.submit import cancel_query
+
+    if ephemeral:
+        # The in-process worker leaves with this command: nothing would ever finish the job.
+        cancel_query(conn, job_id=job_id, tenant=TENANT)
+        _err(
+            f"job {job_id} did not end within --timeout {timeout:g}s and was cancelled: no worker was running, so "
+            "nothing could finish it after this command; start workers (`rlm worker`, `rlm up`) or raise --timeout"
+        )
+        return
+    job = get_job(conn, job_id=job_id)
+    conn.commit()
+    where = f"{job.status}, stage {job.stage}" if job else "running"
+    _err(
+        f"job {job_id} still {where} after --timeout {timeout:g}s; the workers go on with it: fetch it with "
+        f"GET /v1/queries/{job_id} on the API (`rlm api` or `rlm up`), cancel it with DELETE /v1/queries/{job_id}"
+    )
 
 
 def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
