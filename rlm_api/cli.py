@@ -495,7 +495,7 @@ def _timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral:
     where = f"{job.status}, stage {job.stage}" if job else "running"
     _err(
         f"job {job_id} still {where} after --timeout {timeout:g}s; the workers go on with it: fetch it with "
-        f"GET /v1/queries/{job_id} on the API (`rlm api` or `rlm up`), cancel it with DELETE /v1/queries/{job_id}"
+        f"GET /v1/queries/{job_id} on the API (`rlm api` or `rlm up`); an HTTP delete of that URL cancels it"
     )
 
 

@@ -111,8 +111,10 @@ def wait_for_job(
 
 
 def cancel_query(conn: psycopg.Connection, *, job_id: str, tenant: str) -> job_store.JobRow | None:
-    """Cancel a job the way ``DELETE /v1/queries/{id}`` does: mark it cancelled (its tasks see that and
-    stop before doing more work), then revoke its queued tasks.  None when the tenant has no such job."""
+    """Cancel a job the way the API's cancel route (an HTTP delete of ``/v1/queries/{id}``) does: mark it
+    cancelled (its tasks see that and stop before doing more work), then revoke its queued tasks.
+
+    None when the tenant has no such job."""
     job = job_store.get_job(conn, job_id=job_id, tenant=tenant)
     if job is None or job.terminal:
         return job
