@@ -6,18 +6,34 @@ RLM    := $(VENV)/bin/rlm
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast demo lint bench up clean-data
+.PHONY: install lock test test-fast demo lint bench up clean-data
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Reinstalls when the declared ranges or the lock change.
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	# Exactly the versions the suite was tested with (constraints.txt); pyproject.toml only bounds them.
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# Re-resolve pyproject.toml's ranges in a throw-away venv and rewrite constraints.txt: run on purpose,
+# review the diff, `make test`, commit both.
+LOCK_VENV := .lock-venv
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(LOCK_VENV)/bin/python -m pip install --quiet '.[dev]'
+	sed -n '1,/^[^#]/{/^#/p}' constraints.txt > constraints.txt.new
+	$(LOCK_VENV)/bin/python -m pip freeze --exclude-editable | grep -iv '^rlm-pipeline==' >> constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
 
 # The whole suite, slow suites included, against real PostgreSQL+pgvector, Valkey and Celery workers
 # (embedded servers are started by the tests unless RLM_TEST_DATABASE_URL / RLM_TEST_BROKER_URL are set).
@@ -31,7 +47,7 @@ test-fast: install
 # real query through the whole pipeline (plan, search, chord fan-out, collect, synthesize).  With no
 # OPENAI_API_KEY the offline extractive provider answers; with one, the configured models do.
 demo: install
-	$(RLM) load rlm_workers rlm_api prompts README.md --buffer rlm-self
+	$(RLM) load rlm_workers rlm_api README.md --buffer rlm-self
 	$(RLM) buffers
 	$(RLM) search "how are embedded servers reused by a second process" --buffer rlm-self --top-k 5
 	$(RLM) search "BM25Okapi" --buffer rlm-self --mode bm25 --top-k 3

@@ -19,6 +19,8 @@ import typer
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import SearchMode
 
+from .cli_types import SearchModeOpt, click_error_kind, new_typer
+
 if TYPE_CHECKING:
     import psycopg
     from rich.console import Console
@@ -28,14 +30,9 @@ if TYPE_CHECKING:
     from rlm_workers.models import QueryResult
     from rlm_workers.store.jobs import JobRow
 
-app = typer.Typer(
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.",
-)
-buffer_app = typer.Typer(no_args_is_help=True, help="Inspect or remove one buffer.")
-services_app = typer.Typer(no_args_is_help=True, help="The embedded PostgreSQL and Valkey servers.")
+app = new_typer(help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.")
+buffer_app = new_typer(help="Inspect or remove one buffer.")
+services_app = new_typer(help="The embedded PostgreSQL and Valkey servers.")
 app.add_typer(buffer_app, name="buffer")
 app.add_typer(services_app, name="services")
 # Sub-command groups live in their own modules (typer-only imports, so the CLI stays fast to start).
@@ -375,7 +372,7 @@ def query(
     text: Annotated[str, typer.Argument(metavar="QUERY", help="The question.")],
     buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to query; repeatable.")],
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
-    search_mode: Annotated[SearchMode | None, typer.Option("--search-mode")] = None,
+    search_mode: SearchModeOpt = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
@@ -395,7 +392,7 @@ def query(
     from rlm_workers.errors import NoChunks
     from rlm_workers.models import QueryResult
     from rlm_workers.search.service import validate_query
-    from rlm_workers.submit import submit_query, validate_options, wait_for_job
+    from rlm_workers.submit import cancel_query, submit_query, validate_options, wait_for_job
 
     validate_query(text)
     options = validate_options(
@@ -414,23 +411,37 @@ def query(
         from rlm_workers.store.buffers import require_buffers
 
         require_buffers(conn, tenant=TENANT, names=buffer)
-        with ensure_workers(celery_app) as ephemeral:
+        # Ctrl-C only sets a flag while a job may exist: the wait below stops at a safe point and cancels
+        # the job, instead of a KeyboardInterrupt tearing through psycopg, kombu and the in-process worker.
+        with _sigint_as_flag() as interrupted, ensure_workers(celery_app) as ephemeral:
+            if interrupted.is_set():
+                _err("interrupted; nothing was submitted")
+                raise typer.Exit(130)
             job_id, _ = submit_query(conn, tenant=TENANT, query=text, buffers=buffer, options=options)
             conn.commit()
             if verbose:
                 console.print(f"job {job_id} ({'in-process worker' if ephemeral else 'running workers'})")
+            show = not (fmt == Fmt.json and not console.is_terminal)
             with console.status("queued", spinner="dots") as status:
 
                 def progress(job, done, total):
-                    extra = f" {done}/{total} batches" if total else ""
-                    status.update(f"{job.stage}{extra}")
+                    if interrupted.is_set():
+                        raise _Interrupted
+                    if show:
+                        extra = f" {done}/{total} batches" if total else ""
+                        status.update(f"{job.stage}{extra}")
 
-                job = wait_for_job(
-                    conn,
-                    job_id,
-                    timeout=timeout,
-                    on_progress=None if fmt == Fmt.json and not console.is_terminal else progress,
-                )
+                try:
+                    job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
+                except _Interrupted:
+                    status.stop()
+                    cancel_query(conn, job_id=job_id, tenant=TENANT)
+                    _err(f"interrupted: job {job_id} cancelled")
+                    raise typer.Exit(130) from None
+                except TimeoutError:
+                    status.stop()
+                    _timed_out(conn, job_id, timeout, ephemeral)
+                    raise typer.Exit(1) from None
         if verbose:
             _print_verbose(console, conn, job)
     result = QueryResult.model_validate(job.result) if job.result else None
@@ -442,9 +453,50 @@ def query(
         _print_result(result, fmt)  # findings are kept even when synthesis failed
     if err.get("type") == "no_chunks":
         raise NoChunks(err["message"].split(". Try:")[0])
-    if err.get("type") in ("invalid_input", "buffer_not_found", "config_error"):
-        raise InvalidInput(err["message"])
-    raise RLMError(f"{err.get('type')}: {err.get('message')}")
+    # Even a bad-input failure (a buffer removed mid-job, a worker's setting) happened after the job was
+    # stored: exit 1 with its id, not 2, which promises nothing was written (docs/contract.md#exit-codes).
+    raise RLMError(f"job {job_id} {job.status} ({err.get('type')}): {err.get('message')}")
+
+
+class _Interrupted(Exception):
+    """Ctrl-C seen by the wait loop (raised at a safe point, between database round trips)."""
+
+
+@contextlib.contextmanager
+def _sigint_as_flag():
+    import signal
+    import threading
+
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag  # signals reach the main thread only; nothing to install
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral: bool) -> None:
+    from rlm_workers.store.jobs import get_job
+    from rlm_workers.submit import cancel_query
+
+    if ephemeral:
+        # The in-process worker leaves with this command: nothing would ever finish the job.
+        cancel_query(conn, job_id=job_id, tenant=TENANT)
+        _err(
+            f"job {job_id} did not end within --timeout {timeout:g}s and was cancelled: no worker was running, so "
+            "nothing could finish it after this command; start workers (`rlm worker`, `rlm up`) or raise --timeout"
+        )
+        return
+    job = get_job(conn, job_id=job_id)
+    conn.commit()
+    where = f"{job.status}, stage {job.stage}" if job else "running"
+    _err(
+        f"job {job_id} still {where} after --timeout {timeout:g}s; the workers go on with it: fetch it with "
+        f"GET /v1/queries/{job_id} on the API (`rlm api` or `rlm up`); an HTTP delete of that URL cancels it"
+    )
 
 
 def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
@@ -461,28 +513,39 @@ def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> N
 # --------------------------------------------------------------------------- workers
 
 
-@app.command()
-def worker(
-    queues: Annotated[
-        str, typer.Option("--queues", "-Q", help="Comma-separated queues.")
-    ] = "rlm.control,rlm.analyst,rlm.ingest",
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
-    pool: Annotated[
-        str, typer.Option("--pool", "-P", help="threads (I/O-bound analysts) or prefork (CPU).")
-    ] = "threads",
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
-    hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
-) -> None:
-    """Run a Celery worker (same as `celery -A rlm_workers worker`)."""
-    from rlm_workers.celery_app import app as celery_app
+def resolve_pool(queues: list[str], pool: str | None) -> str:
+    """The worker pool: ``-P`` when given, else prefork for the CPU-bound ingest queue and threads for the rest.
+
+    One Celery worker has one pool, so ingest (embedding, prefork per docs/contract.md#cli-services) and the
+    I/O-bound control/analyst queues (threads) cannot share a worker unless the user forces a pool.
+    """
+    from rlm_workers.constants import QUEUE_INGEST
+
+    if pool is not None:
+        if pool not in ("threads", "prefork", "solo"):
+            raise InvalidInput(f"unknown pool {pool!r}: use threads, prefork or solo")
+        return pool
+    if QUEUE_INGEST not in queues:
+        return "threads"
+    if len(queues) == 1:
+        return "prefork"
+    others = ",".join(q for q in queues if q != QUEUE_INGEST)
+    raise InvalidInput(
+        f"{QUEUE_INGEST} runs CPU-bound embedding on the prefork pool and {others} on threads: start two workers "
+        f"(`rlm worker -Q {others}` and `rlm worker -Q {QUEUE_INGEST}`) or `rlm up`, or force one pool with -P"
+    )
+
+
+def worker_argv(
+    queues: str, pool: str | None, *, concurrency: int | None, loglevel: str, hostname: str | None
+) -> list[str]:
+    """The ``celery worker`` argv `rlm worker` runs (validated; no side effect)."""
     from rlm_workers.constants import ALL_QUEUES
 
     names = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in names if q not in ALL_QUEUES]
     if unknown or not names:
         raise InvalidInput(f"unknown queue {unknown[0] if unknown else '(none)'}: use {', '.join(ALL_QUEUES)}")
-    if pool not in ("threads", "prefork", "solo"):
-        raise InvalidInput(f"unknown pool {pool!r}: use threads, prefork or solo")
     # Gossip and mingle add nothing here (state lives in PostgreSQL) and their bootsteps are where a
     # worker breaks when Redis restarts under it (celery#8030, kombu#582): leave them out.
     argv = [
@@ -490,7 +553,7 @@ def worker(
         "-Q",
         ",".join(names),
         "-P",
-        pool,
+        resolve_pool(names, pool),
         "-l",
         loglevel,
         "-E",
@@ -501,6 +564,28 @@ def worker(
         argv += ["-c", str(concurrency)]
     if hostname:
         argv += ["-n", hostname]
+    return argv
+
+
+@app.command()
+def worker(
+    queues: Annotated[
+        str, typer.Option("--queues", "-Q", help="Comma-separated queues (rlm.ingest needs a worker of its own).")
+    ] = "rlm.control,rlm.analyst",
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c")] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            "--pool", "-P", help="threads, prefork or solo; default: prefork for rlm.ingest alone, threads otherwise."
+        ),
+    ] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
+) -> None:
+    """Run a Celery worker (same as `celery -A rlm_workers worker`)."""
+    argv = worker_argv(queues, pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname)
+    from rlm_workers.celery_app import app as celery_app
+
     celery_app.worker_main(argv)
 
 
@@ -530,6 +615,16 @@ def services_stop() -> None:
 # --------------------------------------------------------------------------- entry point
 
 
+def _undecodable_arg(argv: list[str]) -> int | None:
+    """Index of the first argument that was not valid UTF-8 (Python keeps such bytes as lone surrogates)."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return i
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import logging
     import warnings
@@ -537,9 +632,15 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = sys.argv[1:] if argv is None else argv
+    bad = _undecodable_arg(args)
+    if bad is not None:
+        # Never echo the bytes back: they are not text, and the terminal may take them as control codes.
+        _err(f"argument {bad + 1} is not valid UTF-8; rlm takes names, queries and paths as UTF-8 text")
+        return 2
     try:
         # Outside standalone mode click returns the code of typer.Exit instead of raising it.
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=args, prog_name="rlm", standalone_mode=False)
         if isinstance(rc, int) and rc:
             return rc
     except RLMError as exc:
@@ -548,17 +649,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted; nothing half-written was kept")
         return 130
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2 if isinstance(exc, click.UsageError) else exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
-            return 1
-        raise
+    except Exception as exc:  # click usage errors and the like, from click or typer's vendored copy
+        kind = click_error_kind(exc)
+        if kind is None:
+            raise
+        if kind[0] in ("usage", "click"):
+            exc.show()  # type: ignore[attr-defined]
+        return kind[1]
     return 0
 
 

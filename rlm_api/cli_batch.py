@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rlm_workers.errors import InvalidInput
-from rlm_workers.models import SearchMode
+
+from .cli_types import SearchModeOpt, new_typer
 
 if TYPE_CHECKING:
     import psycopg
 
     from rlm_workers.store.overnight import OvernightRow
 
-batch_app = typer.Typer(no_args_is_help=True, help="Batches of queries over many buffers (run by the workers).")
+batch_app = new_typer(help="Batches of queries over many buffers (run by the workers).")
 
 _RELATIVE = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -127,7 +128,7 @@ def submit(
         typer.Option("--token-budget", help="Stop scheduling new items once this many tokens are spent."),
     ] = None,
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
-    search_mode: Annotated[SearchMode | None, typer.Option("--search-mode")] = None,
+    search_mode: SearchModeOpt = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,

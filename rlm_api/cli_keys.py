@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from .cli_types import new_typer
+
 if TYPE_CHECKING:
     import psycopg
 
-keys_app = typer.Typer(no_args_is_help=True, help="API keys: create (printed once), list, revoke.")
+keys_app = new_typer(help="API keys: create (printed once), list, revoke.")
 
 
 def _conn() -> psycopg.Connection:
@@ -52,12 +55,29 @@ def list_(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> Non
 
 
 @keys_app.command("revoke")
-def revoke(key: Annotated[str, typer.Argument(help="The key, or the prefix `rlm keys list` shows.")]) -> None:
+def revoke(
+    key: Annotated[
+        str,
+        typer.Argument(
+            metavar="PREFIX|-",
+            help="The prefix `rlm keys list` shows, or - to read the whole key from stdin (never put it in argv).",
+        ),
+    ],
+) -> None:
     """Revoke a key at once; requests with it answer 401 from then on."""
     from rlm_workers.errors import InvalidInput
 
-    from .auth import revoke_key
+    from .auth import KEY_PREFIX, revoke_key
 
+    if key == "-":
+        key = sys.stdin.readline().strip()
+        if not key:
+            raise InvalidInput("no key on stdin: pipe the key in, e.g. `rlm keys revoke - < keyfile`")
+    elif key.startswith(KEY_PREFIX) and len(key) > 20:
+        # Still revoked (it is exposed now anyway), but say how not to expose the next one.
+        typer.echo(
+            "warning: a whole key on the command line lands in shell history and `ps`; use - next time", err=True
+        )
     conn = _conn()
     try:
         n = revoke_key(conn, key_or_prefix=key.rstrip("…"))

@@ -116,6 +116,20 @@ def local_api_key(conn: psycopg.Connection, key_file: Path) -> tuple[str, bool]:
     return key, True
 
 
+def key_banner(key: str, created: bool, key_file: Path) -> str:
+    """The ``api key`` line of `rlm up`: the whole key only when it was just created.
+
+    `rlm up` usually runs under a supervisor whose log keeps everything it prints, so later starts
+    show only the prefix `rlm keys list` shows.
+    """
+    if created:
+        return f"api key   {key}   (created now, stored in {key_file}; shown once)"
+    return (
+        f"api key   {key[:10]}…   (stored in {key_file}; `rlm keys create --tenant local` makes another, "
+        f"`rlm keys revoke {key[:10]}` revokes this one)"
+    )
+
+
 def up_command(
     api_port: Annotated[int | None, typer.Option("--api-port", help="API port (default RLM_API_PORT, 8000).")] = None,
     flower_port: Annotated[int | None, typer.Option("--flower-port", help="Flower port (default 5555).")] = None,
@@ -166,7 +180,10 @@ def up_command(
         nonlocal stopping
         stopping = True
 
+    # Both, explicitly: a shell running `rlm up &` from a script starts it with SIGINT ignored, and
+    # Python only turns SIGINT into KeyboardInterrupt when it was not ignored at start.
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         for name, argv in procs.items():
             running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
@@ -175,7 +192,7 @@ def up_command(
         typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs)")
         if not no_flower:
             typer.echo(f"flower    http://{s.flower_host}:{f_port}")
-        typer.echo(f"api key   {key}   ({'created now' if created else 'stored in'} {s.data_dir / 'local-api-key'})")
+        typer.echo(key_banner(key, created, s.data_dir / "local-api-key"))
         typer.echo("Ctrl-C stops everything.")
         while not stopping:
             for name, p in running.items():

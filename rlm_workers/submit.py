@@ -108,3 +108,33 @@ def wait_for_job(
             commit(conn)
         except Exception:  # the connection may be gone with the server; nothing to undo then
             pass
+
+
+def cancel_query(conn: psycopg.Connection, *, job_id: str, tenant: str) -> job_store.JobRow | None:
+    """Cancel a job the way the API's cancel route (an HTTP delete of ``/v1/queries/{id}``) does: mark it
+    cancelled (its tasks see that and stop before doing more work), then revoke its queued tasks.
+
+    None when the tenant has no such job."""
+    job = job_store.get_job(conn, job_id=job_id, tenant=tenant)
+    if job is None or job.terminal:
+        return job
+    job = job_store.cancel_job(conn, job_id=job_id, tenant=tenant) or job
+    commit(conn)  # cancelled first: a revoke that misses a task still leaves it nothing to do
+    if job.task_ids:
+        revoke_tasks(job.task_ids)
+    return job
+
+
+def revoke_tasks(task_ids: Sequence[str]) -> None:
+    """Best effort: tasks check the job's status before doing work, so a missed revoke only costs a dequeue."""
+    import logging
+
+    from .celery_app import app
+
+    try:
+        # kombu retries a broadcast forever while the broker is down: connect once with a bound, then publish.
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=3)
+            app.control.revoke(list(task_ids), connection=connection)
+    except Exception as exc:
+        logging.getLogger("rlm.submit").warning("could not revoke %d task(s): %s", len(task_ids), exc)

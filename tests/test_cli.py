@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -93,3 +94,85 @@ def test_buffer_rm(cli_env, loaded, tmp_path):
     run_rlm(cli_env, "load", str(tmp_path / "a.md"), "--buffer", "tmp-buf", check=0)
     run_rlm(cli_env, "buffer", "rm", "tmp-buf", check=0)
     assert run_rlm(cli_env, "buffer", "rm", "tmp-buf").returncode == 2
+
+
+# --------------------------------------------------------------------------- usage errors (issue 10)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["query", "x", "--buffer", "proj", "--bogus"], "No such option: --bogus"),
+        (["search", "x", "--buffer", "proj", "--bogus"], "No such option: --bogus"),
+        (["search", "x", "--buffer", "proj", "--format", "yaml"], "'--format'"),
+        (["search", "x", "--buffer", "proj", "--top-k", "abc"], "'--top-k'"),
+        (["query", "--buffer", "proj"], "Missing argument 'QUERY'"),
+        (["lod"], "No such command 'lod'"),
+        ([], "Usage: rlm"),
+        (["buffer"], "Usage: rlm buffer"),
+        (["batch", "submit", "--search-mode", "fuzzy", "-q", "-"], "'--search-mode'"),
+    ],
+)
+def test_usage_error_is_one_message_and_exit_2(cli_env, loaded, args, needle):
+    before = run_rlm(cli_env, "buffers", "--format", "json", check=0).stdout
+    proc = run_rlm(cli_env, *args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    out = proc.stdout + proc.stderr
+    assert needle in out, out
+    assert "Traceback" not in out and "Exception" not in out, out
+    assert run_rlm(cli_env, "buffers", "--format", "json", check=0).stdout == before
+
+
+@pytest.mark.parametrize("group", [[], ["query"], ["buffer"], ["buffer", "show"], ["batch", "submit"], ["keys"]])
+def test_dash_h_is_help_everywhere(group):
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", *group, "-h"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: rlm"), proc.stdout
+
+
+def test_help_at_80_columns_keeps_every_option_name_and_lists_search_modes():
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    for cmd in (["query"], ["batch", "submit"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "rlm_api.cli", *cmd, "--help"], env=env, capture_output=True, text=True, timeout=120
+        ).stdout
+        assert not re.search(r"--[\w-]*…", out), out  # an option name cut to fit
+        assert max(len(line) for line in out.splitlines()) <= 80, out
+        # one option type for both: the choices are listed, not a bare <str>
+        assert "--search-mode <hybrid|semantic|bm25>" in out, out
+    out = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "batch", "submit", "--help"], env=env, capture_output=True, text=True
+    ).stdout
+    assert "--idempotency-key" in out and "--no-check-workers" in out
+
+
+def test_non_utf8_argument_is_one_line_exit_2(cli_env, loaded):
+    proc = subprocess.run(
+        [sys.executable.encode(), b"-m", b"rlm_api.cli", b"buffer", b"show", b"\xff"],
+        env={**os.environ, **cli_env},
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and b"not valid UTF-8" in lines[0], proc.stderr
+
+
+def test_click_exceptions_from_either_click_are_recognised():
+    """typer >= 0.25 raises its vendored click's classes; an older typer raises the click package's."""
+    import click
+
+    from rlm_api.cli_types import click_error_kind
+
+    assert click_error_kind(click.UsageError("x")) == ("usage", 2)
+    assert click_error_kind(click.exceptions.NoSuchOption("--x")) == ("usage", 2)
+    assert click_error_kind(click.exceptions.Exit(3)) == ("exit", 3)
+    try:
+        from typer._click import exceptions as vendored
+    except ImportError:
+        pytest.skip("this typer does not vendor click")
+    assert click_error_kind(vendored.NoSuchOption("--x")) == ("usage", 2)
+    assert click_error_kind(vendored.ClickException("x")) == ("click", 1)
+    assert click_error_kind(ValueError("x")) is None

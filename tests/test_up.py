@@ -83,3 +83,50 @@ def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
         if proc.poll() is None:
             proc.kill()
         out.close()
+
+
+def test_up_started_with_sigint_ignored_still_stops_on_sigint(rlm_env, tmp_path, conn):
+    """A non-interactive shell starts background children with SIGINT ignored; `rlm up` must still stop."""
+    from rlm_api.cli_up import local_api_key
+    from rlm_workers.config import get_settings
+
+    # a second start: the key exists already, so only its prefix may be printed (service logs keep it)
+    key, _ = local_api_key(conn, get_settings().data_dir / "local-api-key")
+    conn.commit()
+    api_port = _free_port()
+    out = open(tmp_path / "up.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm_api.cli", "up", "--api-port", str(api_port), "--no-flower", "--analysts", "2"],
+        cwd=ROOT,
+        env={**os.environ, **rlm_env, "HF_HUB_OFFLINE": "1"},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{api_port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        out.flush()
+        printed = (tmp_path / "up.log").read_text()
+        assert ready, printed[-3000:]
+        assert key not in printed and f"api key   {key[:10]}…" in printed
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
+        assert "stopped" in (tmp_path / "up.log").read_text()
+        assert not _listening(api_port)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM is handled: the children (own sessions) are stopped, not orphaned
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        out.close()

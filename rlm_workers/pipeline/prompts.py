@@ -9,7 +9,8 @@ first, so a chunk can never end its own block and speak as the orchestrator.
 from __future__ import annotations
 
 import re
-import sys
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 PROMPT_NAMES = ("primary", "subcall", "synthesizer")
@@ -20,10 +21,20 @@ MAX_PROMPT_BYTES = 256 * 1024
 _TAG_LOOKALIKE = re.compile(r"[<\uFF1C\uFE64\u2039\u3008\u27E8\u276E]\s*[/\u2215\u2044\uFF0F]?\s*content", re.I)
 
 
-def _shipped_dirs() -> list[Path]:
-    here = Path(__file__).resolve()
-    # a source checkout / editable install first, then the copy a wheel installs under share/
-    return [here.parents[2] / "prompts", Path(sys.prefix) / "share" / "rlm-pipeline" / "prompts"]
+def _shipped(name: str) -> Traversable:
+    # package data (rlm_workers/prompts/), so a wheel, an editable install and a checkout all find them
+    return resources.files("rlm_workers") / "prompts" / f"{name}.md"
+
+
+def _read(path: Path | Traversable) -> str | None:
+    try:
+        if path.is_file():
+            data = path.read_bytes()
+            if 0 < len(data) <= MAX_PROMPT_BYTES:
+                return data.decode("utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        pass  # an unreadable override falls back to the shipped prompt
+    return None
 
 
 def load_prompt(name: str, *, prompt_dir: str | Path | None = None) -> str:
@@ -33,18 +44,14 @@ def load_prompt(name: str, *, prompt_dir: str | Path | None = None) -> str:
     """
     if name not in PROMPT_NAMES:
         raise ValueError(f"unknown prompt {name!r}")
-    candidates = ([Path(prompt_dir).expanduser() / f"{name}.md"] if prompt_dir else []) + [
-        d / f"{name}.md" for d in _shipped_dirs()
-    ]
-    for path in candidates:
-        try:
-            if path.is_file() and 0 < path.stat().st_size <= MAX_PROMPT_BYTES:
-                text = path.read_text(encoding="utf-8").strip()
-                if text:
-                    return text
-        except (OSError, UnicodeDecodeError):
-            continue  # an unreadable override falls back to the shipped prompt
-    raise FileNotFoundError(f"the shipped prompt {name}.md is missing from {_shipped_dirs()[0]}")
+    if prompt_dir:
+        text = _read(Path(prompt_dir).expanduser() / f"{name}.md")
+        if text:
+            return text
+    text = _read(_shipped(name))
+    if text:
+        return text
+    raise FileNotFoundError(f"the shipped prompt {name}.md is missing from the rlm_workers package (prompts/)")
 
 
 def escape_content(text: str) -> str:

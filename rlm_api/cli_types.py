@@ -1,0 +1,67 @@
+"""What every ``rlm`` command group shares: how a group is built, the option types both `query` and
+`batch submit` take, and how click's exceptions are recognised (typer >= 0.25 vendors click as
+``typer._click``; older typer uses the ``click`` package — both must end as a one-line usage error).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any
+
+import typer
+
+from rlm_workers.models import SearchMode
+
+#: ``-h`` everywhere; click passes these settings down to every sub-command's context.
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+def new_typer(**kwargs: Any) -> typer.Typer:
+    """A command group with the CLI's shared settings.
+
+    Plain click help (``rich_markup_mode=None``) wraps help text instead of cutting option names
+    (``--idempotency-k…``) to fit an 80-column terminal.
+    """
+    return typer.Typer(
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        context_settings=CONTEXT_SETTINGS,
+        **kwargs,
+    )
+
+
+SearchModeOpt = Annotated[
+    SearchMode | None,
+    typer.Option("--search-mode", help="Search arm: hybrid (RRF of both), semantic or bm25."),
+]
+
+
+def _classes(*names: str) -> dict[str, tuple[type[BaseException], ...]]:
+    """The click exception classes by role, from every click this process can see."""
+    found: dict[str, list[type[BaseException]]] = {n: [] for n in names}
+    for modname in ("typer", "typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        for n in names:
+            cls = getattr(mod, n, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException) and cls not in found[n]:
+                found[n].append(cls)
+    return {n: tuple(v) for n, v in found.items()}
+
+
+def click_error_kind(exc: BaseException) -> tuple[str, int] | None:
+    """``(kind, exit code)`` for a click/typer control-flow exception, None for anything else."""
+    c = _classes("Exit", "Abort", "UsageError", "ClickException")
+    if c["Exit"] and isinstance(exc, c["Exit"]):
+        return "exit", int(getattr(exc, "exit_code", 0) or 0)
+    if c["Abort"] and isinstance(exc, c["Abort"]):
+        return "abort", 1
+    if c["UsageError"] and isinstance(exc, c["UsageError"]):
+        return "usage", 2
+    if c["ClickException"] and isinstance(exc, c["ClickException"]):
+        return "click", int(getattr(exc, "exit_code", 1) or 1)
+    return None
