@@ -243,6 +243,13 @@ CREATE TABLE upload_files (
 );
 """
 
+M008_PIPELINE_B = """
+-- The synthesizing worker's lease on its job: renewed by its heartbeat, it lapses only when that worker
+-- is gone, and until then no salvage writes a second report (docs/architecture.md "Locks").
+ALTER TABLE jobs ADD COLUMN lease_owner text;
+ALTER TABLE jobs ADD COLUMN lease_until timestamptz;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -250,6 +257,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m004_job_stage_time", M004_JOB_STAGE_TIME),
     ("m005_batch_recovery", M005_BATCH_RECOVERY),
     ("m006_uploads", M006_UPLOADS),
+    ("m008_pipeline_b", M008_PIPELINE_B),
 ]
 
 
