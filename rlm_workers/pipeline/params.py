@@ -144,10 +144,12 @@ def check_job_caps(opts: QueryOptions, settings: Settings) -> None:
         raise InvalidInput(
             f"num-agents {opts.num_agents} is over the per-job cap of {most} batches (RLM_MAX_BATCHES_PER_JOB)"
         )
-    if opts.batch_size is not None:
-        analysed = min(x for x in (opts.max_chunks, opts.top_k, cap) if x is not None)
+    # Only a request that names both knows its batch count; otherwise the tier decides how many chunks are
+    # loaded, and resolve_params widens the batches if they would be too many.
+    if opts.batch_size is not None and opts.max_chunks is not None:
+        analysed = min(opts.max_chunks, cap)
         batches = math.ceil(analysed / opts.batch_size)
-        if batches > most and (opts.max_chunks is not None or opts.top_k is not None):
+        if batches > most:
             raise InvalidInput(
                 f"batch-size {opts.batch_size} would cut {analysed} chunks into {batches} batches, over the per-job "
                 f"cap of {most} (RLM_MAX_BATCHES_PER_JOB): use a batch size of at least {math.ceil(analysed / most)}"
