@@ -7,6 +7,7 @@ started when a worker or a submitting client first needs it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from celery import Celery
@@ -172,6 +173,31 @@ def _connect_worker_signals() -> None:
     @signals.worker_shutting_down.connect(weak=False)
     def _stopping(**_kw: object) -> None:
         stop.set()
+
+
+class _CancelIsNotAnError(logging.Filter):
+    """A user's cancel revokes a job's analyst tasks, so its chord ends in ``ChordError(TaskRevokedError)``,
+    which Celery logs as an ERROR with a traceback.  A cancel is not an error: one INFO line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or type(exc).__name__ != "ChordError" or not _revoked(exc):
+            return True
+        group = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.msg, record.args = "chord %s ended early: a task of it was revoked (job cancelled)", (group,)
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _revoked(exc: BaseException) -> bool:
+    from celery.exceptions import TaskRevokedError
+
+    return isinstance(exc.__cause__, TaskRevokedError) or "TaskRevokedError" in str(exc)
+
+
+for _name in ("celery.backends.redis", "celery.backends.base"):
+    logging.getLogger(_name).addFilter(_CancelIsNotAnError())
 
 
 # Signals only (cheap): JSON or text logs with job id and stage, configured when a worker starts.

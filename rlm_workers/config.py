@@ -55,6 +55,18 @@ class Settings(BaseSettings):
     finding_threshold: Literal["high", "medium", "low", "none"] = Field(
         "low", description="Findings below this relevance are dropped by Collect."
     )
+    max_chunks_per_job: int = Field(
+        2000,
+        ge=1,
+        le=100_000,
+        description="Most chunks one job may analyse: a request over it is refused, a plan over it is cut.",
+    )
+    max_batches_per_job: int = Field(
+        200,
+        ge=1,
+        le=10_000,
+        description="Most analyst batches one job may send: a request over it is refused; otherwise batches grow.",
+    )
     prompt_dir: Path = Field(
         Path("~/.config/rlm/prompts"),
         description="Directory whose primary.md/subcall.md/synthesizer.md override the shipped prompts.",

@@ -21,3 +21,7 @@ MAX_CHUNK_SIZE = 1_000_000
 MAX_NAME_COMPONENT_BYTES = 255
 #: widest vector pgvector's HNSW index can hold (``vector`` type); wider embeddings cannot be searched
 MAX_INDEXED_EMBEDDING_DIM = 2000
+#: tool calls the synthesizer may make in one turn; the rest get an error reply (MAX_TURNS bounds the turns)
+MAX_TOOL_CALLS_PER_TURN = 8
+#: how much of a tool call's arguments is kept in the job's record of it
+MAX_TOOL_ARGS_SUMMARY_CHARS = 200

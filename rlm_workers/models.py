@@ -178,6 +178,17 @@ class BatchError(BaseModel):
     chunk_ids: list[int] = Field(default_factory=list)
 
 
+class ToolCallRecord(BaseModel):
+    """One synthesizer tool call as recorded on the result: what was asked, and how it ended."""
+
+    turn: int
+    name: str
+    #: the arguments as the model sent them, clipped (limits.MAX_TOOL_ARGS_SUMMARY_CHARS)
+    args: str = ""
+    status: Literal["ok", "error", "refused"] = "ok"
+    error: str | None = None
+
+
 class QueryResult(BaseModel):
     """The answer to one query (docs/contract.md#query-result)."""
 
@@ -201,6 +212,10 @@ class QueryResult(BaseModel):
     tokens_in: int = 0
     tokens_out: int = 0
     elapsed: Elapsed = Field(default_factory=lambda: Elapsed(secs=0, nanos=0))
+    #: the synthesizer's tool calls, in order
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    #: per-job caps that cut what the plan asked for (RLM_MAX_CHUNKS_PER_JOB, RLM_MAX_BATCHES_PER_JOB)
+    caps_applied: list[str] = Field(default_factory=list)
 
 
 class Usage(BaseModel):

@@ -25,9 +25,12 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
 
     One pydantic model (``QueryOptions``) holds every bound; its first complaint becomes a one-line error.
     """
+    from .config import get_settings
+    from .pipeline.params import check_job_caps
+
     given = {k: v for k, v in options.items() if v is not None}
     try:
-        return QueryOptions.model_validate(given).stored()
+        opts = QueryOptions.model_validate(given)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = str(err["loc"][0]) if err.get("loc") else ""
@@ -36,6 +39,8 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
         if not key:  # a model-level rule
             raise InvalidInput(str(err.get("msg", "invalid options")).removeprefix("Value error, ")) from None
         raise InvalidInput(f"invalid value for {key.replace('_', '-')}: {given.get(key)!r}") from None
+    check_job_caps(opts, get_settings())  # the per-job caps are the operator's: checked here, not in the type
+    return opts.stored()
 
 
 def submit_query(

@@ -86,3 +86,80 @@ def test_report_cites_chunk_and_location():
     assert "Dolores Park" in report
     assert "[chunk 11, pg:essays/a.txt:100-120]" in report
     assert "chunk 12" not in report
+
+
+# --------------------------------------------------------------- an offline answer stays short
+
+
+def _loosely_related(n: int) -> list[ChunkForPrompt]:
+    """Chunks that share a word or two with the question (as most search hits do) and one that answers it."""
+    out = []
+    for i in range(n):
+        text = (
+            f"Essay {i} mentions a trip and the best bakery in town, then moves on to gardening.\n\n"
+            f"Notes on topic {i}: soil, water and light."
+        )
+        if i == n // 2:
+            text += "\n\n" + NEEDLE
+        out.append(
+            ChunkForPrompt(chunk_id=100 + i, buffer="pg", path=f"e/{i}.txt", start_line=1, end_line=3, text=text)
+        )
+    return out
+
+
+def test_offline_findings_default_to_medium_and_above(monkeypatch):
+    """With the extractive provider, a chunk that merely shares a query term is graded ``low`` and not
+    reported by default; an operator's RLM_FINDING_THRESHOLD, or a real model, keeps ``low``."""
+    from rlm_workers.config import Settings
+    from rlm_workers.pipeline.collect import finding_threshold
+
+    for var in ("RLM_FINDING_THRESHOLD", "RLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    q = "What is the best thing to do in San Francisco?"
+    chunks = _loosely_related(40)
+    findings = []
+    for i in range(0, len(chunks), 10):
+        batch = chunks[i : i + 10]
+        reply = _ask("analyst", build_analyst_messages("S", q, batch)).text
+        findings += parse_findings(reply, batch_chunk_ids=[c.chunk_id for c in batch])
+    refs = {
+        c.chunk_id: ChunkRef(chunk_id=c.chunk_id, buffer="pg", ordinal=k, path=c.path, start_line=1, end_line=3)
+        for k, c in enumerate(chunks)
+    }
+    pairs = [(f, refs[f.chunk_id]) for f in findings]
+    offline = finding_threshold(Settings(_env_file=None))
+    kept = collect(pairs, finding_threshold=offline).kept
+    assert [k.chunk_id for k in kept] == [120]  # the needle, not the 39 chunks that only say "best"
+    assert finding_threshold(Settings(_env_file=None, api_key="sk-x")) == "low"
+    monkeypatch.setenv("RLM_FINDING_THRESHOLD", "low")
+    assert finding_threshold(Settings(_env_file=None)) == "low"
+
+
+def test_the_offline_report_is_bounded_however_many_findings_come_in():
+    from rlm_workers.llm.extractive import MAX_REPORT_PASSAGES
+
+    q = "Which essay mentions the best bakery in town?"
+    kept = [
+        {
+            "chunk_id": 100 + i,
+            "buffer": "pg",
+            "path": f"e/{i}.txt",
+            "start_line": 1,
+            "end_line": 3,
+            "relevance": "medium",
+            "findings": [
+                f'"Essay {i} mentions the best bakery in town." (e/{i}.txt:1)',
+                f'"Other line {i}." (e/{i}.txt:2)',
+            ],
+            "summary": "",
+            "follow_up": [],
+        }
+        for i in range(200)
+    ]
+    report = _ask("synthesizer", build_synthesizer_messages("S", q, kept, {"findings": 200})).text
+    lines = report.splitlines()
+    evidence = [ln for ln in lines if ln.startswith("- ")]
+    assert len(evidence) == MAX_REPORT_PASSAGES
+    assert len(lines) <= MAX_REPORT_PASSAGES + 15
+    assert f"{200 - MAX_REPORT_PASSAGES} more chunks with findings" in report
+    assert "[chunk 100, pg:e/0.txt:1-3]" in report

@@ -60,7 +60,7 @@ def _settings(**kw) -> Settings:
     return Settings(_env_file=None, **kw)
 
 
-def test_resolution_order_cli_over_plan_over_scale_over_config():
+def test_resolution_order_cli_over_plan_over_config_override_over_scale():
     s = _settings(batch_size=7, search_top_k=123, threshold=0.25)
     prof = scaling_profile(150)  # medium: 10 / 30 / 200 / 100
     plan = AnalysisPlan(batch_size=4, search_mode="bm25")
@@ -70,6 +70,10 @@ def test_resolution_order_cli_over_plan_over_scale_over_config():
     assert (r.batch_size, r.sources["batch_size"]) == (4, "plan")
     assert (r.search_mode, r.sources["search_mode"]) == ("bm25", "plan")
     r = resolve_params(QueryOptions(), None, prof, s)
+    # batch_size and search_top_k were set explicitly: an operator's override beats the tier
+    assert (r.batch_size, r.top_k, r.max_chunks) == (7, 123, 100)
+    assert (r.sources["top_k"], r.sources["max_chunks"]) == ("config", "scale")
+    r = resolve_params(QueryOptions(), None, prof, _settings(threshold=0.25))
     assert (r.batch_size, r.top_k, r.max_chunks) == (10, 200, 100)
     assert r.sources["top_k"] == "scale"
     # threshold: no scale opinion, so the config value wins over the default

@@ -29,6 +29,8 @@ MODEL = "extractive"
 #: quotes per chunk, and their length, in the findings
 MAX_QUOTES = 3
 MAX_QUOTE_CHARS = 400
+#: cited passages in a report (one per chunk, strongest first); the rest are only counted
+MAX_REPORT_PASSAGES = 8
 
 _QUERY = re.compile(r"## Query\n\n(.*?)(?:\n\n## (?:Dataset|Focus topics|Chunks)\n|\Z)", re.S)
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: ([^\n]*)\n\n<content>\n(.*?)\n</content>", re.S)
@@ -219,14 +221,13 @@ def write_report(user_text: str) -> str:
         "",
     ]
     lines += [f"> {q}" for q in top[3][:1]] or ["> (no quotable passage)"]
+    # The evidence is what answers the question, not every chunk analysed: the strongest passages, one per
+    # chunk; the full list of findings stays in the result's ``sources``.
+    shown = entries[:MAX_REPORT_PASSAGES]
     lines += ["", "## Evidence", ""]
-    for cid, source, grade, quotes in entries[:20]:
-        for q in quotes[:2]:
-            lines.append(f"- {q} — [chunk {cid}, {source}] ({grade})")
-    if len(entries) > 20:
-        lines.append(f"- … and {len(entries) - 20} more chunks with findings")
-    lines += ["", "## Sources", ""]
-    lines += [f"- [chunk {cid}] {source} — {grade}" for cid, source, grade, _ in entries]
+    lines += [f"- {quotes[0]} — [chunk {cid}, {source}] ({grade})" for cid, source, grade, quotes in shown if quotes]
+    if len(entries) > len(shown):
+        lines += ["", f"{len(entries) - len(shown)} more chunks with findings are listed in the result's sources."]
     lines += [
         "",
         "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "

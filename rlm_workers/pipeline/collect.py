@@ -22,6 +22,7 @@ from .flow import OK, StageContext
 if TYPE_CHECKING:
     import psycopg
 
+    from ..config import Settings
     from ..store.jobs import JobRow
 
 log = logging.getLogger("rlm.pipeline.collect")
@@ -76,6 +77,15 @@ def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str
     return CollectResult(kept=kept, filtered_count=filtered)
 
 
+def finding_threshold(settings: Settings) -> str:
+    """The default floor of a job's findings: ``RLM_FINDING_THRESHOLD`` when the operator set it; otherwise
+    ``low`` for a model, ``medium`` for the offline extractive provider, whose ``low`` only means "shares a
+    query term" and would list nearly every chunk analysed (docs/contract.md#pipeline-semantics)."""
+    if "finding_threshold" in settings.model_fields_set or not settings.offline:
+        return settings.finding_threshold
+    return Relevance.medium.value
+
+
 def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -> int:
     """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
     found = job_store.findings_of(conn, job_id=job.id)
@@ -110,6 +120,6 @@ def run(ctx: StageContext) -> str:
 
     # Every header task has returned; a batch still pending never ran (its task was skipped or lost).
     job_store.fail_unfinished_batches(ctx.conn, job_id=ctx.job.id, reason=LOST)
-    filtered = collect_job(ctx.conn, ctx.job, ctx.settings.finding_threshold)
+    filtered = collect_job(ctx.conn, ctx.job, finding_threshold(ctx.settings))
     log.info("job %s collected (%d filtered)", ctx.job.id, filtered)
     return OK

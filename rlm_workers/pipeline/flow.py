@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,6 +147,63 @@ class StageTimer:
             job_store.add_timing(self.conn, job_id=self.job_id, stage=self.stage, seconds=time.perf_counter() - self.t0)
         except Exception:  # timings never hide the stage's own outcome
             log.exception("could not record timing for job %s", self.job_id)
+
+
+def lease_seconds(settings: Settings) -> float:
+    """How long a stage's lease outlives its last heartbeat: long enough to ride out a busy machine or a
+    database blink, short enough that a dead holder's job is salvaged soon after ``RLM_JOB_TIMEOUT``."""
+    return float(max(10, min(60, settings.job_timeout)))
+
+
+class StageLease:
+    """The job's lease, held while a long stage runs (synthesize): a thread renews it, and the stage clock
+    with it, every quarter lease, so neither the reconciler nor the watchdog takes a live stage for a stuck
+    one; only the holder's death lets the lease lapse.  ``acquired`` is False when another worker holds it.
+    """
+
+    def __init__(self, conn: psycopg.Connection, job_id: str, settings: Settings, owner: str | None = None) -> None:
+        import uuid
+
+        self.conn, self.job_id, self.settings = conn, job_id, settings
+        self.owner = owner or uuid.uuid4().hex
+        self.seconds = lease_seconds(settings)
+        self.acquired = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StageLease:
+        self.acquired = job_store.acquire_lease(self.conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds)
+        if self.acquired:
+            self._thread = threading.Thread(target=self._beat, name=f"rlm-lease-{self.job_id[:8]}", daemon=True)
+            self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        """A renewal from the stage itself (between tool turns), on the stage's own connection."""
+        if self.acquired and not job_store.renew_lease(
+            self.conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds
+        ):
+            log.warning("job %s: lease lost while still working (ended, or lapsed and taken over)", self.job_id)
+
+    def _beat(self) -> None:
+        # its own pooled connection: the stage's connection may be busy in a long statement
+        while not self._stop.wait(self.seconds / 4):
+            try:
+                with connection(self.settings, timeout=self.seconds / 4) as conn:
+                    if not job_store.renew_lease(conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds):
+                        return  # the job ended (or the lease is another's): nothing left to keep alive
+            except Exception as exc:  # a database blink: the lease outlives a few missed beats
+                log.warning("job %s: lease heartbeat failed: %s", self.job_id, exc)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.seconds)
+        if self.acquired:
+            try:
+                job_store.release_lease(self.conn, job_id=self.job_id, owner=self.owner)
+            except Exception:  # the lease lapses by itself; the stage's own outcome matters more
+                log.warning("job %s: could not release its lease", self.job_id, exc_info=True)
 
 
 def _runner(stage: Stage) -> Callable[[StageContext], str]:

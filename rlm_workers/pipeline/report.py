@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..models import AnalysisPlan, BatchError, Elapsed, QueryResult, Source
+from ..models import AnalysisPlan, BatchError, Elapsed, QueryResult, Source, ToolCallRecord
 from ..store.jobs import BatchRecord
 
 SNIPPET_CHARS = 300
@@ -43,6 +43,7 @@ def build_result(
     chunk_load_failures: int,
     usage: tuple[int, int, int],
     elapsed_seconds: float,
+    tool_calls: Sequence[dict[str, Any]] = (),
 ) -> QueryResult:
     ok = [b for b in batches if b.status == "ok"]
     failed = [b for b in batches if b.status == "failed"]
@@ -78,6 +79,8 @@ def build_result(
         tokens_in=tokens_in,
         tokens_out=tokens_out,
         elapsed=Elapsed.from_seconds(elapsed_seconds),
+        tool_calls=[ToolCallRecord(**t) for t in tool_calls],
+        caps_applied=list(params.get("caps_applied") or []),
     )
 
 

@@ -11,12 +11,13 @@ docs/architecture.md ("Locks").
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
 from ..config import Settings, get_settings
 from ..store import jobs as job_store
 from ..store.db import connection
-from .flow import FINISHING, fail_job
+from .flow import FINISHING, fail_job, lease_seconds
 
 if TYPE_CHECKING:
     import psycopg
@@ -43,18 +44,27 @@ def salvage_job(conn: psycopg.Connection, job_id: str, reason: str, *, min_idle_
     The idle check and the marking of unfinished batches happen under the job's row lock, the same
     lock an analyst takes to claim a batch: a batch starting right now makes the salvage back off.
     """
-    from .collect import collect_job
+    from .collect import collect_job, finding_threshold
     from .synthesize import finish_with_report
 
     settings = get_settings()
+    # The salvage takes the job's lease with the row lock: a job whose synthesizer is alive (lease renewed)
+    # is left to it, and the salvage's own synthesis is protected the same way.
+    owner = uuid.uuid4().hex
     with conn.transaction():
-        if not job_store.lock_for_salvage(conn, job_id=job_id, min_idle_seconds=min_idle_seconds):
+        if not job_store.lock_for_salvage(
+            conn,
+            job_id=job_id,
+            min_idle_seconds=min_idle_seconds,
+            lease_owner=owner,
+            lease_seconds=lease_seconds(settings),
+        ):
             return False
         lost = job_store.fail_unfinished_batches(conn, job_id=job_id, reason=LOST)
     log.warning("salvaging job %s (%s): %d batches marked lost", job_id, reason, lost)
     try:
-        collect_job(conn, job_store.get_job(conn, job_id=job_id), settings.finding_threshold)
-        finish_with_report(conn, job_store.get_job(conn, job_id=job_id), settings)
+        collect_job(conn, job_store.get_job(conn, job_id=job_id), finding_threshold(settings))
+        finish_with_report(conn, job_store.get_job(conn, job_id=job_id), settings, lease_owner=owner)
     except Exception as exc:  # last resort: end the job, never leave it running
         log.exception("salvage of job %s failed", job_id)
         fail_job(conn, job_id=job_id, exc=exc, prefix="salvage failed")

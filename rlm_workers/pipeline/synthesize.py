@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import LLMError
+from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.protocol import CompletionRequest
 from ..models import JobStatus
 from ..resources import provider
 from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
-from .flow import OK, Stage, StageContext, StageTimer, fail_job
+from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
 from .prompts import content_block, load_prompt, system_message
 
 if TYPE_CHECKING:
@@ -86,17 +87,32 @@ def canned_no_findings_report(query: str) -> str:
 # --------------------------------------------------------------------------- the stage
 
 
-def run_synthesizer(conn: psycopg.Connection, job: JobRow, kept: list[dict], settings: Settings) -> str:
-    """The tool loop: at most MAX_TURNS calls; the last one is offered no tools, so it must answer."""
+def run_synthesizer(
+    conn: psycopg.Connection,
+    job: JobRow,
+    kept: list[dict],
+    settings: Settings,
+    *,
+    tool_log: list[dict[str, Any]] | None = None,
+    on_turn: Callable[[], None] | None = None,
+) -> str:
+    """The tool loop: at most MAX_TURNS calls; the last one is offered no tools, so it must answer.
+
+    A turn runs at most ``MAX_TOOL_CALLS_PER_TURN`` tool calls; the rest are answered with an error (every
+    call id needs a reply).  Each call is appended to ``tool_log``; ``on_turn`` runs between turns.
+    """
     from ..local_servers import database_url
-    from .tools import TOOL_SPECS, ToolContext, run_tool
+    from .tools import TOOL_SPECS, ToolContext, run_tool_logged
 
     stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
     messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
     ctx = ToolContext(
         conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings, url=database_url(settings)
     )
+    log_ = tool_log if tool_log is not None else []
     for turn in range(MAX_TURNS):
+        if on_turn is not None:
+            on_turn()
         last = turn == MAX_TURNS - 1
         completion = call_llm(
             conn,
@@ -129,31 +145,48 @@ def run_synthesizer(conn: psycopg.Connection, job: JobRow, kept: list[dict], set
                 ],
             }
         )
-        for tc in completion.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": tc.id, "content": run_tool(ctx, tc.name, tc.arguments)})
+        for k, tc in enumerate(completion.tool_calls):
+            content, record = run_tool_logged(
+                ctx, tc.name, tc.arguments, turn=turn + 1, allowed=k < MAX_TOOL_CALLS_PER_TURN
+            )
+            log_.append(record)
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
     raise LLMError(f"the synthesizer was still calling tools after {MAX_TURNS} turns", retryable=False)
 
 
-def finish_with_report(conn: psycopg.Connection, job: JobRow, settings: Settings) -> None:
-    """Write the report (or the canned no-findings answer) and end the job; findings are kept either way."""
+def finish_with_report(
+    conn: psycopg.Connection, job: JobRow, settings: Settings, *, lease_owner: str | None = None
+) -> bool:
+    """Write the report (or the canned no-findings answer) and end the job; findings are kept either way.
+
+    Runs under the job's lease (``lease_owner``: a salvage that took it already): a delivery or salvage
+    that finds another worker synthesizing leaves the job to it and returns False, so a long synthesis is
+    never run twice.
+    """
     collected = job.collected or {"kept": [], "filtered": 0}
     kept = collected.get("kept") or []
     error: BaseException | None = None
-    if not kept:
-        response = canned_no_findings_report(job.query)  # no evidence: no LLM call (PaperQA2 style)
-    else:
-        try:
-            with StageTimer(conn, job.id, Stage.synthesize):
-                response = run_synthesizer(conn, job, kept, settings)
-        except Exception as exc:  # reported on the job, findings kept
-            log.warning("synthesis failed for job %s: %s", job.id, exc)
-            response, error = "", exc
-    # The report is paid for: from here on, a database blink is waited out, never answered by a rerun.
-    durable_write(
-        conn,
-        lambda c: _store_report(c, job, response, kept, collected, error, settings),
-        what=f"report of job {job.id}",
-    )
+    tool_log: list[dict[str, Any]] = []
+    with StageLease(conn, job.id, settings, owner=lease_owner) as lease:
+        if not lease.acquired:
+            log.info("job %s is being synthesized by another worker; leaving it to that one", job.id)
+            return False
+        if not kept:
+            response = canned_no_findings_report(job.query)  # no evidence: no LLM call (PaperQA2 style)
+        else:
+            try:
+                with StageTimer(conn, job.id, Stage.synthesize):
+                    response = run_synthesizer(conn, job, kept, settings, tool_log=tool_log, on_turn=lease.beat)
+            except Exception as exc:  # reported on the job, findings kept
+                log.warning("synthesis failed for job %s: %s", job.id, exc)
+                response, error = "", exc
+        # The report is paid for: from here on, a database blink is waited out, never answered by a rerun.
+        durable_write(
+            conn,
+            lambda c: _store_report(c, job, response, kept, collected, error, settings, tool_log),
+            what=f"report of job {job.id}",
+        )
+    return True
 
 
 def _store_report(
@@ -164,6 +197,7 @@ def _store_report(
     collected: dict,
     error: BaseException | None,
     settings: Settings,
+    tool_log: list[dict[str, Any]] | None = None,
 ) -> None:
     from .report import build_result
 
@@ -180,6 +214,7 @@ def _store_report(
         chunk_load_failures=job.chunk_load_failures,
         usage=job_store.usage_totals(conn, job_id=job.id),
         elapsed_seconds=time.time() - job.created_at.timestamp(),
+        tool_calls=tool_log or [],
     ).model_dump()
     if error is not None:
         fail_job(conn, job_id=job.id, exc=error, result=result, prefix="synthesis failed")
@@ -189,5 +224,6 @@ def _store_report(
 
 def run(ctx: StageContext) -> str:
     # the job as collect left it: ``ctx.job`` was read before this stage, collected findings included
-    finish_with_report(ctx.conn, ctx.job, ctx.settings)
+    if not finish_with_report(ctx.conn, ctx.job, ctx.settings):
+        return "synthesizing elsewhere"
     return OK

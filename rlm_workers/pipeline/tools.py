@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES
+from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES, MAX_TOOL_ARGS_SUMMARY_CHARS, MAX_TOOL_CALLS_PER_TURN
 from ..models import SearchMode
 
 MAX_CHUNKS_PER_CALL = 20
@@ -101,6 +101,11 @@ def parse_arguments(raw: str | None) -> dict[str, Any]:
 
 def run_tool(ctx: ToolContext, name: str, raw_arguments: str | None) -> str:
     """Run one call; always returns JSON text for the model."""
+    return _run(ctx, name, raw_arguments)[0]
+
+
+def _run(ctx: ToolContext, name: str, raw_arguments: str | None) -> tuple[str, str | None]:
+    """(JSON text for the model, the error message or None)."""
     try:
         if name not in TOOL_NAMES:
             raise ToolError(f"unknown tool {name!r}; available: {', '.join(sorted(TOOL_NAMES))}")
@@ -111,7 +116,31 @@ def run_tool(ctx: ToolContext, name: str, raw_arguments: str | None) -> str:
     except Exception as exc:  # e.g. an unknown buffer: the model can correct itself
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         result = {"error": message[:500]}
-    return json.dumps(result, ensure_ascii=False)
+    return json.dumps(result, ensure_ascii=False), result.get("error")
+
+
+def run_tool_logged(
+    ctx: ToolContext, name: str, raw_arguments: str | None, *, turn: int, allowed: bool = True
+) -> tuple[str, dict[str, Any]]:
+    """Run one call (or refuse it: over the turn's limit) and say what happened, for the job's record.
+
+    The record keeps a clipped summary of the arguments, never their full text: they came from the model.
+    """
+    if allowed:
+        content, error = _run(ctx, name, raw_arguments)
+    else:
+        error = f"over the limit of {MAX_TOOL_CALLS_PER_TURN} tool calls per turn; not run: answer with what you have"
+        content = json.dumps({"error": error})
+    raw = raw_arguments or ""
+    summary = raw if len(raw) <= MAX_TOOL_ARGS_SUMMARY_CHARS else raw[: MAX_TOOL_ARGS_SUMMARY_CHARS - 1] + "…"
+    record = {
+        "turn": turn,
+        "name": str(name)[:100],
+        "args": summary,
+        "status": "ok" if error is None else ("refused" if not allowed else "error"),
+        "error": None if error is None else str(error)[:300],
+    }
+    return content, record
 
 
 def _buffers(ctx: ToolContext, args: dict[str, Any]) -> list[str]:

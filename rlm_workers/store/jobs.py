@@ -176,22 +176,73 @@ def claim_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> list
     return list(row[0]) if row else None
 
 
-def lock_for_salvage(conn: psycopg.Connection, *, job_id: str, min_idle_seconds: float | None = None) -> bool:
-    """Inside a transaction: lock the open job; False if it ended or (with ``min_idle_seconds``) moved lately."""
-    if (
-        conn.execute(
-            "SELECT 1 FROM jobs WHERE id = %s AND status IN ('queued', 'running') FOR UPDATE", (job_id,)
-        ).fetchone()
-        is None
-    ):
+def lock_for_salvage(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    min_idle_seconds: float | None = None,
+    lease_owner: str | None = None,
+    lease_seconds: float = 60.0,
+) -> bool:
+    """Inside a transaction: lock the open job; False if it ended, (with ``min_idle_seconds``) moved lately,
+    or another worker holds its lease (it is synthesizing: a second report would pay for a second synthesis).
+
+    With ``lease_owner`` the lease is taken for the salvage in the same transaction, so two salvages of one
+    job never both go on.
+    """
+    row = conn.execute(
+        """SELECT lease_owner IS NOT NULL AND lease_until > clock_timestamp() FROM jobs
+           WHERE id = %s AND status IN ('queued', 'running') FOR UPDATE""",
+        (job_id,),
+    ).fetchone()
+    if row is None or row[0]:
         return False
-    if min_idle_seconds is None:
-        return True
-    # a second statement: its snapshot includes claims that committed while we waited for the lock
-    idle = conn.execute(
-        f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s", (job_id,)
-    ).fetchone()[0]
-    return float(idle) >= min_idle_seconds
+    if min_idle_seconds is not None:
+        # a second statement: its snapshot includes claims that committed while we waited for the lock
+        idle = conn.execute(
+            f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s", (job_id,)
+        ).fetchone()[0]
+        if float(idle) < min_idle_seconds:
+            return False
+    if lease_owner is not None:
+        acquire_lease(conn, job_id=job_id, owner=lease_owner, seconds=lease_seconds)
+    return True
+
+
+def acquire_lease(conn: psycopg.Connection, *, job_id: str, owner: str, seconds: float) -> bool:
+    """Take the open job's lease for ``owner`` (again, if it is already ``owner``'s); False while another
+    holder's lease runs.  Taking it is a sign of life too (``stage_at``)."""
+    return (
+        conn.execute(
+            """UPDATE jobs SET lease_owner = %(o)s, lease_until = clock_timestamp() + make_interval(secs => %(s)s),
+                   stage_at = clock_timestamp()
+               WHERE id = %(j)s AND status IN ('queued', 'running')
+                 AND (lease_owner IS NULL OR lease_owner = %(o)s OR lease_until <= clock_timestamp())
+               RETURNING 1""",
+            {"j": job_id, "o": owner, "s": seconds},
+        ).fetchone()
+        is not None
+    )
+
+
+def renew_lease(conn: psycopg.Connection, *, job_id: str, owner: str, seconds: float) -> bool:
+    """The holder's heartbeat: push the lease and the stage clock on; False if the lease is no longer ours
+    (the job ended, or the lease lapsed and another worker took it)."""
+    return (
+        conn.execute(
+            """UPDATE jobs SET lease_until = clock_timestamp() + make_interval(secs => %(s)s),
+                   stage_at = clock_timestamp()
+               WHERE id = %(j)s AND lease_owner = %(o)s AND status IN ('queued', 'running') RETURNING 1""",
+            {"j": job_id, "o": owner, "s": seconds},
+        ).fetchone()
+        is not None
+    )
+
+
+def release_lease(conn: psycopg.Connection, *, job_id: str, owner: str) -> None:
+    conn.execute(
+        "UPDATE jobs SET lease_owner = NULL, lease_until = NULL WHERE id = %s AND lease_owner = %s", (job_id, owner)
+    )
 
 
 def finish_batch(

@@ -246,7 +246,14 @@ CREATE TABLE upload_files (
 );
 """
 
-M009_OVERNIGHT = """
+M007_SYNTHESIS_LEASE = """
+-- The synthesizing worker's lease on its job: renewed by its heartbeat, it lapses only when that worker
+-- is gone, and until then no salvage writes a second report (docs/architecture.md "Locks").
+ALTER TABLE jobs ADD COLUMN lease_owner text;
+ALTER TABLE jobs ADD COLUMN lease_until timestamptz;
+"""
+
+M008_BATCH_TICKS_AND_CACHE = """
 -- A tick that keeps failing (not a database outage) is counted; past a few in a row the batch is closed
 -- with its open items failed, instead of being re-armed by the reconciler forever.
 ALTER TABLE batches ADD COLUMN tick_failures integer NOT NULL DEFAULT 0;
@@ -265,7 +272,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m004_job_stage_time", M004_JOB_STAGE_TIME),
     ("m005_batch_recovery", M005_BATCH_RECOVERY),
     ("m006_uploads", M006_UPLOADS),
-    ("m009_overnight", M009_OVERNIGHT),
+    ("m007_synthesis_lease", M007_SYNTHESIS_LEASE),
+    ("m008_batch_ticks_and_cache", M008_BATCH_TICKS_AND_CACHE),
 ]
 
 
