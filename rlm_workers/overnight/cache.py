@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..config import Settings
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def _sha(obj: Any) -> str:
@@ -25,6 +25,7 @@ def _sha(obj: Any) -> str:
 def fingerprint(settings: Settings) -> str:
     """Everything besides the item itself that changes an answer: provider, models, defaults, prompts."""
     from ..llm.registry import provider_name
+    from ..pipeline.collect import finding_threshold
     from ..pipeline.prompts import PROMPT_NAMES, load_prompt
 
     prompts = {}
@@ -44,7 +45,11 @@ def fingerprint(settings: Settings) -> str:
                 "batch_size": settings.batch_size,
                 "top_k": settings.search_top_k,
                 "threshold": settings.threshold,
-                "finding_threshold": settings.finding_threshold,
+                # the threshold in force (the offline provider's default differs from a model's)
+                "finding_threshold": finding_threshold(settings),
+                # an operator's explicit value beats the tier, an implicit one does not
+                "explicit": sorted({"batch_size", "search_top_k"} & settings.model_fields_set),
+                "caps": [settings.max_chunks_per_job, settings.max_batches_per_job],
             },
             "embedding_model": settings.embedding_model,
             "prompts": prompts,
