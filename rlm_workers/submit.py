@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .errors import InvalidInput
+from .config import get_settings
+from .errors import IdempotencyKeyReused, InvalidInput, TooManyJobs
 from .models import QueryOptions
 from .search.service import validate_query
 from .store import jobs as job_store
@@ -54,18 +55,40 @@ def submit_query(
 
     query = validate_query(query)
     if not buffers:
-        raise InvalidInput("name at least one --buffer to query")
-    require_buffers(conn, tenant=tenant, names=buffers)
+        raise InvalidInput("name at least one --buffer to query", api_message="name at least one buffer to query")
     clean = validate_options(options)
-    job_id, created = job_store.create_job(
-        conn,
-        job_id=uuid.uuid4().hex,
-        tenant=tenant,
-        query=query,
-        buffers=list(dict.fromkeys(buffers)),
-        options=clean,
-        idempotency_key=idempotency_key,
-    )
+    names = list(dict.fromkeys(buffers))
+    # One transaction (pooled connections are autocommit): the tenant's lock holds until the job is written,
+    # so the key lookup and the in-flight count are still true when it is.
+    with conn.transaction():
+        job_store.lock_submissions(conn, tenant=tenant)
+        first = job_store.job_for_idempotency_key(conn, tenant=tenant, key=idempotency_key) if idempotency_key else None
+        if first is not None:
+            # A replay answers with the first job, even if its buffer has gone since; a different request under
+            # the same key must not get an answer to a question it did not ask.
+            if (first.query, first.buffers, first.options) != (query, names, clean):
+                raise IdempotencyKeyReused(
+                    f"idempotency key {idempotency_key[:80]!r} was used for a different request (job {first.id}); "
+                    "use a new key for a new request"
+                )
+            job_id, created = first.id, False
+        else:
+            require_buffers(conn, tenant=tenant, names=names)
+            cap = get_settings().max_jobs_in_flight_per_tenant
+            if job_store.jobs_in_flight(conn, tenant=tenant) >= cap:
+                raise TooManyJobs(
+                    f"{cap} queries are already queued or running for this tenant "
+                    "(RLM_MAX_JOBS_IN_FLIGHT_PER_TENANT); submit again once some have finished"
+                )
+            job_id, created = job_store.create_job(
+                conn,
+                job_id=uuid.uuid4().hex,
+                tenant=tenant,
+                query=query,
+                buffers=names,
+                options=clean,
+                idempotency_key=idempotency_key,
+            )
     commit(conn)
     if created:
         app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")

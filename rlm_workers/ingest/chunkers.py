@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
 
+from ..limits import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+
 CHUNKERS = ("semantic", "fixed", "code")
-MIN_CHUNK_SIZE = 200
-MAX_CHUNK_SIZE = 1_000_000
 
 
 @dataclass(frozen=True)
