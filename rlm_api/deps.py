@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, Header, HTTPException, status
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPBearer
 
 
 def get_conn() -> Iterator:
@@ -18,17 +19,31 @@ def get_conn() -> Iterator:
 ConnDep = Annotated[object, Depends(get_conn)]
 
 
-def get_tenant(conn: ConnDep, authorization: Annotated[str | None, Header()] = None) -> str:
+UNAUTHORIZED = "missing or invalid API key: send Authorization: Bearer <key>"
+
+
+def tenant_from_header(authorization: str | None) -> str | None:
+    """The tenant of ``Authorization: Bearer <key>``, or None (blocking: one pooled connection)."""
+    from rlm_workers.store.db import connection
+
     from .auth import tenant_for_key
 
     scheme, _, key = (authorization or "").partition(" ")
-    tenant = tenant_for_key(conn, key.strip()) if scheme.lower() == "bearer" else None
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    with connection() as conn:
+        return tenant_for_key(conn, key.strip())
+
+
+#: declares the scheme in the OpenAPI spec (Swagger UI's "Authorize"); the key itself is checked below
+_bearer = HTTPBearer(auto_error=False, description="An API key from `rlm keys create --tenant NAME`.")
+
+
+def get_tenant(request: Request, _scheme: Annotated[object, Depends(_bearer)] = None) -> str:
+    # Checked by the KeyFirst middleware before the body was read; looked up here only without it.
+    tenant = getattr(request.state, "tenant", None) or tenant_from_header(request.headers.get("authorization"))
     if tenant is None:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="missing or invalid API key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
     return tenant
 
 
