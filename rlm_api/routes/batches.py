@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import QueryOptions
 
 from ..deps import ConnDep, TenantDep, found_or_404
+from ..schemas import storable
 
 if TYPE_CHECKING:
     import psycopg
@@ -36,9 +38,16 @@ class BatchIn(BaseModel):
     run_at: datetime | None = Field(None, description="Do not start before this time (ISO 8601; no zone = UTC).")
     priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
     token_budget: int | None = Field(
-        None, ge=1, description="Stop scheduling new items once this many tokens are spent."
+        None, ge=1, le=MAX_BIGINT, description="Stop scheduling new items once this many tokens are spent."
     )
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
+
+    # Text PostgreSQL cannot store (NUL, a lone surrogate) is a 422 here, not a 500 when the batch is written.
+    _check_queries = field_validator("queries")(classmethod(lambda cls, v: [storable(q, "a query") for q in v]))
+    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [storable(b, "a buffer name") for b in v]))
+    _check_glob = field_validator("buffers_glob")(
+        classmethod(lambda cls, v: v if v is None else storable(v, "buffers_glob"))
+    )
 
 
 class BatchCreated(BaseModel):
