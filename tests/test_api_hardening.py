@@ -82,6 +82,24 @@ def test_a_reused_idempotency_key_with_another_body_is_422(api, keys, conn):
     assert _jobs(conn, "idem") == 2
 
 
+def test_a_reused_batch_idempotency_key_with_another_body_is_422(api, keys, conn):
+    body = {"queries": ["When?", "Where?"], "buffers": ["docs"], "token_budget": 1000}
+    key = {"Idempotency-Key": "nightly-1"}
+    with api.client(keys["idem"]) as c:
+        first = c.post("/v1/batches", json=body, headers=key)
+        assert first.status_code == 202, first.text
+        # the same request, its run_at-free fields spelled differently: still a replay
+        replay = c.post("/v1/batches", json={**body, "queries": ["When?", " Where? ", "When?"]}, headers=key)
+        assert replay.status_code == 200 and replay.json()["batch_id"] == first.json()["batch_id"], replay.text
+        for other in ({**body, "queries": ["Who?"]}, {**body, "token_budget": 5}, {**body, "priority": 9}):
+            r = c.post("/v1/batches", json=other, headers=key)
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["type"] == "idempotency_key_reused", r.text
+    n = conn.execute("SELECT count(*) FROM batches WHERE tenant = 'idem'").fetchone()[0]
+    conn.commit()
+    assert n == 1
+
+
 # ------------------------------------------------------------------------------------------- offline docs
 
 

@@ -243,6 +243,12 @@ CREATE TABLE upload_files (
 );
 """
 
+# A batch's Idempotency-Key remembers a fingerprint of the request that made it: a replay with another body is
+# refused (422) instead of answered with a batch of other questions.  NULL for batches made before.
+M010_API = """
+ALTER TABLE batches ADD COLUMN request_fingerprint text;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -250,6 +256,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m004_job_stage_time", M004_JOB_STAGE_TIME),
     ("m005_batch_recovery", M005_BATCH_RECOVERY),
     ("m006_uploads", M006_UPLOADS),
+    ("m010_api", M010_API),
 ]
 
 
