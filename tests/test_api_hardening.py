@@ -196,6 +196,19 @@ def test_a_body_without_a_valid_key_is_never_read(api, keys, path):
         assert '"unauthorized"' in head or "unauthorized" in head.lower()
 
 
+def test_large_json_bodies_parsed_off_the_loop_still_validate(api, keys):
+    """Bodies over 64 KB take the thread-pool parse (ParseOffLoop): same answers as FastAPI's own parse."""
+    queries = [f"Question number {i} about the archive?" for i in range(3000)]  # ~110 KB
+    with api.client(keys["loads"]) as c:
+        r = c.post("/v1/batches", json={"queries": queries, "buffers": ["docs"]})
+        assert r.status_code == 202, r.text
+        raw = json.dumps({"queries": queries, "buffers": ["docs"]})[:-1]  # cut: not JSON any more
+        r = c.post("/v1/batches", content=raw.encode(), headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "request body is not valid JSON" in r.json()["error"]["message"], r.text
+        r = c.post("/v1/batches", json={"queries": [*queries, "a\x00b"], "buffers": ["docs"]})
+        assert r.status_code == 422 and "NUL" in r.json()["error"]["message"], r.text
+
+
 # ------------------------------------------------------------------------------------------- no 500s
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import QueryOptions
 
-from ..deps import ConnDep, TenantDep, found_or_404
+from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import storable
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from rlm_workers.store.overnight import OvernightRow
 
-router = APIRouter(prefix="/v1/batches", tags=["batches"])
+router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=ParseOffLoop)
 
 
 class BatchIn(BaseModel):

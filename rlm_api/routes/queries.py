@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Response, status
 
 from rlm_workers.models import QueryResult
 
-from ..deps import ConnDep, TenantDep, found_or_404
+from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import ErrorBody, JobView, Progress, QueryAccepted, QueryRequest
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from rlm_workers.store.jobs import JobRow
 
-router = APIRouter(prefix="/v1/queries", tags=["queries"])
+router = APIRouter(prefix="/v1/queries", tags=["queries"], route_class=ParseOffLoop)
 NOT_FOUND = {404: {"description": "no such job for this tenant"}}
 
 
