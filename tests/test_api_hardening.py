@@ -176,6 +176,21 @@ def test_errors_an_http_client_sees_name_http_not_the_cli(api, keys, conn):
     assert "--threshold" in error_record(NoChunks())["message"]
 
 
+def test_an_embedding_model_mismatch_tells_an_http_client_what_it_can_do(settings):
+    from rlm_api.schemas import ErrorBody
+    from rlm_workers.errors import InvalidInput, error_record
+    from rlm_workers.search.service import _semantic_rows
+    from rlm_workers.store.buffers import BufferRow
+
+    row = BufferRow(1, "t", "old", 1, "semantic", 3000, 500, "some/other-model", 384)
+    with pytest.raises(InvalidInput) as caught:
+        _semantic_rows([row], settings)
+    record = error_record(caught.value, "search")  # as a failed job stores it
+    assert "`rlm buffer reembed old`" in record["message"]  # the CLI's wording is kept for the CLI
+    shown = ErrorBody.from_record(record).message
+    assert shown.startswith("search: ") and "`rlm" not in shown and "options.search_mode=bm25" in shown, shown
+
+
 # ------------------------------------------------------------------------------------------- key before body
 
 
