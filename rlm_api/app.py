@@ -72,6 +72,10 @@ class BodyLimit:
         await self.app(scope, counted_receive, send)
 
 
+def _status_of(exc: RLMError) -> int:
+    return STATUS_BY_TYPE.get(exc.type, 503 if exc.retryable else 500)
+
+
 async def _too_large(send: Send, limit: int) -> None:
     await _send_error(send, 413, "too_large", f"request body over {limit} bytes")
 
@@ -111,12 +115,8 @@ class KeyFirst:
         authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         try:
             tenant = await run_in_threadpool(tenant_from_header, authorization)
-        except Exception as exc:
-            import psycopg
-
-            if not isinstance(exc, psycopg.OperationalError):
-                raise
-            await _send_error(send, 503, "service_unavailable", "database unavailable")
+        except RLMError as exc:  # no route, so no exception handler: answered here in the same shape
+            await _send_error(send, _status_of(exc), exc.type, exc.api_message)
             return
         if tenant is None:
             await _send_error(send, 401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
@@ -279,8 +279,7 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(RLMError)
     async def _rlm_error(_request: Request, exc: RLMError) -> JSONResponse:
-        code = STATUS_BY_TYPE.get(exc.type, 503 if exc.retryable else 500)
-        return JSONResponse({"error": {"type": exc.type, "message": exc.api_message}}, status_code=code)
+        return JSONResponse({"error": {"type": exc.type, "message": exc.api_message}}, status_code=_status_of(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

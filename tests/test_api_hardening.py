@@ -296,8 +296,16 @@ def test_an_unexpected_error_is_a_json_500_with_a_request_id(rlm_env, caplog):
     def boom() -> None:
         raise RuntimeError("internal detail")
 
+    @app.get("/db-down")
+    def db_down() -> None:
+        import psycopg
+
+        raise psycopg.OperationalError("connection refused")
+
     with TestClient(app, raise_server_exceptions=True) as client:  # a re-raise would surface here
+        down = client.get("/db-down")
         r = client.get("/boom")
+    assert down.status_code == 503 and down.json()["error"]["type"] == "service_unavailable", down.text
     assert r.status_code == 500
     err = r.json()["error"]
     request_id = r.headers["x-request-id"]
