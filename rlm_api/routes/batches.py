@@ -77,20 +77,6 @@ class BatchStatus(BaseModel):
     )
 
 
-def _fingerprint(body: BatchIn, run_at: datetime | None) -> str:
-    """What makes two submissions the same request: a replay of its Idempotency-Key must match it."""
-    import hashlib
-    import json
-
-    request = {
-        **body.model_dump(mode="json", exclude={"run_at", "options"}),
-        "queries": list(dict.fromkeys(q.strip() for q in body.queries)),
-        "run_at": run_at.timestamp() if run_at else None,  # one instant, whatever its zone
-        "options": body.options.stored(),
-    }
-    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
-
-
 def _urls(batch_id: str) -> tuple[str, str]:
     return f"/v1/batches/{batch_id}", f"/v1/batches/{batch_id}/results"
 
@@ -118,37 +104,23 @@ def create_batch(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> BatchCreated:
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
-    from contextlib import nullcontext
-
-    from rlm_workers.errors import IdempotencyKeyReused
-    from rlm_workers.overnight.submit import submit_overnight
-    from rlm_workers.store import idempotency
+    from rlm_workers.submit import submit_batch
 
     run_at = body.run_at
     if run_at is not None and run_at.tzinfo is None:
         run_at = run_at.replace(tzinfo=UTC)
-    fingerprint = _fingerprint(body, run_at)
-    with idempotency.key_lock(conn, tenant=tenant, key=idempotency_key) if idempotency_key else nullcontext():
-        seen = idempotency.batch_fingerprint(conn, tenant=tenant, key=idempotency_key) if idempotency_key else None
-        if seen is not None and seen[1] is not None and seen[1] != fingerprint:
-            raise IdempotencyKeyReused(
-                f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {seen[0]}); "
-                "use a new key for a new request"
-            )
-        batch_id, created = submit_overnight(
-            conn,
-            tenant=tenant,
-            queries=body.queries,
-            buffers=body.buffers,
-            buffers_glob=body.buffers_glob,
-            options=body.options.stored(),
-            run_at=run_at,
-            priority=body.priority,
-            token_budget=body.token_budget,
-            idempotency_key=idempotency_key,
-        )
-        if created and idempotency_key:
-            idempotency.set_batch_fingerprint(conn, batch_id=batch_id, fingerprint=fingerprint)
+    batch_id, created = submit_batch(
+        conn,
+        tenant=tenant,
+        queries=body.queries,
+        buffers=body.buffers,
+        buffers_glob=body.buffers_glob,
+        options=body.options.stored(),
+        run_at=run_at,
+        priority=body.priority,
+        token_budget=body.token_budget,
+        idempotency_key=idempotency_key,
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     status_url, results_url = _urls(batch_id)

@@ -19,6 +19,10 @@ def key_lock(conn: psycopg.Connection, *, tenant: str, key: str) -> Iterator[Non
     try:
         yield
     finally:
+        from psycopg import pq
+
+        if conn.info.transaction_status == pq.TransactionStatus.INERROR:  # else the unlock would fail too
+            conn.rollback()
         conn.execute("SELECT pg_advisory_unlock(hashtext('rlm.idempotency'), hashtext(%s))", args)
 
 
