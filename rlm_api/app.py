@@ -23,6 +23,8 @@ STATUS_BY_TYPE = {
     "invalid_input": 422,
     "buffer_not_found": 404,
     "no_chunks": 422,
+    "idempotency_key_reused": 422,
+    "too_many_jobs": 429,
     "service_unavailable": 503,
     "missing_extension": 503,
     "config_error": 500,
@@ -36,6 +38,7 @@ HTTP_ERROR_TYPES = {
     405: "method_not_allowed",
     413: "too_large",
     422: "invalid_input",
+    429: "too_many_jobs",
 }
 
 
@@ -69,18 +72,103 @@ class BodyLimit:
         await self.app(scope, counted_receive, send)
 
 
+def _status_of(exc: RLMError) -> int:
+    return STATUS_BY_TYPE.get(exc.type, 503 if exc.retryable else 500)
+
+
 async def _too_large(send: Send, limit: int) -> None:
+    await _send_error(send, 413, "too_large", f"request body over {limit} bytes")
+
+
+async def _send_error(send: Send, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
+    """An error in the API's one shape, sent by a middleware (no route, no exception handler involved)."""
     import json
 
-    body = json.dumps({"error": {"type": "too_large", "message": f"request body over {limit} bytes"}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+class KeyFirst:
+    """Check the bearer key of every /v1 request before anything reads its body.
+
+    FastAPI reads and parses a body before it solves dependencies, so a check made only by ``get_tenant``
+    would let anyone without a key make the API read (and parse, on the event loop) up to
+    RLM_MAX_REQUEST_BYTES.  Here a request without a valid key is answered 401 with its body unread; a
+    valid one goes on with its tenant in ``scope["state"]`` for ``get_tenant``.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not (path == "/v1" or path.startswith("/v1/")):
+            await self.app(scope, receive, send)
+            return
+        from starlette.concurrency import run_in_threadpool
+
+        from .deps import UNAUTHORIZED, tenant_from_header
+
+        authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        try:
+            tenant = await run_in_threadpool(tenant_from_header, authorization)
+        except RLMError as exc:  # no route, so no exception handler: answered here in the same shape
+            await _send_error(send, _status_of(exc), exc.type, exc.api_message)
+            return
+        if tenant is None:
+            await _send_error(send, 401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+            return
+        scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
+
+
+class CatchAll:
+    """An exception no handler took becomes a JSON 500 naming a request id (the log has the traceback).
+
+    Starlette's own last resort answers and then re-raises, and the server drops the keep-alive connection
+    of a request that raised; answering here ends the request normally.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            import logging
+            import uuid
+
+            import psycopg
+
+            if started:  # half a response is out: nothing left to answer with
+                raise
+            request_id = uuid.uuid4().hex[:16]
+            if isinstance(exc, psycopg.OperationalError):
+                # A database that is down or a full connection pool is the operator's 503, not a bug.
+                logging.getLogger("rlm.api").warning("request %s: database unavailable: %s", request_id, exc)
+                await _send_error(
+                    send, 503, "service_unavailable", "database unavailable", {"X-Request-Id": request_id}
+                )
+                return
+            logging.getLogger("rlm.api").error(
+                "request %s: %s %s failed", request_id, scope.get("method"), scope.get("path"), exc_info=exc
+            )
+            message = f"internal error (request id {request_id}); the server log has the details"
+            await _send_error(send, 500, "internal", message, {"X-Request-Id": request_id})
 
 
 def _document_errors(spec: dict) -> None:
@@ -109,24 +197,89 @@ def _document_errors(spec: dict) -> None:
         schemas.pop(unused, None)
 
 
+#: where the Swagger UI / ReDoc files are served from (never a CDN: /docs must work offline)
+DOCS_ASSETS = "/docs-assets"
+
+
+def _docs_assets_dir() -> str | None:
+    """The Swagger UI and ReDoc files shipped by the ``fastapi-offline`` package, or None without it."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("fastapi_offline")  # only its static files are used: no import
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    static = Path(next(iter(spec.submodule_search_locations))) / "static"
+    return str(static) if (static / "swagger-ui-bundle.js").is_file() else None
+
+
+def _serve_docs(app: FastAPI, assets: str) -> None:
+    """/docs and /redoc from local files (FastAPI's own pages load them from a CDN: blank when offline)."""
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
+
+    def root(request: Request) -> str:
+        return request.scope.get("root_path", "").rstrip("/")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger(request: Request) -> HTMLResponse:
+        base = root(request)
+        return get_swagger_ui_html(
+            openapi_url=base + app.openapi_url,
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url=base + "/docs/oauth2-redirect",
+            swagger_js_url=f"{base}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{base}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{base}{DOCS_ASSETS}/favicon.png",
+            swagger_ui_parameters={"validatorUrl": None},  # Swagger UI would send the spec to validator.swagger.io
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def swagger_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc(request: Request) -> HTMLResponse:
+        base = root(request)
+        return get_redoc_html(
+            openapi_url=base + app.openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{base}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{base}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+
+
 def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
 
     from .routes import batches, buffers, health, queries, uploads
 
     settings = get_settings()
+    assets = _docs_assets_dir()
     app = FastAPI(
         title="rlm-pipeline",
         version="0.1.0",
         description="Load text into buffers and ask questions answered by a Celery fan-out of analysts.",
+        # without the dependency, FastAPI's own pages (which need the CDN) rather than none
+        docs_url=None if assets else "/docs",
+        redoc_url=None if assets else "/redoc",
     )
+    if assets:
+        _serve_docs(app, assets)
+    else:
+        import logging
+
+        logging.getLogger("rlm.api").warning("fastapi-offline is not installed: /docs and /redoc load from a CDN")
     for module in (health, buffers, uploads, queries, batches):
         app.include_router(module.router)
 
     @app.exception_handler(RLMError)
     async def _rlm_error(_request: Request, exc: RLMError) -> JSONResponse:
-        code = STATUS_BY_TYPE.get(exc.type, 503 if exc.retryable else 500)
-        return JSONResponse({"error": {"type": exc.type, "message": exc.message}}, status_code=code)
+        return JSONResponse({"error": {"type": exc.type, "message": exc.api_message}}, status_code=_status_of(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -136,20 +289,6 @@ def create_app() -> FastAPI:
             {"error": {"type": kind, "message": str(exc.detail)}},
             status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
-        )
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        # Starlette still logs the traceback; the client gets the usual shape and no internals.
-        # A database that is down or a full connection pool is the operator's 503, not a bug.
-        import psycopg
-
-        if isinstance(exc, psycopg.OperationalError):
-            return JSONResponse(
-                {"error": {"type": "service_unavailable", "message": "database unavailable"}}, status_code=503
-            )
-        return JSONResponse(
-            {"error": {"type": "internal", "message": "internal error; see the server log"}}, status_code=500
         )
 
     @app.exception_handler(RequestValidationError)
@@ -169,5 +308,8 @@ def create_app() -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
+    # Added last is outermost: the catch-all sees everything, the key is checked before the body is counted.
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(KeyFirst)
+    app.add_middleware(CatchAll)
     return app

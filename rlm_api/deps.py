@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Annotated, TypeVar
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Header, HTTPException, status
+from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
 
 
 def get_conn() -> Iterator:
@@ -18,17 +20,31 @@ def get_conn() -> Iterator:
 ConnDep = Annotated[object, Depends(get_conn)]
 
 
-def get_tenant(conn: ConnDep, authorization: Annotated[str | None, Header()] = None) -> str:
+UNAUTHORIZED = "missing or invalid API key: send Authorization: Bearer <key>"
+
+
+def tenant_from_header(authorization: str | None) -> str | None:
+    """The tenant of ``Authorization: Bearer <key>``, or None (blocking: one pooled connection)."""
+    from rlm_workers.store.db import connection
+
     from .auth import tenant_for_key
 
     scheme, _, key = (authorization or "").partition(" ")
-    tenant = tenant_for_key(conn, key.strip()) if scheme.lower() == "bearer" else None
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    with connection() as conn:
+        return tenant_for_key(conn, key.strip())
+
+
+#: declares the scheme in the OpenAPI spec (Swagger UI's "Authorize"); the key itself is checked below
+_bearer = HTTPBearer(auto_error=False, description="An API key from `rlm keys create --tenant NAME`.")
+
+
+def get_tenant(request: Request, _scheme: Annotated[object, Depends(_bearer)] = None) -> str:
+    # Checked by the KeyFirst middleware before the body was read; looked up here only without it.
+    tenant = getattr(request.state, "tenant", None) or tenant_from_header(request.headers.get("authorization"))
     if tenant is None:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="missing or invalid API key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
     return tenant
 
 
@@ -47,3 +63,34 @@ def found_or_404(fetch: Callable[[str], T | None], some_id: str, what: str) -> T
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no {what} {some_id[:64]!r}")
     return row
+
+
+#: JSON bodies over this many bytes are parsed in the thread pool (see ParseOffLoop)
+OFF_LOOP_JSON_BYTES = 64 * 1024
+
+
+class ParseOffLoop(APIRoute):
+    """A route whose JSON body, when large, is parsed in the thread pool, not on the event loop.
+
+    FastAPI parses a body parameter with ``await request.json()`` on the loop: seconds for tens of
+    megabytes, during which no other request (``/healthz`` included) is served.  Starlette's ``Request.json``
+    keeps what it parsed in ``_json``; filling it first leaves FastAPI nothing to parse.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def parse_first(request: Request) -> Response:
+            body = await request.body()
+            if len(body) > OFF_LOOP_JSON_BYTES and "json" in request.headers.get("content-type", ""):
+                import json
+
+                from starlette.concurrency import run_in_threadpool
+
+                try:
+                    request._json = await run_in_threadpool(json.loads, body)
+                except ValueError:  # FastAPI parses it again and says where it is broken
+                    pass
+            return await handler(request)
+
+        return parse_first

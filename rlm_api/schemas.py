@@ -7,7 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rlm_workers.limits import MAX_QUERY_BYTES
+from rlm_workers.limits import (
+    MAX_CHUNK_SIZE,
+    MAX_NAME_COMPONENT_BYTES,
+    MAX_QUERY_BYTES,
+    MIN_CHUNK_SIZE,
+)
 from rlm_workers.models import BufferInfo, QueryOptions, QueryResult
 
 #: most files one upload may carry (JSON documents or multipart parts)
@@ -19,6 +24,10 @@ def describe_errors(errors: list[dict]) -> str:
     if not errors:
         return "invalid request"
     first = errors[0]
+    if first.get("type") == "json_invalid":  # FastAPI's "0: JSON decode error" named a byte offset, not a field
+        detail = str((first.get("ctx") or {}).get("error") or first.get("msg", "")).removeprefix("Invalid JSON: ")
+        at = [p for p in first.get("loc", ()) if isinstance(p, int)]
+        return f"request body is not valid JSON: {detail}" + (f" (at character {at[0]})" if at else "")
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
@@ -39,8 +48,10 @@ class ErrorBody(BaseModel):
 
     @classmethod
     def from_record(cls, error: dict | None) -> ErrorBody | None:
-        """A stored error (job, upload) as the API shows it; None when there is none."""
-        return cls(**{k: str(error.get(k, "")) for k in ("type", "message")}) if error else None
+        """A stored error (job, upload) as the API shows it (its HTTP wording when it has one); None if none."""
+        if not error:
+            return None
+        return cls(type=str(error.get("type", "")), message=str(error.get("api_message") or error.get("message", "")))
 
 
 class ErrorResponse(BaseModel):
@@ -49,11 +60,33 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+def storable(v: str, what: str = "text", *, nul_ok: bool = False) -> str:
+    """Text PostgreSQL can store: no NUL, and valid Unicode (JSON's ``\\ud800`` decodes to a lone surrogate,
+    which no encoding can write).  Refused here, a 422, rather than failing when it is stored."""
+    if "\x00" in v and not nul_ok:
+        raise ValueError(f"{what} contains a NUL character")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} contains a lone surrogate (e.g. \\ud800): not valid Unicode text") from None
+    return v
+
+
+def upload_name_ok(name: str) -> str:
+    """A client's file name whose every component a file system can hold (the loader checks the rest)."""
+    storable(name, "file name")
+    for part in name.split("/"):
+        if len(part.encode("utf-8")) > MAX_NAME_COMPONENT_BYTES:
+            raise ValueError(
+                f"invalid file name {name[:80]!r}…: a path component is over {MAX_NAME_COMPONENT_BYTES} bytes"
+            )
+    return name
+
+
 def _query_ok(v: str) -> str:
     if not v.strip():
         raise ValueError("query is empty")
-    if "\x00" in v:  # PostgreSQL text cannot hold NUL: refuse it here rather than fail when it is stored
-        raise ValueError("query contains a NUL character")
+    storable(v, "query")
     if len(v.encode("utf-8")) > MAX_QUERY_BYTES:
         raise ValueError(f"query is over {MAX_QUERY_BYTES} bytes")
     return v
@@ -123,6 +156,10 @@ class Document(Strict):
     path: str = Field(..., min_length=1, max_length=1024, description="Relative path, e.g. docs/intro.md.")
     text: str
 
+    _check_path = field_validator("path")(classmethod(lambda cls, v: upload_name_ok(v)))
+    # text no encoding can write (a lone surrogate) is refused here; a NUL below, naming the document
+    _check_text = field_validator("text")(classmethod(lambda cls, v: storable(v, "text", nul_ok=True)))
+
     @model_validator(mode="after")
     def _text_has_no_nul(self) -> Document:
         # A file with a NUL is skipped as binary, but a JSON document says it is text: refuse it, naming it.
@@ -138,7 +175,9 @@ class BufferOptions(Strict):
 
     name: str = Field(..., min_length=1, max_length=128, description="Buffer to create or update.")
     chunker: Literal["semantic", "fixed", "code"] = "semantic"
-    chunk_size: int = Field(3000, ge=100, le=100_000, description="Maximum characters per chunk.")
+    chunk_size: int = Field(
+        3000, ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE, description="Maximum characters per chunk (as `rlm load`)."
+    )
     overlap: int = Field(500, ge=0, le=50_000, description="Characters shared by consecutive chunks.")
 
     _check_name = field_validator("name")(classmethod(lambda cls, v: _buffer_name_ok(v)))

@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     flower_host: str = Field("127.0.0.1", description="Address Flower binds to (behind basic auth).")
     flower_port: int = Field(5555, ge=0, le=65535, description="Port of Flower.")
     max_request_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Largest HTTP request body (413 above).")
+    max_jobs_in_flight_per_tenant: int = Field(
+        50,
+        ge=1,
+        le=1_000_000,
+        description="Queued or running query jobs one tenant may have; a submission over it is refused (HTTP 429).",
+    )
     batch_parallel: int = Field(
         4,
         ge=1,

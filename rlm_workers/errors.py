@@ -17,14 +17,19 @@ class RLMError(Exception):
     #: short machine-readable name used in job records and API error bodies
     type: str = "error"
 
-    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool | None = None, api_message: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        #: the same message for an HTTP client: a hint that names a CLI command says the HTTP way instead
+        self.api_message = api_message or message
         if retryable is not None:
             self.retryable = retryable
 
     def to_dict(self) -> dict[str, str]:
-        return {"type": self.type, "message": self.message}
+        err = {"type": self.type, "message": self.message}
+        if self.api_message != self.message:  # kept on the record so the API can show it later (a job's error)
+            err["api_message"] = self.api_message
+        return err
 
 
 class InvalidInput(RLMError):
@@ -32,6 +37,12 @@ class InvalidInput(RLMError):
 
     exit_code = 2
     type = "invalid_input"
+
+
+class IdempotencyKeyReused(InvalidInput):
+    """An Idempotency-Key already used for a different request (HTTP 422, as the IETF draft says)."""
+
+    type = "idempotency_key_reused"
 
 
 class ConfigError(InvalidInput):
@@ -44,7 +55,10 @@ class BufferNotFound(InvalidInput):
     type = "buffer_not_found"
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"no buffer named {name!r}; list buffers with `rlm buffers`")
+        super().__init__(
+            f"no buffer named {name!r}; list buffers with `rlm buffers`",
+            api_message=f"no buffer named {name!r}; list buffers with GET /v1/buffers",
+        )
         self.name = name
 
 
@@ -60,9 +74,15 @@ class NoChunks(RLMError):
         "check the buffer holds what you expect: `rlm buffer show NAME`",
     )
 
+    API_HINTS = (
+        "lower options.threshold (e.g. 0.1)",
+        "switch options.search_mode (bm25 for exact identifiers, semantic for paraphrases)",
+        "check the buffer holds what you expect: GET /v1/buffers/NAME",
+    )
+
     def __init__(self, detail: str = "no chunks matched the query") -> None:
-        hint = "; ".join(self.HINTS)
-        super().__init__(f"{detail}. Try: {hint}")
+        hint, api_hint = "; ".join(self.HINTS), "; ".join(self.API_HINTS)
+        super().__init__(f"{detail}. Try: {hint}", api_message=f"{detail}. Try: {api_hint}")
 
 
 class ServiceUnavailable(RLMError):
@@ -119,6 +139,13 @@ class JobCancelled(RLMError):
     type = "cancelled"
 
 
+class TooManyJobs(RLMError):
+    """A tenant already has its cap of jobs in flight: retry once some have ended (HTTP 429)."""
+
+    retryable = True
+    type = "too_many_jobs"
+
+
 def error_record(exc: BaseException, prefix: str | None = None) -> dict[str, str]:
     """How an error is stored on a job, batch or upload: ``{"type", "message"}``, never a traceback."""
     if isinstance(exc, RLMError):
@@ -127,4 +154,6 @@ def error_record(exc: BaseException, prefix: str | None = None) -> dict[str, str
         err = {"type": type(exc).__name__, "message": str(exc)[:2000] or type(exc).__name__}
     if prefix:
         err["message"] = f"{prefix}: {err['message']}"
+        if "api_message" in err:
+            err["api_message"] = f"{prefix}: {err['api_message']}"
     return err

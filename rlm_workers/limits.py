@@ -25,3 +25,7 @@ MAX_INDEXED_EMBEDDING_DIM = 2000
 MAX_TOOL_CALLS_PER_TURN = 8
 #: how much of a tool call's arguments is kept in the job's record of it
 MAX_TOOL_ARGS_SUMMARY_CHARS = 200
+#: the largest integer PostgreSQL bigint holds: any count or budget a client sends stays below it
+MAX_BIGINT = 2**63 - 1
+#: uploads up to this size load in the request by default (POST /v1/buffers); larger ones go to an ingest worker
+MAX_INLINE_UPLOAD_BYTES = 256 * 1024

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .errors import InvalidInput
+from .config import get_settings
+from .errors import IdempotencyKeyReused, InvalidInput, TooManyJobs
 from .models import QueryOptions
 from .search.service import validate_query
 from .store import jobs as job_store
@@ -59,22 +63,107 @@ def submit_query(
 
     query = validate_query(query)
     if not buffers:
-        raise InvalidInput("name at least one --buffer to query")
-    require_buffers(conn, tenant=tenant, names=buffers)
+        raise InvalidInput("name at least one --buffer to query", api_message="name at least one buffer to query")
     clean = validate_options(options)
-    job_id, created = job_store.create_job(
-        conn,
-        job_id=uuid.uuid4().hex,
-        tenant=tenant,
-        query=query,
-        buffers=list(dict.fromkeys(buffers)),
-        options=clean,
-        idempotency_key=idempotency_key,
-    )
+    names = list(dict.fromkeys(buffers))
+    # One transaction (pooled connections are autocommit): the tenant's lock holds until the job is written,
+    # so the key lookup and the in-flight count are still true when it is.
+    with conn.transaction():
+        job_store.lock_submissions(conn, tenant=tenant)
+        first = job_store.job_for_idempotency_key(conn, tenant=tenant, key=idempotency_key) if idempotency_key else None
+        if first is not None:
+            # A replay answers with the first job, even if its buffer has gone since; a different request under
+            # the same key must not get an answer to a question it did not ask.
+            if (first.query, first.buffers, first.options) != (query, names, clean):
+                raise IdempotencyKeyReused(
+                    f"idempotency key {idempotency_key[:80]!r} was used for a different request (job {first.id}); "
+                    "use a new key for a new request"
+                )
+            job_id, created = first.id, False
+        else:
+            require_buffers(conn, tenant=tenant, names=names)
+            cap = get_settings().max_jobs_in_flight_per_tenant
+            if job_store.jobs_in_flight(conn, tenant=tenant) >= cap:
+                raise TooManyJobs(
+                    f"{cap} queries are already queued or running for this tenant "
+                    "(RLM_MAX_JOBS_IN_FLIGHT_PER_TENANT); submit again once some have finished"
+                )
+            job_id, created = job_store.create_job(
+                conn,
+                job_id=uuid.uuid4().hex,
+                tenant=tenant,
+                query=query,
+                buffers=names,
+                options=clean,
+                idempotency_key=idempotency_key,
+            )
     commit(conn)
     if created:
         app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")
     return job_id, created
+
+
+def submit_batch(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    queries: Sequence[str],
+    buffers: Sequence[str] = (),
+    buffers_glob: str | None = None,
+    options: dict[str, Any] | None = None,
+    run_at: datetime | None = None,
+    priority: int = 3,
+    token_budget: int | None = None,
+    idempotency_key: str | None = None,
+) -> tuple[str, bool]:
+    """``submit_overnight``, where a used Idempotency-Key must come with the request that first used it.
+
+    Returns (batch id, created now); a different request under a used key is IdempotencyKeyReused.  The
+    (tenant, key) lock spans the check, the submission (which commits by itself) and the fingerprint write, so
+    two concurrent first uses cannot both pass the check.
+    """
+    from .overnight.submit import submit_overnight
+    from .store import idempotency
+
+    def submit() -> tuple[str, bool]:
+        return submit_overnight(
+            conn,
+            tenant=tenant,
+            queries=queries,
+            buffers=buffers,
+            buffers_glob=buffers_glob,
+            options=options,
+            run_at=run_at,
+            priority=priority,
+            token_budget=token_budget,
+            idempotency_key=idempotency_key,
+        )
+
+    if idempotency_key is None:
+        return submit()
+    request = {
+        "queries": list(dict.fromkeys(q.strip() for q in queries)),
+        "buffers": list(buffers),
+        "buffers_glob": buffers_glob,
+        "options": validate_options(dict(options or {})),
+        "run_at": run_at.timestamp() if run_at else None,  # one instant, whatever its zone
+        "priority": priority,
+        "token_budget": token_budget,
+    }
+    fingerprint = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
+    with idempotency.key_lock(conn, tenant=tenant, key=idempotency_key):
+        seen = idempotency.batch_fingerprint(conn, tenant=tenant, key=idempotency_key)
+        commit(conn)
+        if seen is not None and seen[1] is not None and seen[1] != fingerprint:
+            raise IdempotencyKeyReused(
+                f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {seen[0]}); "
+                "use a new key for a new request"
+            )
+        batch_id, created = submit()
+        if created:
+            idempotency.set_batch_fingerprint(conn, batch_id=batch_id, fingerprint=fingerprint)
+            commit(conn)
+    return batch_id, created
 
 
 def wait_for_job(

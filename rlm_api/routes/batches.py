@@ -13,18 +13,20 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import QueryOptions
 
-from ..deps import ConnDep, TenantDep, found_or_404
+from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
+from ..schemas import storable
 
 if TYPE_CHECKING:
     import psycopg
 
     from rlm_workers.store.overnight import OvernightRow
 
-router = APIRouter(prefix="/v1/batches", tags=["batches"])
+router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=ParseOffLoop)
 
 
 class BatchIn(BaseModel):
@@ -40,9 +42,16 @@ class BatchIn(BaseModel):
     )
     priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
     token_budget: int | None = Field(
-        None, ge=1, description="Stop scheduling new items once this many tokens are spent."
+        None, ge=1, le=MAX_BIGINT, description="Stop scheduling new items once this many tokens are spent."
     )
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
+
+    # Text PostgreSQL cannot store (NUL, a lone surrogate) is a 422 here, not a 500 when the batch is written.
+    _check_queries = field_validator("queries")(classmethod(lambda cls, v: [storable(q, "a query") for q in v]))
+    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [storable(b, "a buffer name") for b in v]))
+    _check_glob = field_validator("buffers_glob")(
+        classmethod(lambda cls, v: v if v is None else storable(v, "buffers_glob"))
+    )
 
 
 class BatchCreated(BaseModel):
@@ -86,7 +95,10 @@ def _batch_or_404(conn: psycopg.Connection, tenant: str, batch_id: str) -> Overn
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=BatchCreated,
-    responses={200: {"description": "Replay of an Idempotency-Key: the batch made the first time."}},
+    responses={
+        200: {"description": "Replay of an Idempotency-Key: the batch made the first time."},
+        422: {"description": "invalid body, or an Idempotency-Key already used for a different request"},
+    },
 )
 def create_batch(
     body: BatchIn,
@@ -96,9 +108,9 @@ def create_batch(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> BatchCreated:
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
-    from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.submit import submit_batch
 
-    batch_id, created = submit_overnight(
+    batch_id, created = submit_batch(
         conn,
         tenant=tenant,
         queries=body.queries,

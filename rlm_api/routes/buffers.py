@@ -80,7 +80,39 @@ async def _from_multipart(request: Request) -> tuple[BufferOptions, list[tuple[s
         raise InvalidInput("files: a multipart upload needs one or more 'files' parts")
     if not all(isinstance(f, UploadFile) for f in parts):
         raise InvalidInput("files: every 'files' part must be a file with a filename")
-    return _validated(BufferOptions, fields), [(f.filename or "", f.file) for f in parts]
+    names = [f.filename or "" for f in parts]
+    _check_part_names(names)
+    return _validated(BufferOptions, fields), [(name, f.file) for name, f in zip(names, parts, strict=True)]
+
+
+def _check_part_names(names: list[str]) -> None:
+    """A part's filename is its path in the buffer.  curl sends only the base name of ``-F files=@dir/a.md``,
+    so two files of the same name from different directories collide: the message says how to send paths."""
+    from ..schemas import upload_name_ok
+
+    seen: set[str] = set()
+    for name in names:
+        try:
+            upload_name_ok(name)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        if name in seen:
+            raise InvalidInput(
+                f"file {name!r} appears twice in the upload; give each part its relative path as filename "
+                f"(curl: -F 'files=@DIR/{name};filename=DIR/{name}')"
+            )
+        seen.add(name)
+
+
+def _size(files: list[tuple[str, object]]) -> int:
+    total = 0
+    for _, data in files:
+        if isinstance(data, bytes):
+            total += len(data)
+        else:  # a spooled part: its end is its size
+            data.seek(0, 2)
+            total += data.tell()
+    return total
 
 
 def _validated(model: type[BufferOptions], data: object) -> BufferOptions:
@@ -164,7 +196,8 @@ def _read(part: IO[bytes]) -> bytes:  # a spooled upload file
     responses={
         202: {
             "model": UploadAccepted,
-            "description": "with wait=false: stored and queued for an ingest worker; follow status_url",
+            "description": "with wait=false, or wait unset and over 256 KB: stored and queued for an ingest "
+            "worker; follow status_url",
         },
         422: {"description": "invalid body, buffer name or file name"},
         413: {"description": "body over RLM_MAX_REQUEST_BYTES"},
@@ -183,27 +216,38 @@ async def create_buffer(
     request: Request,
     tenant: TenantDep,
     wait: Annotated[
-        bool,
+        bool | None,
         Query(
             description=(
-                "true (default): load in this request and answer 201 with the report.  false: store "
-                "the files, answer 202 at once, and let an `rlm.ingest` worker load them (the API "
-                "process never loads the embedding model); follow `status_url`."
+                "Unset (default): uploads up to 256 KB load in this request (201 with the report), larger ones "
+                "are queued (202).  true: load in this request, refused (422) over 256 KB.  false: store the "
+                "files, answer 202 at once, and let an `rlm.ingest` worker load them (the API process never "
+                "embeds them); follow `status_url`."
             )
         ),
-    ] = True,
+    ] = None,
 ) -> LoadResponse | JSONResponse:
     """Load documents into a buffer (created if new).
 
     Files already there with the same content and chunking are kept without re-embedding; files under an
     uploaded top-level directory that this upload no longer has are removed (as `rlm load DIR` does).
     """
+    from rlm_workers.limits import MAX_INLINE_UPLOAD_BYTES
+
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         opts, files = await _from_multipart(request)
     else:
-        body = _validated(BufferCreate, await request.body())
+        # Parsing up to RLM_MAX_REQUEST_BYTES of JSON takes seconds: off the event loop, which serves everyone.
+        body = await run_in_threadpool(_validated, BufferCreate, await request.body())
         opts, files = body, [(d.path, d.text.encode("utf-8")) for d in body.documents]
-    if not wait:
+    size = await run_in_threadpool(_size, files)
+    if wait and size > MAX_INLINE_UPLOAD_BYTES:
+        # Embedding runs at some 13 KB/s on the API's own CPU: a big load would hold it for minutes or hours.
+        raise InvalidInput(
+            f"wait=true loads at most {MAX_INLINE_UPLOAD_BYTES // 1024} KB in the request (this upload is "
+            f"{size:,} bytes): leave wait unset or send wait=false, and follow the upload's status_url"
+        )
+    if wait is False or (wait is None and size > MAX_INLINE_UPLOAD_BYTES):
         accepted = await run_in_threadpool(_queue, tenant, opts, files)
         return JSONResponse(
             accepted.model_dump(),

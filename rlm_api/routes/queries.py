@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Response, status
 
 from rlm_workers.models import QueryResult
 
-from ..deps import ConnDep, TenantDep, found_or_404
+from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import ErrorBody, JobView, Progress, QueryAccepted, QueryRequest
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from rlm_workers.store.jobs import JobRow
 
-router = APIRouter(prefix="/v1/queries", tags=["queries"])
+router = APIRouter(prefix="/v1/queries", tags=["queries"], route_class=ParseOffLoop)
 NOT_FOUND = {404: {"description": "no such job for this tenant"}}
 
 
@@ -46,7 +46,11 @@ def _job_or_404(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
     response_model=QueryAccepted,
     responses={
         404: {"description": "a named buffer does not exist for this tenant"},
-        422: {"description": "invalid body: missing query, unknown option, query over 10 KB, …"},
+        422: {
+            "description": "invalid body: missing query, unknown option, query over 10 KB, …; or an "
+            "Idempotency-Key already used for a different request"
+        },
+        429: {"description": "the tenant already has RLM_MAX_JOBS_IN_FLIGHT_PER_TENANT queries queued or running"},
     },
 )
 def submit(
@@ -60,8 +64,8 @@ def submit(
             max_length=200,
             description=(
                 "Retrying with the same key (per tenant) returns the job the first request made, with the "
-                "same 202, instead of starting another.  The body of a replay is not compared: a different "
-                "query under a used key still answers with the first job."
+                "same 202, instead of starting another.  The same key with a different query, buffers or "
+                "options is refused with 422 (idempotency_key_reused)."
             ),
         ),
     ] = None,

@@ -92,11 +92,17 @@ def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[st
     if glob:
         matched = [b.name for b in list_buffers(conn, tenant=tenant) if fnmatch.fnmatchcase(b.name, glob)]
         if not matched:
-            raise InvalidInput(f"no buffer matches {glob!r}; list buffers with `rlm buffers`")
+            raise InvalidInput(
+                f"no buffer matches {glob!r}; list buffers with `rlm buffers`",
+                api_message=f"no buffer matches {glob!r}; list buffers with GET /v1/buffers",
+            )
         out += matched
     out = list(dict.fromkeys(out))
     if not out:
-        raise InvalidInput("name at least one buffer (--buffer NAME or --buffers-glob PATTERN)")
+        raise InvalidInput(
+            "name at least one buffer (--buffer NAME or --buffers-glob PATTERN)",
+            api_message="name at least one buffer (buffers or buffers_glob)",
+        )
     require_buffers(conn, tenant=tenant, names=out)
     return out
 

@@ -79,9 +79,13 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[
     have = [r for r in rows if r.embedding_dim]
     for r in have:
         if r.embedding_model != want:
+            mismatch = (
+                f"buffer {r.name!r} was embedded with {r.embedding_model}, but RLM_EMBEDDING_MODEL selects {want}"
+            )
             raise InvalidInput(
-                f"buffer {r.name!r} was embedded with {r.embedding_model}, but RLM_EMBEDDING_MODEL selects {want}: "
-                f"set RLM_EMBEDDING_MODEL={r.embedding_model}, or run `rlm buffer reembed {r.name}`"
+                f"{mismatch}: set RLM_EMBEDDING_MODEL={r.embedding_model}, or run `rlm buffer reembed {r.name}`",
+                api_message=f"{mismatch}: the server's operator sets RLM_EMBEDDING_MODEL={r.embedding_model} or "
+                "re-embeds the buffer; meanwhile options.search_mode=bm25 needs no vectors",
             )
     return have, (have[0].embedding_dim if have else None)
 

@@ -86,6 +86,26 @@ def create_job(
     return existing[0], False
 
 
+def lock_submissions(conn: psycopg.Connection, *, tenant: str) -> None:
+    """Serialise one tenant's submissions until commit, so an in-flight count and a key lookup stay true."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('rlm.submit'), hashtext(%s))", (tenant,))
+
+
+def job_for_idempotency_key(conn: psycopg.Connection, *, tenant: str, key: str) -> JobRow | None:
+    row = conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, key))
+    row = row.fetchone()
+    return JobRow(*row) if row else None
+
+
+def jobs_in_flight(conn: psycopg.Connection, *, tenant: str) -> int:
+    """The tenant's queued or running jobs submitted directly (a batch's items are paced by the batch)."""
+    return conn.execute(
+        """SELECT count(*) FROM jobs j WHERE j.status IN ('queued', 'running') AND j.tenant = %s
+           AND NOT EXISTS (SELECT 1 FROM batch_items i WHERE i.job_id = j.id)""",
+        (tenant,),
+    ).fetchone()[0]
+
+
 def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None) -> JobRow | None:
     sql = f"SELECT {_JOB_COLS} FROM jobs WHERE id = %s"
     args: tuple = (job_id,)

@@ -265,6 +265,12 @@ ALTER TABLE result_cache ADD COLUMN buffer_id bigint NOT NULL REFERENCES buffers
 CREATE INDEX result_cache_buffer ON result_cache (buffer_id);
 """
 
+# A batch's Idempotency-Key remembers a fingerprint of the request that made it: a replay with another body is
+# refused (422) instead of answered with a batch of other questions.  NULL for batches made before.
+M009_BATCH_REQUEST_FINGERPRINT = """
+ALTER TABLE batches ADD COLUMN request_fingerprint text;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -274,6 +280,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m006_uploads", M006_UPLOADS),
     ("m007_synthesis_lease", M007_SYNTHESIS_LEASE),
     ("m008_batch_ticks_and_cache", M008_BATCH_TICKS_AND_CACHE),
+    ("m009_batch_request_fingerprint", M009_BATCH_REQUEST_FINGERPRINT),
 ]
 
 
