@@ -276,6 +276,7 @@ def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Complet
     if not choices or getattr(choices[0], "message", None) is None:
         raise _BadResponse(f"no choices in the response: {str(response)[:200]}")
     message = choices[0].message
+    finish_reason = getattr(choices[0], "finish_reason", None)
     tool_calls = [
         ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
         for tc in (message.tool_calls or [])
@@ -294,4 +295,5 @@ def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Complet
         tokens_out=usage[1],
         tool_calls=tool_calls,
         raw_message=raw,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
     )

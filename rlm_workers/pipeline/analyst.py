@@ -5,6 +5,10 @@ never raises into the chord: Celery runs a chord's callback only if every
 header task succeeds (celery#1881), so any failure becomes an error record on
 the batch and the job goes on with the batches that worked.  A database outage
 is the exception: the task retries, and the chord waits for it.
+
+Every chunk of a batch is accounted for: chunks a reply left out (a reply cut
+at ``max_tokens``, a proxy dropping the tail) are asked for again, by id, and
+those still missing are stored as unanswered, never counted as analysed.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import get_settings
+from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
 from ..errors import ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
@@ -28,12 +32,12 @@ from ..store.buffers import get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
 from .prompts import content_block, load_prompt, system_message
-from .replies import clip, json_candidates
+from .replies import clip, json_candidates, leading_objects
 
 log = logging.getLogger("rlm.pipeline.analyst")
 
 ANALYST_MAX_TOKENS = 16_384
-#: one more call when the reply was not the JSON we asked for (it is told what was wrong)
+#: one more call when the reply was not the JSON we asked for or left chunks out (it is told what was wrong)
 PARSE_RETRIES = 1
 #: how much of an unusable reply is shown back to the model in the retry
 PRIOR_REPLY_CHARS = 2000
@@ -131,6 +135,10 @@ def _chunk_id(raw: Any) -> int | None:
 def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
     """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits)."""
     entries = next((e for v in json_candidates(text or "") if (e := _entries(v)) is not None), None)
+    if entries is None:
+        # an array cut off mid-way (max_tokens, a proxy): keep the entries it finished; the caller asks
+        # again for the chunks they leave out
+        entries = leading_objects(text or "") or None
     if entries is None:
         raise ParseError(f"the analyst reply is not a JSON findings array: {(text or '')[:120]!r}")
     allowed = set(batch_chunk_ids)
@@ -239,27 +247,17 @@ def _analyse(job_id: str, batch_no: int) -> dict:
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
     with _job_slot(job_id, params.get("concurrency"), job.batches_total):
-        for attempt in range(PARSE_RETRIES + 1):
-            request = CompletionRequest(
-                role="analyst",
-                model=settings.subcall_model,
-                messages=messages,
-                max_tokens=ANALYST_MAX_TOKENS,
-                temperature=0.0,
-                json_output=True,
-            )
-            completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
-            try:
-                findings = parse_findings(completion.text, batch_chunk_ids=present)
-                break
-            except ParseError as exc:
-                if attempt == PARSE_RETRIES:
-                    raise
-                log.info("job %s batch %s: unusable analyst reply (%s); asking again", job_id, batch_no, exc)
-                messages = retry_messages(messages, completion.text or "", exc.message, present)
+        findings, unanswered = _ask(job_id, batch_no, messages, present, settings)
+    if unanswered:
+        log.warning(
+            "job %s batch %s: no answer for chunks %s even when asked again; reported as unanswered",
+            job_id,
+            batch_no,
+            unanswered,
+        )
     stored = durable_write(
         None,
-        lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no, findings=findings),
+        lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no, findings=findings, unanswered=unanswered),
         what=f"findings of job {job_id} batch {batch_no}",
     )
     if not stored:
@@ -269,4 +267,47 @@ def _analyse(job_id: str, batch_no: int) -> dict:
             batch_no,
         )
         return {"batch": batch_no, "status": "late"}
-    return {"batch": batch_no, "status": "ok", "findings": len(findings)}
+    return {"batch": batch_no, "status": "ok", "findings": len(findings), "unanswered": len(unanswered)}
+
+
+def _ask(
+    job_id: str, batch_no: int, messages: list[dict[str, str]], present: list[int], settings: Settings
+) -> tuple[list[Finding], list[int]]:
+    """Call the analyst until every chunk has an entry or the retries are spent: (findings, unanswered ids).
+
+    A reply that is no findings JSON at all, or that leaves chunks out (cut at ``max_tokens``, ``finish_reason``
+    ``length``, or simply short), earns another call that repeats the batch, shows the reply and names the
+    chunk ids still owed.  Only when no reply was usable at all does the batch fail (``ParseError``).
+    """
+    answered: dict[int, Finding] = {}
+    wanted = list(present)
+    for attempt in range(PARSE_RETRIES + 1):
+        request = CompletionRequest(
+            role="analyst",
+            model=settings.subcall_model,
+            messages=messages,
+            max_tokens=ANALYST_MAX_TOKENS,
+            temperature=0.0,
+            json_output=True,
+        )
+        completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
+        cut = completion.finish_reason == "length"
+        try:
+            got = parse_findings(completion.text, batch_chunk_ids=wanted)
+            problem = None
+        except ParseError as exc:
+            if attempt == PARSE_RETRIES and not answered:
+                raise
+            got, problem = [], exc.message
+        for f in got:
+            answered[f.chunk_id] = f
+        wanted = [cid for cid in wanted if cid not in answered]
+        if not wanted or attempt == PARSE_RETRIES:
+            break
+        if problem is None:
+            problem = f"it had no entry for chunk ids {', '.join(map(str, wanted))}"
+        if cut:
+            problem += " (it was cut off at the output limit: keep every entry short)"
+        log.info("job %s batch %s: unusable or incomplete analyst reply (%s); asking again", job_id, batch_no, problem)
+        messages = retry_messages(messages, completion.text or "", problem, wanted)
+    return list(answered.values()), wanted

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -201,14 +201,16 @@ def finish_batch(
     batch_no: int,
     findings: Sequence[Finding] = (),
     error: dict[str, Any] | None = None,
+    unanswered: Sequence[int] = (),
 ) -> bool:
-    """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost."""
+    """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost.
+    ``unanswered``: chunks of an ``ok`` batch the analyst gave no entry for (reported, never dropped silently)."""
     with conn.transaction():
         if (
             conn.execute(
-                """UPDATE job_batches SET status = %s, error = %s, finished_at = now()
+                """UPDATE job_batches SET status = %s, error = %s, unanswered = %s, finished_at = now()
                WHERE job_id = %s AND batch_no = %s AND status = 'pending' RETURNING batch_no""",
-                ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
+                ("failed" if error else "ok", Jsonb(error) if error else None, list(unanswered), job_id, batch_no),
             ).fetchone()
             is None
         ):
@@ -253,13 +255,16 @@ class BatchRecord:
     chunk_ids: list[int]
     status: str
     error: dict[str, Any] | None
+    #: chunks of an ok batch the analyst never answered for
+    unanswered: list[int] = field(default_factory=list)
 
 
 def batches(conn: psycopg.Connection, *, job_id: str) -> list[BatchRecord]:
     return [
-        BatchRecord(r[0], list(r[1]), r[2], r[3])
+        BatchRecord(r[0], list(r[1]), r[2], r[3], list(r[4] or []))
         for r in conn.execute(
-            "SELECT batch_no, chunk_ids, status, error FROM job_batches WHERE job_id = %s ORDER BY batch_no",
+            """SELECT batch_no, chunk_ids, status, error, unanswered FROM job_batches WHERE job_id = %s
+               ORDER BY batch_no""",
             (job_id,),
         )
     ]

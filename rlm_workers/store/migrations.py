@@ -243,6 +243,11 @@ CREATE TABLE upload_files (
 );
 """
 
+M007_PIPELINE_A = """
+-- Chunks of a finished batch the analyst never answered for, even when asked again (a cut-off reply).
+ALTER TABLE job_batches ADD COLUMN unanswered bigint[] NOT NULL DEFAULT '{}';
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -250,6 +255,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m004_job_stage_time", M004_JOB_STAGE_TIME),
     ("m005_batch_recovery", M005_BATCH_RECOVERY),
     ("m006_uploads", M006_UPLOADS),
+    ("m007_pipeline_a", M007_PIPELINE_A),
 ]
 
 
