@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LLMError, QuotaExhausted, RateLimited
-from .limiter import ConcurrencyLimiter, Limits
+from ..errors import ConfigError, LimiterBusy, LLMError, QuotaExhausted, RateLimited
+from .limiter import ConcurrencyLimiter, Limits, wait_bound
 from .protocol import Completion, CompletionRequest, ToolCall
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class OpenAIProvider:
     def __init__(self, settings: Settings, limiter: Limits | ConcurrencyLimiter | None = None) -> None:
         self.settings = settings
         if isinstance(limiter, ConcurrencyLimiter):
-            limiter = Limits(limiter)
+            limiter = Limits(limiter, acquire_timeout=wait_bound(settings))
         self.limits = limiter
         self._client: openai.OpenAI | None = None
         self._client_lock = threading.Lock()
@@ -122,7 +122,9 @@ class OpenAIProvider:
                 latency = int((time.perf_counter() - t0) * 1000)
                 adapted = self._learn_unsupported(exc, request.model, params)
                 error, retry_after = self._classify(exc, request)
-                retry = adapted or (error.retryable and retries_left > 0)
+                # a limiter wait already took its whole bound: waiting again per retry would outlive the
+                # task's visibility timeout (docs/contract.md#limiter)
+                retry = adapted or (error.retryable and retries_left > 0 and not isinstance(error, LimiterBusy))
                 attempts.append(
                     {
                         "status": "retried" if retry else "error",
@@ -168,8 +170,9 @@ class OpenAIProvider:
                 record(sum(_usage(response)))
                 return response
         except TimeoutError as exc:
-            raise LLMError(
-                f"no global LLM slot free in time ({exc}); raise RLM_MAX_CONCURRENCY or wait", retryable=True
+            raise LimiterBusy(
+                f"rate limiter busy: no LLM slot or rate budget free in time ({exc}); the call was not sent. "
+                "Raise RLM_MAX_CONCURRENCY / RLM_RPM / RLM_TPM, or run fewer jobs at once",
             ) from exc
 
     def _learn_unsupported(self, exc: Exception, model: str, params: dict[str, Any]) -> bool:

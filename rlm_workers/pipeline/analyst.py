@@ -9,6 +9,8 @@ is the exception: the task retries, and the chord waits for it.
 Every chunk of a batch is accounted for: chunks a reply left out (a reply cut
 at ``max_tokens``, a proxy dropping the tail) are asked for again, by id, and
 those still missing are stored as unanswered, never counted as analysed.
+A claim holds the batch's lease, renewed while the analyst waits on a limiter
+or the model, so a redelivered message does not pay for the batch again.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
-from ..errors import ParseError, error_record
+from ..errors import LimiterBusy, ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
@@ -181,15 +185,69 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
 # --------------------------------------------------------------------------- the task's logic
 
 
-def _job_slot(job_id: str, limit: int | None, batches: int | None) -> Any:
-    """The scaling profile's per-job concurrency, shared by every worker through Redis."""
+def _job_slot(job_id: str, limit: int | None, batches: int | None, settings: Settings) -> Any:
+    """The scaling profile's per-job concurrency, shared by every worker through Redis; waiting for it is
+    bounded like every limiter wait (``TimeoutError``)."""
     if not limit or provider().local or (batches and batches <= int(limit)):
         # a cap at or above the job's batch count can never bind: skip two Redis round trips
         return contextlib.nullcontext()
-    from ..llm.limiter import ConcurrencyLimiter
+    from ..llm.limiter import ConcurrencyLimiter, wait_bound
     from ..resources import redis_client
 
-    return ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}").slot()
+    limiter = ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}")
+    return limiter.slot(wait_bound(settings))
+
+
+def batch_lease_seconds(settings: Settings) -> float:
+    """How long a claimed batch stays taken without a heartbeat: well below the visibility timeout, so a
+    message redelivered because its worker died finds the lease run out and can claim the batch."""
+    return max(3.0, min(120.0, settings.visibility_timeout / 3))
+
+
+class _Heartbeat:
+    """Renews a claimed batch's lease every third of it, in a thread, until the batch's work is over: a
+    redelivery finds the batch taken, and the watchdog sees a batch waiting on a limiter as progress."""
+
+    def __init__(self, job_id: str, batch_no: int, lease_seconds: float) -> None:
+        self.job_id, self.batch_no, self.every = job_id, batch_no, lease_seconds / 3
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"batch-heartbeat-{batch_no}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                with connection(timeout=self.every) as conn:
+                    if not job_store.heartbeat_batch(conn, job_id=self.job_id, batch_no=self.batch_no):
+                        return  # salvaged or finished meanwhile: nothing left to hold
+            except Exception as exc:  # a missed beat shortens the lease; the batch's own outcome decides
+                log.warning("job %s batch %s: heartbeat failed: %s", self.job_id, self.batch_no, exc)
+
+
+def _claim(conn: Any, job_id: str, batch_no: int, lease: float) -> list[int] | None:
+    """Claim the batch; while another holder's lease is live, wait (about one lease) for it to finish or lapse.
+
+    A live holder keeps its lease and this delivery gives up: one payment per batch.  But a holder that is
+    gone (its worker died, or it was this very task before a database outage made it retry) stops renewing,
+    and waiting out its lease lets this delivery do the batch instead of leaving it to be marked lost.
+    """
+    deadline = time.monotonic() + lease * 1.5
+    while True:
+        ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease)
+        if ids is not None:
+            return ids
+        if time.monotonic() >= deadline or not job_store.batch_held(
+            conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease
+        ):
+            return None
+        time.sleep(lease / 3)
 
 
 def run(job_id: str, batch_no: int) -> dict:
@@ -214,9 +272,17 @@ def _analyse(job_id: str, batch_no: int) -> dict:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
             return {"batch": batch_no, "status": "skipped"}
-        ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no)
+        lease = batch_lease_seconds(settings)
+        ids = _claim(conn, job_id, batch_no, lease)
         if ids is None:
-            return {"batch": batch_no, "status": "skipped"}  # finished by an earlier delivery, or salvaged
+            # finished or held by another delivery, or salvaged: this one must not pay for the batch again
+            return {"batch": batch_no, "status": "skipped"}
+    with _Heartbeat(job_id, batch_no, lease):
+        return _analyse_claimed(job_id, batch_no, job, ids, settings)
+
+
+def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: list[int], settings: Settings) -> dict:
+    with connection() as conn:
         rows = get_chunks(conn, tenant=job.tenant, chunk_ids=ids)
         if missing := [cid for cid in ids if cid not in rows]:
             job_store.add_chunk_load_failures(conn, job_id=job_id, n=len(missing))
@@ -246,7 +312,13 @@ def _analyse(job_id: str, batch_no: int) -> dict:
     )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
-    with _job_slot(job_id, params.get("concurrency"), job.batches_total):
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_job_slot(job_id, params.get("concurrency"), job.batches_total, settings))
+        except TimeoutError as exc:
+            raise LimiterBusy(
+                f"rate limiter busy: the job's concurrency slot stayed taken ({exc}); the batch was not sent"
+            ) from exc
         findings, unanswered = _ask(job_id, batch_no, messages, present, settings)
     if unanswered:
         log.warning(

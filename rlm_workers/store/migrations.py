@@ -244,6 +244,9 @@ CREATE TABLE upload_files (
 """
 
 M007_PIPELINE_A = """
+-- A claimed batch's lease: its analyst renews heartbeat_at while it waits on the limiter or the model, so a
+-- redelivered message finds the batch taken (and does not pay for it twice) and the watchdog sees progress.
+ALTER TABLE job_batches ADD COLUMN heartbeat_at timestamptz;
 -- Chunks of a finished batch the analyst never answered for, even when asked again (a cut-off reply).
 ALTER TABLE job_batches ADD COLUMN unanswered bigint[] NOT NULL DEFAULT '{}';
 """
