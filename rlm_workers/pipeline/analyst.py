@@ -35,7 +35,7 @@ from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
-from .prompts import content_block, load_prompt, system_message
+from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
 from .replies import clip, json_candidates, leading_objects
 
 log = logging.getLogger("rlm.pipeline.analyst")
@@ -75,11 +75,14 @@ class ChunkForPrompt:
 def build_messages(
     system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt], focus_topics: Sequence[str] = ()
 ) -> list[dict[str, str]]:
-    parts = [f"## Query\n\n{query}"]
+    # The query is the user's own words, but it must not open or close a content block either; the
+    # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
+    parts = [f"## Query\n\n{escape_content(query)}"]
     if focus_topics:
-        parts.append("## Focus topics\n\n" + "\n".join(f"- {t}" for t in focus_topics))
+        parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
     blocks = [
-        f"### Chunk {c.chunk_id}\n\nsource: {c.buffer}:{c.path}:{c.start_line}-{c.end_line}\n\n{content_block(c.text)}"
+        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
+        f"{content_block(c.text)}"
         for c in chunks
     ]
     parts.append("## Chunks\n\n" + "\n\n".join(blocks))
