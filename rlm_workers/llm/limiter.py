@@ -349,8 +349,12 @@ class RateBudget:
 def wait_bound(settings: Settings) -> float:
     """The longest one wait for a slot or a rate budget may take: a third of the visibility timeout, at most
     ten minutes.  An unbounded wait let a task outlive ``visibility_timeout``, so Redis redelivered it and the
-    batch was paid twice; a wait that times out ends in ``LimiterBusy`` (docs/contract.md#limiter)."""
-    return float(min(600.0, max(1.0, settings.visibility_timeout / 3)))
+    batch was paid twice; a wait that times out ends in ``LimiterBusy`` (docs/contract.md#limiter).
+
+    Never shorter than a dead worker's leases take to lapse (``LEASE_SECONDS``) unless the visibility timeout
+    itself is that short: a killed worker must not fail the batches that wait for its slots."""
+    vis = float(settings.visibility_timeout)
+    return max(1.0, min(600.0, max(vis / 3, min(LEASE_SECONDS + 5, vis * 0.8))))
 
 
 class Limits:

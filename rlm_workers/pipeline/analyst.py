@@ -234,7 +234,7 @@ class _Heartbeat:
                 log.warning("job %s batch %s: heartbeat failed: %s", self.job_id, self.batch_no, exc)
 
 
-def _claim(conn: Any, job_id: str, batch_no: int, lease: float) -> list[int] | None:
+def _claim(job_id: str, batch_no: int, lease: float) -> list[int] | None:
     """Claim the batch; while another holder's lease is live, wait (about one lease) for it to finish or lapse.
 
     A live holder keeps its lease and this delivery gives up: one payment per batch.  But a holder that is
@@ -243,13 +243,14 @@ def _claim(conn: Any, job_id: str, batch_no: int, lease: float) -> list[int] | N
     """
     deadline = time.monotonic() + lease * 1.5
     while True:
-        ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease)
-        if ids is not None:
-            return ids
-        if time.monotonic() >= deadline or not job_store.batch_held(
-            conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease
-        ):
-            return None
+        with connection() as conn:  # none held while waiting: the pool is shared by every analyst thread
+            ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease)
+            if ids is not None:
+                return ids
+            if time.monotonic() >= deadline or not job_store.batch_held(
+                conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease
+            ):
+                return None
         time.sleep(lease / 3)
 
 
@@ -275,11 +276,11 @@ def _analyse(job_id: str, batch_no: int) -> dict:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
             return {"batch": batch_no, "status": "skipped"}
-        lease = batch_lease_seconds(settings)
-        ids = _claim(conn, job_id, batch_no, lease)
-        if ids is None:
-            # finished or held by another delivery, or salvaged: this one must not pay for the batch again
-            return {"batch": batch_no, "status": "skipped"}
+    lease = batch_lease_seconds(settings)
+    ids = _claim(job_id, batch_no, lease)
+    if ids is None:
+        # finished or held by another delivery, or salvaged: this one must not pay for the batch again
+        return {"batch": batch_no, "status": "skipped"}
     with _Heartbeat(job_id, batch_no, lease):
         return _analyse_claimed(job_id, batch_no, job, ids, settings)
 
