@@ -129,6 +129,14 @@ class QuotaExhausted(LLMError):
     type = "insufficient_quota"
 
 
+class LimiterBusy(LLMError):
+    """No slot of the shared LLM limiter came free within the bounded wait (docs/contract.md#limiter):
+    the call was never sent, and another try later may get one."""
+
+    retryable = True
+    type = "rate_limiter_busy"
+
+
 class ParseError(LLMError):
     """The model's reply was not the JSON we asked for."""
 

@@ -201,6 +201,9 @@ class QueryResult(BaseModel):
     findings_filtered: int = 0
     chunks_analyzed: int = 0
     analyzed_chunk_ids: list[int] = Field(default_factory=list)
+    #: chunks of finished batches the analyst never gave an entry for, even when asked again (cut-off replies)
+    chunks_unanswered: int = 0
+    unanswered_chunk_ids: list[int] = Field(default_factory=list)
     chunks_available: int = 0
     batches_processed: int = 0
     batches_failed: int = 0

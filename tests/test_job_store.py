@@ -29,12 +29,12 @@ def job(settings):
 
 
 def _age(conn, job_id, seconds):
-    """Pretend the job's last sign of life (stage change, batch start or end) was ``seconds`` ago."""
+    """Pretend the job's last sign of life (stage change, batch start, heartbeat or end) was ``seconds`` ago."""
     ago = "now() - make_interval(secs => %s)"
     conn.execute(f"UPDATE jobs SET stage_at = {ago} WHERE id = %s", (seconds, job_id))
     conn.execute(
-        f"UPDATE job_batches SET started_at = {ago} WHERE job_id = %s AND started_at IS NOT NULL",
-        (seconds, job_id),
+        f"UPDATE job_batches SET started_at = {ago}, heartbeat_at = {ago} WHERE job_id = %s AND started_at IS NOT NULL",
+        (seconds, seconds, job_id),
     )
 
 

@@ -241,8 +241,8 @@ def test_analyst_message_format():
     sys_msg, user = build_analyst_messages("SYS", "where is X?", chunks, ["X"])
     assert sys_msg == {"role": "system", "content": "SYS"}
     text = user["content"]
-    assert text.startswith("## Query\n\nwhere is X?\n\n## Focus topics\n\n- X\n\n## Chunks\n\n### Chunk 3\n")
-    assert "### Chunk 8\n\nsource: b:f.py:8-9\n\n<content>\nt8\n</content>" in text
+    assert text.startswith('## Query\n\nwhere is X?\n\n## Focus topics\n\n- "X"\n\n## Chunks\n\n### Chunk 3\n')
+    assert '### Chunk 8\n\nsource: "b:f.py":8-9\n\n<content>\nt8\n</content>' in text
 
 
 def test_synthesizer_input_is_bounded():

@@ -12,6 +12,10 @@ with nothing installed.  It reads the messages built by
 
 Nothing here executes or obeys chunk text; it only measures term overlap.
 Token counts are reported as 0 because no tokens were bought.
+
+The messages it reads are fenced (pipeline/prompts.py): it undoes the fence
+before quoting, so a quote shows the document's own characters, and writes
+them into the markdown report with tags escaped, so they show rather than act.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from ..pipeline.prompts import unescape_content, unquote_field
 from ..search.tokenize import tokenize
 from .protocol import Completion, CompletionRequest
 
@@ -38,6 +43,9 @@ _SOURCE = re.compile(r"^(?P<loc>.*):(?P<start>\d+)-(?P<end>\d+)$")
 _QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,})[\"”'`]")
 _CODEISH = re.compile(r"\w+\(|\w+_\w+|\w+\.\w+|[a-z]+[A-Z]\w*|::|->|</?\w+>")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+#: what markdown would take for HTML (a tag, a comment, a declaration), and line breaks of every kind
+_MD_HTML = re.compile(r"<(?=[/!?A-Za-z])")
+_LINE_BREAKS = re.compile(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+")
 
 
 @dataclass
@@ -71,7 +79,26 @@ def _user_text(request: CompletionRequest) -> str:
 
 def _query_of(text: str) -> str:
     m = _QUERY.search(text)
-    return m.group(1).strip() if m else ""
+    return unescape_content(m.group(1).strip()) if m else ""
+
+
+def _location(source: str) -> tuple[str, int, int]:
+    """(``buffer:path``, start, end) of a prompt's ``source:`` line, the quoted location read back."""
+    m = _SOURCE.match(source.strip())
+    if not m:
+        return unquote_field(source.strip()), 1, 1
+    return unquote_field(m.group("loc")), int(m.group("start")), int(m.group("end"))
+
+
+def _md_text(text: str) -> str:
+    """Document text for one line of the markdown report: shown as written (no ``&lt;``), but a tag in it is
+    escaped so a renderer shows it instead of acting on it, and a line break cannot start a new block."""
+    return _MD_HTML.sub(r"\\<", _LINE_BREAKS.sub(" ", text))
+
+
+def _shown_source(source: str) -> str:
+    loc, start, end = _location(source)
+    return f"{_md_text(loc)}:{start}-{end}"
 
 
 def _units(text: str) -> list[_Unit]:
@@ -155,8 +182,7 @@ def analyse_chunks(user_text: str) -> list[dict]:
     total = sum(weights.values()) or 1.0
     out = []
     for cid, source, _body in chunks:
-        m = _SOURCE.match(source.strip())
-        loc, start = (m.group("loc"), int(m.group("start"))) if m else (source.strip(), 1)
+        loc, start, _end = _location(source)
         scored = []
         for unit, toks in zip(all_units[cid], tokens[cid], strict=True):
             present = set(toks)
@@ -171,7 +197,10 @@ def analyse_chunks(user_text: str) -> list[dict]:
         best = scored[0]
         grade = _grade(best[1], best[2])
         keep = [s for s in scored if s[0] >= max(0.15, best[0] * 0.5)][:MAX_QUOTES]
-        findings = [f'"{_clip(s[3].text)}" ({loc.rsplit(":", 1)[-1]}:{start + s[3].line})' for s in keep]
+        # verbatim: the document's text, not the fence's escaping of it
+        findings = [
+            f'"{_clip(unescape_content(s[3].text))}" ({loc.rsplit(":", 1)[-1]}:{start + s[3].line})' for s in keep
+        ]
         matched = sorted({t for t in weights if any(t in set(tk) for tk in tokens[cid])})
         summary = (
             f"Matches {len(matched)} of {len(weights)} query terms ({', '.join(matched[:8])}); "
@@ -197,8 +226,8 @@ def write_report(user_text: str) -> str:
     entries = []
     for cid, source, body in _CHUNK.findall(user_text):
         grade = (_GRADE_LINE.search(body) or [None, "low"])[1]
-        quotes = [ln[2:] for ln in body.split("\n") if ln.startswith("- ")]
-        entries.append((int(cid), source.strip(), grade, quotes))
+        quotes = [_md_text(unescape_content(ln[2:])) for ln in body.split("\n") if ln.startswith("- ")]
+        entries.append((int(cid), _shown_source(source), grade, quotes))
     if not entries:
         return f"## No relevant findings\n\nNothing in the analysed chunks answers “{query}”."
     # Within a grade, collect order is document order; the answer leads with the quote that covers

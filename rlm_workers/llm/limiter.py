@@ -346,6 +346,17 @@ class RateBudget:
         )
 
 
+def wait_bound(settings: Settings) -> float:
+    """The longest one wait for a slot or a rate budget may take: a third of the visibility timeout, at most
+    ten minutes.  An unbounded wait let a task outlive ``visibility_timeout``, so Redis redelivered it and the
+    batch was paid twice; a wait that times out ends in ``LimiterBusy`` (docs/contract.md#limiter).
+
+    Never shorter than a dead worker's leases take to lapse (``LEASE_SECONDS``) unless the visibility timeout
+    itself is that short: a killed worker must not fail the batches that wait for its slots."""
+    vis = float(settings.visibility_timeout)
+    return max(1.0, min(600.0, max(vis / 3, min(LEASE_SECONDS + 5, vis * 0.8))))
+
+
 class Limits:
     """What the provider goes through for every HTTP attempt: a global slot, then the rate budget."""
 
@@ -363,7 +374,7 @@ class Limits:
     @classmethod
     def from_settings(cls, settings: Settings, redis_client: Any) -> Limits:
         budget = RateBudget(redis_client, rpm=settings.rpm, tpm=settings.tpm) if settings.rpm or settings.tpm else None
-        return cls(limiter_from_settings(settings, redis_client), budget)
+        return cls(limiter_from_settings(settings, redis_client), budget, acquire_timeout=wait_bound(settings))
 
     @contextmanager
     def call(self, estimated_tokens: int) -> Iterator[Callable[[int], None]]:
@@ -371,13 +382,16 @@ class Limits:
 
         The slot is taken first and the budget charged right before the request
         goes out, so the window sees the request when the provider does; a call
-        that never records keeps its (conservative) estimate.
+        that never records keeps its (conservative) estimate.  Both waits share one ``acquire_timeout``
+        (``TimeoutError`` when it runs out), so one call never waits longer than that in all.
         """
+        deadline = None if self.acquire_timeout is None else time.monotonic() + self.acquire_timeout
         slot: AbstractContextManager[Any] = (
             self.concurrency.slot(self.acquire_timeout) if self.concurrency else nullcontext()
         )
         with slot:
-            charge = self.budget.wait_for_capacity(estimated_tokens, self.acquire_timeout) if self.budget else None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            charge = self.budget.wait_for_capacity(estimated_tokens, left) if self.budget else None
 
             def record(actual_tokens: int) -> None:
                 if self.budget is not None and charge is not None:

@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LLMError, QuotaExhausted, RateLimited
-from .limiter import ConcurrencyLimiter, Limits
+from ..errors import ConfigError, LimiterBusy, LLMError, QuotaExhausted, RateLimited, ServiceUnavailable
+from .limiter import ConcurrencyLimiter, Limits, wait_bound
 from .protocol import Completion, CompletionRequest, ToolCall
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class OpenAIProvider:
     def __init__(self, settings: Settings, limiter: Limits | ConcurrencyLimiter | None = None) -> None:
         self.settings = settings
         if isinstance(limiter, ConcurrencyLimiter):
-            limiter = Limits(limiter)
+            limiter = Limits(limiter, acquire_timeout=wait_bound(settings))
         self.limits = limiter
         self._client: openai.OpenAI | None = None
         self._client_lock = threading.Lock()
@@ -114,15 +114,19 @@ class OpenAIProvider:
             params = self._params(request)
             t0 = time.perf_counter()
             usage = (0, 0)
+            response = None
             try:
                 response = self._send(client, params, estimate_tokens(request))
                 usage = _usage(response)
                 completion = _to_completion(response, request.model, usage)
-            except Exception as exc:  # classified below; anything unknown is re-raised
+            except Exception as exc:  # classified below; anything unknown before a response is re-raised
                 latency = int((time.perf_counter() - t0) * 1000)
                 adapted = self._learn_unsupported(exc, request.model, params)
-                error, retry_after = self._classify(exc, request)
-                retry = adapted or (error.retryable and retries_left > 0)
+                # once a response arrived its tokens are billed: whatever fails after must still report them
+                error, retry_after = self._classify(exc, request, answered=response is not None)
+                # a limiter wait already took its whole bound: waiting again per retry would outlive the
+                # task's visibility timeout (docs/contract.md#limiter)
+                retry = adapted or (error.retryable and retries_left > 0 and not isinstance(error, LimiterBusy))
                 attempts.append(
                     {
                         "status": "retried" if retry else "error",
@@ -144,7 +148,7 @@ class OpenAIProvider:
                 continue
             completion.latency_ms = int((time.perf_counter() - t0) * 1000)
             completion.failed_attempts = attempts
-            self._log(request, "ok", usage, completion.latency_ms, None)
+            self._log(request, "ok", usage, completion.latency_ms, None, model=completion.model)
             return completion
 
     def _params(self, request: CompletionRequest) -> dict[str, Any]:
@@ -165,11 +169,15 @@ class OpenAIProvider:
         try:
             with self.limits.call(estimated_tokens) as record:
                 response = client.chat.completions.create(**params)
-                record(sum(_usage(response)))
+                try:
+                    record(sum(_usage(response)))
+                except ServiceUnavailable as exc:  # the budget keeps its estimate; the answer is paid for
+                    log.warning("could not correct the rate budget with real usage: %s", exc)
                 return response
         except TimeoutError as exc:
-            raise LLMError(
-                f"no global LLM slot free in time ({exc}); raise RLM_MAX_CONCURRENCY or wait", retryable=True
+            raise LimiterBusy(
+                f"rate limiter busy: no LLM slot or rate budget free in time ({exc}); the call was not sent. "
+                "Raise RLM_MAX_CONCURRENCY / RLM_RPM / RLM_TPM, or run fewer jobs at once",
             ) from exc
 
     def _learn_unsupported(self, exc: Exception, model: str, params: dict[str, Any]) -> bool:
@@ -187,8 +195,11 @@ class OpenAIProvider:
                 return True
         return False
 
-    def _classify(self, exc: Exception, request: CompletionRequest) -> tuple[LLMError, float | None]:
-        """The user-facing error for a failed attempt, and the server's Retry-After if any."""
+    def _classify(
+        self, exc: Exception, request: CompletionRequest, *, answered: bool = False
+    ) -> tuple[LLMError, float | None]:
+        """The user-facing error for a failed attempt, and the server's Retry-After if any; an unknown
+        error is re-raised unless the server had ``answered`` (then it is a response we could not use)."""
         import openai
 
         where = self.settings.base_url or "api.openai.com"
@@ -205,6 +216,10 @@ class OpenAIProvider:
             return _status_error(exc, request.model, where)
         if isinstance(exc, _BadResponse | json.JSONDecodeError | openai.APIResponseValidationError):
             return LLMError(f"malformed response from {where}: {exc}", retryable=True), None
+        if answered:
+            return LLMError(
+                f"unusable response from {where}: {type(exc).__name__}: {str(exc)[:300]}", retryable=True
+            ), None
         raise exc
 
     def _backoff(self, retry_no: int, retry_after: float | None) -> float:
@@ -220,12 +235,15 @@ class OpenAIProvider:
         usage: tuple[int, int],
         latency_ms: int,
         error: str | None,
+        *,
+        model: str | None = None,
     ) -> None:
         level = logging.INFO if status == "ok" else logging.WARNING
+        model = model or request.model  # the model that answered, when the server named it
         log.log(
             level,
             "llm call model=%s role=%s status=%s tokens_in=%d tokens_out=%d latency_ms=%d%s",
-            request.model,
+            model,
             request.role,
             status,
             usage[0],
@@ -233,7 +251,7 @@ class OpenAIProvider:
             latency_ms,
             f" error={error}" if error else "",
             extra={
-                "llm_model": request.model,
+                "llm_model": model,
                 "llm_role": request.role,
                 "llm_status": status,
                 "llm_tokens_in": usage[0],
@@ -268,7 +286,14 @@ def _usage(response: Any) -> tuple[int, int]:
     usage = getattr(response, "usage", None)
     if usage is None:
         return 0, 0
-    return int(getattr(usage, "prompt_tokens", 0) or 0), int(getattr(usage, "completion_tokens", 0) or 0)
+
+    def count(name: str) -> int:
+        try:
+            return max(0, int(getattr(usage, name, 0) or 0))
+        except (TypeError, ValueError):  # a gateway's garbage is no count; the call is still logged
+            return 0
+
+    return count("prompt_tokens"), count("completion_tokens")
 
 
 def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Completion:
@@ -276,6 +301,7 @@ def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Complet
     if not choices or getattr(choices[0], "message", None) is None:
         raise _BadResponse(f"no choices in the response: {str(response)[:200]}")
     message = choices[0].message
+    finish_reason = getattr(choices[0], "finish_reason", None)
     tool_calls = [
         ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
         for tc in (message.tool_calls or [])
@@ -294,4 +320,5 @@ def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Complet
         tokens_out=usage[1],
         tool_calls=tool_calls,
         raw_message=raw,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
     )

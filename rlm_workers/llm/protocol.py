@@ -45,6 +45,9 @@ class Completion:
     raw_message: dict[str, Any] | None = None
     #: attempts that failed before this one succeeded, as (status, tokens_in, tokens_out, latency_ms, error)
     failed_attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: why the model stopped, as the server said ("stop", "length", "tool_calls"…); "length" means the reply was
+    #: cut at max_tokens, so whatever it holds may be incomplete
+    finish_reason: str | None = None
 
 
 class LLMProvider(Protocol):

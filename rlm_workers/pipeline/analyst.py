@@ -5,6 +5,12 @@ never raises into the chord: Celery runs a chord's callback only if every
 header task succeeds (celery#1881), so any failure becomes an error record on
 the batch and the job goes on with the batches that worked.  A database outage
 is the exception: the task retries, and the chord waits for it.
+
+Every chunk of a batch is accounted for: chunks a reply left out (a reply cut
+at ``max_tokens``, a proxy dropping the tail) are asked for again, by id, and
+those still missing are stored as unanswered, never counted as analysed.
+A claim holds the batch's lease, renewed while the analyst waits on a limiter
+or the model, so a redelivered message does not pay for the batch again.
 """
 
 from __future__ import annotations
@@ -12,13 +18,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import get_settings
+from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
-from ..errors import ParseError, error_record
+from ..errors import LimiterBusy, ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
@@ -27,13 +35,13 @@ from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
-from .prompts import content_block, load_prompt, system_message
-from .replies import clip, json_candidates
+from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
+from .replies import clip, json_candidates, leading_objects
 
 log = logging.getLogger("rlm.pipeline.analyst")
 
 ANALYST_MAX_TOKENS = 16_384
-#: one more call when the reply was not the JSON we asked for (it is told what was wrong)
+#: one more call when the reply was not the JSON we asked for or left chunks out (it is told what was wrong)
 PARSE_RETRIES = 1
 #: how much of an unusable reply is shown back to the model in the retry
 PRIOR_REPLY_CHARS = 2000
@@ -67,11 +75,14 @@ class ChunkForPrompt:
 def build_messages(
     system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt], focus_topics: Sequence[str] = ()
 ) -> list[dict[str, str]]:
-    parts = [f"## Query\n\n{query}"]
+    # The query is the user's own words, but it must not open or close a content block either; the
+    # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
+    parts = [f"## Query\n\n{escape_content(query)}"]
     if focus_topics:
-        parts.append("## Focus topics\n\n" + "\n".join(f"- {t}" for t in focus_topics))
+        parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
     blocks = [
-        f"### Chunk {c.chunk_id}\n\nsource: {c.buffer}:{c.path}:{c.start_line}-{c.end_line}\n\n{content_block(c.text)}"
+        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
+        f"{content_block(c.text)}"
         for c in chunks
     ]
     parts.append("## Chunks\n\n" + "\n\n".join(blocks))
@@ -132,6 +143,10 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
     """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits)."""
     entries = next((e for v in json_candidates(text or "") if (e := _entries(v)) is not None), None)
     if entries is None:
+        # an array cut off mid-way (max_tokens, a proxy): keep the entries it finished; the caller asks
+        # again for the chunks they leave out
+        entries = leading_objects(text or "") or None
+    if entries is None:
         raise ParseError(f"the analyst reply is not a JSON findings array: {(text or '')[:120]!r}")
     allowed = set(batch_chunk_ids)
     merged: dict[int, Finding] = {}
@@ -173,15 +188,70 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
 # --------------------------------------------------------------------------- the task's logic
 
 
-def _job_slot(job_id: str, limit: int | None, batches: int | None) -> Any:
-    """The scaling profile's per-job concurrency, shared by every worker through Redis."""
+def _job_slot(job_id: str, limit: int | None, batches: int | None, settings: Settings) -> Any:
+    """The scaling profile's per-job concurrency, shared by every worker through Redis; waiting for it is
+    bounded like every limiter wait (``TimeoutError``)."""
     if not limit or provider().local or (batches and batches <= int(limit)):
         # a cap at or above the job's batch count can never bind: skip two Redis round trips
         return contextlib.nullcontext()
-    from ..llm.limiter import ConcurrencyLimiter
+    from ..llm.limiter import ConcurrencyLimiter, wait_bound
     from ..resources import redis_client
 
-    return ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}").slot()
+    limiter = ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}")
+    return limiter.slot(wait_bound(settings))
+
+
+def batch_lease_seconds(settings: Settings) -> float:
+    """How long a claimed batch stays taken without a heartbeat: well below the visibility timeout, so a
+    message redelivered because its worker died finds the lease run out and can claim the batch."""
+    return max(3.0, min(120.0, settings.visibility_timeout / 3))
+
+
+class _Heartbeat:
+    """Renews a claimed batch's lease every third of it, in a thread, until the batch's work is over: a
+    redelivery finds the batch taken, and the watchdog sees a batch waiting on a limiter as progress."""
+
+    def __init__(self, job_id: str, batch_no: int, lease_seconds: float) -> None:
+        self.job_id, self.batch_no, self.every = job_id, batch_no, lease_seconds / 3
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"batch-heartbeat-{batch_no}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                with connection(timeout=self.every) as conn:
+                    if not job_store.heartbeat_batch(conn, job_id=self.job_id, batch_no=self.batch_no):
+                        return  # salvaged or finished meanwhile: nothing left to hold
+            except Exception as exc:  # a missed beat shortens the lease; the batch's own outcome decides
+                log.warning("job %s batch %s: heartbeat failed: %s", self.job_id, self.batch_no, exc)
+
+
+def _claim(job_id: str, batch_no: int, lease: float) -> list[int] | None:
+    """Claim the batch; while another holder's lease is live, wait (about one lease) for it to finish or lapse.
+
+    A live holder keeps its lease and this delivery gives up: one payment per batch.  But a holder that is
+    gone (its worker died, or it was this very task before a database outage made it retry) stops renewing,
+    and waiting out its lease lets this delivery do the batch instead of leaving it to be marked lost.
+    """
+    deadline = time.monotonic() + lease * 1.5
+    while True:
+        with connection() as conn:  # none held while waiting: the pool is shared by every analyst thread
+            ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease)
+            if ids is not None:
+                return ids
+            if time.monotonic() >= deadline or not job_store.batch_held(
+                conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease
+            ):
+                return None
+        time.sleep(lease / 3)
 
 
 def run(job_id: str, batch_no: int) -> dict:
@@ -206,9 +276,17 @@ def _analyse(job_id: str, batch_no: int) -> dict:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
             return {"batch": batch_no, "status": "skipped"}
-        ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no)
-        if ids is None:
-            return {"batch": batch_no, "status": "skipped"}  # finished by an earlier delivery, or salvaged
+    lease = batch_lease_seconds(settings)
+    ids = _claim(job_id, batch_no, lease)
+    if ids is None:
+        # finished or held by another delivery, or salvaged: this one must not pay for the batch again
+        return {"batch": batch_no, "status": "skipped"}
+    with _Heartbeat(job_id, batch_no, lease):
+        return _analyse_claimed(job_id, batch_no, job, ids, settings)
+
+
+def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: list[int], settings: Settings) -> dict:
+    with connection() as conn:
         rows = get_chunks(conn, tenant=job.tenant, chunk_ids=ids)
         if missing := [cid for cid in ids if cid not in rows]:
             job_store.add_chunk_load_failures(conn, job_id=job_id, n=len(missing))
@@ -238,28 +316,24 @@ def _analyse(job_id: str, batch_no: int) -> dict:
     )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
-    with _job_slot(job_id, params.get("concurrency"), job.batches_total):
-        for attempt in range(PARSE_RETRIES + 1):
-            request = CompletionRequest(
-                role="analyst",
-                model=settings.subcall_model,
-                messages=messages,
-                max_tokens=ANALYST_MAX_TOKENS,
-                temperature=0.0,
-                json_output=True,
-            )
-            completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
-            try:
-                findings = parse_findings(completion.text, batch_chunk_ids=present)
-                break
-            except ParseError as exc:
-                if attempt == PARSE_RETRIES:
-                    raise
-                log.info("job %s batch %s: unusable analyst reply (%s); asking again", job_id, batch_no, exc)
-                messages = retry_messages(messages, completion.text or "", exc.message, present)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_job_slot(job_id, params.get("concurrency"), job.batches_total, settings))
+        except TimeoutError as exc:
+            raise LimiterBusy(
+                f"rate limiter busy: the job's concurrency slot stayed taken ({exc}); the batch was not sent"
+            ) from exc
+        findings, unanswered = _ask(job_id, batch_no, messages, present, settings)
+    if unanswered:
+        log.warning(
+            "job %s batch %s: no answer for chunks %s even when asked again; reported as unanswered",
+            job_id,
+            batch_no,
+            unanswered,
+        )
     stored = durable_write(
         None,
-        lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no, findings=findings),
+        lambda c: job_store.finish_batch(c, job_id=job_id, batch_no=batch_no, findings=findings, unanswered=unanswered),
         what=f"findings of job {job_id} batch {batch_no}",
     )
     if not stored:
@@ -269,4 +343,47 @@ def _analyse(job_id: str, batch_no: int) -> dict:
             batch_no,
         )
         return {"batch": batch_no, "status": "late"}
-    return {"batch": batch_no, "status": "ok", "findings": len(findings)}
+    return {"batch": batch_no, "status": "ok", "findings": len(findings), "unanswered": len(unanswered)}
+
+
+def _ask(
+    job_id: str, batch_no: int, messages: list[dict[str, str]], present: list[int], settings: Settings
+) -> tuple[list[Finding], list[int]]:
+    """Call the analyst until every chunk has an entry or the retries are spent: (findings, unanswered ids).
+
+    A reply that is no findings JSON at all, or that leaves chunks out (cut at ``max_tokens``, ``finish_reason``
+    ``length``, or simply short), earns another call that repeats the batch, shows the reply and names the
+    chunk ids still owed.  Only when no reply was usable at all does the batch fail (``ParseError``).
+    """
+    answered: dict[int, Finding] = {}
+    wanted = list(present)
+    for attempt in range(PARSE_RETRIES + 1):
+        request = CompletionRequest(
+            role="analyst",
+            model=settings.subcall_model,
+            messages=messages,
+            max_tokens=ANALYST_MAX_TOKENS,
+            temperature=0.0,
+            json_output=True,
+        )
+        completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
+        cut = completion.finish_reason == "length"
+        try:
+            got = parse_findings(completion.text, batch_chunk_ids=wanted)
+            problem = None
+        except ParseError as exc:
+            if attempt == PARSE_RETRIES and not answered:
+                raise
+            got, problem = [], exc.message
+        for f in got:
+            answered[f.chunk_id] = f
+        wanted = [cid for cid in wanted if cid not in answered]
+        if not wanted or attempt == PARSE_RETRIES:
+            break
+        if problem is None:
+            problem = f"it had no entry for chunk ids {', '.join(map(str, wanted))}"
+        if cut:
+            problem += " (it was cut off at the output limit: keep every entry short)"
+        log.info("job %s batch %s: unusable or incomplete analyst reply (%s); asking again", job_id, batch_no, problem)
+        messages = retry_messages(messages, completion.text or "", problem, wanted)
+    return list(answered.values()), wanted

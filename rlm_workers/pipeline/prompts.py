@@ -4,10 +4,13 @@ Each stage builds its own user message (in its own module); what they share is
 here.  Chunk text is untrusted: it goes inside ``<content>…</content>`` and
 anything in it that looks like an opening or closing ``content`` tag is defused
 first, so a chunk can never end its own block and speak as the orchestrator.
+The short untrusted fields written outside a block (file paths, buffer names,
+the planner's focus topics) are quoted instead: one JSON string on one line.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -19,6 +22,8 @@ MAX_PROMPT_BYTES = 256 * 1024
 
 # "<" and the characters that render like it, optional slash and spaces, then "content".
 _TAG_LOOKALIKE = re.compile(r"[<\uFF1C\uFE64\u2039\u3008\u27E8\u276E]\s*[/\u2215\u2044\uFF0F]?\s*content", re.I)
+#: what ``escape_content`` made of a tag's bracket: ``&lt;`` for "<", a character reference for a look-alike
+_ESCAPED_TAG = re.compile(r"&(lt|#x[0-9A-Fa-f]{1,6});(?=\s*[/\u2215\u2044\uFF0F]?\s*content)", re.I)
 
 
 def _shipped(name: str) -> Traversable:
@@ -55,12 +60,53 @@ def load_prompt(name: str, *, prompt_dir: str | Path | None = None) -> str:
 
 
 def escape_content(text: str) -> str:
-    """Defuse every ``<content`` / ``</content`` look-alike so the block can't be closed from inside."""
-    return _TAG_LOOKALIKE.sub(lambda m: "&lt;" + m.group(0)[1:], text)
+    """Defuse every ``<content`` / ``</content`` look-alike so the block can't be closed from inside.
+
+    The bracket becomes an HTML character reference, so ``unescape_content`` can give the text back."""
+
+    def defuse(m: re.Match[str]) -> str:
+        bracket = m.group(0)[0]
+        return ("&lt;" if bracket == "<" else f"&#x{ord(bracket):X};") + m.group(0)[1:]
+
+    return _TAG_LOOKALIKE.sub(defuse, text)
+
+
+def unescape_content(text: str) -> str:
+    """The text as it was before ``escape_content``, for a verbatim quote taken from inside a fence (a chunk
+    that itself spelled ``&lt;/content`` reads back as ``</content``: the one case it cannot tell apart)."""
+    return _ESCAPED_TAG.sub(lambda m: "<" if m.group(1).lower() == "lt" else chr(int(m.group(1)[2:], 16)), text)
 
 
 def content_block(text: str) -> str:
     return f"<content>\n{escape_content(text)}\n</content>"
+
+
+#: line breaks ``json.dumps`` keeps as they are (it escapes only the ASCII controls)
+_UNICODE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def quote_field(text: str) -> str:
+    """An untrusted one-line field outside a content block, as a JSON string: a newline, a quote or a
+    ``## heading`` in a file name stays inside the string, and content tags in it are defused."""
+    quoted = json.dumps(str(text), ensure_ascii=False)
+    for ch, escaped in _UNICODE_BREAKS.items():
+        quoted = quoted.replace(ch, escaped)
+    return escape_content(quoted)
+
+
+def source_line(buffer: str, path: str, start_line: int, end_line: int) -> str:
+    """Where a chunk comes from, for a prompt: ``source: "<buffer>:<path>":<start>-<end>``
+    (docs/contract.md#analyst-message)."""
+    return f"source: {quote_field(f'{buffer}:{path}')}:{int(start_line)}-{int(end_line)}"
+
+
+def unquote_field(text: str) -> str:
+    """``quote_field`` undone (for the offline provider, which reads the prompt back); unquoted text as is."""
+    try:
+        value = json.loads(unescape_content(text))
+    except ValueError:
+        return text
+    return value if isinstance(value, str) else text
 
 
 def system_message(prompt: str) -> dict[str, str]:

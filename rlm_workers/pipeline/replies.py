@@ -34,6 +34,28 @@ def json_candidates(text: str) -> list[Any]:
     return out
 
 
+def leading_objects(text: str) -> list[dict]:
+    """The complete objects at the head of the first JSON array in ``text``, for a reply cut off mid-array:
+    ``[{…}, {…}, {"chunk_id": 7, "rel`` gives the first two."""
+    start = text.find("[")
+    if start < 0:
+        return []
+    decoder = json.JSONDecoder()
+    out: list[dict] = []
+    i = start + 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] != "{":
+            return out
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            return out
+        if isinstance(value, dict):
+            out.append(value)
+
+
 def clip(s: Any, limit: int = MAX_FINDING_BYTES) -> str:
     """Text of at most ``limit`` UTF-8 bytes (an ellipsis marks a cut); non-strings as JSON."""
     text = s if isinstance(s, str) else json.dumps(s, ensure_ascii=False) if s is not None else ""

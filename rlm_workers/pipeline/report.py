@@ -47,7 +47,9 @@ def build_result(
 ) -> QueryResult:
     ok = [b for b in batches if b.status == "ok"]
     failed = [b for b in batches if b.status == "failed"]
-    analyzed = sorted({cid for b in ok for cid in b.chunk_ids})
+    unanswered = sorted({cid for b in ok for cid in b.unanswered})
+    # a chunk the analyst never answered for was not analysed, whatever its batch's status says
+    analyzed = sorted({cid for b in ok for cid in b.chunk_ids} - set(unanswered))
     calls, tokens_in, tokens_out = usage
     plan_fields = set(AnalysisPlan.model_fields)
     return QueryResult(
@@ -60,6 +62,8 @@ def build_result(
         findings_filtered=findings_filtered,
         chunks_analyzed=len(analyzed),
         analyzed_chunk_ids=analyzed,
+        chunks_unanswered=len(unanswered),
+        unanswered_chunk_ids=unanswered,
         chunks_available=chunks_available,
         batches_processed=len(ok),
         batches_failed=len(failed),
@@ -86,8 +90,9 @@ def build_result(
 
 def status_line(r: QueryResult) -> str:
     """The one-line summary printed under a text report (docs/contract.md#json-shapes)."""
+    unanswered = f" ({r.chunks_unanswered} unanswered)" if r.chunks_unanswered else ""
     return (
-        f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed | "
+        f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed{unanswered} | "
         f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
         f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s"
     )

@@ -21,7 +21,7 @@ from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
-from .prompts import content_block, load_prompt, system_message
+from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
 
 if TYPE_CHECKING:
     import psycopg
@@ -57,7 +57,7 @@ def build_messages(
     blocks, used, omitted = [], 0, 0
     for f in kept:
         block = (
-            f"### Chunk {f['chunk_id']}\n\nsource: {f['buffer']}:{f['path']}:{f['start_line']}-{f['end_line']}"
+            f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
             f"\n\n{content_block(_finding_block(f))}"
         )
         if used + len(block) > MAX_SYNTH_FINDINGS_CHARS and blocks:
@@ -65,8 +65,11 @@ def build_messages(
             continue
         blocks.append(block)
         used += len(block)
-    stat_lines = "\n".join(f"- {k}: {', '.join(v) if isinstance(v, list | tuple) else v}" for k, v in stats.items())
-    user = f"## Query\n\n{query}\n\n## Dataset\n\n{stat_lines}\n\n## Findings\n\n" + "\n\n".join(blocks)
+    # buffer names are untrusted like paths: quoted, as in the source lines
+    stat_lines = "\n".join(
+        f"- {k}: {', '.join(map(quote_field, v)) if isinstance(v, list | tuple) else v}" for k, v in stats.items()
+    )
+    user = f"## Query\n\n{escape_content(query)}\n\n## Dataset\n\n{stat_lines}\n\n## Findings\n\n" + "\n\n".join(blocks)
     if omitted:
         user += f"\n\n({omitted} lower-ranked findings omitted for length; use the tools to look further.)"
     return [system_message(system_prompt), {"role": "user", "content": user}]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -172,14 +172,22 @@ def add_chunk_load_failures(conn: psycopg.Connection, *, job_id: str, n: int) ->
         conn.execute("UPDATE jobs SET chunk_load_failures = chunk_load_failures + %s WHERE id = %s", (n, job_id))
 
 
-#: a job's last sign of life: its stage moved, or one of its batches started or finished
-_LAST_ACTIVITY = """greatest(j.stage_at, (SELECT greatest(max(b.started_at), max(b.finished_at))
+#: a job's last sign of life: its stage moved, or one of its batches started, showed life (an analyst waiting on
+#: the limiter or the model heartbeats) or finished
+_LAST_ACTIVITY = """greatest(j.stage_at, (SELECT greatest(max(b.started_at), max(b.heartbeat_at), max(b.finished_at))
                                          FROM job_batches b WHERE b.job_id = j.id))"""
 
 
-def claim_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> list[int] | None:
+def claim_batch(
+    conn: psycopg.Connection, *, job_id: str, batch_no: int, lease_seconds: float = 60.0
+) -> list[int] | None:
     """Start a pending batch of an open job and return its chunk ids; None means: do not call the LLM
-    (the job ended, the batch was salvaged, or an earlier delivery already finished it).
+    (the job ended, the batch was salvaged, an earlier delivery already finished it, or another delivery holds
+    it: its heartbeat is younger than ``lease_seconds``).
+
+    A claim takes the batch's lease in the same statement, so of two deliveries of one batch (Redis
+    redelivers a message whose worker looks gone) only one pays for the model; a holder that died stops
+    heartbeating and a later delivery may claim the batch once the lease ran out.
 
     One statement holding a share lock on the job row: analysts of a job never wait for each other,
     but a salvage (which takes that row ``FOR UPDATE``) runs either wholly before a claim (which then
@@ -188,12 +196,39 @@ def claim_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> list
     """
     row = conn.execute(
         """WITH open_job AS (SELECT id FROM jobs WHERE id = %(j)s AND status IN ('queued', 'running') FOR SHARE)
-           UPDATE job_batches SET attempts = attempts + 1, started_at = now()
+           UPDATE job_batches SET attempts = attempts + 1, started_at = now(), heartbeat_at = now()
            WHERE job_id = (SELECT id FROM open_job) AND batch_no = %(b)s AND status = 'pending'
+             AND (heartbeat_at IS NULL OR heartbeat_at < now() - make_interval(secs => %(lease)s))
            RETURNING chunk_ids""",
-        {"j": job_id, "b": batch_no},
+        {"j": job_id, "b": batch_no, "lease": float(lease_seconds)},
     ).fetchone()
     return list(row[0]) if row else None
+
+
+def batch_held(conn: psycopg.Connection, *, job_id: str, batch_no: int, lease_seconds: float) -> bool:
+    """Is the batch, of an open job, still pending under a live lease (another delivery is working on it)?"""
+    return (
+        conn.execute(
+            """SELECT 1 FROM job_batches b JOIN jobs j ON j.id = b.job_id
+               WHERE b.job_id = %s AND b.batch_no = %s AND b.status = 'pending'
+                 AND j.status IN ('queued', 'running')
+                 AND b.heartbeat_at >= now() - make_interval(secs => %s)""",
+            (job_id, batch_no, float(lease_seconds)),
+        ).fetchone()
+        is not None
+    )
+
+
+def heartbeat_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> bool:
+    """Renew a claimed batch's lease (and show the job is moving); False once the batch ended or was salvaged."""
+    return (
+        conn.execute(
+            """UPDATE job_batches SET heartbeat_at = now()
+               WHERE job_id = %s AND batch_no = %s AND status = 'pending'""",
+            (job_id, batch_no),
+        ).rowcount
+        > 0
+    )
 
 
 def lock_for_salvage(
@@ -272,14 +307,16 @@ def finish_batch(
     batch_no: int,
     findings: Sequence[Finding] = (),
     error: dict[str, Any] | None = None,
+    unanswered: Sequence[int] = (),
 ) -> bool:
-    """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost."""
+    """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost.
+    ``unanswered``: chunks of an ``ok`` batch the analyst gave no entry for (reported, never dropped silently)."""
     with conn.transaction():
         if (
             conn.execute(
-                """UPDATE job_batches SET status = %s, error = %s, finished_at = now()
+                """UPDATE job_batches SET status = %s, error = %s, unanswered = %s, finished_at = now()
                WHERE job_id = %s AND batch_no = %s AND status = 'pending' RETURNING batch_no""",
-                ("failed" if error else "ok", Jsonb(error) if error else None, job_id, batch_no),
+                ("failed" if error else "ok", Jsonb(error) if error else None, list(unanswered), job_id, batch_no),
             ).fetchone()
             is None
         ):
@@ -324,13 +361,16 @@ class BatchRecord:
     chunk_ids: list[int]
     status: str
     error: dict[str, Any] | None
+    #: chunks of an ok batch the analyst never answered for
+    unanswered: list[int] = field(default_factory=list)
 
 
 def batches(conn: psycopg.Connection, *, job_id: str) -> list[BatchRecord]:
     return [
-        BatchRecord(r[0], list(r[1]), r[2], r[3])
+        BatchRecord(r[0], list(r[1]), r[2], r[3], list(r[4] or []))
         for r in conn.execute(
-            "SELECT batch_no, chunk_ids, status, error FROM job_batches WHERE job_id = %s ORDER BY batch_no",
+            """SELECT batch_no, chunk_ids, status, error, unanswered FROM job_batches WHERE job_id = %s
+               ORDER BY batch_no""",
             (job_id,),
         )
     ]

@@ -271,6 +271,14 @@ M009_BATCH_REQUEST_FINGERPRINT = """
 ALTER TABLE batches ADD COLUMN request_fingerprint text;
 """
 
+M010_BATCH_LEASE_AND_UNANSWERED = """
+-- A claimed batch's lease: its analyst renews heartbeat_at while it waits on the limiter or the model, so a
+-- redelivered message finds the batch taken (and does not pay for it twice) and the watchdog sees progress.
+ALTER TABLE job_batches ADD COLUMN heartbeat_at timestamptz;
+-- Chunks of a finished batch the analyst never answered for, even when asked again (a cut-off reply).
+ALTER TABLE job_batches ADD COLUMN unanswered bigint[] NOT NULL DEFAULT '{}';
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -281,6 +289,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m007_synthesis_lease", M007_SYNTHESIS_LEASE),
     ("m008_batch_ticks_and_cache", M008_BATCH_TICKS_AND_CACHE),
     ("m009_batch_request_fingerprint", M009_BATCH_REQUEST_FINGERPRINT),
+    ("m010_batch_lease_and_unanswered", M010_BATCH_LEASE_AND_UNANSWERED),
 ]
 
 

@@ -147,6 +147,30 @@ def fail_first(
     return respond
 
 
+def cut_json_array(entries: Sequence[Any], *, keep: int) -> str:
+    """A JSON array cut off mid-way: ``keep`` entries complete, then half of the next one (if any), no closing
+    bracket — what a reply stopped at ``max_tokens`` (or a proxy dropping the tail) looks like."""
+    head = "[" + ", ".join(json.dumps(e) for e in entries[:keep])
+    if len(entries) <= keep:
+        return head
+    nxt = json.dumps(entries[keep])
+    return head + ", " + nxt[: len(nxt) // 2]
+
+
+def cut_replies(responder: Responder, *, fraction: float = 0.5, finish_reason: str | None = "length") -> Responder:
+    """Every reply's text cut to ``fraction`` of its length, with ``finish_reason`` (``length``: the model hit
+    ``max_tokens``; ``None`` keeps ``stop``, as a proxy that drops the tail would)."""
+
+    def respond(req: dict[str, Any]) -> Reply:
+        reply = _as_reply(responder(req))
+        if reply.content:
+            reply.content = reply.content[: int(len(reply.content) * fraction)]
+            reply.finish_reason = finish_reason
+        return reply
+
+    return respond
+
+
 def always_error(status: int = 500, message: str = "The server had an error", **kw: Any) -> Responder:
     return lambda _req: Reply.http_error(status, message, **kw)
 
