@@ -9,11 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rlm_workers.limits import (
     MAX_CHUNK_SIZE,
-    MAX_NAME_COMPONENT_BYTES,
     MAX_QUERY_BYTES,
     MIN_CHUNK_SIZE,
 )
-from rlm_workers.models import BufferInfo, QueryOptions, QueryResult
+from rlm_workers.models import BufferInfo, QueryOptions, QueryResult, check_storable_text
 
 #: most files one upload may carry (JSON documents or multipart parts)
 MAX_UPLOAD_FILES = 10_000
@@ -61,25 +60,17 @@ class ErrorResponse(BaseModel):
 
 
 def storable(v: str, what: str = "text", *, nul_ok: bool = False) -> str:
-    """Text PostgreSQL can store: no NUL, and valid Unicode (JSON's ``\\ud800`` decodes to a lone surrogate,
-    which no encoding can write).  Refused here, a 422, rather than failing when it is stored."""
-    if "\x00" in v and not nul_ok:
-        raise ValueError(f"{what} contains a NUL character")
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} contains a lone surrogate (e.g. \\ud800): not valid Unicode text") from None
-    return v
+    """Text PostgreSQL can store, refused here as a 422 rather than failing when it is stored."""
+    return check_storable_text(v, what, nul_ok=nul_ok)
 
 
 def upload_name_ok(name: str) -> str:
-    """A client's file name whose every component a file system can hold (the loader checks the rest)."""
-    storable(name, "file name")
-    for part in name.split("/"):
-        if len(part.encode("utf-8")) > MAX_NAME_COMPONENT_BYTES:
-            raise ValueError(
-                f"invalid file name {name[:80]!r}…: a path component is over {MAX_NAME_COMPONENT_BYTES} bytes"
-            )
+    """A client's file name as the loader will take it: the one path rule `rlm load` and the worker apply."""
+    from rlm_workers.ingest.files import path_problem
+
+    storable(name, "file name", nul_ok=True)  # a NUL is a control character: path_problem names it
+    if problem := path_problem(name):
+        raise ValueError(f"invalid file name {name[:80]!r}: the path {problem}")
     return name
 
 

@@ -31,20 +31,26 @@ class Relevance(StrEnum):
 RELEVANCE_RANK: dict[str, int] = {Relevance.high: 3, Relevance.medium: 2, Relevance.low: 1, Relevance.none: 0}
 
 
-def check_query_text(text: str) -> str:
-    """The one rule every query path (API bodies, batches, the CLI) applies to the text itself.
+def check_storable_text(text: str, what: str = "the query", *, nul_ok: bool = False) -> str:
+    """The one rule for text a client sends that PostgreSQL must store (queries, names, globs, documents).
 
     PostgreSQL text cannot hold a NUL, and a lone surrogate (a JSON ``"\\ud800"``, a non-UTF-8 byte in argv)
     cannot be encoded as UTF-8: either would fail only when stored.  Raises ValueError (a pydantic validator
-    turns it into a 422; ``validate_query`` into InvalidInput).
+    turns it into a 422; ``validate_query`` into InvalidInput).  ``nul_ok`` is for callers that refuse a NUL
+    themselves with a message of their own.
     """
-    if "\x00" in text:
-        raise ValueError("the query contains a NUL character")
+    if "\x00" in text and not nul_ok:
+        raise ValueError(f"{what} contains a NUL character")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("the query contains text that is not valid Unicode (a lone surrogate)") from None
+        raise ValueError(f"{what} contains text that is not valid Unicode (a lone surrogate)") from None
     return text
+
+
+def check_query_text(text: str) -> str:
+    """What every query path (API bodies, batches, the CLI) applies to the query itself."""
+    return check_storable_text(text, "the query")
 
 
 # The bounds of every query knob, shared by QueryOptions, AnalysisPlan and plan parsing.

@@ -524,6 +524,19 @@ def test_idempotency_cancel_and_validation(env, conn, fresh, workers, api):
     assert run_rlm(env, "batch", "cancel", proc.stdout.strip()).returncode == 0
     assert run_rlm(env, "batch", "status", "f" * 32).returncode == 2
 
+    # the CLI checks a reused key as the API does: another request under it is refused, the same one replays
+    # (a fixed --at: a relative one is another instant, so another request, at every call)
+    at = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0).isoformat()
+    keyed = ("batch", "submit", "--queries", "-", "--buffer", "alpha", "--at", at, "--no-check-workers")
+    keyed += ("--idempotency-key", "cli-nightly")
+    first = run_rlm(env, *keyed, stdin="Keyed question?\n")
+    assert first.returncode == 0, first.stderr
+    assert run_rlm(env, *keyed, stdin="Keyed question?\n").stdout == first.stdout
+    other = run_rlm(env, *keyed, stdin="Another question?\n")
+    assert other.returncode == 2 and other.stdout == "", other.stderr
+    assert "used for a different request" in other.stderr and "Traceback" not in other.stderr
+    assert run_rlm(env, "batch", "cancel", first.stdout.strip()).returncode == 0
+
 
 def test_run_at_needs_a_zone_and_is_bounded(env, conn, api, workers, tmp_path):
     """A far-future run_at was accepted (202) and poisoned the tenant's batches; a zone-less one was taken as
@@ -719,7 +732,9 @@ def test_nul_and_lone_surrogates_are_refused_on_every_query_path(env, conn, api,
         timeout=180,
     )
     err = proc.stderr.decode("utf-8", "replace")
-    assert proc.returncode == 2 and "not valid Unicode" in err and "Traceback" not in err, err
+    # the CLI refuses it before any command runs: one line, exit 2
+    assert proc.returncode == 2 and "not valid UTF-8" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
     assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
     conn.commit()
 
