@@ -14,26 +14,16 @@ import time
 
 import pytest
 
-from tests.support.pipeline_model import MODEL_ENV, QUESTION, write_essays
-from tests.support.workers import ROOT, WorkerProcess
+from tests.support.pipeline_model import QUESTION, write_essays
+from tests.support.workers import ROOT, running_workers, scripted_env
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def env(rlm_env, llm):
-    from tests.support.envpatch import patched_env
-
-    extra = {
-        "OPENAI_API_KEY": "sk-test-not-a-real-key",
-        "OPENAI_BASE_URL": llm.base_url,
-        **MODEL_ENV,
-        "RLM_LLM_RETRIES": "1",
-        "RLM_LLM_TIMEOUT": "90",
-        "HF_HUB_OFFLINE": "1",
-    }
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+    with scripted_env(rlm_env, llm, RLM_LLM_RETRIES="1", RLM_LLM_TIMEOUT="90") as e:
+        yield e
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +39,9 @@ def corpus(env, conn, embedder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(env, corpus, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("worker-logs")
-    ws = {
-        "ctl": WorkerProcess("clictl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-        "an": WorkerProcess("clian", queues="rlm.analyst", env=env, log_dir=logs, concurrency=4),
-    }
-    for w in ws.values():
-        w.start()
-    yield ws
-    for w in ws.values():
-        w.stop()
+    pools = {"ctl": ("rlm.control", 4), "an": ("rlm.analyst", 4)}
+    with running_workers(env, tmp_path_factory.mktemp("worker-logs"), pools, flush_broker=False) as ws:
+        yield ws
 
 
 def _start_query(env, *args):

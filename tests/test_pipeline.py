@@ -18,7 +18,6 @@ import pytest
 
 from tests.support.pipeline_model import (
     CHUNK_COUNT,
-    MODEL_ENV,
     NEEDLE,
     QUESTION,
     RETRY_PREFIX,
@@ -27,7 +26,7 @@ from tests.support.pipeline_model import (
     write_essays,
 )
 from tests.support.scripted_llm import Reply, fail_first, last_user_message
-from tests.support.workers import ROOT, WorkerProcess
+from tests.support.workers import ROOT, running_workers, scripted_env
 
 pytestmark = pytest.mark.slow
 
@@ -37,22 +36,17 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def env(rlm_env, llm, tmp_path_factory):
     """The environment every process of this module shares (test process, workers, CLI)."""
-    from tests.support.envpatch import patched_env
-
-    extra = {
-        "OPENAI_API_KEY": "sk-test-not-a-real-key",
-        "OPENAI_BASE_URL": llm.base_url,
-        **MODEL_ENV,
-        "RLM_LLM_RETRIES": "1",
-        "RLM_LLM_TIMEOUT": "30",
-        "RLM_MAX_CONCURRENCY": "3",
+    with scripted_env(
+        rlm_env,
+        llm,
+        RLM_LLM_RETRIES="1",
+        RLM_LLM_TIMEOUT="30",
+        RLM_MAX_CONCURRENCY="3",
         # short enough that a lost batch is redelivered or salvaged within the test's patience
-        "RLM_VISIBILITY_TIMEOUT": "30",
-        "RLM_JOB_TIMEOUT": "25",
-        "HF_HUB_OFFLINE": "1",
-    }
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+        RLM_VISIBILITY_TIMEOUT="30",
+        RLM_JOB_TIMEOUT="25",
+    ) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")
@@ -76,20 +70,9 @@ def corpus(env, conn, embedder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(env, corpus, tmp_path_factory):
-    import redis
-
-    redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()  # no stale tasks from earlier modules
-    logs = tmp_path_factory.mktemp("worker-logs")
-    ws = {
-        "ctl": WorkerProcess("ctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-        "an1": WorkerProcess("an1", queues="rlm.analyst", env=env, log_dir=logs, concurrency=6),
-        "an2": WorkerProcess("an2", queues="rlm.analyst", env=env, log_dir=logs, concurrency=6),
-    }
-    for w in ws.values():
-        w.start()
-    yield ws
-    for w in ws.values():
-        w.stop()
+    pools = {"ctl": ("rlm.control", 4), "an1": ("rlm.analyst", 6), "an2": ("rlm.analyst", 6)}
+    with running_workers(env, tmp_path_factory.mktemp("worker-logs"), pools) as ws:
+        yield ws
 
 
 def run_job(conn, query, buffers=("essays",), timeout=120, **options):

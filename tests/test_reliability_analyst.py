@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from tests.support import jobs
 from tests.support.pipeline_model import (
     CHUNK_COUNT,
-    MODEL_ENV,
     NEEDLE,
     QUESTION,
     RETRY_PREFIX,
@@ -25,7 +25,7 @@ from tests.support.pipeline_model import (
     write_essays,
 )
 from tests.support.scripted_llm import Reply, cut_json_array, last_user_message
-from tests.support.workers import WorkerProcess
+from tests.support.workers import running_workers, scripted_env
 
 pytestmark = pytest.mark.slow
 
@@ -66,22 +66,17 @@ def model():
 
 @pytest.fixture(scope="module")
 def env(rlm_env, llm):
-    from tests.support.envpatch import patched_env
-
-    extra = {
-        "OPENAI_API_KEY": "sk-test-not-a-real-key",
-        "OPENAI_BASE_URL": llm.base_url,
-        **MODEL_ENV,
-        "RLM_LLM_RETRIES": "1",
-        "RLM_LLM_TIMEOUT": "90",
-        "RLM_MAX_CONCURRENCY": "4",
+    with scripted_env(
+        rlm_env,
+        llm,
+        RLM_LLM_RETRIES="1",
+        RLM_LLM_TIMEOUT="90",
+        RLM_MAX_CONCURRENCY="4",
         # a batch lease of 10 s (a third of it): a duplicate delivery gives up on a live holder within ~15 s
-        "RLM_VISIBILITY_TIMEOUT": "30",
-        "RLM_JOB_TIMEOUT": "25",
-        "HF_HUB_OFFLINE": "1",
-    }
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+        RLM_VISIBILITY_TIMEOUT="30",
+        RLM_JOB_TIMEOUT="25",
+    ) as e:
+        yield e
 
 
 HOSTILE_PATHS = {
@@ -115,33 +110,14 @@ def corpus(env, conn, embedder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(env, corpus, tmp_path_factory):
-    import redis
-
-    redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()  # no stale tasks from earlier modules
-    logs = tmp_path_factory.mktemp("worker-logs")
-    ws = {
-        "ctl": WorkerProcess("ctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-        "an": WorkerProcess("an", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8),
-    }
-    for w in ws.values():
-        w.start()
-    yield ws
-    for w in ws.values():
-        w.stop()
-
-
-def submit(conn, query, buffers=("essays",), **options):
-    from rlm_workers.submit import submit_query
-
-    job_id, _ = submit_query(conn, tenant="local", query=query, buffers=list(buffers), options=options)
-    conn.commit()
-    return job_id
+    pools = {"ctl": ("rlm.control", 4), "an": ("rlm.analyst", 8)}
+    with running_workers(env, tmp_path_factory.mktemp("worker-logs"), pools) as ws:
+        yield ws
 
 
 def run_job(conn, query, buffers=("essays",), timeout=180, **options):
-    from rlm_workers.submit import wait_for_job
-
-    return wait_for_job(conn, submit(conn, query, buffers, **options), timeout=timeout)
+    # each test states the options it relies on
+    return jobs.wait(conn, jobs.submit(conn, query, buffers, quick=False, **options), timeout=timeout)
 
 
 def result_of(job):
@@ -211,7 +187,7 @@ def test_a_second_delivery_of_a_batch_in_flight_does_not_call_the_model(conn, fr
     from rlm_workers.submit import wait_for_job
 
     model.gate.clear()  # analyst calls wait at the server
-    job_id = submit(conn, QUESTION, skip_plan=True, threshold=-1.0, max_chunks=5, batch_size=5)
+    job_id = jobs.submit(conn, QUESTION, max_chunks=5, batch_size=5)
     try:
         deadline = time.monotonic() + 120
         while fresh.stats()["in_flight"] < 1:

@@ -7,13 +7,13 @@ synthesis many times while it runs; the scripted model's synthesizer is slowed p
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.support.pipeline_model import MODEL_ENV, NEEDLE, QUESTION, write_essays
+from tests.support import jobs
+from tests.support.jobs import wait, wait_for
+from tests.support.pipeline_model import NEEDLE, write_essays
 from tests.support.scripted_llm import Reply
-from tests.support.workers import WorkerProcess
+from tests.support.workers import running_workers, scripted_env
 
 pytestmark = pytest.mark.slow
 
@@ -22,23 +22,18 @@ JOB_TIMEOUT = 6
 
 @pytest.fixture(scope="module")
 def env(rlm_env, llm):
-    from tests.support.envpatch import patched_env
-
-    extra = {
-        "OPENAI_API_KEY": "sk-test-not-a-real-key",
-        "OPENAI_BASE_URL": llm.base_url,
-        **MODEL_ENV,
-        "RLM_LLM_RETRIES": "0",
-        "RLM_LLM_TIMEOUT": "60",
-        "RLM_MAX_CONCURRENCY": "4",
-        "RLM_JOB_TIMEOUT": str(JOB_TIMEOUT),
-        "RLM_RECONCILE_SECONDS": "1",
+    with scripted_env(
+        rlm_env,
+        llm,
+        RLM_LLM_RETRIES="0",
+        RLM_LLM_TIMEOUT="60",
+        RLM_MAX_CONCURRENCY="4",
+        RLM_JOB_TIMEOUT=str(JOB_TIMEOUT),
+        RLM_RECONCILE_SECONDS="1",
         # above every synthesis here: a redelivery of the stage is not what these tests are about
-        "RLM_VISIBILITY_TIMEOUT": "90",
-        "HF_HUB_OFFLINE": "1",
-    }
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+        RLM_VISIBILITY_TIMEOUT="90",
+    ) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")
@@ -53,43 +48,13 @@ def corpus(env, conn, embedder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(env, corpus, tmp_path_factory):
-    import redis
-
-    redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
-    logs = tmp_path_factory.mktemp("lease-logs")
-    ws = {
-        "ctl": WorkerProcess("lctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-        "an": WorkerProcess("lan", queues="rlm.analyst", env=env, log_dir=logs, concurrency=4),
-    }
-    for w in ws.values():
-        w.start()
-    yield ws
-    for w in ws.values():
-        w.stop()
+    pools = {"ctl": ("rlm.control", 4), "an": ("rlm.analyst", 4)}
+    with running_workers(env, tmp_path_factory.mktemp("lease-logs"), pools) as ws:
+        yield ws
 
 
 def submit(conn, **options):
-    from rlm_workers.submit import submit_query
-
-    opts = {"skip_plan": True, "threshold": -1.0, "batch_size": 4, "max_chunks": 8, **options}
-    job_id, _ = submit_query(conn, tenant="local", query=QUESTION, buffers=["essays"], options=opts)
-    conn.commit()
-    return job_id
-
-
-def wait(conn, job_id, timeout=180):
-    from rlm_workers.submit import wait_for_job
-
-    return wait_for_job(conn, job_id, timeout=timeout)
-
-
-def wait_for(predicate, timeout=90, every=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
+    return jobs.submit(conn, max_chunks=8, **options)
 
 
 def synth_requests(llm):

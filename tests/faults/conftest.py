@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pipeline_model import MODEL_ENV, write_essays
-from tests.support.workers import WorkerProcess
+from tests.support.pipeline_model import write_essays
+from tests.support.workers import running_workers, scripted_env
 
 
 @pytest.fixture(scope="session")
@@ -40,20 +40,8 @@ CLOCKS = {"RLM_VISIBILITY_TIMEOUT": "30", "RLM_JOB_TIMEOUT": "20", "RLM_RECONCIL
 
 @pytest.fixture(scope="module")
 def env(rlm_env, llm):
-    from tests.support.envpatch import patched_env
-
-    extra = {
-        "OPENAI_API_KEY": "sk-test-not-a-real-key",
-        "OPENAI_BASE_URL": llm.base_url,
-        **MODEL_ENV,
-        "RLM_LLM_RETRIES": "3",
-        "RLM_LLM_TIMEOUT": "20",
-        "RLM_MAX_CONCURRENCY": "4",
-        "HF_HUB_OFFLINE": "1",
-        **CLOCKS,
-    }
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+    with scripted_env(rlm_env, llm, RLM_LLM_RETRIES="3", RLM_LLM_TIMEOUT="20", RLM_MAX_CONCURRENCY="4", **CLOCKS) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")
@@ -68,19 +56,9 @@ def corpus(env, conn, embedder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(env, corpus, tmp_path_factory):
-    import redis
-
-    redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
-    logs = tmp_path_factory.mktemp("fault-logs")
-    ws = {
-        "ctl": WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=logs, concurrency=4),
-        "an": WorkerProcess("fan", queues="rlm.analyst", env=env, log_dir=logs, concurrency=8),
-    }
-    for w in ws.values():
-        w.start()
-    yield ws
-    for w in ws.values():
-        w.stop()
+    pools = {"ctl": ("rlm.control", 4), "an": ("rlm.analyst", 8)}
+    with running_workers(env, tmp_path_factory.mktemp("fault-logs"), pools) as ws:
+        yield ws
 
 
 @pytest.fixture()

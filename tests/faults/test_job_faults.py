@@ -13,34 +13,11 @@ import time
 
 import pytest
 
+from tests.support.jobs import submit, wait, wait_for
 from tests.support.pipeline_model import NEEDLE, QUESTION
 from tests.support.scripted_llm import Reply
 
 pytestmark = pytest.mark.slow
-
-
-def submit(conn, query=QUESTION, **options):
-    from rlm_workers.submit import submit_query
-
-    opts = {"skip_plan": True, "threshold": -1.0, "batch_size": 4, **options}
-    job_id, _ = submit_query(conn, tenant="local", query=query, buffers=["essays"], options=opts)
-    conn.commit()
-    return job_id
-
-
-def wait(conn, job_id, timeout=150):
-    from rlm_workers.submit import wait_for_job
-
-    return wait_for_job(conn, job_id, timeout=timeout)
-
-
-def wait_for(predicate, timeout=60, every=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
 
 
 def stage_of(conn, job_id):

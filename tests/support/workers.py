@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 #: every worker process started by this test process, so none outlives it (a failed test may skip a stop)
@@ -99,3 +102,45 @@ class WorkerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no log)"
+
+
+@contextlib.contextmanager
+def running_workers(
+    env: dict[str, str], log_dir: Path, pools: dict[str, tuple[str, int]], *, flush_broker: bool = True
+) -> Iterator[dict[str, WorkerProcess]]:
+    """Worker processes by key (``{"ctl": ("rlm.control", 4)}`` → a worker named ``ctl`` with 4 threads), all
+    started before the block and stopped after it; the broker is emptied first, so no task an earlier module
+    left behind reaches them."""
+    if flush_broker:
+        import redis
+
+        redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
+    ws = {
+        key: WorkerProcess(key, queues=queues, env=env, log_dir=log_dir, concurrency=threads)
+        for key, (queues, threads) in pools.items()
+    }
+    try:
+        for w in ws.values():
+            w.start()
+        yield ws
+    finally:
+        for w in ws.values():
+            w.stop()
+
+
+@contextlib.contextmanager
+def scripted_env(rlm_env: dict[str, str], llm: Any, **settings: str) -> Iterator[dict[str, str]]:
+    """A module's environment when its workers answer through the scripted OpenAI-protocol server: the test
+    process gets it too (patched), and the dict is what subprocesses are given."""
+    from tests.support.envpatch import patched_env
+    from tests.support.pipeline_model import MODEL_ENV
+
+    extra = {
+        "OPENAI_API_KEY": "sk-test-not-a-real-key",
+        "OPENAI_BASE_URL": llm.base_url,
+        **MODEL_ENV,
+        "HF_HUB_OFFLINE": "1",
+        **settings,
+    }
+    with patched_env(extra):
+        yield {**rlm_env, **extra}
