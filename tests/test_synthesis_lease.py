@@ -54,7 +54,7 @@ def workers(env, corpus, tmp_path_factory):
 
 
 def submit(conn, **options):
-    return jobs.submit(conn, max_chunks=8, **options)
+    return jobs.submit(conn, **{"max_chunks": 8, **options})
 
 
 def synth_requests(llm):
