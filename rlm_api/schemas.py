@@ -59,16 +59,11 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-def storable(v: str, what: str = "text", *, nul_ok: bool = False) -> str:
-    """Text PostgreSQL can store, refused here as a 422 rather than failing when it is stored."""
-    return check_storable_text(v, what, nul_ok=nul_ok)
-
-
 def upload_name_ok(name: str) -> str:
     """A client's file name as the loader will take it: the one path rule `rlm load` and the worker apply."""
     from rlm_workers.ingest.files import path_problem
 
-    storable(name, "file name", nul_ok=True)  # a NUL is a control character: path_problem names it
+    check_storable_text(name, "file name", nul_ok=True)  # a NUL is a control character: path_problem names it
     if problem := path_problem(name):
         raise ValueError(f"invalid file name {name[:80]!r}: the path {problem}")
     return name
@@ -77,7 +72,7 @@ def upload_name_ok(name: str) -> str:
 def _query_ok(v: str) -> str:
     if not v.strip():
         raise ValueError("query is empty")
-    storable(v, "query")
+    check_storable_text(v, "query")
     if len(v.encode("utf-8")) > MAX_QUERY_BYTES:
         raise ValueError(f"query is over {MAX_QUERY_BYTES} bytes")
     return v
@@ -149,7 +144,7 @@ class Document(Strict):
 
     _check_path = field_validator("path")(classmethod(lambda cls, v: upload_name_ok(v)))
     # text no encoding can write (a lone surrogate) is refused here; a NUL below, naming the document
-    _check_text = field_validator("text")(classmethod(lambda cls, v: storable(v, "text", nul_ok=True)))
+    _check_text = field_validator("text")(classmethod(lambda cls, v: check_storable_text(v, "text", nul_ok=True)))
 
     @model_validator(mode="after")
     def _text_has_no_nul(self) -> Document:

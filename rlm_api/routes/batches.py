@@ -16,10 +16,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlm_workers.limits import MAX_BIGINT
-from rlm_workers.models import QueryOptions
+from rlm_workers.models import QueryOptions, check_storable_text
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
-from ..schemas import storable
 
 if TYPE_CHECKING:
     import psycopg
@@ -46,11 +45,13 @@ class BatchIn(BaseModel):
     )
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
 
-    # Text PostgreSQL cannot store (NUL, a lone surrogate) is a 422 here, not a 500 when the batch is written.
-    _check_queries = field_validator("queries")(classmethod(lambda cls, v: [storable(q, "a query") for q in v]))
-    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [storable(b, "a buffer name") for b in v]))
+    # Names PostgreSQL cannot store (NUL, a lone surrogate) are a 422 here, not a 500 when a buffer is looked up;
+    # the queries get the same rule, numbered, from submit_overnight's validate_query.
+    _check_buffers = field_validator("buffers")(
+        classmethod(lambda cls, v: [check_storable_text(b, "a buffer name") for b in v])
+    )
     _check_glob = field_validator("buffers_glob")(
-        classmethod(lambda cls, v: v if v is None else storable(v, "buffers_glob"))
+        classmethod(lambda cls, v: v if v is None else check_storable_text(v, "buffers_glob"))
     )
 
 

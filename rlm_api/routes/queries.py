@@ -96,26 +96,9 @@ def get_query(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
 @router.delete("/{job_id}", response_model=JobView, responses=NOT_FOUND)
 def cancel(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
     """Cancel: the job is marked cancelled (its tasks see that and stop) and its queued tasks are revoked."""
-    from rlm_workers.store.jobs import cancel_job
+    from rlm_workers.submit import cancel_query
 
     job = _job_or_404(conn, job_id, tenant)
     if not job.terminal:
-        job = cancel_job(conn, job_id=job_id, tenant=tenant) or job
-        if job.task_ids:
-            _revoke(job.task_ids)
+        job = cancel_query(conn, job_id=job_id, tenant=tenant) or job
     return job_view(conn, job)
-
-
-def _revoke(task_ids: list[str]) -> None:
-    """Best effort: tasks check the job's status before doing work, so a missed revoke only costs a dequeue."""
-    import logging
-
-    from rlm_workers.celery_app import app
-
-    try:
-        # kombu retries a broadcast forever while the broker is down: connect once with a bound, then publish.
-        with app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1, timeout=3)
-            app.control.revoke(task_ids, connection=connection)
-    except Exception as exc:
-        logging.getLogger("rlm.api").warning("could not revoke %d task(s): %s", len(task_ids), exc)
