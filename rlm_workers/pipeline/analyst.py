@@ -16,9 +16,9 @@ or the model, so a redelivered message does not pay for the batch again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +35,7 @@ from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
+from .flow import Heartbeat
 from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
 from .replies import clip, json_candidates, leading_objects
 
@@ -207,33 +208,6 @@ def batch_lease_seconds(settings: Settings) -> float:
     return max(3.0, min(120.0, settings.visibility_timeout / 3))
 
 
-class _Heartbeat:
-    """Renews a claimed batch's lease every third of it, in a thread, until the batch's work is over: a
-    redelivery finds the batch taken, and the watchdog sees a batch waiting on a limiter as progress."""
-
-    def __init__(self, job_id: str, batch_no: int, lease_seconds: float) -> None:
-        self.job_id, self.batch_no, self.every = job_id, batch_no, lease_seconds / 3
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"batch-heartbeat-{batch_no}", daemon=True)
-
-    def __enter__(self) -> _Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=15)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                with connection(timeout=self.every) as conn:
-                    if not job_store.heartbeat_batch(conn, job_id=self.job_id, batch_no=self.batch_no):
-                        return  # salvaged or finished meanwhile: nothing left to hold
-            except Exception as exc:  # a missed beat shortens the lease; the batch's own outcome decides
-                log.warning("job %s batch %s: heartbeat failed: %s", self.job_id, self.batch_no, exc)
-
-
 def _claim(job_id: str, batch_no: int, lease: float) -> list[int] | None:
     """Claim the batch; while another holder's lease is live, wait (about one lease) for it to finish or lapse.
 
@@ -281,7 +255,10 @@ def _analyse(job_id: str, batch_no: int) -> dict:
     if ids is None:
         # finished or held by another delivery, or salvaged: this one must not pay for the batch again
         return {"batch": batch_no, "status": "skipped"}
-    with _Heartbeat(job_id, batch_no, lease):
+    # the lease renewed every third of it: a redelivery finds the batch taken, and the watchdog sees a batch
+    # waiting on a limiter as progress
+    beat = functools.partial(job_store.heartbeat_batch, job_id=job_id, batch_no=batch_no)
+    with Heartbeat(beat, lease / 3, f"job {job_id} batch {batch_no}"):
         return _analyse_claimed(job_id, batch_no, job, ids, settings)
 
 

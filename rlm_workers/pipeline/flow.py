@@ -155,8 +155,39 @@ def lease_seconds(settings: Settings) -> float:
     return float(max(10, min(60, settings.job_timeout)))
 
 
+class Heartbeat:
+    """Renews a lease from a thread, every ``every`` seconds, until stopped or ``renew`` says it is no longer
+    ours.  Each beat checks out its own pooled connection (the worker's may be busy in a long statement, or
+    held by nobody while a model thinks); a failed beat only shortens the lease, so it is logged, not raised.
+    """
+
+    def __init__(
+        self, renew: Callable[[psycopg.Connection], bool], every: float, what: str, settings: Settings | None = None
+    ) -> None:
+        self.renew, self.every, self.what, self.settings = renew, every, what, settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rlm-heartbeat {what}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(15.0, self.every))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                with connection(self.settings, timeout=self.every) as conn:
+                    if not self.renew(conn):
+                        return  # ended, salvaged or taken over: nothing left to keep alive
+            except Exception as exc:  # a database blink: the lease outlives a few missed beats
+                log.warning("%s: heartbeat failed: %s", self.what, exc)
+
+
 class StageLease:
-    """The job's lease, held while a long stage runs (synthesize): a thread renews it, and the stage clock
+    """The job's lease, held while a long stage runs (synthesize): a heartbeat renews it, and the stage clock
     with it, every quarter lease, so neither the reconciler nor the watchdog takes a live stage for a stuck
     one; only the holder's death lets the lease lapse.  ``acquired`` is False when another worker holds it.
     """
@@ -168,37 +199,26 @@ class StageLease:
         self.owner = owner or uuid.uuid4().hex
         self.seconds = lease_seconds(settings)
         self.acquired = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
 
     def __enter__(self) -> StageLease:
         self.acquired = job_store.acquire_lease(self.conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds)
         if self.acquired:
-            self._thread = threading.Thread(target=self._beat, name=f"rlm-lease-{self.job_id[:8]}", daemon=True)
-            self._thread.start()
+            self._heartbeat = Heartbeat(self._renew, self.seconds / 4, f"job {self.job_id} lease", self.settings)
+            self._heartbeat.__enter__()
         return self
+
+    def _renew(self, conn: psycopg.Connection) -> bool:
+        return job_store.renew_lease(conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds)
 
     def beat(self) -> None:
         """A renewal from the stage itself (between tool turns), on the stage's own connection."""
-        if self.acquired and not job_store.renew_lease(
-            self.conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds
-        ):
+        if self.acquired and not self._renew(self.conn):
             log.warning("job %s: lease lost while still working (ended, or lapsed and taken over)", self.job_id)
 
-    def _beat(self) -> None:
-        # its own pooled connection: the stage's connection may be busy in a long statement
-        while not self._stop.wait(self.seconds / 4):
-            try:
-                with connection(self.settings, timeout=self.seconds / 4) as conn:
-                    if not job_store.renew_lease(conn, job_id=self.job_id, owner=self.owner, seconds=self.seconds):
-                        return  # the job ended (or the lease is another's): nothing left to keep alive
-            except Exception as exc:  # a database blink: the lease outlives a few missed beats
-                log.warning("job %s: lease heartbeat failed: %s", self.job_id, exc)
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.seconds)
+        if self._heartbeat is not None:
+            self._heartbeat.__exit__()
         if self.acquired:
             try:
                 job_store.release_lease(self.conn, job_id=self.job_id, owner=self.owner)
