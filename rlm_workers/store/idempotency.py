@@ -4,26 +4,20 @@ request (``batches.request_fingerprint``).  Query jobs compare their stored quer
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from .db import session_lock, session_lock_key
 
 if TYPE_CHECKING:
     import psycopg
 
 
-@contextlib.contextmanager
-def key_lock(conn: psycopg.Connection, *, tenant: str, key: str) -> Iterator[None]:
-    """Hold (tenant, key) across a submission that commits on its own: a concurrent twin waits, then sees it."""
-    args = (f"{tenant}\x1f{key}",)
-    conn.execute("SELECT pg_advisory_lock(hashtext('rlm.idempotency'), hashtext(%s))", args)
-    try:
-        yield
-    finally:
-        from psycopg import pq
+_KEY_SPACE = 0x524C4D4B  # "RLMK": a (tenant, Idempotency-Key), apart from the other advisory locks
 
-        if conn.info.transaction_status == pq.TransactionStatus.INERROR:  # else the unlock would fail too
-            conn.rollback()
-        conn.execute("SELECT pg_advisory_unlock(hashtext('rlm.idempotency'), hashtext(%s))", args)
+
+def key_lock(conn: psycopg.Connection, *, tenant: str, key: str) -> contextlib.AbstractContextManager[None]:
+    """Hold (tenant, key) across a submission that commits on its own: a concurrent twin waits, then sees it."""
+    return session_lock(conn, session_lock_key(_KEY_SPACE, f"{tenant}\x1f{key}"))
 
 
 def batch_fingerprint(conn: psycopg.Connection, *, tenant: str, key: str) -> tuple[str, str | None] | None:

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall
-from .db import release_session_lock, session_lock_key, try_session_lock
+from .db import release_session_lock, session_lock_key, transaction_lock, try_session_lock
 
 if TYPE_CHECKING:
     import psycopg
@@ -86,9 +86,12 @@ def create_job(
     return existing[0], False
 
 
+_SUBMIT_SPACE = 0x524C4D53  # "RLMS": one tenant's query submissions
+
+
 def lock_submissions(conn: psycopg.Connection, *, tenant: str) -> None:
     """Serialise one tenant's submissions until commit, so an in-flight count and a key lookup stay true."""
-    conn.execute("SELECT pg_advisory_xact_lock(hashtext('rlm.submit'), hashtext(%s))", (tenant,))
+    transaction_lock(conn, session_lock_key(_SUBMIT_SPACE, tenant))
 
 
 def job_for_idempotency_key(conn: psycopg.Connection, *, tenant: str, key: str) -> JobRow | None:
