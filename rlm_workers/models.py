@@ -48,11 +48,6 @@ def check_storable_text(text: str, what: str = "the query", *, nul_ok: bool = Fa
     return text
 
 
-def check_query_text(text: str) -> str:
-    """What every query path (API bodies, batches, the CLI) applies to the query itself."""
-    return check_storable_text(text, "the query")
-
-
 # The bounds of every query knob, shared by QueryOptions, AnalysisPlan and plan parsing.
 # Strict: a JSON true is not 1, and "50" is not a number (what a person typed is checked, not coerced).
 Threshold = Annotated[float, Field(strict=True, ge=-1.0, le=1.0)]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..config import Settings
 from ..errors import InvalidInput
 from ..limits import MAX_QUERY_BYTES
-from ..models import SearchHit, check_query_text
+from ..models import SearchHit, check_storable_text
 from ..store.buffers import BufferRow, get_chunks, require_buffers
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def validate_query(query: str) -> str:
     if not query or not query.strip():
         raise InvalidInput("the query is empty: say what to look for")
     try:
-        check_query_text(query)
+        check_storable_text(query, "the query")
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
     if len(query.encode()) > MAX_QUERY_BYTES:
