@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
+
+from tests.support.jobs import stored_fan_out_job
 
 
 @pytest.fixture()
 def job(settings):
-    from rlm_workers.store import jobs as job_store
-    from rlm_workers.store.db import connection
-
-    job_id = "js" + uuid.uuid4().hex
-    with connection() as conn:
-        job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["b"], options={})
-        job_store.set_stage(conn, job_id=job_id, stage="fan_out")
-        job_store.save_search(
-            conn,
-            job_id=job_id,
-            params={},
-            tier="tiny",
-            chunks_available=3,
-            chunk_load_failures=0,
-            batches=[[1], [2], [3]],
-        )
-    return job_id
+    return stored_fan_out_job("js", [[1], [2], [3]])
 
 
 def _age(conn, job_id, seconds):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 
 import pytest
 
+from tests.support.jobs import stored_fan_out_job
 from tests.support.scripted_llm import Reply, ScriptedLLM
 
 
@@ -30,23 +30,7 @@ def _completion_body(model: str, message: dict, usage: dict | None = None) -> by
 
 @pytest.fixture()
 def job(settings):
-    from rlm_workers.store import jobs as job_store
-    from rlm_workers.store.db import connection
-
-    job_id = "rl" + uuid.uuid4().hex
-    with connection() as conn:
-        job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["b"], options={})
-        job_store.set_stage(conn, job_id=job_id, stage="fan_out")
-        job_store.save_search(
-            conn,
-            job_id=job_id,
-            params={},
-            tier="tiny",
-            chunks_available=2,
-            chunk_load_failures=0,
-            batches=[[1], [2]],
-        )
-    return job_id
+    return stored_fan_out_job("rl", [[1], [2]])
 
 
 @pytest.fixture()

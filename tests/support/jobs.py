@@ -40,3 +40,27 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 90, every: float = 0
             return True
         time.sleep(every)
     return False
+
+
+def stored_fan_out_job(prefix: str, batches: list[list[int]]) -> str:
+    """A job stored as if its search had just cut ``batches`` (chunk ids need not exist): for tests of the
+    claim, lease and salvage protocol that need no worker and no model."""
+    import uuid
+
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    job_id = prefix + uuid.uuid4().hex
+    with connection() as conn:
+        job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["b"], options={})
+        job_store.set_stage(conn, job_id=job_id, stage="fan_out")
+        job_store.save_search(
+            conn,
+            job_id=job_id,
+            params={},
+            tier="tiny",
+            chunks_available=sum(len(b) for b in batches),
+            chunk_load_failures=0,
+            batches=batches,
+        )
+    return job_id
