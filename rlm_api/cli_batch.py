@@ -143,7 +143,8 @@ def submit(
     ] = True,
 ) -> None:
     """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
-    from rlm_workers.submit import submit_batch, validate_options
+    from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.submit import validate_options
 
     from .cli import TENANT, _db
 
@@ -160,7 +161,7 @@ def submit(
         }
     )
     with _db() as (_settings, _url, conn):
-        batch_id, _created = submit_batch(
+        batch_id, _created = submit_overnight(
             conn,
             tenant=TENANT,
             queries=texts,

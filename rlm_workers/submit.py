@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -101,69 +98,6 @@ def submit_query(
     if created:
         app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")
     return job_id, created
-
-
-def submit_batch(
-    conn: psycopg.Connection,
-    *,
-    tenant: str,
-    queries: Sequence[str],
-    buffers: Sequence[str] = (),
-    buffers_glob: str | None = None,
-    options: dict[str, Any] | None = None,
-    run_at: datetime | None = None,
-    priority: int = 3,
-    token_budget: int | None = None,
-    idempotency_key: str | None = None,
-) -> tuple[str, bool]:
-    """``submit_overnight``, where a used Idempotency-Key must come with the request that first used it.
-
-    Returns (batch id, created now); a different request under a used key is IdempotencyKeyReused.  The
-    (tenant, key) lock spans the check, the submission (which commits by itself) and the fingerprint write, so
-    two concurrent first uses cannot both pass the check.
-    """
-    from .overnight.submit import submit_overnight
-    from .store import idempotency
-
-    def submit() -> tuple[str, bool]:
-        return submit_overnight(
-            conn,
-            tenant=tenant,
-            queries=queries,
-            buffers=buffers,
-            buffers_glob=buffers_glob,
-            options=options,
-            run_at=run_at,
-            priority=priority,
-            token_budget=token_budget,
-            idempotency_key=idempotency_key,
-        )
-
-    if idempotency_key is None:
-        return submit()
-    request = {
-        "queries": list(dict.fromkeys(q.strip() for q in queries)),
-        "buffers": list(buffers),
-        "buffers_glob": buffers_glob,
-        "options": validate_options(dict(options or {})),
-        "run_at": run_at.timestamp() if run_at else None,  # one instant, whatever its zone
-        "priority": priority,
-        "token_budget": token_budget,
-    }
-    fingerprint = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
-    with idempotency.key_lock(conn, tenant=tenant, key=idempotency_key):
-        seen = idempotency.batch_fingerprint(conn, tenant=tenant, key=idempotency_key)
-        commit(conn)
-        if seen is not None and seen[1] is not None and seen[1] != fingerprint:
-            raise IdempotencyKeyReused(
-                f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {seen[0]}); "
-                "use a new key for a new request"
-            )
-        batch_id, created = submit()
-        if created:
-            idempotency.set_batch_fingerprint(conn, batch_id=batch_id, fingerprint=fingerprint)
-            commit(conn)
-    return batch_id, created
 
 
 def wait_for_job(

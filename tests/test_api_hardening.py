@@ -100,22 +100,22 @@ def test_a_reused_batch_idempotency_key_with_another_body_is_422(api, keys, conn
     assert n == 1
 
 
-def test_submit_batch_checks_the_key_for_the_cli_too(conn):
+def test_submit_overnight_checks_the_key_for_the_cli_too(conn):
     """The same guard without HTTP (a plain, non-autocommit connection, as `rlm batch submit` has)."""
     from rlm_workers.errors import IdempotencyKeyReused
+    from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.store.buffers import lock_or_create_buffer
-    from rlm_workers.submit import submit_batch
 
     lock_or_create_buffer(conn, tenant="cli-idem", name="docs")
     conn.commit()
-    first, created = submit_batch(conn, tenant="cli-idem", queries=["a?"], buffers=["docs"], idempotency_key="k")
+    first, created = submit_overnight(conn, tenant="cli-idem", queries=["a?"], buffers=["docs"], idempotency_key="k")
     assert created
-    assert submit_batch(conn, tenant="cli-idem", queries=["a?"], buffers=["docs"], idempotency_key="k") == (
+    assert submit_overnight(conn, tenant="cli-idem", queries=["a?"], buffers=["docs"], idempotency_key="k") == (
         first,
         False,
     )
     with pytest.raises(IdempotencyKeyReused):
-        submit_batch(conn, tenant="cli-idem", queries=["b?"], buffers=["docs"], idempotency_key="k")
+        submit_overnight(conn, tenant="cli-idem", queries=["b?"], buffers=["docs"], idempotency_key="k")
     conn.rollback()
 
 

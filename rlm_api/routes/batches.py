@@ -109,9 +109,9 @@ def create_batch(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> BatchCreated:
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
-    from rlm_workers.submit import submit_batch
+    from rlm_workers.overnight.submit import submit_overnight
 
-    batch_id, created = submit_batch(
+    batch_id, created = submit_overnight(
         conn,
         tenant=tenant,
         queries=body.queries,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import fnmatch
+import hashlib
 import io
 import json
 import logging
@@ -18,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, get_settings
-from ..errors import InvalidInput
+from ..errors import IdempotencyKeyReused, InvalidInput
 from ..models import JobStatus
 from ..store import jobs as job_store
 from ..store import overnight as store
@@ -156,8 +157,20 @@ def submit_overnight(
         check_run_at(run_at)
     if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
         raise InvalidInput("an idempotency key is 1-200 characters")
+    # The request as the client gave it (buffers and glob, not what the glob matches today), so a replay is
+    # recognised, and a different request under a used key refused (422, as the IETF draft says).
+    request = {
+        "queries": clean_queries,
+        "buffers": list(buffers),
+        "buffers_glob": buffers_glob,
+        "options": clean,
+        "run_at": run_at.timestamp() if run_at else None,  # one instant, whatever its zone
+        "priority": priority,
+        "token_budget": token_budget,
+    }
+    fingerprint = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
     token = uuid.uuid4().hex
-    batch_id, created = store.create_overnight(
+    batch_id, created, first = store.create_overnight(
         conn,
         batch_id=uuid.uuid4().hex,
         tenant=tenant,
@@ -169,8 +182,14 @@ def submit_overnight(
         token_budget=token_budget,
         tick_token=token,
         idempotency_key=idempotency_key,
+        request_fingerprint=fingerprint if idempotency_key else None,
     )
     commit(conn)
+    if not created and first is not None and first != fingerprint:  # None: a batch made before fingerprints
+        raise IdempotencyKeyReused(
+            f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {batch_id}); "
+            "use a new key for a new request"
+        )
     if created:
         log.info(
             "batch %s: %d queries × %d buffers = %d items, run_at=%s, priority=%d, budget=%s",

@@ -125,20 +125,6 @@ def release_session_lock(conn: psycopg.Connection, key: int) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
-@contextlib.contextmanager
-def session_lock(conn: psycopg.Connection, key: int) -> Iterator[None]:
-    """Wait for a session advisory lock and hold it for a block that may commit on its own."""
-    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
-    try:
-        yield
-    finally:
-        from psycopg import pq
-
-        if conn.info.transaction_status == pq.TransactionStatus.INERROR:  # else the unlock would fail too
-            conn.rollback()
-        release_session_lock(conn, key)
-
-
 def transaction_lock(conn: psycopg.Connection, key: int) -> None:
     """Wait for an advisory lock held until the caller's transaction ends."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))

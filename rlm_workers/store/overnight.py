@@ -103,25 +103,39 @@ def create_overnight(
     token_budget: int | None,
     tick_token: str,
     idempotency_key: str | None = None,
-) -> tuple[str, bool]:
+    request_fingerprint: str | None = None,
+) -> tuple[str, bool, str | None]:
     """Insert the batch and its items (queries outer, buffers inner) in one transaction.
 
-    With an idempotency key already used by this tenant, nothing is written and the existing id returned.
+    Returns (batch id, created now, fingerprint of the request that made it).  With an idempotency key
+    already used by this tenant, nothing is written and the existing batch is returned: a concurrent first
+    use of the key waits on the unique index until the other commits, then finds its row.
     """
     with conn.transaction():
         row = conn.execute(
             """INSERT INTO batches (id, tenant, options, run_at, priority, token_budget, idempotency_key,
-                                    tick_token, next_tick_at)
-               VALUES (%s, %s, %s, coalesce(%s, now()), %s, %s, %s, %s, now())
+                                    request_fingerprint, tick_token, next_tick_at)
+               VALUES (%s, %s, %s, coalesce(%s, now()), %s, %s, %s, %s, %s, now())
                ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                RETURNING id""",
-            (batch_id, tenant, Jsonb(options), run_at, priority, token_budget, idempotency_key, tick_token),
+            (
+                batch_id,
+                tenant,
+                Jsonb(options),
+                run_at,
+                priority,
+                token_budget,
+                idempotency_key,
+                request_fingerprint,
+                tick_token,
+            ),
         ).fetchone()
         if row is None:
             existing = conn.execute(
-                "SELECT id FROM batches WHERE tenant = %s AND idempotency_key = %s", (tenant, idempotency_key)
+                "SELECT id, request_fingerprint FROM batches WHERE tenant = %s AND idempotency_key = %s",
+                (tenant, idempotency_key),
             ).fetchone()
-            return existing[0], False
+            return existing[0], False, existing[1]
         with (
             conn.cursor() as cur,
             cur.copy("COPY batch_items (batch_id, item_no, query, buffer) FROM STDIN") as cp,
@@ -131,7 +145,7 @@ def create_overnight(
                 for b in buffers:
                     cp.write_row((batch_id, n, q, b))
                     n += 1
-    return batch_id, True
+    return batch_id, True, request_fingerprint
 
 
 def get_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str | None = None) -> OvernightRow | None:
