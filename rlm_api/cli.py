@@ -652,11 +652,22 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # click usage errors and the like, from click or typer's vendored copy
         kind = click_error_kind(exc)
         if kind is None:
+            if _broker_down(exc):
+                # PostgreSQL's outage is turned into ServiceUnavailable where we connect; kombu connects for us
+                _err(f"cannot reach the broker ({exc}): start it (`rlm up`, or your Redis) or check RLM_BROKER_URL")
+                return 1
             raise
         if kind[0] in ("usage", "click"):
             exc.show()  # type: ignore[attr-defined]
         return kind[1]
     return 0
+
+
+def _broker_down(exc: BaseException) -> bool:
+    import kombu.exceptions
+    import redis.exceptions
+
+    return isinstance(exc, kombu.exceptions.OperationalError | redis.exceptions.ConnectionError)
 
 
 def entry() -> None:

@@ -176,3 +176,16 @@ def test_click_exceptions_from_either_click_are_recognised():
     assert click_error_kind(vendored.NoSuchOption("--x")) == ("usage", 2)
     assert click_error_kind(vendored.ClickException("x")) == ("click", 1)
     assert click_error_kind(ValueError("x")) is None
+
+
+def test_a_stopped_broker_is_one_line_not_a_traceback(cli_env, loaded):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once the socket is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**cli_env, "RLM_BROKER_URL": f"redis://127.0.0.1:{port}/0"}
+    proc = run_rlm(env, "query", "refund window days", "--buffer", "proj", "--timeout", "30")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "cannot reach the broker" in proc.stderr and "RLM_BROKER_URL" in proc.stderr
