@@ -664,10 +664,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _broker_down(exc: BaseException) -> bool:
-    import kombu.exceptions
-    import redis.exceptions
+    from rlm_workers.pipeline.flow import BROKER_OUTAGE
 
-    return isinstance(exc, kombu.exceptions.OperationalError | redis.exceptions.ConnectionError)
+    return isinstance(exc, BROKER_OUTAGE)
 
 
 def entry() -> None:
