@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from .windows import DEFAULT_WINDOWS, WindowSpec, cut, query_windows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlm.embed")
 
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-#: tokens shared by consecutive windows, so a sentence cut by a window edge is whole in one of them
-WINDOW_OVERLAP_TOKENS = 32
 
 _models: dict[str, Embedder] = {}
 _lock = threading.Lock()
@@ -54,26 +53,18 @@ class Embedder:
         # two special tokens ([CLS]/[SEP]) share the model's sequence budget
         self.window_tokens = max(16, int(model.max_seq_length) - 2)
         self.tokenizer = model.tokenizer
+        self.spec = DEFAULT_WINDOWS.capped(self.window_tokens)
 
     # -- windows -------------------------------------------------------------
-    def windows(self, text: str) -> list[Window]:
-        """Char spans of ``text`` that each fit the model's sequence length."""
+    def windows(self, text: str, spec: WindowSpec | None = None) -> list[Window]:
+        """Char spans of ``text`` to embed (``spec`` defaults to this encoder's, ``self.spec``)."""
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        offsets = enc["offset_mapping"]
-        n, size = len(offsets), self.window_tokens
-        if n <= size:
-            return [Window(0, len(text))]
-        step = size - WINDOW_OVERLAP_TOKENS
-        out: list[Window] = []
-        for first in range(0, n, step):
-            last = min(first + size, n) - 1
-            out.append(Window(offsets[first][0], offsets[last][1]))
-            if last == n - 1:
-                break
-        return out
+        return [
+            Window(a, b) for a, b in cut(text, enc["offset_mapping"], (spec or self.spec).capped(self.window_tokens))
+        ]
 
-    def window_texts(self, text: str) -> list[str]:
-        return [text[w.start : w.end] for w in self.windows(text)]
+    def window_texts(self, text: str, spec: WindowSpec | None = None) -> list[str]:
+        return [text[w.start : w.end] for w in self.windows(text, spec)]
 
     # -- vectors ---------------------------------------------------------------
     def encode(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
@@ -94,7 +85,7 @@ class Embedder:
         """A long query is embedded by windows too and their mean taken."""
         import numpy as np
 
-        vecs = self.encode(self.window_texts(query) or [query])
+        vecs = self.encode(self.window_texts(query, query_windows(self.window_tokens)) or [query])
         v = vecs.mean(axis=0)
         norm = float(np.linalg.norm(v)) or 1.0
         return (v / norm).astype(np.float32)

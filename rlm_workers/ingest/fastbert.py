@@ -101,19 +101,10 @@ class FastBertEncoder:
         return x[0].mean(dim=0)
 
     def window_texts(self, text: str) -> list[str]:
-        from .embed import WINDOW_OVERLAP_TOKENS
+        from .windows import cut, query_windows
 
         enc = self.tokenizer.encode(text, add_special_tokens=False)
-        offsets, n, size = enc.offsets, len(enc.offsets), self.window_tokens
-        if n <= size:
-            return [text]
-        step, out = size - WINDOW_OVERLAP_TOKENS, []
-        for first in range(0, n, step):
-            last = min(first + size, n) - 1
-            out.append(text[offsets[first][0] : offsets[last][1]])
-            if last == n - 1:
-                break
-        return out
+        return [text[a:b] for a, b in cut(text, enc.offsets, query_windows(self.window_tokens))]
 
     def encode_query(self, query: str) -> np.ndarray:
         import numpy as np
