@@ -83,15 +83,15 @@ def test_a_late_nul_or_a_bad_name_skips_that_file_not_the_directory(conn, tmp_pa
 
 
 def test_embedding_wider_than_hnsw_can_index_is_a_config_error(conn):
-    from rlm_workers.store.migrations import embedding_table, ensure_embedding_table
+    from rlm_workers.store import vectors
 
-    assert embedding_table(2000) == "chunk_embeddings_d2000"
+    assert vectors.check_indexable(2000) == 2000
     with pytest.raises(ConfigError, match="embedding dimension 3072 cannot be indexed.*at most 2000"):
-        ensure_embedding_table(conn, 3072)
+        vectors.ensure_table(conn, buffer_id=987_654, dim=3072)
     conn.rollback()
-    assert conn.execute("SELECT to_regclass('chunk_embeddings_d3072')").fetchone()[0] is None
+    assert not vectors.has_table(conn, buffer_id=987_654)
     with pytest.raises(ConfigError):
-        embedding_table(2001)
+        vectors.check_indexable(2001)
 
 
 # --------------------------------------------------------------------------- queued uploads (the ingest worker)

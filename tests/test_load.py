@@ -19,7 +19,9 @@ def _chunk_ids(conn, buffer_id):
 
 
 def _emb_count(conn, buffer_id):
-    return conn.execute("SELECT count(*) FROM chunk_embeddings_d384 WHERE buffer_id = %s", (buffer_id,)).fetchone()[0]
+    from rlm_workers.store import vectors
+
+    return vectors.count(conn, buffer_id=buffer_id)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,7 @@ class _ExplodingEmbedder:
 
     def __init__(self, real):
         self.real, self.calls = real, 0
-        self.model_id, self.dim = real.model_id, real.dim
+        self.model_id, self.dim, self.spec = real.model_id, real.dim, real.spec
 
     def window_texts(self, text):
         return self.real.window_texts(text)
@@ -181,11 +183,13 @@ def test_long_chunk_is_embedded_whole(conn, tmp_path, embedder):
         "SELECT id, text FROM chunks WHERE buffer_id = %s AND path = 'long/target.txt'", (buf.id,)
     ).fetchall()
     assert ntext.rstrip().endswith(needle) and len(ntext) > 2500
-    windows = conn.execute("SELECT count(*) FROM chunk_embeddings_d384 WHERE chunk_id = %s", (target_id,)).fetchone()[0]
+    windows = conn.execute(
+        f"SELECT count(*) FROM chunk_vectors_b{buf.id} WHERE chunk_id = %s", (target_id,)
+    ).fetchone()[0]
     assert windows >= 2, "a chunk longer than the model window must get several vectors"
 
     q = embedder.encode_query("What colour was the submarine periscope?")
-    hits = semantic_search(conn, buffer_ids=[buf.id], dim=384, query_vec=q, limit=4, threshold=None)
+    hits = semantic_search(conn, buffer_ids=[buf.id], query_vec=q, limit=4, threshold=None)
     assert hits[0][0] == target_id
     # the first window alone (what a truncating embedder sees) does not know about the periscope
     first_window = embedder.encode([embedder.window_texts(ntext)[0]])[0]

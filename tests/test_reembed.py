@@ -41,11 +41,10 @@ def _pretend_an_old_model(conn) -> int:
 
 
 def _vectors(conn) -> int:
-    from rlm_workers.store.migrations import embedding_table
+    from rlm_workers.store import vectors
 
-    return conn.execute(
-        f"SELECT count(*) FROM {embedding_table(384)} e JOIN buffers b ON b.id = e.buffer_id WHERE b.name = 'drift'"
-    ).fetchone()[0]
+    (buffer_id,) = conn.execute("SELECT id FROM buffers WHERE name = 'drift'").fetchone()
+    return vectors.count(conn, buffer_id=buffer_id)
 
 
 def test_cli_reembeds_after_a_model_change(rlm_env, conn, drift):
@@ -84,7 +83,7 @@ def test_a_failure_half_way_keeps_the_old_vectors(rlm_env, conn, drift, embedder
     from rlm_workers.ingest import reembed
 
     class Failing:
-        model_id, dim = embedder.model_id, embedder.dim
+        model_id, dim, spec = embedder.model_id, embedder.dim, embedder.spec
         calls = 0
 
         def window_texts(self, text: str) -> list[str]:

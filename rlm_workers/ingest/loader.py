@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidInput
 from ..search.tokenize import tokenize
 from ..store import buffers as store
-from ..store.migrations import ensure_embedding_table
+from ..store import vectors
 from .chunkers import chunk_text, validate_chunk_params
 from .files import discover, read_text
 
@@ -181,13 +181,15 @@ def load_paths(
 
     with conn.transaction():
         buf = store.lock_or_create_buffer(conn, tenant=tenant, name=buffer)
-        table = ensure_embedding_table(conn, embedder.dim)
-        same_params = (buf.chunker, buf.chunk_size, buf.chunk_overlap, buf.embedding_model) == (
-            chunker,
-            chunk_size,
-            overlap,
-            embedder.model_id,
-        )
+        new_table = vectors.ensure_table(conn, buffer_id=buf.id, dim=embedder.dim)
+        # a file whose text is unchanged is still re-embedded if it was cut or embedded differently
+        same_params = not new_table and (
+            buf.chunker,
+            buf.chunk_size,
+            buf.chunk_overlap,
+            buf.embedding_model,
+            buf.embedding_windows,
+        ) == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label)
         existing = store.files_of(conn, buffer_id=buf.id)
         seen: set[str] = set()
         changed = False
@@ -232,22 +234,23 @@ def load_paths(
                 report.chunks_written += n
                 progress.windows_added(len(windows) - queued_before)
                 while len(windows) >= embed_batch_size:
-                    _embed(writer, windows, owners, embed_batch_size, embedder, table, buf.id, report, progress)
+                    _embed(writer, windows, owners, embed_batch_size, embedder, buf.id, report, progress)
                 progress.file_done(cand.rel_path)
             if not seen:
                 # Every file was skipped: an empty new buffer, or an old one emptied by a directory of images,
                 # is never what the user meant.  Raising here rolls the whole load back.
                 raise InvalidInput(_nothing_to_load(report, buffer))
-            _embed(writer, windows, owners, len(windows), embedder, table, buf.id, report, progress)
+            _embed(writer, windows, owners, len(windows), embedder, buf.id, report, progress)
             gone = [f.id for path, f in existing.items() if path not in seen and _under(path, _roots(paths))]
             if gone:
                 changed = True
                 report.files_removed = len(gone)
-                writer.submit(lambda: store.delete_files(conn, file_ids=gone))
+                writer.submit(lambda: store.delete_files(conn, buffer_id=buf.id, file_ids=gone))
         finally:
             writer.close()
         if changed:
             store.renumber_ordinals(conn, buffer_id=buf.id)
+        vectors.ensure_index(conn, buffer_id=buf.id)
         report.version = store.update_buffer_meta(
             conn,
             buffer_id=buf.id,
@@ -256,6 +259,7 @@ def load_paths(
             overlap=overlap,
             embedding_model=embedder.model_id,
             embedding_dim=embedder.dim,
+            embedding_windows=embedder.spec.label,
             bump=changed or buf.version == 0,
         )
     report.seconds = time.perf_counter() - t0
@@ -326,7 +330,7 @@ def _queue_file(
 
     def write() -> None:
         if old is not None:
-            store.delete_files(conn, file_ids=[old.id])
+            store.delete_files(conn, buffer_id=buffer_id, file_ids=[old.id])
         store.insert_file(
             conn,
             file_id=file_id,
@@ -348,7 +352,6 @@ def _embed(
     owners: list[tuple[int, int]],
     n: int,
     embedder: Embedder,
-    table: str,
     buffer_id: int,
     report: LoadReport,
     progress: Progress,
@@ -359,7 +362,7 @@ def _embed(
     batch, who = windows[:n], owners[:n]
     del windows[:n], owners[:n]
     vecs = embedder.encode(batch, batch_size=n)
-    rows = [(cid, buffer_id, w, vecs[i]) for i, (cid, w) in enumerate(who)]
-    writer.submit(lambda: store.copy_embeddings(writer.conn, table=table, rows=rows))
+    rows = [(cid, w, vecs[i]) for i, (cid, w) in enumerate(who)]
+    writer.submit(lambda: vectors.copy(writer.conn, buffer_id=buffer_id, rows=rows))
     report.windows_embedded += n
     progress.windows_embedded(n)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import BufferNotFound
 from ..store import buffers as store
-from ..store.migrations import embedding_table, ensure_embedding_table
+from ..store import vectors
 
 if TYPE_CHECKING:
     import psycopg
@@ -69,16 +69,15 @@ def reembed_buffer(
         if buf is None:
             raise BufferNotFound(name)
         report = ReembedReport(buffer=name, model=want, previous_model=buf.embedding_model, version=buf.version)
-        if buf.embedding_model == want and not force:
+        from .windows import DEFAULT_WINDOWS
+
+        if buf.embedding_model == want and buf.embedding_windows == DEFAULT_WINDOWS.label and not force:
             report.unchanged = True  # decided before loading a model: nothing to do costs no torch import
             return report
         embedder = embedder or get_embedder()
         total = store.count_chunks(conn, buffer_ids=[buf.id])
-        # the old vectors live in their width's table (created when they were written)
-        if buf.embedding_dim and buf.embedding_dim != embedder.dim:
-            store.delete_embeddings(conn, table=embedding_table(buf.embedding_dim), buffer_id=buf.id)
-        table = ensure_embedding_table(conn, embedder.dim)
-        store.delete_embeddings(conn, table=table, buffer_id=buf.id)
+        # new vectors go to a staging table that replaces the old one at the end: searches read the old until then
+        vectors.ensure_table(conn, buffer_id=buf.id, dim=embedder.dim, staging=True)
         last = 0
         while True:
             rows = store.chunk_texts(conn, buffer_id=buf.id, after=last, limit=PAGE)
@@ -92,13 +91,18 @@ def reembed_buffer(
                     windows.append(piece)
                     owners.append((chunk_id, win))
             vecs = embedder.encode(windows, batch_size=embed_batch_size)
-            store.copy_embeddings(
-                conn, table=table, rows=[(cid, buf.id, win, vecs[i]) for i, (cid, win) in enumerate(owners)]
+            vectors.copy(
+                conn,
+                buffer_id=buf.id,
+                rows=[(cid, win, vecs[i]) for i, (cid, win) in enumerate(owners)],
+                staging=True,
             )
             report.chunks += len(rows)
             report.windows_embedded += len(windows)
             if on_chunks:
                 on_chunks(report.chunks, total)
+        vectors.ensure_index(conn, buffer_id=buf.id, staging=True)
+        vectors.promote(conn, buffer_id=buf.id)
         report.version = store.update_buffer_meta(
             conn,
             buffer_id=buf.id,
@@ -107,6 +111,7 @@ def reembed_buffer(
             overlap=buf.chunk_overlap,
             embedding_model=embedder.model_id,
             embedding_dim=embedder.dim,
+            embedding_windows=embedder.spec.label,
             bump=True,
         )
     report.seconds = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""The semantic arm: cosine similarity on pgvector's HNSW index.
+"""The semantic arm: cosine similarity over each named buffer's HNSW graph.
 
 Chunks are embedded as several windows; a chunk scores by its best window.
 """
@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..store.buffers import nearest_windows
-from ..store.migrations import embedding_table
+from ..store.vectors import nearest_windows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -17,13 +16,14 @@ if TYPE_CHECKING:
 
 #: windows fetched per wanted chunk: several windows of one chunk may rank together
 _WINDOW_FANOUT = 3
+#: HNSW candidate list per buffer graph; chosen by bench/search.py's recall against exact search
+EF_SEARCH = 100
 
 
 def semantic_search(
     conn: psycopg.Connection,
     *,
     buffer_ids: Sequence[int],
-    dim: int,
     query_vec: np.ndarray,
     limit: int,
     threshold: float | None,
@@ -31,10 +31,10 @@ def semantic_search(
     """(chunk_id, cosine similarity) best first, at most ``limit`` chunks, similarity ≥ threshold."""
     rows = nearest_windows(
         conn,
-        table=embedding_table(dim),
         buffer_ids=buffer_ids,
         query_vec=query_vec,
         limit=max(1, limit) * _WINDOW_FANOUT,
+        ef_search=EF_SEARCH,
     )
     best: dict[int, float] = {}
     for cid, sim in rows:

@@ -71,8 +71,12 @@ def _bm25_index(conn: psycopg.Connection, rows: Sequence[BufferRow], settings: S
     return bm25_cache.merged_index(dbk, rows, parts)
 
 
-def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[BufferRow], int | None]:
-    """Buffers that have vectors, checked to share the configured model."""
+def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[BufferRow]:
+    """Buffers that have vectors, checked to share the configured model and one window setting.
+
+    Scores from different window sizes are not comparable (a shorter window scores a matching
+    sentence higher), so buffers cut differently are not ranked together.
+    """
     from ..ingest.embed import model_id_for
 
     want = model_id_for(settings.embedding_model)
@@ -87,7 +91,19 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> tuple[list[
                 api_message=f"{mismatch}: the server's operator sets RLM_EMBEDDING_MODEL={r.embedding_model} or "
                 "re-embeds the buffer; meanwhile options.search_mode=bm25 needs no vectors",
             )
-    return have, (have[0].embedding_dim if have else None)
+    cuts = {r.windows_label for r in have}
+    if len(cuts) > 1:
+        from ..ingest.windows import DEFAULT_WINDOWS
+
+        old = sorted(r.name for r in have if r.windows_label != DEFAULT_WINDOWS.label)
+        listing = ", ".join(f"{r.name!r} ({r.windows_label})" for r in have)
+        raise InvalidInput(
+            f"these buffers were embedded with different window settings and cannot be ranked together: {listing}; "
+            f"run `rlm buffer reembed {old[0] if old else have[0].name}` to bring it to {DEFAULT_WINDOWS.label}",
+            api_message=f"these buffers were embedded with different window settings and cannot be ranked "
+            f"together: {listing}; the server's operator re-embeds the older ones, or search them one at a time",
+        )
+    return have
 
 
 @functools.lru_cache(maxsize=256)
@@ -122,13 +138,12 @@ def rank(
     if mode in ("semantic", "hybrid"):
         from .semantic import semantic_search
 
-        vec_rows, dim = _semantic_rows(rows, settings)
-        if dim:
+        vec_rows = _semantic_rows(rows, settings)
+        if vec_rows:
             vec = query_vector(settings.embedding_model, query)
             dense = semantic_search(
                 conn,
                 buffer_ids=[r.id for r in vec_rows],
-                dim=dim,
                 query_vec=vec,
                 limit=depth,
                 threshold=threshold,

@@ -11,7 +11,6 @@ from ..errors import BufferNotFound, InvalidInput
 from ..models import BufferInfo
 
 if TYPE_CHECKING:
-    import numpy as np
     import psycopg
 
 DEFAULT_TENANT = "local"
@@ -37,9 +36,17 @@ class BufferRow:
     chunk_overlap: int | None
     embedding_model: str | None
     embedding_dim: int | None
+    #: how chunks were cut into embedding windows (``ingest.windows.WindowSpec.label``)
+    embedding_windows: str | None = None
+
+    @property
+    def windows_label(self) -> str | None:
+        return self.embedding_windows if self.embedding_dim else None
 
 
-_BUFFER_COLS = "id, tenant, name, version, chunker, chunk_size, chunk_overlap, embedding_model, embedding_dim"
+_BUFFER_COLS = (
+    "id, tenant, name, version, chunker, chunk_size, chunk_overlap, embedding_model, embedding_dim, embedding_windows"
+)
 
 
 def get_buffer(conn: psycopg.Connection, *, tenant: str, name: str, for_update: bool = False) -> BufferRow | None:
@@ -83,13 +90,25 @@ def update_buffer_meta(
     overlap: int,
     embedding_model: str,
     embedding_dim: int,
+    embedding_windows: str,
     bump: bool,
 ) -> int:
     row = conn.execute(
         """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
-               embedding_dim = %s, version = version + %s, updated_at = CASE WHEN %s THEN now() ELSE updated_at END
+               embedding_dim = %s, embedding_windows = %s, version = version + %s,
+               updated_at = CASE WHEN %s THEN now() ELSE updated_at END
            WHERE id = %s RETURNING version""",
-        (chunker, chunk_size, overlap, embedding_model, embedding_dim, 1 if bump else 0, bump, buffer_id),
+        (
+            chunker,
+            chunk_size,
+            overlap,
+            embedding_model,
+            embedding_dim,
+            embedding_windows,
+            1 if bump else 0,
+            bump,
+            buffer_id,
+        ),
     ).fetchone()
     return int(row[0])
 
@@ -130,9 +149,15 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
 
 def delete_buffer(conn: psycopg.Connection, *, tenant: str, name: str) -> bool:
     """Delete the buffer and everything it holds: files, chunks, embeddings and the overnight result-cache rows
-    answered from it (all ON DELETE CASCADE), so a buffer reloaded under the same name never serves them."""
-    cur = conn.execute("DELETE FROM buffers WHERE tenant = %s AND name = %s", (tenant, name))
-    return cur.rowcount > 0
+    answered from it (all ON DELETE CASCADE; the vectors' table is dropped), so a buffer reloaded under the same
+    name never serves them."""
+    from . import vectors
+
+    row = conn.execute("DELETE FROM buffers WHERE tenant = %s AND name = %s RETURNING id", (tenant, name)).fetchone()
+    if row is None:
+        return False
+    vectors.drop_table(conn, buffer_id=row[0])
+    return True
 
 
 @dataclass(frozen=True)
@@ -150,10 +175,14 @@ def files_of(conn: psycopg.Connection, *, buffer_id: int) -> dict[str, FileRow]:
     return {r[1]: FileRow(*r) for r in rows}
 
 
-def delete_files(conn: psycopg.Connection, *, file_ids: Iterable[int]) -> int:
+def delete_files(conn: psycopg.Connection, *, buffer_id: int, file_ids: Iterable[int]) -> int:
+    """The files, their chunks, and the chunks' vectors."""
+    from . import vectors
+
     ids = list(file_ids)
     if not ids:
         return 0
+    vectors.delete_for_files(conn, buffer_id=buffer_id, file_ids=ids)
     return conn.execute("DELETE FROM files WHERE id = ANY(%s)", (ids,)).rowcount
 
 
@@ -242,22 +271,6 @@ def chunk_texts(conn: psycopg.Connection, *, buffer_id: int, after: int, limit: 
     ]
 
 
-def delete_embeddings(conn: psycopg.Connection, *, table: str, buffer_id: int) -> None:
-    """Drop the buffer's vectors from one embedding table (``migrations.embedding_table``)."""
-    conn.execute(f"DELETE FROM {table} WHERE buffer_id = %s", (buffer_id,))
-
-
-def copy_embeddings(conn: psycopg.Connection, *, table: str, rows: Iterable[tuple[int, int, int, Any]]) -> None:
-    """rows: (chunk_id, buffer_id, window, float32 vector)."""
-    with (
-        conn.cursor() as cur,
-        cur.copy(f"COPY {table} (chunk_id, buffer_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)") as copy,
-    ):
-        copy.set_types(["int8", "int8", "int2", "vector"])
-        for row in rows:
-            copy.write_row(row)
-
-
 def renumber_ordinals(conn: psycopg.Connection, *, buffer_id: int) -> None:
     """Ordinals follow (path, position in file), so Collect can sort findings in reading order."""
     conn.execute(
@@ -323,20 +336,3 @@ def iter_terms(conn: psycopg.Connection, *, buffer_id: int, batch: int = 5000) -
         cur.execute("SELECT id, terms FROM chunks WHERE buffer_id = %s ORDER BY id", (buffer_id,))
         for cid, terms in cur:
             yield cid, terms.split()
-
-
-def nearest_windows(
-    conn: psycopg.Connection, *, table: str, buffer_ids: Sequence[int], query_vec: np.ndarray, limit: int
-) -> list[tuple[int, float]]:
-    """(chunk id, cosine similarity) of the ``limit`` windows nearest the query, over the HNSW index."""
-    with conn.transaction():
-        # ef_search bounds how many rows HNSW can return; iterative scan keeps
-        # going when the buffer filter discards neighbours from other buffers.
-        conn.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit))}")
-        conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-        rows = conn.execute(
-            f"""SELECT chunk_id, 1 - (embedding <=> %(q)s) AS sim FROM {table}
-                WHERE buffer_id = ANY(%(b)s) ORDER BY embedding <=> %(q)s LIMIT %(n)s""",
-            {"q": query_vec, "b": list(buffer_ids), "n": limit},
-        ).fetchall()
-    return [(r[0], r[1]) for r in rows]

@@ -11,9 +11,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
-from ..limits import MAX_INDEXED_EMBEDDING_DIM
-
 if TYPE_CHECKING:
     import psycopg
 
@@ -279,6 +276,40 @@ ALTER TABLE job_batches ADD COLUMN heartbeat_at timestamptz;
 ALTER TABLE job_batches ADD COLUMN unanswered bigint[] NOT NULL DEFAULT '{}';
 """
 
+# Vectors move from one table per width, shared by every buffer and filtered by buffer_id, to one table and
+# HNSW graph per buffer (why: store/vectors.py).  Each buffer records how its chunks were cut into windows;
+# buffers embedded before this used 254-word-piece windows overlapping by 32, cut anywhere.  The DDL of the
+# new tables is written out here as it was on the day (store/vectors.py may change later).
+M011_VECTORS_PER_BUFFER = """
+ALTER TABLE buffers ADD COLUMN embedding_windows text;
+UPDATE buffers SET embedding_windows = 'tokens:254/32' WHERE embedding_dim IS NOT NULL;
+DO $$
+DECLARE
+    t record;
+    b record;
+    target text;
+BEGIN
+    FOR t IN
+        SELECT c.relname AS name, substring(c.relname FROM '^chunk_embeddings_d([0-9]+)$')::int AS dim
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relname ~ '^chunk_embeddings_d[0-9]+$'
+    LOOP
+        FOR b IN EXECUTE format('SELECT DISTINCT buffer_id FROM %I', t.name) LOOP
+            target := 'chunk_vectors_b' || b.buffer_id;
+            EXECUTE format(
+                'CREATE TABLE %I (chunk_id bigint NOT NULL, win smallint NOT NULL, embedding vector(%s) NOT NULL, '
+                'PRIMARY KEY (chunk_id, win))', target, t.dim);
+            EXECUTE format('INSERT INTO %I SELECT chunk_id, win, embedding FROM %I WHERE buffer_id = %s',
+                           target, t.name, b.buffer_id);
+            EXECUTE format('CREATE INDEX %I ON %I USING hnsw (embedding vector_cosine_ops)',
+                           target || '_hnsw', target);
+        END LOOP;
+        EXECUTE format('DROP TABLE %I', t.name);
+    END LOOP;
+END
+$$;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -290,39 +321,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m008_batch_ticks_and_cache", M008_BATCH_TICKS_AND_CACHE),
     ("m009_batch_request_fingerprint", M009_BATCH_REQUEST_FINGERPRINT),
     ("m010_batch_lease_and_unanswered", M010_BATCH_LEASE_AND_UNANSWERED),
+    ("m011_vectors_per_buffer", M011_VECTORS_PER_BUFFER),
 ]
-
-
-def embedding_table(dim: int) -> str:
-    """One table per vector width: an HNSW index needs a fixed dimension."""
-    if not (0 < int(dim) <= MAX_INDEXED_EMBEDDING_DIM):
-        raise ConfigError(
-            f"embedding dimension {dim} cannot be indexed: pgvector's HNSW index holds at most "
-            f"{MAX_INDEXED_EMBEDDING_DIM} dimensions; choose an RLM_EMBEDDING_MODEL with {MAX_INDEXED_EMBEDDING_DIM} "
-            "or fewer"
-        )
-    return f"chunk_embeddings_d{int(dim)}"
-
-
-def ensure_embedding_table(conn: psycopg.Connection, dim: int) -> str:
-    table = embedding_table(dim)
-    exists = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
-    if exists is None:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK + 1,))
-        conn.execute(
-            f"""
-            CREATE TABLE IF NOT EXISTS {table} (
-                chunk_id   bigint NOT NULL REFERENCES chunks(id) ON DELETE CASCADE,
-                buffer_id  bigint NOT NULL,
-                win        smallint NOT NULL,
-                embedding  vector({int(dim)}) NOT NULL,
-                PRIMARY KEY (chunk_id, win)
-            );
-            CREATE INDEX IF NOT EXISTS {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops);
-            CREATE INDEX IF NOT EXISTS {table}_buffer ON {table} (buffer_id);
-            """
-        )
-    return table
 
 
 def applied(conn: psycopg.Connection) -> list[str]:

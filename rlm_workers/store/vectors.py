@@ -1,0 +1,163 @@
+"""SQL for window vectors: one table and one HNSW graph per buffer (docs/architecture.md#vectors).
+
+Why per buffer, not one table per width with a ``buffer_id`` filter: a search
+names its buffers, and an HNSW graph shared by every buffer is walked through
+all of them.  A 1,000-chunk buffer beside a 100,000-chunk one found its own
+neighbours only by scanning past the big one's (recall fell, latency grew);
+at a million chunks in a hundred buffers a one-buffer query would walk a graph
+100 times larger than its buffer.  Per-buffer graphs make a query's cost
+depend on the buffers it names only (bench/RESULTS.md#search-latency).
+
+There is no foreign key to ``chunks``: with one table per buffer, every chunk
+deleted anywhere would probe every buffer's table.  The functions here that
+delete chunks' owners delete their vectors first, and a search drops an id
+whose chunk is gone (``store.buffers.get_chunks`` returns only live chunks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from ..limits import MAX_INDEXED_EMBEDDING_DIM
+
+if TYPE_CHECKING:
+    import numpy as np
+    import psycopg
+
+#: memory for building one buffer's graph in one pass (a 100k-window graph of 384-d vectors needs ~200 MB);
+#: a larger build spills to disk and runs slower, never fails
+BUILD_MEMORY = "512MB"
+#: pgvector's ceiling on hnsw.ef_search
+MAX_EF_SEARCH = 1000
+
+
+def vector_table(buffer_id: int, *, staging: bool = False) -> str:
+    """The buffer's table; ``staging`` names the one a re-embed fills while searches still read the old."""
+    return f"chunk_vectors_b{int(buffer_id)}" + ("_next" if staging else "")
+
+
+def check_indexable(dim: int) -> int:
+    if not (0 < int(dim) <= MAX_INDEXED_EMBEDDING_DIM):
+        raise ConfigError(
+            f"embedding dimension {dim} cannot be indexed: pgvector's HNSW index holds at most "
+            f"{MAX_INDEXED_EMBEDDING_DIM} dimensions; choose an RLM_EMBEDDING_MODEL with {MAX_INDEXED_EMBEDDING_DIM} "
+            "or fewer"
+        )
+    return int(dim)
+
+
+def ensure_table(conn: psycopg.Connection, *, buffer_id: int, dim: int, staging: bool = False) -> bool:
+    """Inside the load's transaction: the buffer's vector table of width ``dim``; True when created now.
+
+    A new table gets its graph from ``ensure_index`` once the load has written its rows: one
+    bulk build is several times faster than growing the graph row by row.  A table of another width
+    (the buffer is being re-embedded with another model) is replaced.
+    """
+    check_indexable(dim)
+    table = vector_table(buffer_id, staging=staging)
+    have = conn.execute(
+        """SELECT a.atttypmod FROM pg_attribute a
+           WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding' AND NOT a.attisdropped""",
+        (table,),
+    ).fetchone()
+    if have is not None and int(have[0]) == int(dim):
+        return False
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(
+        f"""CREATE TABLE {table} (
+                chunk_id  bigint NOT NULL,
+                win       smallint NOT NULL,
+                embedding vector({int(dim)}) NOT NULL,
+                PRIMARY KEY (chunk_id, win)
+            )"""
+    )
+    return True
+
+
+def ensure_index(conn: psycopg.Connection, *, buffer_id: int, staging: bool = False) -> None:
+    """The buffer's HNSW graph (cosine), built now if the table has none."""
+    table = vector_table(buffer_id, staging=staging)
+    if conn.execute("SELECT to_regclass(%s)", (f"{table}_hnsw",)).fetchone()[0] is not None:
+        return
+    conn.execute(f"SET LOCAL maintenance_work_mem = '{BUILD_MEMORY}'")
+    conn.execute(f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops)")
+
+
+def drop_table(conn: psycopg.Connection, *, buffer_id: int) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {vector_table(buffer_id)}")
+
+
+def promote(conn: psycopg.Connection, *, buffer_id: int) -> None:
+    """The staging table (filled and indexed) replaces the buffer's table, at the end of the re-embed's
+    transaction: searches of the buffer wait only for this, not for the whole re-embed."""
+    table, staging = vector_table(buffer_id), vector_table(buffer_id, staging=True)
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(f"ALTER TABLE {staging} RENAME TO {table}")
+    conn.execute(f"ALTER INDEX IF EXISTS {staging}_hnsw RENAME TO {table}_hnsw")
+    conn.execute(f"ALTER INDEX IF EXISTS {staging}_pkey RENAME TO {table}_pkey")
+
+
+def has_table(conn: psycopg.Connection, *, buffer_id: int) -> bool:
+    return conn.execute("SELECT to_regclass(%s)", (vector_table(buffer_id),)).fetchone()[0] is not None
+
+
+def delete_for_files(conn: psycopg.Connection, *, buffer_id: int, file_ids: Sequence[int]) -> None:
+    """The vectors of these files' chunks; called before the files (and so their chunks) are deleted."""
+    if file_ids and has_table(conn, buffer_id=buffer_id):
+        conn.execute(
+            f"DELETE FROM {vector_table(buffer_id)} WHERE chunk_id IN (SELECT id FROM chunks WHERE file_id = ANY(%s))",
+            (list(file_ids),),
+        )
+
+
+def copy(
+    conn: psycopg.Connection, *, buffer_id: int, rows: Iterable[tuple[int, int, Any]], staging: bool = False
+) -> None:
+    """rows: (chunk_id, window, float32 vector)."""
+    table = vector_table(buffer_id, staging=staging)
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"COPY {table} (chunk_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)") as cp,
+    ):
+        cp.set_types(["int8", "int2", "vector"])
+        for row in rows:
+            cp.write_row(row)
+
+
+def count(conn: psycopg.Connection, *, buffer_id: int) -> int:
+    if not has_table(conn, buffer_id=buffer_id):
+        return 0
+    return int(conn.execute(f"SELECT count(*) FROM {vector_table(buffer_id)}").fetchone()[0])
+
+
+def nearest_windows(
+    conn: psycopg.Connection, *, buffer_ids: Sequence[int], query_vec: np.ndarray, limit: int, ef_search: int
+) -> list[tuple[int, float]]:
+    """(chunk id, cosine similarity) of the ``limit`` windows nearest the query in each buffer's graph.
+
+    One statement: a UNION ALL of one index scan per buffer, each cut to ``limit``; the caller
+    merges.  A buffer whose table is missing (embedded by nothing yet) adds nothing.
+    """
+    present = [
+        int(b)
+        for (b,) in conn.execute(
+            "SELECT b FROM unnest(%s::bigint[]) AS b WHERE to_regclass('chunk_vectors_b' || b) IS NOT NULL",
+            (list(buffer_ids),),
+        )
+    ]
+    if not present:
+        return []
+    arms = " UNION ALL ".join(
+        f"(SELECT chunk_id, embedding <=> %(q)s AS d FROM {vector_table(b)} ORDER BY d LIMIT %(n)s)" for b in present
+    )
+    with conn.transaction():
+        # ef_search is the candidate list HNSW keeps: it bounds recall, and how many rows one scan returns
+        # unless the scan may go on (iterative scan) when a deep search wants more than pgvector's ceiling
+        conn.execute(f"SET LOCAL hnsw.ef_search = {min(MAX_EF_SEARCH, max(ef_search, limit))}")
+        if limit > MAX_EF_SEARCH:
+            conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
+            conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {max(20_000, 4 * int(limit))}")
+        rows = conn.execute(f"SELECT chunk_id, 1 - d FROM ({arms}) AS arms", {"q": query_vec, "n": limit}).fetchall()
+    return [(r[0], float(r[1])) for r in rows]
