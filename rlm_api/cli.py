@@ -316,7 +316,8 @@ def search(
     mode: Annotated[SearchMode, typer.Option("--mode")] = SearchMode.hybrid,
     top_k: Annotated[int, typer.Option("--top-k")] = 10,
     threshold: Annotated[
-        float | None, typer.Option("--threshold", help="Minimum cosine similarity (semantic arm).")
+        float | None,
+        typer.Option("--threshold", help="Minimum cosine similarity (semantic arm); default: no minimum."),
     ] = None,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
 ) -> None:
@@ -337,7 +338,8 @@ def search(
             query=query,
             mode=mode.value,
             top_k=top_k,
-            threshold=threshold,
+            # a person searching wants the best k, not an empty list: the cut is theirs to ask for
+            threshold=-1.0 if threshold is None else threshold,
         )
     if fmt == Fmt.json:
         _print_json({"results": [h.model_dump() for h in hits]})

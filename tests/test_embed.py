@@ -1,0 +1,85 @@
+"""Embedding windows and the two encoders (ingest: sentence-transformers; query time: ingest/fastbert.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlm_workers.ingest.windows import DEFAULT_WINDOWS, WindowSpec, cut, query_windows, unit_starts
+
+PROSE = (
+    "The lighthouse stood on a rock that the sea covered twice a day. Its keeper, a quiet man, "
+    "wrote the weather into a ledger every morning! Did anyone read it? Nobody knows; the ledger "
+    "was lost in a storm.\nA second line starts here without a full stop\n\nAnd a new paragraph "
+    "after a blank line, which is long enough to need a few more words than the others have."
+)
+
+
+def _offsets(text: str) -> list[tuple[int, int]]:
+    """Word-ish pieces with their char offsets: enough to exercise the cutter without a model."""
+    import re
+
+    return [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", text)]
+
+
+def _tokens_in(offsets, a: int, b: int) -> int:
+    return sum(1 for s, e in offsets if s >= a and e <= b)
+
+
+@pytest.mark.parametrize("spec", [WindowSpec(12, 4), WindowSpec(16, 0), WindowSpec(24, 6), WindowSpec(10, 3, False)])
+def test_windows_cover_the_text_fit_the_size_and_keep_sentences_whole(spec):
+    text = PROSE * 3
+    offsets = _offsets(text)
+    spans = cut(text, offsets, spec)
+    assert spans[0][0] == 0 and spans[-1][1] == offsets[-1][1]
+    assert all(_tokens_in(offsets, a, b) <= spec.tokens for a, b in spans)
+    # no word piece is left out
+    assert all(any(a <= s and e <= b for a, b in spans) for s, e in offsets)
+    if spec.sentences:
+        starts = unit_starts(text) + [len(text)]
+        for u in range(len(starts) - 1):
+            a, b = starts[u], len(text[: starts[u + 1]].rstrip())
+            if _tokens_in(offsets, a, b) <= spec.tokens:
+                assert any(x <= a and b <= y for x, y in spans), f"sentence cut in two: {text[a:b]!r}"
+    # consecutive windows share at most `overlap` word pieces
+    for (a1, b1), (a2, b2) in zip(spans, spans[1:], strict=False):
+        assert a2 > a1 and _tokens_in(offsets, a2, min(b1, b2)) <= spec.overlap
+
+
+def test_sentences_and_lines_start_units():
+    starts = unit_starts(PROSE)
+    begins = {PROSE[s : s + 6] for s in starts}
+    assert {"The li", "Its ke", "Did an", "Nobody", "A seco", "And a "} <= begins
+    assert not any(PROSE[s - 1].isalnum() for s in starts if s)
+
+
+def test_a_short_text_is_one_window_and_labels_name_the_setting():
+    assert cut("a short one.", _offsets("a short one."), DEFAULT_WINDOWS) == [(0, 12)]
+    assert WindowSpec(64, 16).label == "sentences:64/16" and WindowSpec(254, 32, False).label == "tokens:254/32"
+    assert WindowSpec(512, 64).capped(254) == WindowSpec(254, 64)
+    with pytest.raises(ValueError):
+        WindowSpec(16, 12)
+
+
+def test_the_query_encoder_gives_the_ingest_encoders_vectors(embedder):
+    """ingest/fastbert.py (fast start for `rlm search`) must agree with sentence-transformers to 1e-5."""
+    from pathlib import Path
+
+    from rlm_workers.ingest.embed import _resolve_model
+    from rlm_workers.ingest.fastbert import FastBertEncoder, supports
+
+    _, path = _resolve_model(None)
+    assert supports(Path(path))
+    fast = FastBertEncoder(Path(path), embedder.model_id)
+    queries = [
+        "where is the spare key hidden?",
+        "x",
+        "Ünïcödé — naïve café, 東京 and emoji 🚀 in one query",
+        "def retry(self, exc=None, countdown=None):\n    raise self.Retry(exc)",
+        " ".join(["a long question about fog signals and lighthouse keepers"] * 60),  # over the model's 256
+    ]
+    for q in queries:
+        assert fast.window_texts(q) == embedder.window_texts(q, query_windows(embedder.window_tokens))
+        a, b = fast.encode_query(q), embedder.encode_query(q)
+        assert a.shape == b.shape == (embedder.dim,)
+        assert float(np.max(np.abs(a - b))) < 1e-5, q[:40]
