@@ -24,6 +24,17 @@ def _emb_count(conn, buffer_id):
     return vectors.count(conn, buffer_id=buffer_id)
 
 
+def _vectors_match_chunks(conn, buffer_id, embedder) -> None:
+    """Every live chunk has exactly its windows' vectors, and no vector outlives its chunk."""
+    want = {
+        (cid, w)
+        for cid, text in conn.execute("SELECT id, text FROM chunks WHERE buffer_id = %s", (buffer_id,))
+        for w in range(len(embedder.window_texts(text)))
+    }
+    have = set(conn.execute(f"SELECT chunk_id, win FROM chunk_vectors_b{buffer_id}").fetchall())
+    assert have == want
+
+
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     return write_mixed_tree(tmp_path_factory.mktemp("mixed") / "proj")
@@ -83,6 +94,7 @@ def test_changed_file_replaces_only_its_chunks(conn, tree, embedder):
     assert any(
         "Audits happen yearly" in t for (t,) in conn.execute("SELECT text FROM chunks WHERE buffer_id = %s", (buf.id,))
     )
+    _vectors_match_chunks(conn, buf.id, embedder)
 
 
 def test_deleted_file_is_removed_on_reload(conn, tree, embedder):
@@ -92,7 +104,35 @@ def test_deleted_file_is_removed_on_reload(conn, tree, embedder):
     assert report.files_removed == 1
     paths = {p for p, _ in _chunk_ids(conn, buf.id).values()}
     assert paths == {"proj/docs/guide.md"}
-    assert _emb_count(conn, buf.id) >= 1
+    _vectors_match_chunks(conn, buf.id, embedder)
+
+
+def test_deleting_a_buffer_drops_its_vectors(conn, tmp_path, embedder):
+    src = tmp_path / "gone"
+    src.mkdir()
+    (src / "a.txt").write_text("A note about tides and the moon. " * 20)
+    load_paths(conn, buffer="short-lived", paths=[src], embedder=embedder)
+    buf = store.get_buffer(conn, tenant="local", name="short-lived")
+    _vectors_match_chunks(conn, buf.id, embedder)
+    assert store.delete_buffer(conn, tenant="local", name="short-lived")
+    conn.commit()
+    assert conn.execute("SELECT to_regclass(%s)", (f"chunk_vectors_b{buf.id}",)).fetchone()[0] is None
+
+
+def test_a_buffer_embedded_with_other_windows_is_re_embedded_whole_on_reload(conn, tmp_path, embedder):
+    """Unchanged text is not skipped when the buffer was cut into windows another way."""
+    src = tmp_path / "recut"
+    src.mkdir()
+    (src / "a.txt").write_text("The harbour master logs every ship. " * 80)
+    load_paths(conn, buffer="recut", paths=[src], embedder=embedder)
+    buf = store.get_buffer(conn, tenant="local", name="recut")
+    conn.execute("UPDATE buffers SET embedding_windows = 'tokens:254/32' WHERE id = %s", (buf.id,))
+    conn.execute(f"DELETE FROM chunk_vectors_b{buf.id} WHERE win > 0")  # as the old cut left it: fewer windows
+    conn.commit()
+    report = load_paths(conn, buffer="recut", paths=[src], embedder=embedder)
+    assert report.files_loaded == 1 and report.files_unchanged == 0
+    assert store.get_buffer(conn, tenant="local", name="recut").embedding_windows == embedder.spec.label
+    _vectors_match_chunks(conn, buf.id, embedder)
 
 
 class _ExplodingEmbedder:

@@ -133,3 +133,28 @@ def test_rlm_embed_task_on_an_ingest_worker(rlm_env, conn, drift, tmp_path):
         assert _vectors(conn) == windows and "re-embedded with" in worker.tail(200)
     finally:
         worker.stop()
+
+
+def test_buffers_cut_into_different_windows_are_not_ranked_together(rlm_env, conn, drift, embedder, tmp_path):
+    """A buffer from before the window change is searched alone, refused beside a newer one, and re-embedded."""
+    from rlm_workers.ingest.loader import load_paths
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "pier.md").write_text("# Pier\n\nFishing boats unload at the north pier before sunrise.\n")
+    load_paths(conn, buffer="newer", paths=[other], embedder=embedder)
+    conn.execute("UPDATE buffers SET embedding_windows = 'tokens:254/32' WHERE name = 'drift'")
+    conn.commit()
+    alone = run_rlm(rlm_env, "search", "fog signals", "--buffer", "drift", "--mode", "semantic", check=0)
+    assert "Fog signals" in alone.stdout
+    both = ["search", "fog signals", "--buffer", "drift", "--buffer", "newer", "--mode", "semantic"]
+    refused = run_rlm(rlm_env, *both)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "different window settings" in refused.stderr and "rlm buffer reembed drift" in refused.stderr
+    assert run_rlm(rlm_env, *both[:-1], "bm25", check=0).returncode == 0  # no vectors, nothing to mix
+    done = json.loads(run_rlm(rlm_env, "buffer", "reembed", "drift", "--format", "json", check=0).stdout)
+    assert not done["unchanged"]
+    label = conn.execute("SELECT embedding_windows FROM buffers WHERE name = 'drift'").fetchone()[0]
+    conn.commit()
+    assert label == embedder.spec.label
+    assert "Fog signals" in run_rlm(rlm_env, *both, check=0).stdout
