@@ -19,8 +19,8 @@ MIN_CHUNK_SIZE = 200
 MAX_CHUNK_SIZE = 1_000_000
 #: one path component (file or directory name), as most file systems allow
 MAX_NAME_COMPONENT_BYTES = 255
-#: widest vector pgvector's HNSW index can hold (``vector`` type); wider embeddings cannot be searched
-MAX_INDEXED_EMBEDDING_DIM = 2000
+#: widest vector pgvector's HNSW index can hold for the ``halfvec`` type we store; wider embeddings cannot be searched
+MAX_INDEXED_EMBEDDING_DIM = 4000
 #: tool calls the synthesizer may make in one turn; the rest get an error reply (MAX_TURNS bounds the turns)
 MAX_TOOL_CALLS_PER_TURN = 8
 #: how much of a tool call's arguments is kept in the job's record of it

@@ -105,6 +105,8 @@ class BufferInfo(BaseModel):
     bytes: int
     chunker: str | None = None
     embedding_model: str | None = None
+    #: how chunks were cut into embedding windows, e.g. ``sentences:64/16`` (docs/contract.md#cli-load)
+    embedding_windows: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
 

@@ -85,13 +85,13 @@ def test_a_late_nul_or_a_bad_name_skips_that_file_not_the_directory(conn, tmp_pa
 def test_embedding_wider_than_hnsw_can_index_is_a_config_error(conn):
     from rlm_workers.store import vectors
 
-    assert vectors.check_indexable(2000) == 2000
-    with pytest.raises(ConfigError, match="embedding dimension 3072 cannot be indexed.*at most 2000"):
-        vectors.ensure_table(conn, buffer_id=987_654, dim=3072)
+    assert vectors.check_indexable(3072) == 3072  # OpenAI's large embeddings fit as halfvec
+    with pytest.raises(ConfigError, match="embedding dimension 4096 cannot be indexed.*at most 4000"):
+        vectors.ensure_table(conn, buffer_id=987_654, dim=4096)
     conn.rollback()
     assert not vectors.has_table(conn, buffer_id=987_654)
     with pytest.raises(ConfigError):
-        vectors.check_indexable(2001)
+        vectors.check_indexable(4001)
 
 
 # --------------------------------------------------------------------------- queued uploads (the ingest worker)

@@ -126,7 +126,7 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
                   (SELECT count(*) FROM files f WHERE f.buffer_id = b.id),
                   (SELECT count(*) FROM chunks c WHERE c.buffer_id = b.id),
                   (SELECT coalesce(sum(size_bytes), 0) FROM files f WHERE f.buffer_id = b.id),
-                  b.chunker, b.embedding_model, b.created_at, b.updated_at
+                  b.chunker, b.embedding_model, b.created_at, b.updated_at, b.embedding_windows
            FROM buffers b WHERE b.tenant = %s {"AND b.name = %s" if name else ""} ORDER BY b.name""",
         (tenant, name) if name else (tenant,),
     ).fetchall()
@@ -142,6 +142,7 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
             embedding_model=r[7],
             created_at=r[8].isoformat(timespec="seconds"),
             updated_at=r[9].isoformat(timespec="seconds"),
+            embedding_windows=r[10],
         )
         for r in rows
     ]

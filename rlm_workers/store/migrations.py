@@ -277,7 +277,7 @@ ALTER TABLE job_batches ADD COLUMN unanswered bigint[] NOT NULL DEFAULT '{}';
 """
 
 # Vectors move from one table per width, shared by every buffer and filtered by buffer_id, to one table and
-# HNSW graph per buffer (why: store/vectors.py).  Each buffer records how its chunks were cut into windows;
+# HNSW graph per buffer, stored as 16-bit halfvec (why: store/vectors.py).  Each buffer records how its chunks were cut into windows;
 # buffers embedded before this used 254-word-piece windows overlapping by 32, cut anywhere.  The DDL of the
 # new tables is written out here as it was on the day (store/vectors.py may change later).
 M011_VECTORS_PER_BUFFER = """
@@ -297,11 +297,11 @@ BEGIN
         FOR b IN EXECUTE format('SELECT DISTINCT buffer_id FROM %I', t.name) LOOP
             target := 'chunk_vectors_b' || b.buffer_id;
             EXECUTE format(
-                'CREATE TABLE %I (chunk_id bigint NOT NULL, win smallint NOT NULL, embedding vector(%s) NOT NULL, '
+                'CREATE TABLE %I (chunk_id bigint NOT NULL, win smallint NOT NULL, embedding halfvec(%s) NOT NULL, '
                 'PRIMARY KEY (chunk_id, win))', target, t.dim);
-            EXECUTE format('INSERT INTO %I SELECT chunk_id, win, embedding FROM %I WHERE buffer_id = %s',
+            EXECUTE format('INSERT INTO %I SELECT chunk_id, win, embedding::halfvec FROM %I WHERE buffer_id = %s',
                            target, t.name, b.buffer_id);
-            EXECUTE format('CREATE INDEX %I ON %I USING hnsw (embedding vector_cosine_ops)',
+            EXECUTE format('CREATE INDEX %I ON %I USING hnsw (embedding halfvec_cosine_ops)',
                            target || '_hnsw', target);
         END LOOP;
         EXECUTE format('DROP TABLE %I', t.name);

@@ -8,6 +8,12 @@ at a million chunks in a hundred buffers a one-buffer query would walk a graph
 100 times larger than its buffer.  Per-buffer graphs make a query's cost
 depend on the buffers it names only (bench/RESULTS.md#search-latency).
 
+Vectors are stored as ``halfvec`` (16-bit floats): a chunk has tens of short
+windows, so the vectors outweigh the text many times over; half the bytes is
+half the table, half the graph and half the memory a search touches, and the
+rounding (about 1e-3 of a cosine) does not change which chunks rank first
+(bench/RESULTS.md#search-latency measures recall against exact search).
+
 There is no foreign key to ``chunks``: with one table per buffer, every chunk
 deleted anywhere would probe every buffer's table.  The functions here that
 delete chunks' owners delete their vectors first, and a search drops an id
@@ -58,18 +64,18 @@ def ensure_table(conn: psycopg.Connection, *, buffer_id: int, dim: int, staging:
     check_indexable(dim)
     table = vector_table(buffer_id, staging=staging)
     have = conn.execute(
-        """SELECT a.atttypmod FROM pg_attribute a
+        """SELECT a.atttypmod, format_type(a.atttypid, NULL) FROM pg_attribute a
            WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding' AND NOT a.attisdropped""",
         (table,),
     ).fetchone()
-    if have is not None and int(have[0]) == int(dim):
+    if have is not None and (int(have[0]), have[1]) == (int(dim), "halfvec"):
         return False
     conn.execute(f"DROP TABLE IF EXISTS {table}")
     conn.execute(
         f"""CREATE TABLE {table} (
                 chunk_id  bigint NOT NULL,
                 win       smallint NOT NULL,
-                embedding vector({int(dim)}) NOT NULL,
+                embedding halfvec({int(dim)}) NOT NULL,
                 PRIMARY KEY (chunk_id, win)
             )"""
     )
@@ -82,7 +88,7 @@ def ensure_index(conn: psycopg.Connection, *, buffer_id: int, staging: bool = Fa
     if conn.execute("SELECT to_regclass(%s)", (f"{table}_hnsw",)).fetchone()[0] is not None:
         return
     conn.execute(f"SET LOCAL maintenance_work_mem = '{BUILD_MEMORY}'")
-    conn.execute(f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding vector_cosine_ops)")
+    conn.execute(f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding halfvec_cosine_ops)")
 
 
 def drop_table(conn: psycopg.Connection, *, buffer_id: int) -> None:
@@ -116,14 +122,16 @@ def copy(
     conn: psycopg.Connection, *, buffer_id: int, rows: Iterable[tuple[int, int, Any]], staging: bool = False
 ) -> None:
     """rows: (chunk_id, window, float32 vector)."""
+    from pgvector import HalfVector
+
     table = vector_table(buffer_id, staging=staging)
     with (
         conn.cursor() as cur,
         cur.copy(f"COPY {table} (chunk_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)") as cp,
     ):
-        cp.set_types(["int8", "int2", "vector"])
-        for row in rows:
-            cp.write_row(row)
+        cp.set_types(["int8", "int2", "halfvec"])
+        for cid, win, vec in rows:
+            cp.write_row((cid, win, HalfVector(vec)))
 
 
 def count(conn: psycopg.Connection, *, buffer_id: int) -> int:
@@ -149,6 +157,8 @@ def nearest_windows(
     ]
     if not present:
         return []
+    from pgvector import HalfVector
+
     arms = " UNION ALL ".join(
         f"(SELECT chunk_id, embedding <=> %(q)s AS d FROM {vector_table(b)} ORDER BY d LIMIT %(n)s)" for b in present
     )
@@ -159,5 +169,7 @@ def nearest_windows(
         if limit > MAX_EF_SEARCH:
             conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
             conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {max(20_000, 4 * int(limit))}")
-        rows = conn.execute(f"SELECT chunk_id, 1 - d FROM ({arms}) AS arms", {"q": query_vec, "n": limit}).fetchall()
+        rows = conn.execute(
+            f"SELECT chunk_id, 1 - d FROM ({arms}) AS arms", {"q": HalfVector(query_vec), "n": limit}
+        ).fetchall()
     return [(r[0], float(r[1])) for r in rows]
