@@ -277,8 +277,9 @@ ALTER TABLE job_batches ADD COLUMN unanswered bigint[] NOT NULL DEFAULT '{}';
 """
 
 # Vectors move from one table per width, shared by every buffer and filtered by buffer_id, to one table and
-# HNSW graph per buffer, stored as 16-bit halfvec (why: store/vectors.py).  Each buffer records how its chunks were cut into windows;
-# buffers embedded before this used 254-word-piece windows overlapping by 32, cut anywhere.  The DDL of the
+# HNSW graph per buffer, stored as 16-bit halfvec (why: store/vectors.py).  Each buffer records how its
+# chunks were cut into windows; buffers embedded before this used 254-word-piece windows overlapping by 32,
+# cut anywhere.  The DDL of the
 # new tables is written out here as it was on the day (store/vectors.py may change later).
 M011_VECTORS_PER_BUFFER = """
 ALTER TABLE buffers ADD COLUMN embedding_windows text;
