@@ -121,6 +121,8 @@ class SearchHit(BaseModel):
     end_line: int
     score: float
     text: str
+    #: the chunk's window nearest the query (the sentences the semantic arm matched); None for a bm25-only hit
+    passage: str | None = None
 
 
 class AnalysisPlan(BaseModel):

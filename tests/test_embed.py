@@ -26,7 +26,9 @@ def _tokens_in(offsets, a: int, b: int) -> int:
     return sum(1 for s, e in offsets if s >= a and e <= b)
 
 
-@pytest.mark.parametrize("spec", [WindowSpec(12, 4), WindowSpec(16, 0), WindowSpec(24, 6), WindowSpec(10, 3, False)])
+@pytest.mark.parametrize(
+    "spec", [WindowSpec(12, 4), WindowSpec(16, 0), WindowSpec(24, 6), WindowSpec(8, 0), WindowSpec(10, 3, False)]
+)
 def test_windows_cover_the_text_fit_the_size_and_keep_sentences_whole(spec):
     text = PROSE * 3
     offsets = _offsets(text)
@@ -41,9 +43,10 @@ def test_windows_cover_the_text_fit_the_size_and_keep_sentences_whole(spec):
             a, b = starts[u], len(text[: starts[u + 1]].rstrip())
             if _tokens_in(offsets, a, b) <= spec.tokens:
                 assert any(x <= a and b <= y for x, y in spans), f"sentence cut in two: {text[a:b]!r}"
-    # consecutive windows share at most `overlap` word pieces
+    # consecutive windows share at most `overlap` word pieces (a quarter window inside an over-long sentence)
+    shared = max(spec.overlap, spec.tokens // 4) if spec.sentences else spec.overlap
     for (a1, b1), (a2, b2) in zip(spans, spans[1:], strict=False):
-        assert a2 > a1 and _tokens_in(offsets, a2, min(b1, b2)) <= spec.overlap
+        assert a2 > a1 and _tokens_in(offsets, a2, min(b1, b2)) <= shared
 
 
 def test_sentences_and_lines_start_units():
@@ -83,3 +86,25 @@ def test_the_query_encoder_gives_the_ingest_encoders_vectors(embedder):
         a, b = fast.encode_query(q), embedder.encode_query(q)
         assert a.shape == b.shape == (embedder.dim,)
         assert float(np.max(np.abs(a - b))) < 1e-5, q[:40]
+
+
+def test_the_query_encoder_cuts_chunks_as_ingest_did(embedder):
+    """`rlm search` shows the matched window: its cut (fastbert's tokenizer) must be ingest's."""
+    from pathlib import Path
+
+    from rlm_workers.ingest.embed import _resolve_model
+    from rlm_workers.ingest.fastbert import FastBertEncoder
+    from rlm_workers.ingest.windows import LEGACY_WINDOWS_LABEL
+
+    fast = FastBertEncoder(Path(_resolve_model(None)[1]), embedder.model_id)
+    texts = [
+        PROSE * 4,
+        "def f(x):\n    return x * 2  # doubles\n\n" * 30,
+        "Ünïcödé — naïve café, 東京. Emoji 🚀 here! " * 25,
+    ]
+    for spec in (DEFAULT_WINDOWS, WindowSpec.from_label(LEGACY_WINDOWS_LABEL), WindowSpec(64, 16)):
+        for text in texts:
+            assert fast.window_spans(text, spec) == embedder.window_spans(text, spec)
+    assert WindowSpec.from_label(DEFAULT_WINDOWS.label) == DEFAULT_WINDOWS
+    with pytest.raises(ValueError):
+        WindowSpec.from_label("sentences:many/0")

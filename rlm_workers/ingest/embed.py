@@ -63,6 +63,9 @@ class Embedder:
             Window(a, b) for a, b in cut(text, enc["offset_mapping"], (spec or self.spec).capped(self.window_tokens))
         ]
 
+    def window_spans(self, text: str, spec: WindowSpec) -> list[tuple[int, int]]:
+        return [(w.start, w.end) for w in self.windows(text, spec)]
+
     def window_texts(self, text: str, spec: WindowSpec | None = None) -> list[str]:
         return [text[w.start : w.end] for w in self.windows(text, spec)]
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from .windows import WindowSpec
+
 
 def supports(model_dir: Path) -> bool:
     try:
@@ -99,6 +101,13 @@ class FastBertEncoder:
             h = F.gelu(self._lin(x, f"{p}.intermediate.dense"))
             x = self._ln(self._lin(h, f"{p}.output.dense") + x, f"{p}.output.LayerNorm")
         return x[0].mean(dim=0)
+
+    def window_spans(self, text: str, spec: WindowSpec) -> list[tuple[int, int]]:
+        """How ingest cut ``text`` into windows under ``spec`` (same tokenizer file, same cutter)."""
+        from .windows import cut
+
+        enc = self.tokenizer.encode(text, add_special_tokens=False)
+        return cut(text, enc.offsets, spec.capped(self.window_tokens))
 
     def window_texts(self, text: str) -> list[str]:
         from .windows import cut, query_windows

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 class WindowSpec:
     #: word pieces per window at most (the model's own limit still applies)
     tokens: int
-    #: word pieces two consecutive windows may share
+    #: word pieces of whole sentences two consecutive windows may share (a sentence longer than a window
+    #: is cut into pieces that share a quarter of a window, or ``overlap`` if more)
     overlap: int
     #: pack whole sentences/lines; False cuts every ``tokens - overlap`` word pieces
     sentences: bool = True
@@ -40,6 +41,14 @@ class WindowSpec:
         """Recorded on each buffer (``buffers.embedding_windows``); search never mixes two labels."""
         return f"{'sentences' if self.sentences else 'tokens'}:{self.tokens}/{self.overlap}"
 
+    @classmethod
+    def from_label(cls, label: str) -> WindowSpec:
+        kind, _, sizes = label.partition(":")
+        tokens, _, overlap = sizes.partition("/")
+        if kind not in ("sentences", "tokens") or not tokens.isdigit() or not overlap.isdigit():
+            raise ValueError(f"not a window label: {label!r}")
+        return cls(int(tokens), int(overlap), kind == "sentences")
+
     def capped(self, model_tokens: int) -> WindowSpec:
         """This spec within a model's sequence budget."""
         if self.tokens <= model_tokens:
@@ -48,7 +57,7 @@ class WindowSpec:
 
 
 #: chosen by bench/retrieval.py (bench/RESULTS.md#retrieval)
-DEFAULT_WINDOWS = WindowSpec(tokens=64, overlap=16, sentences=True)
+DEFAULT_WINDOWS = WindowSpec(tokens=32, overlap=0, sentences=True)
 #: what buffers embedded before windows were recorded used: 254 word pieces, 32 shared, cut anywhere
 LEGACY_WINDOWS_LABEL = "tokens:254/32"
 
@@ -73,7 +82,7 @@ def cut(text: str, offsets: Sequence[tuple[int, int]], spec: WindowSpec) -> list
     if n <= spec.tokens:
         return [(0, len(text))]
     if not spec.sentences:
-        return [(offsets[a][0], offsets[b][1]) for a, b in _token_steps(0, n, spec)]
+        return [(offsets[a][0], offsets[b][1]) for a, b in _token_steps(0, n, spec, overlap=spec.overlap)]
     # units as [first token, last token] ranges
     starts = unit_starts(text)
     firsts: list[int] = []
@@ -89,8 +98,8 @@ def cut(text: str, offsets: Sequence[tuple[int, int]], spec: WindowSpec) -> list
     i = 0
     while i < len(units):
         a, b = units[i]
-        if b - a + 1 > spec.tokens:  # one unit longer than a window: cut it by word pieces
-            spans.extend(_token_steps(a, b + 1, spec))
+        if b - a + 1 > spec.tokens:  # one unit longer than a window: cut it by word pieces, overlapping
+            spans.extend(_token_steps(a, b + 1, spec, overlap=max(spec.overlap, spec.tokens // 4)))
             i += 1
             continue
         k = i
@@ -107,9 +116,9 @@ def cut(text: str, offsets: Sequence[tuple[int, int]], spec: WindowSpec) -> list
     return [(offsets[a][0], offsets[b][1]) for a, b in spans]
 
 
-def _token_steps(first: int, end: int, spec: WindowSpec) -> list[tuple[int, int]]:
+def _token_steps(first: int, end: int, spec: WindowSpec, *, overlap: int) -> list[tuple[int, int]]:
     out = []
-    step = spec.tokens - spec.overlap
+    step = spec.tokens - overlap
     for a in range(first, end, step):
         b = min(a + spec.tokens, end) - 1
         out.append((a, b))

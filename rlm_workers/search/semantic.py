@@ -27,8 +27,8 @@ def semantic_search(
     query_vec: np.ndarray,
     limit: int,
     threshold: float | None,
-) -> list[tuple[int, float]]:
-    """(chunk_id, cosine similarity) best first, at most ``limit`` chunks, similarity ≥ threshold."""
+) -> list[tuple[int, float, int]]:
+    """(chunk_id, cosine similarity, best window) best first, at most ``limit`` chunks, similarity ≥ threshold."""
     rows = nearest_windows(
         conn,
         buffer_ids=buffer_ids,
@@ -36,11 +36,11 @@ def semantic_search(
         limit=max(1, limit) * _WINDOW_FANOUT,
         ef_search=EF_SEARCH,
     )
-    best: dict[int, float] = {}
-    for cid, sim in rows:
-        if sim > best.get(cid, -2.0):
-            best[cid] = float(sim)
-    ranked = sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))
+    best: dict[int, tuple[float, int]] = {}
+    for cid, win, sim in rows:
+        if sim > best.get(cid, (-2.0, 0))[0]:
+            best[cid] = (sim, win)
+    ranked = sorted(((cid, sim, win) for cid, (sim, win) in best.items()), key=lambda t: (-t[1], t[0]))
     if threshold is not None:
-        ranked = [kv for kv in ranked if kv[1] >= threshold]
+        ranked = [t for t in ranked if t[1] >= threshold]
     return ranked[:limit]

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 class Ranked:
     chunk_id: int
     score: float
+    #: the chunk's window nearest the query, when the semantic arm saw the chunk
+    window: int | None = None
 
 
 def validate_query(query: str) -> str:
@@ -132,7 +134,7 @@ def rank(
 
     depth = top_k * 2 if mode == "hybrid" else top_k
     lexical: list[tuple[int, float]] = []
-    dense: list[tuple[int, float]] = []
+    dense: list[tuple[int, float, int]] = []
     if mode in ("bm25", "hybrid"):
         lexical = _bm25_index(conn, rows, settings, url).top_k(tokenize(query), depth)
     if mode in ("semantic", "hybrid"):
@@ -151,11 +153,12 @@ def rank(
     if mode == "bm25":
         return [Ranked(c, s) for c, s in lexical[:top_k]]
     if mode == "semantic":
-        return [Ranked(c, s) for c, s in dense[:top_k]]
+        return [Ranked(c, s, w) for c, s, w in dense[:top_k]]
     from .rrf import RRF_K, rrf_fuse
 
-    fused = rrf_fuse([[c for c, _ in lexical], [c for c, _ in dense]], k=RRF_K)
-    return [Ranked(c, s) for c, s in fused[:top_k]]
+    fused = rrf_fuse([[c for c, _ in lexical], [c for c, _, _ in dense]], k=RRF_K)
+    window = {c: w for c, _, w in dense}
+    return [Ranked(c, s, window.get(c)) for c, s in fused[:top_k]]
 
 
 def search(
@@ -186,6 +189,7 @@ def search(
         threshold=settings.threshold if threshold is None else threshold,
     )
     chunks = get_chunks(conn, tenant=tenant, chunk_ids=[r.chunk_id for r in ranked])
+    cuts = {r.name: r.windows_label for r in rows}
     return [
         SearchHit(
             chunk_id=r.chunk_id,
@@ -195,7 +199,26 @@ def search(
             end_line=c.end_line,
             score=round(r.score, 6),
             text=c.text,
+            passage=_passage(settings, c.text, cuts.get(c.buffer), r.window),
         )
         for r in ranked
         if (c := chunks.get(r.chunk_id)) is not None
     ]
+
+
+def _passage(settings: Settings, text: str, label: str | None, window: int | None) -> str | None:
+    """The text of the chunk's window nearest the query: the sentence(s) the semantic arm matched."""
+    if window is None or label is None:
+        return None
+    from ..ingest.embed import get_query_encoder
+    from ..ingest.windows import WindowSpec
+
+    try:
+        spec = WindowSpec.from_label(label)
+    except ValueError:
+        return None
+    spans = get_query_encoder(settings.embedding_model).window_spans(text, spec)
+    if not 0 <= window < len(spans):
+        return None  # a chunk re-cut since: no passage rather than a wrong one
+    a, b = spans[window]
+    return text[a:b]

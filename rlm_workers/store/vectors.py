@@ -142,8 +142,8 @@ def count(conn: psycopg.Connection, *, buffer_id: int) -> int:
 
 def nearest_windows(
     conn: psycopg.Connection, *, buffer_ids: Sequence[int], query_vec: np.ndarray, limit: int, ef_search: int
-) -> list[tuple[int, float]]:
-    """(chunk id, cosine similarity) of the ``limit`` windows nearest the query in each buffer's graph.
+) -> list[tuple[int, int, float]]:
+    """(chunk id, window, cosine similarity) of the ``limit`` windows nearest the query in each buffer's graph.
 
     One statement: a UNION ALL of one index scan per buffer, each cut to ``limit``; the caller
     merges.  A buffer whose table is missing (embedded by nothing yet) adds nothing.
@@ -160,7 +160,8 @@ def nearest_windows(
     from pgvector import HalfVector
 
     arms = " UNION ALL ".join(
-        f"(SELECT chunk_id, embedding <=> %(q)s AS d FROM {vector_table(b)} ORDER BY d LIMIT %(n)s)" for b in present
+        f"(SELECT chunk_id, win, embedding <=> %(q)s AS d FROM {vector_table(b)} ORDER BY d LIMIT %(n)s)"
+        for b in present
     )
     with conn.transaction():
         # ef_search is the candidate list HNSW keeps: it bounds recall, and how many rows one scan returns
@@ -170,6 +171,6 @@ def nearest_windows(
             conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
             conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {max(20_000, 4 * int(limit))}")
         rows = conn.execute(
-            f"SELECT chunk_id, 1 - d FROM ({arms}) AS arms", {"q": HalfVector(query_vec), "n": limit}
+            f"SELECT chunk_id, win, 1 - d FROM ({arms}) AS arms", {"q": HalfVector(query_vec), "n": limit}
         ).fetchall()
-    return [(r[0], float(r[1])) for r in rows]
+    return [(r[0], r[1], float(r[2])) for r in rows]

@@ -10,7 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.pipeline_model import TOPICS
+#: near the facts' subjects on purpose (houses, locks, boats, savings): in a long window the fact's
+#: meaning blurs into text about the same things, which is what a search must see through
+TOPICS = [
+    "locksmithing and door hardware",
+    "island ferry services",
+    "village choirs",
+    "renovating old houses",
+    "harbour timetables",
+    "apple orchards",
+    "office furniture restoration",
+    "coastal boat building",
+    "orchards and village chapels",
+    "keeping house records",
+    "rural postal routes",
+    "church bell ringing",
+]
 
 PATTERNS = [
     "Anyone who spends a season around {t} learns that the work rewards patience more than strength.",
@@ -49,7 +64,7 @@ FACTS = [
 
 
 def essay(i: int, topic: str, fact: str | None, depth: float) -> str:
-    """About 7,000 characters on ``topic``; ``fact`` goes in at ``depth`` (0-1) of the text."""
+    """About 14,000 characters on ``topic``; ``fact`` goes in at ``depth`` (0-1) of the text."""
     sentences = []
     for r in range(7):
         for k, p in enumerate(PATTERNS):
