@@ -105,7 +105,7 @@ class BufferInfo(BaseModel):
     bytes: int
     chunker: str | None = None
     embedding_model: str | None = None
-    #: how chunks were cut into embedding windows, e.g. ``sentences:64/16`` (docs/contract.md#cli-load)
+    #: how chunks were cut into embedding windows, e.g. ``sentences:64/16`` (docs/contract.md#cli-buffers)
     embedding_windows: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
