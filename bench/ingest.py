@@ -9,7 +9,7 @@ kombu, pydantic, fastapi, starlette... until --mb megabytes.
 
 1. ``rlm load DIR --buffer bench-ingest --format json`` runs as a subprocess
    (the real CLI: discovery, chunking, tokenizing, windowing, encoding, COPY,
-   HNSW inserts, commit, BM25 warm-up) into a fresh embedded PostgreSQL under
+   one HNSW build, commit, BM25 warm-up) into a fresh embedded PostgreSQL under
    bench/_data/ingest.  Its JSON report gives the time spent in load_paths;
    the wall clock adds interpreter start-up and model load.
 2. In this process, the project's embedder (``ingest.embed.get_embedder``)
@@ -77,14 +77,13 @@ def fresh_database(data_dir: Path) -> None:
     """Each run loads into a new embedded server: a first load, with nothing left by the previous run."""
     from rlm_workers.local_servers import stop_embedded_postgres
     from rlm_workers.store.db import connect
-    from rlm_workers.store.migrations import ensure_embedding_table
 
     stop_embedded_postgres(data_dir)
     shutil.rmtree(data_dir / "pg", ignore_errors=True)
     shutil.rmtree(data_dir / "cache", ignore_errors=True)
-    # start it, create the schema and the embedding table now, so the timed load pays for neither
+    # start it and create the schema now, so the timed load does not pay for them (the load creates its
+    # buffer's vector table and builds its graph: that is part of loading)
     conn = connect()
-    ensure_embedding_table(conn, 384)
     conn.commit()
     conn.close()
 
