@@ -45,7 +45,8 @@ def test_search_json_shape(cli_env, loaded):
     data = json.loads(proc.stdout)
     assert set(data) == {"results"}
     first = data["results"][0]
-    assert set(first) == {"chunk_id", "buffer", "path", "start_line", "end_line", "score", "text"}
+    assert set(first) == {"chunk_id", "buffer", "path", "start_line", "end_line", "score", "text", "passage"}
+    assert first["passage"] is None or first["passage"] in first["text"]
     assert first["path"] == "proj/pkg/billing.py"
     assert first["buffer"] == "proj"
 
