@@ -168,7 +168,7 @@ def test_content_breakout_is_escaped(conn, fresh):
     [req] = [r for r in requests_for(fresh, "analyst-model") if "PWNED" in last_user_message(r.body)]
     user = last_user_message(req.body)
     n_chunks = len(re.findall(r"^### Chunk \d+$", user, re.M))
-    assert n_chunks == 3
+    assert 1 <= n_chunks <= 3  # its batch, wherever the search ranked it (the last batch of 28 holds one)
     # the chunk's fake closing tags were defused: exactly one real open/close per chunk
     assert user.count("<content>") == n_chunks and user.count("</content>") == n_chunks
     assert len(re.findall(r"<\s*/?\s*content", user, re.I)) == 2 * n_chunks
