@@ -278,10 +278,30 @@ def real_vectors(corpus: Corpus, idx: list[int], cache_dir: Path) -> tuple[list[
         h.update(corpus.hashes[i].encode())
     h.update(f"|{DEFAULT_WINDOWS.label}|{BUNDLED_MODEL_ID}".encode())
     path = cache_dir / f"real-{len(idx)}-{h.hexdigest()[:16]}.npz"
+    cache_dir.mkdir(parents=True, exist_ok=True)
     if path.exists():
         z = np.load(path)
         owners = [(int(c), int(w)) for c, w in z["owners"]]
         return owners, z["vecs"]
+
+    lock = path.with_suffix(".lock")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        # another bench run is encoding these very windows: wait for its file rather than encode twice
+        print(f"waiting for {path.name} (another run holds {lock.name})", flush=True)
+        while lock.exists() and not path.exists():
+            time.sleep(10)
+        return real_vectors(corpus, idx, cache_dir)
+    os.close(fd)
+    try:
+        return _encode_real(corpus, idx, path)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _encode_real(corpus: Corpus, idx: list[int], path: Path) -> tuple[list[tuple[int, int]], Any]:
+    import numpy as np
 
     from rlm_workers.ingest.embed import get_embedder
 
@@ -299,7 +319,6 @@ def real_vectors(corpus: Corpus, idx: list[int], cache_dir: Path) -> tuple[list[
         rate = done / (time.perf_counter() - t0)
         print(f"  encoded {done:,}/{len(texts):,} windows ({rate:.0f}/s)", flush=True)
     vecs = np.concatenate(parts).astype(np.float32, copy=False)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, owners=np.asarray(owners, dtype=np.int64), vecs=vecs)
     tmp.replace(path)
@@ -1306,24 +1325,13 @@ def main() -> None:
         corpus = build_corpus(max(REAL_FROM, max(n for n, _ in sizes)), CORPUS_DIR)
         print(f"corpus: {corpus.n_chunks:,} chunks, {sum(corpus.windows):,} windows ({time.perf_counter() - t0:.0f} s)")
         plans = [Plan(size_name(n, per), list(range(n)), per, seed=SEED + n) for n, per in sizes]
-        if not args.no_recall:
-            plans += real_plans(corpus)
         build = _load_build(data_dir)
-        built_now = False
-        for plan in plans:
-            if not args.rebuild and plan.name in build and existing_ok(conn, plan, expected_vectors(plan, corpus)):
-                conn.rollback()
-                warm_bm25(conn, plan.name)  # a load of the cache file unless it was pruned
-                continue
-            conn.rollback()
-            st = write_buffer(conn, plan, corpus)
-            vacuum(conn, [f"chunk_vectors_b{st['id']}"])
-            st["bm25_s"] = warm_bm25(conn, plan.name)
-            st["built_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            build[plan.name] = st
-            built_now = True
-            _save_build(data_dir, build)
-            print(f"wrote {plan.name}: {st}", flush=True)
+        # the random-vector buffers first: the real ones may wait on (or do) minutes of encoding
+        built_now = ensure_buffers(conn, plans, corpus, build, data_dir, args.rebuild)
+        if not args.no_recall:
+            real = real_plans(corpus)
+            built_now |= ensure_buffers(conn, real, corpus, build, data_dir, args.rebuild)
+            plans += real
         if built_now:
             vacuum(conn, ["buffers", "files", "chunks"])
         windows_per_chunk = sum(corpus.windows) / corpus.n_chunks
@@ -1418,6 +1426,26 @@ def main() -> None:
 
     md = report(run) + f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
     _publish(args, machine, "search", md)
+
+
+def ensure_buffers(conn, plans: list[Plan], corpus: Corpus, build: dict, data_dir: Path, rebuild: bool) -> bool:
+    """Write the buffers an earlier run did not leave (or all, with ``rebuild``); True if any was written."""
+    wrote = False
+    for plan in plans:
+        if not rebuild and plan.name in build and existing_ok(conn, plan, expected_vectors(plan, corpus)):
+            conn.rollback()
+            warm_bm25(conn, plan.name)  # a load of the cache file unless it was pruned
+            continue
+        conn.rollback()
+        st = write_buffer(conn, plan, corpus)
+        vacuum(conn, [f"chunk_vectors_b{st['id']}"])
+        st["bm25_s"] = warm_bm25(conn, plan.name)
+        st["built_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        build[plan.name] = st
+        wrote = True
+        _save_build(data_dir, build)
+        print(f"wrote {plan.name}: {st}", flush=True)
+    return wrote
 
 
 def _load_build(data_dir: Path) -> dict:
