@@ -693,11 +693,11 @@ def postgres_memory(data_dir: Path) -> dict:
     return out
 
 
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def _bm25_mb(idx) -> float:
+    """Memory one in-memory BM25 index holds: its arrays, its term strings, the list and the vocab dict."""
+    arrays = (idx.chunk_ids, idx.doc_len, idx.indptr, idx.post_doc, idx.post_tf, idx.df, idx.idf, idx._norm)
+    objs = sum(sys.getsizeof(t) for t in idx.terms) + sys.getsizeof(idx.terms) + sys.getsizeof(idx.vocab)
+    return (sum(a.nbytes for a in arrays) + objs) / 1e6
 
 
 def _du_mb(path: Path) -> float:
@@ -793,15 +793,11 @@ def million_queries(conn, settings, url: str, groups: dict[str, list[str]], mode
 
     with bm25_cache._lock:
         bm25_cache._mem.clear()
-    out: dict = {"first": {}, "series": {}, "bm25_rss": {}}
-    rss0 = _rss_mb()
-    one(["m099"], QUERIES[0], "semantic")  # the query encoder's load is not BM25's memory
-    rss0 = _rss_mb()
+    out: dict = {"first": {}, "series": {}}
+    one(["m099"], QUERIES[0], "semantic")  # loads the query encoder, so the first-query times below are BM25's
     for label, names in groups.items():
-        t0 = time.perf_counter()
         out["first"][label] = one(names, QUERIES[0], "hybrid")
-        out["bm25_rss"][label] = _rss_mb() - rss0
-        print(f"1M first {label}: {out['first'][label]:.0f} ms ({time.perf_counter() - t0:.1f} s)", flush=True)
+        print(f"1M first {label}: {out['first'][label]:.0f} ms", flush=True)
     series = {(label, mode): [] for label in groups for mode in modes}
     n = len(QUERIES)
     for _ in range(rounds):
@@ -810,15 +806,15 @@ def million_queries(conn, settings, url: str, groups: dict[str, list[str]], mode
                 series[(label, mode)].append(one(groups[label], QUERIES[(i + 5 * c) % n], mode))
     out["series"] = series
     with bm25_cache._lock:
-        idx = list(bm25_cache._mem.values())
-    out["bm25_index_mb"] = {
-        "held": len(idx),
-        "arrays_mb": sum(
-            a.nbytes
-            for x in idx
-            for a in (x.chunk_ids, x.doc_len, x.indptr, x.post_doc, x.post_tf, x.df, x.idf, x._norm)
-        )
-        / 1e6,
+        held = dict(bm25_cache._mem)
+    sizes = {key: _bm25_mb(x) for key, x in held.items()}
+    merged = [mb for key, mb in sizes.items() if key[1] == "merged"]
+    single = [mb for key, mb in sizes.items() if key[1] != "merged"]
+    out["bm25_mb"] = {
+        "held": len(held),
+        "total": sum(sizes.values()),
+        "single": statistics.median(single) if single else float("nan"),
+        "merged": max(merged) if merged else float("nan"),
     }
     return out
 
@@ -1056,9 +1052,7 @@ def report(run: dict) -> str:
             f"{b['text_bytes'] / 1e6:.0f} MB | {write} | {idx} | {bm} |"
         )
     if build.get("reused"):
-        lines.append(
-            f"\nBuffers built by an earlier run ({build['built_at']}) and reused; the build times are that run's."
-        )
+        lines.append(f"\nReused from an earlier run (built at): {build['reused']}; the build times are that run's.")
     lines += [
         "",
         f"### Warm latency, ms ({len(QUERIES) * run['rounds']} queries each)",
@@ -1327,12 +1321,12 @@ def main() -> None:
         plans = [Plan(size_name(n, per), list(range(n)), per, seed=SEED + n) for n, per in sizes]
         build = _load_build(data_dir)
         # the random-vector buffers first: the real ones may wait on (or do) minutes of encoding
-        built_now = ensure_buffers(conn, plans, corpus, build, data_dir, args.rebuild)
+        written = ensure_buffers(conn, plans, corpus, build, data_dir, args.rebuild)
         if not args.no_recall:
             real = real_plans(corpus)
-            built_now |= ensure_buffers(conn, real, corpus, build, data_dir, args.rebuild)
+            written += ensure_buffers(conn, real, corpus, build, data_dir, args.rebuild)
             plans += real
-        if built_now:
+        if written:
             vacuum(conn, ["buffers", "files", "chunks"])
         windows_per_chunk = sum(corpus.windows) / corpus.n_chunks
         del corpus
@@ -1346,11 +1340,9 @@ def main() -> None:
             "windows_per_chunk": windows_per_chunk,
         }
         del plans
-        reused = sorted({build[n]["built_at"] for n in names} - {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-        if reused and not args.rebuild:
-            run["build"]["reused"] = True
-            run["build"]["built_at"] = ", ".join(reused)
-
+        reused = [n for n in names if n not in written]
+        if reused:
+            run["build"]["reused"] = ", ".join(f"{n} ({build[n]['built_at']})" for n in reused)
         if args.shared_buffers:
             conn.close()
             conn = set_shared_buffers(data_dir, args.shared_buffers)
@@ -1428,9 +1420,9 @@ def main() -> None:
     _publish(args, machine, "search", md)
 
 
-def ensure_buffers(conn, plans: list[Plan], corpus: Corpus, build: dict, data_dir: Path, rebuild: bool) -> bool:
-    """Write the buffers an earlier run did not leave (or all, with ``rebuild``); True if any was written."""
-    wrote = False
+def ensure_buffers(conn, plans: list[Plan], corpus: Corpus, build: dict, data_dir: Path, rebuild: bool) -> list[str]:
+    """Write the buffers an earlier run did not leave (or all, with ``rebuild``); the names written."""
+    wrote = []
     for plan in plans:
         if not rebuild and plan.name in build and existing_ok(conn, plan, expected_vectors(plan, corpus)):
             conn.rollback()
@@ -1442,7 +1434,7 @@ def ensure_buffers(conn, plans: list[Plan], corpus: Corpus, build: dict, data_di
         st["bm25_s"] = warm_bm25(conn, plan.name)
         st["built_at"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         build[plan.name] = st
-        wrote = True
+        wrote.append(plan.name)
         _save_build(data_dir, build)
         print(f"wrote {plan.name}: {st}", flush=True)
     return wrote
@@ -1597,11 +1589,12 @@ def report_million(run: dict) -> str:
         f"| PostgreSQL processes after the queries: RSS / PSS | {run['pg_mem_after']['rss_mb']:.0f} MB / "
         f"{run['pg_mem_after']['pss_mb']:.0f} MB ({run['pg_mem_after']['procs']} processes) |",
         f"| shared_buffers | {f['shared_buffers']} |",
-        "| BM25 in this process: RSS growth after the first 1-buffer / 10-buffer query | "
-        + " / ".join(f"{v:.0f} MB" for v in q["bm25_rss"].values())
-        + " |",
-        f"| BM25 arrays held in memory after the queries ({q['bm25_index_mb']['held']} indexes incl. the merged one) "
-        f"| {q['bm25_index_mb']['arrays_mb']:.0f} MB (plus the term lists and vocab dicts) |",
+        f"| BM25 index in memory, one 10k-chunk buffer (arrays, term strings, vocab dict) | "
+        f"{q['bm25_mb']['single']:.0f} MB |",
+        "| BM25 merged index of the 10-buffer query (built on its first query, kept) | "
+        f"{q['bm25_mb']['merged']:.0f} MB |",
+        f"| BM25 indexes held by the process after the queries ({q['bm25_mb']['held']}, the merged one included) | "
+        f"{q['bm25_mb']['total']:.0f} MB |",
         f"| disk before / after the build (`df -h /work`) | `{run['df_before']}` / `{run['df_after']}` |",
         "",
         "RSS counts shared memory (shared_buffers, the page cache of mapped files) once per process that touched it; "
