@@ -610,13 +610,15 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
                     rec[depth] = [len(set(g) & set(t)) / max(1, len(t)) for g, t in zip(got, truth, strict=True)]
                 conn.commit()
                 res["ef"][ef] = {"recall": rec, "semantic": [], "hybrid": []}
-            # latency: ef values take turns query by query, so a burst of other load hits them alike
+            # latency: ef values take turns query by query, so a burst of other load hits them alike; each
+            # (ef, mode) gets a different query at each turn, or the later ones would find the graph pages of
+            # the same query vector still in shared_buffers and look faster than they are
             for _ in range(rounds):
                 for i in range(len(QUERIES)):
                     for j, ef in enumerate(efs):
                         semantic.EF_SEARCH = ef
-                        for mode in ("semantic", "hybrid"):
-                            qq = QUERIES[(i + 7 * j) % len(QUERIES)]
+                        for m, mode in enumerate(("semantic", "hybrid")):
+                            qq = QUERIES[(i + 6 * (2 * j + m)) % len(QUERIES)]
                             query_vector.cache_clear()  # each timed search encodes its query, as `rlm search` does
                             t0 = time.perf_counter()
                             search(
