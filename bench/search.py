@@ -549,12 +549,12 @@ def _exact_top(conn, buffer_ids: list[int], vec, k: int, windows: int | None) ->
     if windows is None:
         arms = " UNION ALL ".join(f"SELECT chunk_id, embedding FROM {vectors.vector_table(b)}" for b in buffer_ids)
         sql = (
-            f"SELECT chunk_id, max(1 - (embedding <=> %(q)s)) AS s FROM ({arms}) AS w "
+            f"SELECT chunk_id, max(1 - (embedding::vector <=> %(q)s)) AS s FROM ({arms}) AS w "
             "GROUP BY chunk_id ORDER BY s DESC, chunk_id LIMIT %(k)s"
         )
     else:
         arms = " UNION ALL ".join(
-            f"(SELECT chunk_id, embedding <=> %(q)s AS d FROM {vectors.vector_table(b)} ORDER BY d LIMIT %(n)s)"
+            f"(SELECT chunk_id, embedding::vector <=> %(q)s AS d FROM {vectors.vector_table(b)} ORDER BY d LIMIT %(n)s)"
             for b in buffer_ids
         )
         sql = (
@@ -991,7 +991,9 @@ def explain_semantic(conn, name: str, k: int) -> str:
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
 
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=name)
-    vec = get_query_encoder(None).encode_query(QUERIES[1])
+    from pgvector import HalfVector
+
+    vec = HalfVector(get_query_encoder(None).encode_query(QUERIES[1]))  # the column is halfvec
     want = 2 * k * semantic._WINDOW_FANOUT
     sql = (
         f"SELECT chunk_id, 1 - d FROM ((SELECT chunk_id, embedding <=> %(q)s AS d FROM {vectors.vector_table(buf.id)} "
