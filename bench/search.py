@@ -538,6 +538,27 @@ EF_VALUES = (40, 100, 200, 400)
 TARGET_RECALL = 0.95
 
 
+def timed_search(conn, settings, url: str, names: list[str], query: str, mode: str) -> float:
+    """Milliseconds of one top-10 `rlm search` call, query encoding included (as a fresh `rlm search` pays it)."""
+    from rlm_workers.search.service import query_vector, search
+    from rlm_workers.store.buffers import DEFAULT_TENANT
+
+    query_vector.cache_clear()
+    t0 = time.perf_counter()
+    search(
+        conn,
+        settings=settings,
+        url=url,
+        tenant=DEFAULT_TENANT,
+        buffers=names,
+        query=query,
+        mode=mode,
+        top_k=10,
+        threshold=-1.0,
+    )
+    return (time.perf_counter() - t0) * 1000
+
+
 def _exact_top(conn, buffer_ids: list[int], vec, k: int, windows: int | None) -> list[int]:
     """Chunk ids of the exact top ``k`` as semantic_search ranks them (best window per chunk), no index used.
 
@@ -576,7 +597,7 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
     semantic-mode depth (top_k 10) and the hybrid arm's depth (2 × top_k) are measured.
     """
     from rlm_workers.search import semantic
-    from rlm_workers.search.service import query_vector, search
+    from rlm_workers.search.service import query_vector
     from rlm_workers.store.buffers import DEFAULT_TENANT, require_buffers
 
     vecs = [query_vector(settings.embedding_model, q) for q in QUERIES]
@@ -619,20 +640,7 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
                         semantic.EF_SEARCH = ef
                         for m, mode in enumerate(("semantic", "hybrid")):
                             qq = QUERIES[(i + 6 * (2 * j + m)) % len(QUERIES)]
-                            query_vector.cache_clear()  # each timed search encodes its query, as `rlm search` does
-                            t0 = time.perf_counter()
-                            search(
-                                conn,
-                                settings=settings,
-                                url=url,
-                                tenant=DEFAULT_TENANT,
-                                buffers=names,
-                                query=qq,
-                                mode=mode,
-                                top_k=10,
-                                threshold=-1.0,
-                            )
-                            res["ef"][ef][mode].append((time.perf_counter() - t0) * 1000)
+                            res["ef"][ef][mode].append(timed_search(conn, settings, url, names, qq, mode))
             out["cases"][label] = res
             line = ", ".join(
                 f"ef {ef}: recall {statistics.mean(r['recall'][10]):.3f}/{statistics.mean(r['recall'][20]):.3f} "
@@ -773,24 +781,9 @@ def million_facts(conn, data_dir: Path) -> dict:
 def million_queries(conn, settings, url: str, groups: dict[str, list[str]], modes: list[str], rounds: int) -> dict:
     """p50/p95 per (group, mode) at top_k 10; the first query of each group (BM25 loads, merge) apart."""
     from rlm_workers.search import bm25_cache
-    from rlm_workers.search.service import query_vector, search
-    from rlm_workers.store.buffers import DEFAULT_TENANT
 
     def one(names: list[str], query: str, mode: str) -> float:
-        query_vector.cache_clear()  # each timed search encodes its query, as a fresh `rlm search` does
-        t0 = time.perf_counter()
-        search(
-            conn,
-            settings=settings,
-            url=url,
-            tenant=DEFAULT_TENANT,
-            buffers=names,
-            query=query,
-            mode=mode,
-            top_k=10,
-            threshold=-1.0,
-        )
-        return (time.perf_counter() - t0) * 1000
+        return timed_search(conn, settings, url, names, query, mode)
 
     with bm25_cache._lock:
         bm25_cache._mem.clear()
