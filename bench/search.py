@@ -622,7 +622,7 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
                     got = [
                         [
                             c
-                            for c, _ in semantic.semantic_search(
+                            for c, _, _ in semantic.semantic_search(
                                 conn, buffer_ids=ids, query_vec=v, limit=depth, threshold=None
                             )
                         ][:10]
