@@ -1043,7 +1043,8 @@ def report(run: dict) -> str:
         f"exactly as the loader shapes them; embedding windows `{run['windows']}` (DEFAULT_WINDOWS, "
         f"{run['windows_per_chunk']:.1f} windows per chunk on this corpus).",
         "- vectors: one table and one HNSW graph per buffer (`store/vectors.py`; `halfvec` columns, "
-        "`halfvec_cosine_ops`, pgvector defaults m 16, ef_construction 64, built by `ensure_index` after the COPY). `bench-*` buffers: random "
+        "`halfvec_cosine_ops`, pgvector defaults m 16, ef_construction 64, "
+        "built by `ensure_index` after the COPY). `bench-*` buffers: random "
         "unit vectors (dim 384) — `bench-10k` one per real window, `-vN` buffers N per chunk (a real-density "
         "graph of 100k chunks, ~1.6M vectors, would take longer to build than this run's budget; the real "
         "buffers below measure a real-density graph directly). `real-*` buffers: MiniLM vectors of every "
