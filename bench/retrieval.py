@@ -659,11 +659,15 @@ def report(run: dict) -> str:
             f"bm25 lists: {'all equal to' if same_bm25 else 'NOT all equal to'} the in-process ones. Semantic and "
             f"hybrid lists that differ: {differ} of {len(QTYPES) * 2 * len(KS) * n}. Those go through pgvector, "
             "which on a buffer this small either sorts every window (exact, the in-process ranking) or walks the "
-            "HNSW index (approximate, default `hnsw.ef_search` 40), as the planner's estimates for the LIMIT and "
-            "the table's statistics decide: `EXPLAIN` on 2026-11-24 showed an Index Scan at LIMIT 15 (top_k 5) "
-            "and a Sort over a Seq Scan at LIMIT 30 and 60 once the table had been analysed, and replaying the "
-            "fetch exactly (table above) leaves no search short of chunks. So where the lists differ, the index "
-            "missed near windows: HNSW recall on real vectors, issue #12 item 4, not a ranking difference.",
+            "HNSW index (approximate), as the planner's estimates decide. Checked by hand on 2026-11-24 with "
+            "`EXPLAIN` and an exact re-run of the same SQL (`enable_indexscan = off`), paraphrase questions: once "
+            "autovacuum had analysed the table, the store's SQL (`hnsw.ef_search` 40) took the Index Scan at "
+            "LIMIT 15, 30 and 60, and its windows were 0.95, 0.91 and 0.93 of the exact ones; with `ef_search` "
+            "100 or 200 the planner sorted every window instead (1.00). In an earlier run, before the analyse, "
+            "LIMIT 30 and 60 were sorted and every top-10 list matched (48/48). Replaying the fetch exactly "
+            "(table above) leaves no search short of chunks. So where the lists differ, the index missed near "
+            "windows: HNSW recall on real vectors (issue #12 item 4), not a ranking difference; this table is "
+            "what `rlm search` returns today.",
         ]
     lines += [
         "",
