@@ -609,7 +609,8 @@ def report(run: dict) -> str:
         f"For reference, the paraphrase question against its fact sentence embedded alone: min {min(alone):.2f}, "
         f"p5 {_pct(alone, 5):.2f}, median {statistics.median(alone):.2f}. Given that score, the fact's chunk "
         "would be in the semantic top 10 against the same distractors for "
-        f"{min(ceilings):.0%}–{max(ceilings):.0%} of the questions (over the settings): a window cut exactly "
+        + (f"{min(ceilings):.0%}" if min(ceilings) == max(ceilings) else f"{min(ceilings):.0%}–{max(ceilings):.0%}")
+        + " of the questions (in every setting's case): a window cut exactly "
         "around the fact would find it, so what the rows above lose is lost to the windows, not to the model.",
     ]
     cal = run["eval"][default]["paraphrase"]["cal"]
