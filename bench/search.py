@@ -1036,7 +1036,7 @@ def report(run: dict) -> str:
         f"share of the CPU used by other processes just before / during the timed queries: "
         f"{run['busy_before']:.0%} / {run['busy_during']:.0%}; load average before / after them: "
         f"{run['load_before']} / {run['load_after']}"
-        + (" (**busy machine**: the lead's tests ran beside it)" if run["busy_during"] >= 0.15 else ""),
+        + (" (**busy machine**: other processes shared the CPU)" if run["busy_during"] >= 0.15 else ""),
         "- corpus: real text (the .py/.pyi/.md/.rst files of the installed packages; celery, kombu, "
         "pydantic, fastapi, starlette first, then the rest by name), cut by the `semantic` chunker at the "
         "`rlm load` defaults (3000 chars, 500 overlap); rows written with the store's COPY helpers "
@@ -1557,7 +1557,7 @@ def report_million(run: dict) -> str:
         f"- run finished (`date -u`): {run['finished']}; share of the CPU "
         f"used by other processes just before / during the timed queries: {run['busy_before']:.0%} / "
         f"{run['busy_during']:.0%}; load average before / after them: {run['load_before']} / {run['load_after']}"
-        + (" (**busy machine**: the lead's tests ran beside it)" if run["busy_during"] >= 0.15 else ""),
+        + (" (**busy machine**: other processes shared the CPU)" if run["busy_during"] >= 0.15 else ""),
         f"- {MILLION_BUFFERS} buffers × {MILLION_CHUNKS:,} chunks = {f['chunks']:,} chunks in their own embedded "
         "PostgreSQL (bench/_data/search-1m). Text: the default bench's first 100k real chunks, ten distinct "
         "sets of 10k, each written to ten buffers (fresh chunk and file ids, BM25 terms and hashes as the loader "
