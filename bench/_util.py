@@ -191,6 +191,16 @@ def command_line() -> str:
     return shlex.join([str(exe), str(script), *sys.argv[1:]])
 
 
+def publish(section: str, md: str, machine: str, *, write: bool) -> None:
+    """Print a bench's markdown and, unless told not to, write it and the machine block into RESULTS.md."""
+    print()
+    print(md)
+    if write:
+        update_results("machine", "## Machine\n\n" + machine)
+        update_results(section, md)
+        print(f"\nupdated {RESULTS}")
+
+
 def update_results(section: str, body: str) -> None:
     """Replace the text between this section's markers in RESULTS.md (created if missing).
 

@@ -259,12 +259,7 @@ def main() -> None:
         }
     )
     md += f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
-    print()
-    print(md)
-    if not args.no_write:
-        _util.update_results("machine", "## Machine\n\n" + machine)
-        _util.update_results("ingest", md)
-        print(f"\nupdated {_util.RESULTS}")
+    _util.publish("ingest", md, machine, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -789,12 +789,7 @@ def main() -> None:
 
     md = report(run)
     md += f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s (vectors cached on disk are not re-encoded)."
-    print()
-    print(md)
-    if not args.no_write:
-        _util.update_results("machine", "## Machine\n\n" + machine)
-        _util.update_results("retrieval", md)
-        print(f"\nupdated {_util.RESULTS}")
+    _util.publish("retrieval", md, machine, write=not args.no_write)
 
 
 if __name__ == "__main__":

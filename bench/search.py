@@ -1304,12 +1304,7 @@ def _args() -> argparse.Namespace:
 
 
 def _publish(args: argparse.Namespace, machine: str, section: str, md: str) -> None:
-    print()
-    print(md)
-    if not args.no_write:
-        _util.update_results("machine", "## Machine\n\n" + machine)
-        _util.update_results(args.section or section, md)
-        print(f"\nupdated {_util.RESULTS}")
+    _util.publish(args.section or section, md, machine, write=not args.no_write)
 
 
 def main() -> None:
