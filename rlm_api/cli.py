@@ -352,7 +352,7 @@ def search(
         typer.echo(f"{i:>3}. {h.score:.4f}  {h.buffer}:{h.path}:{h.start_line}-{h.end_line}  (chunk {h.chunk_id})")
         # the matched sentences when the semantic arm saw the chunk, else the chunk's first lines
         shown = " ".join(h.passage.split()) if h.passage else None
-        lines = [shown[i : i + 110] for i in range(0, min(len(shown), 330), 110)] if shown else None
+        lines = [shown[j : j + 110] for j in range(0, min(len(shown), 330), 110)] if shown else None
         for ln in lines or [ln for ln in h.text.strip().splitlines() if ln.strip()][:3]:
             typer.echo(f"       {ln[:110]}")
 

@@ -9,7 +9,8 @@ best window.
 Windows are packed from whole sentences (or lines, for code) up to the size
 limit, so a sentence that fits a window is never cut in two; consecutive windows
 share up to ``overlap`` word pieces of whole sentences, for context.  A sentence
-longer than a window is cut by word pieces, with the same overlap.
+longer than a window is cut by word pieces that share a quarter of a window (or
+``overlap``, if more).
 
 The cut depends only on the tokenizer's offsets, so ingest (sentence-
 transformers) and query time (the small encoder in ``fastbert``) cut alike.

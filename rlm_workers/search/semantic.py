@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 _WINDOW_FANOUT = 3
 #: HNSW candidate list per buffer graph.  Chosen by bench/search.py on real MiniLM vectors (bench/RESULTS.md,
 #: "HNSW recall@10 vs exact search, real vectors"): the smallest of 40/100/200/400 with recall@10 against exact
-#: search >= 0.95 for a 54k-window buffer, a 1k-chunk buffer beside a 100k-chunk one, and a query spanning both;
+#: search >= 0.95 for a 105k-window buffer, a 1k-chunk buffer beside a 100k-chunk one, and a query spanning both;
 #: 40 fell short on the small buffer (0.93), and hybrid p50 stayed far below 50 ms at 100
 EF_SEARCH = 100
 
