@@ -93,6 +93,18 @@ class Settings(BaseSettings):
     embedding_model: str | None = Field(
         None, description="sentence-transformers model name or path; unset uses the bundled all-MiniLM-L6-v2."
     )
+    embedding_runtime: Literal["auto", "torch", "onnx", "onnx-int8"] = Field(
+        "auto",
+        description="What runs the embedding model at ingest: torch (float32 reference), onnx (ONNX Runtime, "
+        "float32) or onnx-int8; auto picks onnx-int8 where onnxruntime can run the model, else torch. Recorded "
+        "on every buffer; queries use the buffer's runtime.",
+    )
+    encode_threads: int | None = Field(
+        None, ge=1, le=256, description="Batches encoded at once by the ONNX runtimes; unset uses the usable cores."
+    )
+    encoder_dir: Path | None = Field(
+        None, description="Cache of exported ONNX encoders; unset uses RLM_DATA_DIR/encoders."
+    )
     embed_batch_size: int = Field(64, ge=1, le=4096, description="Windows per encoder batch.")
     max_file_bytes: int = Field(50 * 1024 * 1024, ge=1, description="Files larger than this are skipped by `rlm load`.")
 
@@ -162,6 +174,22 @@ class Settings(BaseSettings):
     def offline(self) -> bool:
         """No key: the LLM stages use the extractive provider."""
         return not self.api_key
+
+    @property
+    def encoder_cache_dir(self) -> Path:
+        return (self.encoder_dir or self.data_dir / "encoders").expanduser()
+
+    @property
+    def resolved_encode_threads(self) -> int:
+        """RLM_ENCODE_THREADS, else the cores this process may run on."""
+        import os
+
+        if self.encode_threads:
+            return self.encode_threads
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
 
 
 def _env_name(loc: tuple) -> str:

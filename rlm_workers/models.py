@@ -107,6 +107,8 @@ class BufferInfo(BaseModel):
     embedding_model: str | None = None
     #: how chunks were cut into embedding windows, e.g. ``sentences:64/16`` (docs/contract.md#cli-buffers)
     embedding_windows: str | None = None
+    #: what ran the embedding model: torch, onnx or onnx-int8 (docs/contract.md#cli-buffers)
+    embedding_runtime: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
 

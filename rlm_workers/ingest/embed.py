@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
     from .fastbert import FastBertEncoder
+    from .onnxenc import OnnxEncoder
 
 log = logging.getLogger("rlm.embed")
 
@@ -41,7 +42,18 @@ class Window:
     end: int
 
 
+#: what RLM_EMBEDDING_RUNTIME may name; ``auto`` resolves to AUTO_RUNTIME where it can run, else ``torch``
+RUNTIMES = ("torch", "onnx", "onnx-int8")
+AUTO_RUNTIME = "onnx-int8"
+#: what a buffer embedded before runtimes were recorded was embedded with
+LEGACY_RUNTIME = "torch"
+
+
 class Embedder:
+    """The reference encoder: sentence-transformers on PyTorch, float32."""
+
+    runtime = "torch"
+
     def __init__(self, model_id: str, model: SentenceTransformer) -> None:
         self.model_id = model_id
         self.model = model
@@ -109,64 +121,109 @@ def model_id_for(name: str | None) -> str:
     return name
 
 
-def get_embedder(name: str | None = None) -> Embedder:
-    """The process-wide encoder for ``name``; by default RLM_EMBEDDING_MODEL's (the bundled MiniLM if unset)."""
-    if name is None:
-        from ..config import get_settings
+def resolve_runtime(name: str | None, runtime: str | None = None) -> str:
+    """The runtime ``runtime`` (default RLM_EMBEDDING_RUNTIME) means for model ``name`` on this host."""
+    from ..config import get_settings
 
-        name = get_settings().embedding_model
-    model_id = model_id_for(name)
-    emb = _models.get(model_id)
+    runtime = runtime or get_settings().embedding_runtime
+    if runtime != "auto":
+        return runtime
+    from pathlib import Path
+
+    from . import onnxenc
+
+    _, path = _resolve_model(name)
+    return AUTO_RUNTIME if onnxenc.available() and onnxenc.pooling_of(Path(path)) else "torch"
+
+
+def get_embedder(name: str | None = None, runtime: str | None = None) -> Embedder | OnnxEncoder:
+    """The process-wide encoder for model ``name`` (default RLM_EMBEDDING_MODEL, else the bundled MiniLM)
+    on ``runtime`` (default RLM_EMBEDDING_RUNTIME)."""
+    from ..config import get_settings
+
+    settings = get_settings()
+    if name is None:
+        name = settings.embedding_model
+    runtime = resolve_runtime(name, runtime)
+    key = f"{model_id_for(name)}\0{runtime}"
+    emb = _models.get(key)
     if emb is not None:
         return emb
     with _lock:
-        emb = _models.get(model_id)
-        if emb is not None:
-            return emb
-        # Offline always: a missing model must fail here, never trigger a download.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        t0 = time.perf_counter()
-        model_id, path = _resolve_model(name)
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # a load bar on stderr breaks one-line error output
-
-        try:
-            model = SentenceTransformer(path, device="cpu")
-        except Exception as exc:  # HF raises many kinds
-            raise ConfigError(
-                f"cannot load embedding model {model_id!r} offline ({type(exc).__name__}); "
-                "set RLM_EMBEDDING_MODEL to a local model directory"
-            ) from exc
-        emb = Embedder(model_id, model)
-        log.info("loaded embedding model %s (dim %d) in %.1fs", model_id, emb.dim, time.perf_counter() - t0)
-        _models[model_id] = emb
+        emb = _models.get(key)
+        if emb is None:
+            emb = _models[key] = _load(name, runtime, settings)
         return emb
+
+
+def _load(name: str | None, runtime: str, settings) -> Embedder | OnnxEncoder:
+    # Offline always: a missing model must fail here, never trigger a download.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    t0 = time.perf_counter()
+    model_id, path = _resolve_model(name)
+    if runtime != "torch":
+        from pathlib import Path
+
+        from . import onnxenc
+
+        if not onnxenc.available():
+            raise ConfigError(
+                f"RLM_EMBEDDING_RUNTIME={runtime} needs the onnxruntime package (`pip install onnxruntime`), "
+                "or set RLM_EMBEDDING_RUNTIME=torch"
+            )
+        if not Path(path).is_dir():
+            raise ConfigError(f"embedding model {model_id!r} is not a local directory; set RLM_EMBEDDING_MODEL")
+        enc = onnxenc.OnnxEncoder(
+            model_id, Path(path), runtime, settings.encoder_cache_dir, settings.resolved_encode_threads
+        )
+        log.info(
+            "loaded embedding model %s on %s (dim %d) in %.1fs", model_id, runtime, enc.dim, time.perf_counter() - t0
+        )
+        return enc
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a load bar on stderr breaks one-line error output
+
+    try:
+        model = SentenceTransformer(path, device="cpu")
+    except Exception as exc:  # HF raises many kinds
+        raise ConfigError(
+            f"cannot load embedding model {model_id!r} offline ({type(exc).__name__}); "
+            "set RLM_EMBEDDING_MODEL to a local model directory"
+        ) from exc
+    emb = Embedder(model_id, model)
+    log.info("loaded embedding model %s (dim %d) in %.1fs", model_id, emb.dim, time.perf_counter() - t0)
+    return emb
 
 
 _query_encoders: dict[str, object] = {}
 
 
-def get_query_encoder(name: str | None = None) -> Embedder | FastBertEncoder:
-    """The cheapest encoder that gives the ingest model's query vectors."""
+def get_query_encoder(
+    name: str | None = None, runtime: str = LEGACY_RUNTIME
+) -> Embedder | FastBertEncoder | OnnxEncoder:
+    """The cheapest encoder that gives the query vectors of buffers embedded by model ``name`` on ``runtime``."""
     from pathlib import Path
 
     from .fastbert import FastBertEncoder, supports
 
     model_id = model_id_for(name)
-    if model_id in _models:
-        return _models[model_id]
+    key = f"{model_id}\0{runtime}"
+    if key in _models:
+        return _models[key]
+    if runtime != "torch":
+        return get_embedder(name, runtime)  # starts in well under a second: no torch, no transformers
     enc = _query_encoders.get(model_id)
     if enc is None:
         _, path = _resolve_model(name)
         if supports(Path(path)):
             enc = FastBertEncoder(Path(path), model_id)
         else:
-            enc = get_embedder(name)
+            enc = get_embedder(name, "torch")
         _query_encoders[model_id] = enc
     return enc

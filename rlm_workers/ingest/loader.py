@@ -31,8 +31,12 @@ if TYPE_CHECKING:
     import psycopg
 
     from .embed import Embedder
+    from .onnxenc import OnnxEncoder
 
 log = logging.getLogger("rlm.ingest")
+
+#: encoder batches per group handed to ``encode`` at once (see load_paths)
+ENCODE_GROUP_BATCHES = 8
 
 
 @dataclass
@@ -145,7 +149,7 @@ def load_paths(
     chunk_size: int = 3000,
     overlap: int = 500,
     tenant: str = store.DEFAULT_TENANT,
-    embedder: Embedder | None = None,  # injected by tests
+    embedder: Embedder | OnnxEncoder | None = None,  # injected by tests
     embed_batch_size: int = 64,
     max_file_bytes: int = 50 * 1024 * 1024,
     progress: Progress | None = None,
@@ -189,7 +193,8 @@ def load_paths(
             buf.chunk_overlap,
             buf.embedding_model,
             buf.embedding_windows,
-        ) == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label)
+            buf.runtime,
+        ) == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label, embedder.runtime)
         existing = store.files_of(conn, buffer_id=buf.id)
         seen: set[str] = set()
         changed = False
@@ -197,6 +202,9 @@ def load_paths(
         file_ids, chunk_ids = _Ids(writer, "files_id_seq", 256), _Ids(writer, "chunks_id_seq", 4096)
         windows: list[str] = []
         owners: list[tuple[int, int]] = []
+        # Windows are encoded in groups of several batches: sorted by length within the group (less padding),
+        # and the ONNX runtimes encode a group's batches on all cores at once.
+        group = embed_batch_size * ENCODE_GROUP_BATCHES
         try:
             for cand in candidates:
                 text, reason, digest = read_text(cand)
@@ -233,14 +241,14 @@ def load_paths(
                 report.bytes_loaded += cand.size
                 report.chunks_written += n
                 progress.windows_added(len(windows) - queued_before)
-                while len(windows) >= embed_batch_size:
-                    _embed(writer, windows, owners, embed_batch_size, embedder, buf.id, report, progress)
+                while len(windows) >= group:
+                    _embed(writer, windows, owners, group, embed_batch_size, embedder, buf.id, report, progress)
                 progress.file_done(cand.rel_path)
             if not seen:
                 # Every file was skipped: an empty new buffer, or an old one emptied by a directory of images,
                 # is never what the user meant.  Raising here rolls the whole load back.
                 raise InvalidInput(_nothing_to_load(report, buffer))
-            _embed(writer, windows, owners, len(windows), embedder, buf.id, report, progress)
+            _embed(writer, windows, owners, len(windows), embed_batch_size, embedder, buf.id, report, progress)
             gone = [f.id for path, f in existing.items() if path not in seen and _under(path, _roots(paths))]
             if gone:
                 changed = True
@@ -260,6 +268,7 @@ def load_paths(
             embedding_model=embedder.model_id,
             embedding_dim=embedder.dim,
             embedding_windows=embedder.spec.label,
+            embedding_runtime=embedder.runtime,
             bump=changed or buf.version == 0,
         )
     report.seconds = time.perf_counter() - t0
@@ -351,7 +360,8 @@ def _embed(
     windows: list[str],
     owners: list[tuple[int, int]],
     n: int,
-    embedder: Embedder,
+    batch_size: int,
+    embedder: Embedder | OnnxEncoder,
     buffer_id: int,
     report: LoadReport,
     progress: Progress,
@@ -361,7 +371,7 @@ def _embed(
         return
     batch, who = windows[:n], owners[:n]
     del windows[:n], owners[:n]
-    vecs = embedder.encode(batch, batch_size=n)
+    vecs = embedder.encode(batch, batch_size=batch_size)
     rows = [(cid, w, vecs[i]) for i, (cid, w) in enumerate(who)]
     writer.submit(lambda: vectors.copy(writer.conn, buffer_id=buffer_id, rows=rows))
     report.windows_embedded += n

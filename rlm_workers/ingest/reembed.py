@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from .embed import Embedder
+    from .onnxenc import OnnxEncoder
 
 log = logging.getLogger("rlm.ingest")
 
@@ -45,7 +46,7 @@ def reembed_buffer(
     *,
     tenant: str,
     name: str,
-    embedder: Embedder | None = None,
+    embedder: Embedder | OnnxEncoder | None = None,
     embed_batch_size: int = 64,
     force: bool = False,
     on_chunks: Callable[[int, int], None] | None = None,
@@ -55,15 +56,16 @@ def reembed_buffer(
     ``on_chunks(done, total)`` is told the progress.  The version is bumped: cached results keyed by the
     old version are not served for the new vectors.
     """
-    from .embed import get_embedder, model_id_for
+    from .embed import get_embedder, model_id_for, resolve_runtime
 
     t0 = time.perf_counter()
     if embedder is None:
         from ..config import get_settings
 
-        want = model_id_for(get_settings().embedding_model)
+        model = get_settings().embedding_model
+        want, want_runtime = model_id_for(model), resolve_runtime(model)
     else:
-        want = embedder.model_id
+        want, want_runtime = embedder.model_id, embedder.runtime
     with conn.transaction():
         buf = store.get_buffer(conn, tenant=tenant, name=name, for_update=True)
         if buf is None:
@@ -71,7 +73,8 @@ def reembed_buffer(
         report = ReembedReport(buffer=name, model=want, previous_model=buf.embedding_model, version=buf.version)
         from .windows import DEFAULT_WINDOWS
 
-        if buf.embedding_model == want and buf.embedding_windows == DEFAULT_WINDOWS.label and not force:
+        current = (buf.embedding_model, buf.embedding_windows, buf.runtime)
+        if current == (want, DEFAULT_WINDOWS.label, want_runtime) and not force:
             report.unchanged = True  # decided before loading a model: nothing to do costs no torch import
             return report
         embedder = embedder or get_embedder()
@@ -112,6 +115,7 @@ def reembed_buffer(
             embedding_model=embedder.model_id,
             embedding_dim=embedder.dim,
             embedding_windows=embedder.spec.label,
+            embedding_runtime=embedder.runtime,
             bump=True,
         )
     report.seconds = time.perf_counter() - t0

@@ -85,22 +85,26 @@ def parse_plan(text: str) -> AnalysisPlan:
     return AnalysisPlan(**fields)
 
 
-def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> tuple[int, int]:
-    """(chunk count, byte size) over the job's buffers."""
+def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> tuple[int, int, str | None]:
+    """(chunk count, byte size, the encoder runtime of the first buffer with vectors) over the job's buffers."""
     infos = {b.name: b for b in list_buffers(conn, tenant=tenant)}
     missing = [n for n in names if n not in infos]
     if missing:
         raise BufferNotFound(missing[0])
-    return sum(infos[n].chunks for n in names), sum(infos[n].bytes for n in names)
+    runtime = next((infos[n].embedding_runtime for n in names if infos[n].embedding_runtime), None)
+    return sum(infos[n].chunks for n in names), sum(infos[n].bytes for n in names), runtime
 
 
-def _prefetch_query_vector(query: str, settings: Settings) -> None:
+def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) -> None:
     """Embed the query while the planner thinks, so the search that follows finds the vector cached."""
     from ..search.service import query_vector
 
+    if runtime is None:
+        return  # no vectors to search
+
     def run() -> None:
         try:
-            query_vector(settings.embedding_model, query)
+            query_vector(settings.embedding_model, query, runtime)
         except Exception:  # only a head start; the search embeds it again and reports errors
             log.debug("query vector prefetch failed", exc_info=True)
 
@@ -111,8 +115,8 @@ def run(ctx: StageContext) -> str:
     job, conn, settings = ctx.job, ctx.conn, ctx.settings
     if job.plan is not None or job.options.get("skip_plan"):
         return OK
-    _prefetch_query_vector(job.query, settings)
-    chunks, size = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
+    chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
+    _prefetch_query_vector(job.query, settings, runtime)
     messages = build_messages(
         load_prompt("primary", prompt_dir=settings.prompt_dir), job.query, chunks, size, job.buffers
     )

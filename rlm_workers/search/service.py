@@ -93,6 +93,19 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[Buffer
                 api_message=f"{mismatch}: the server's operator sets RLM_EMBEDDING_MODEL={r.embedding_model} or "
                 "re-embeds the buffer; meanwhile options.search_mode=bm25 needs no vectors",
             )
+    runtimes = {r.runtime for r in have}
+    if len(runtimes) > 1:
+        from ..ingest.embed import resolve_runtime
+
+        target = resolve_runtime(settings.embedding_model)
+        odd = sorted(r.name for r in have if r.runtime != target) or [have[0].name]
+        listing = ", ".join(f"{r.name!r} ({r.runtime})" for r in have)
+        raise InvalidInput(
+            f"these buffers were embedded by different encoder runtimes and cannot be ranked together: {listing}; "
+            f"run `rlm buffer reembed {odd[0]}` to bring it to {target} (RLM_EMBEDDING_RUNTIME)",
+            api_message=f"these buffers were embedded by different encoder runtimes and cannot be ranked together: "
+            f"{listing}; the server's operator re-embeds the odd one out, or search them one at a time",
+        )
     cuts = {r.windows_label for r in have}
     if len(cuts) > 1:
         from ..ingest.windows import DEFAULT_WINDOWS
@@ -109,11 +122,12 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[Buffer
 
 
 @functools.lru_cache(maxsize=256)
-def query_vector(model: str | None, query: str) -> np.ndarray:
-    """The query's embedding, memoised per process (a job's plan stage computes it ahead of its search)."""
+def query_vector(model: str | None, query: str, runtime: str = "torch") -> np.ndarray:
+    """The query's embedding by ``runtime`` (the buffers'), memoised per process (a job's plan stage computes
+    it ahead of its search)."""
     from ..ingest.embed import get_query_encoder
 
-    vec = get_query_encoder(model).encode_query(query)
+    vec = get_query_encoder(model, runtime).encode_query(query)
     vec.setflags(write=False)  # shared between callers
     return vec
 
@@ -142,7 +156,7 @@ def rank(
 
         vec_rows = _semantic_rows(rows, settings)
         if vec_rows:
-            vec = query_vector(settings.embedding_model, query)
+            vec = query_vector(settings.embedding_model, query, vec_rows[0].runtime or "torch")
             dense = semantic_search(
                 conn,
                 buffer_ids=[r.id for r in vec_rows],
@@ -189,7 +203,7 @@ def search(
         threshold=settings.threshold if threshold is None else threshold,
     )
     chunks = get_chunks(conn, tenant=tenant, chunk_ids=[r.chunk_id for r in ranked])
-    cuts = {r.name: r.windows_label for r in rows}
+    cuts = {r.name: (r.windows_label, r.runtime) for r in rows}
     return [
         SearchHit(
             chunk_id=r.chunk_id,
@@ -199,14 +213,14 @@ def search(
             end_line=c.end_line,
             score=round(r.score, 6),
             text=c.text,
-            passage=_passage(settings, c.text, cuts.get(c.buffer), r.window),
+            passage=_passage(settings, c.text, *cuts.get(c.buffer, (None, None)), r.window),
         )
         for r in ranked
         if (c := chunks.get(r.chunk_id)) is not None
     ]
 
 
-def _passage(settings: Settings, text: str, label: str | None, window: int | None) -> str | None:
+def _passage(settings: Settings, text: str, label: str | None, runtime: str | None, window: int | None) -> str | None:
     """The text of the chunk's window nearest the query: the sentence(s) the semantic arm matched."""
     if window is None or label is None:
         return None
@@ -217,7 +231,8 @@ def _passage(settings: Settings, text: str, label: str | None, window: int | Non
         spec = WindowSpec.from_label(label)
     except ValueError:
         return None
-    spans = get_query_encoder(settings.embedding_model).window_spans(text, spec)
+    # the encoder that embedded the query: every encoder cuts alike (same tokenizer.json, same cutter)
+    spans = get_query_encoder(settings.embedding_model, runtime or "torch").window_spans(text, spec)
     if not 0 <= window < len(spans):
         return None  # a chunk re-cut since: no passage rather than a wrong one
     a, b = spans[window]

@@ -38,14 +38,21 @@ class BufferRow:
     embedding_dim: int | None
     #: how chunks were cut into embedding windows (``ingest.windows.WindowSpec.label``)
     embedding_windows: str | None = None
+    #: what ran the model: ``torch``, ``onnx`` or ``onnx-int8`` (``ingest.embed.RUNTIMES``)
+    embedding_runtime: str | None = None
 
     @property
     def windows_label(self) -> str | None:
         return self.embedding_windows if self.embedding_dim else None
 
+    @property
+    def runtime(self) -> str | None:
+        return (self.embedding_runtime or "torch") if self.embedding_dim else None
+
 
 _BUFFER_COLS = (
-    "id, tenant, name, version, chunker, chunk_size, chunk_overlap, embedding_model, embedding_dim, embedding_windows"
+    "id, tenant, name, version, chunker, chunk_size, chunk_overlap, embedding_model, embedding_dim, embedding_windows, "
+    "embedding_runtime"
 )
 
 
@@ -91,11 +98,12 @@ def update_buffer_meta(
     embedding_model: str,
     embedding_dim: int,
     embedding_windows: str,
+    embedding_runtime: str,
     bump: bool,
 ) -> int:
     row = conn.execute(
         """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
-               embedding_dim = %s, embedding_windows = %s, version = version + %s,
+               embedding_dim = %s, embedding_windows = %s, embedding_runtime = %s, version = version + %s,
                updated_at = CASE WHEN %s THEN now() ELSE updated_at END
            WHERE id = %s RETURNING version""",
         (
@@ -105,6 +113,7 @@ def update_buffer_meta(
             embedding_model,
             embedding_dim,
             embedding_windows,
+            embedding_runtime,
             1 if bump else 0,
             bump,
             buffer_id,
@@ -126,7 +135,8 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
                   (SELECT count(*) FROM files f WHERE f.buffer_id = b.id),
                   (SELECT count(*) FROM chunks c WHERE c.buffer_id = b.id),
                   (SELECT coalesce(sum(size_bytes), 0) FROM files f WHERE f.buffer_id = b.id),
-                  b.chunker, b.embedding_model, b.created_at, b.updated_at, b.embedding_windows
+                  b.chunker, b.embedding_model, b.created_at, b.updated_at, b.embedding_windows,
+                  b.embedding_runtime
            FROM buffers b WHERE b.tenant = %s {"AND b.name = %s" if name else ""} ORDER BY b.name""",
         (tenant, name) if name else (tenant,),
     ).fetchall()
@@ -143,6 +153,7 @@ def list_buffers(conn: psycopg.Connection, *, tenant: str, name: str | None = No
             created_at=r[8].isoformat(timespec="seconds"),
             updated_at=r[9].isoformat(timespec="seconds"),
             embedding_windows=r[10],
+            embedding_runtime=(r[11] or "torch") if r[7] else None,
         )
         for r in rows
     ]

@@ -311,6 +311,14 @@ END
 $$;
 """
 
+# Each buffer records what ran its embedding model (torch, onnx, onnx-int8: docs/architecture.md#encoder-runtimes);
+# vectors from two runtimes differ slightly, so a search embeds the query with the buffers' runtime and never
+# ranks two runtimes together.  Every buffer embedded before this was embedded by PyTorch.
+M012_EMBEDDING_RUNTIME = """
+ALTER TABLE buffers ADD COLUMN embedding_runtime text;
+UPDATE buffers SET embedding_runtime = 'torch' WHERE embedding_dim IS NOT NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -323,6 +331,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m009_batch_request_fingerprint", M009_BATCH_REQUEST_FINGERPRINT),
     ("m010_batch_lease_and_unanswered", M010_BATCH_LEASE_AND_UNANSWERED),
     ("m011_vectors_per_buffer", M011_VECTORS_PER_BUFFER),
+    ("m012_embedding_runtime", M012_EMBEDDING_RUNTIME),
 ]
 
 
