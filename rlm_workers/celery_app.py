@@ -174,6 +174,20 @@ def _connect_worker_signals() -> None:
     def _stopping(**_kw: object) -> None:
         stop.set()
 
+    @signals.celeryd_after_setup.connect(weak=False)
+    def _share_cores(instance: object = None, **_kw: object) -> None:
+        """Prefork children encode side by side: each gets its share of the cores for its encoder threads, so
+        ``-c N`` does not start N × cores threads (docs/architecture.md#encoder-runtimes).  Runs before the fork."""
+        import os
+
+        from .config import get_settings, reset_settings
+
+        procs = int(getattr(instance, "concurrency", 1) or 1)
+        pool = str(getattr(instance, "pool_cls", ""))
+        if procs > 1 and "prefork" in pool.lower() and "RLM_ENCODE_THREADS" not in os.environ:
+            os.environ["RLM_ENCODE_THREADS"] = str(max(1, get_settings().resolved_encode_threads // procs))
+            reset_settings()
+
 
 class _CancelIsNotAnError(logging.Filter):
     """A user's cancel revokes a job's analyst tasks, so its chord ends in ``ChordError(TaskRevokedError)``,

@@ -10,6 +10,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Exported ONNX encoders are cached across modules (each module has its own RLM_DATA_DIR) and across test runs:
+# the cache is keyed by the model files and the export recipe (ingest/onnxenc.py), so a stale one is never used.
+os.environ.setdefault("RLM_ENCODER_DIR", str(Path(tempfile.gettempdir()) / "rlm-test-encoders"))
 # No test may reach a real LLM by accident.
 for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL"):
     os.environ.pop(_var, None)
@@ -64,9 +67,18 @@ def conn(settings):
 
 @pytest.fixture(scope="session")
 def embedder():
+    """The default encoder (RLM_EMBEDDING_RUNTIME=auto: ONNX Runtime int8 where it can run)."""
     from rlm_workers.ingest.embed import get_embedder
 
     return get_embedder()
+
+
+@pytest.fixture(scope="session")
+def torch_embedder():
+    """The reference: sentence-transformers on PyTorch, float32."""
+    from rlm_workers.ingest.embed import get_embedder
+
+    return get_embedder(runtime="torch")
 
 
 # --- a scripted model and its server, for modules that run the pipeline on real workers ---------------

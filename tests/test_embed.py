@@ -64,13 +64,14 @@ def test_a_short_text_is_one_window_and_labels_name_the_setting():
         WindowSpec(16, 12)
 
 
-def test_the_query_encoder_gives_the_ingest_encoders_vectors(embedder):
+def test_the_query_encoder_gives_the_ingest_encoders_vectors(torch_embedder):
     """ingest/fastbert.py (fast start for `rlm search`) must agree with sentence-transformers to 1e-5."""
     from pathlib import Path
 
     from rlm_workers.ingest.embed import _resolve_model
     from rlm_workers.ingest.fastbert import FastBertEncoder, supports
 
+    embedder = torch_embedder
     _, path = _resolve_model(None)
     assert supports(Path(path))
     fast = FastBertEncoder(Path(path), embedder.model_id)
@@ -88,7 +89,7 @@ def test_the_query_encoder_gives_the_ingest_encoders_vectors(embedder):
         assert float(np.max(np.abs(a - b))) < 1e-5, q[:40]
 
 
-def test_the_query_encoder_cuts_chunks_as_ingest_did(embedder):
+def test_the_query_encoder_cuts_chunks_as_ingest_did(torch_embedder):
     """`rlm search` shows the matched window: its cut (fastbert's tokenizer) must be ingest's."""
     from pathlib import Path
 
@@ -96,6 +97,7 @@ def test_the_query_encoder_cuts_chunks_as_ingest_did(embedder):
     from rlm_workers.ingest.fastbert import FastBertEncoder
     from rlm_workers.ingest.windows import LEGACY_WINDOWS_LABEL
 
+    embedder = torch_embedder
     fast = FastBertEncoder(Path(_resolve_model(None)[1]), embedder.model_id)
     texts = [
         PROSE * 4,

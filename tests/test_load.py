@@ -140,7 +140,7 @@ class _ExplodingEmbedder:
 
     def __init__(self, real):
         self.real, self.calls = real, 0
-        self.model_id, self.dim, self.spec = real.model_id, real.dim, real.spec
+        self.model_id, self.dim, self.spec, self.runtime = real.model_id, real.dim, real.spec, real.runtime
 
     def window_texts(self, text):
         return self.real.window_texts(text)
@@ -171,7 +171,7 @@ def test_failed_load_keeps_previous_version(conn, tmp_path, embedder):
             embedder=_ExplodingEmbedder(embedder),
             chunk_size=300,
             overlap=0,
-            embed_batch_size=4,
+            embed_batch_size=1,  # groups of 8 windows: several encode calls
         )
     after_buf = store.get_buffer(conn, tenant="local", name="atomic")
     assert after_buf.version == buf.version

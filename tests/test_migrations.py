@@ -98,7 +98,7 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
                 (cid, ids[buf], f"[1,{n},0]", cid, ids[buf], f"[0,1,{n}]"),
             )
 
-        assert migrations.migrate(conn) == ["m011_vectors_per_buffer"]
+        assert migrations.migrate(conn) == ["m011_vectors_per_buffer", "m012_embedding_runtime"]
 
         def count(buf: str) -> int:
             return conn.execute(f"SELECT count(*) FROM chunk_vectors_b{ids[buf]}").fetchone()[0]
@@ -113,3 +113,6 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
         assert indexed == 2
         labels = dict(conn.execute("SELECT name, embedding_windows FROM buffers").fetchall())
         assert labels == {"a": "tokens:254/32", "b": "tokens:254/32", "empty": None}
+        # m012: everything embedded before runtimes were recorded was embedded by PyTorch
+        runtimes = dict(conn.execute("SELECT name, embedding_runtime FROM buffers").fetchall())
+        assert runtimes == {"a": "torch", "b": "torch", "empty": None}

@@ -83,7 +83,7 @@ def test_a_failure_half_way_keeps_the_old_vectors(rlm_env, conn, drift, embedder
     from rlm_workers.ingest import reembed
 
     class Failing:
-        model_id, dim, spec = embedder.model_id, embedder.dim, embedder.spec
+        model_id, dim, spec, runtime = embedder.model_id, embedder.dim, embedder.spec, embedder.runtime
         calls = 0
 
         def window_texts(self, text: str) -> list[str]:
@@ -158,3 +158,37 @@ def test_buffers_cut_into_different_windows_are_not_ranked_together(rlm_env, con
     conn.commit()
     assert label == embedder.spec.label
     assert "Fog signals" in run_rlm(rlm_env, *both, check=0).stdout
+
+
+def test_buffers_embedded_by_different_runtimes_are_not_ranked_together(rlm_env, conn, drift, embedder, tmp_path):
+    """A buffer embedded by PyTorch is searched with a PyTorch query vector, refused beside an ONNX one, and
+    brought to the configured runtime by reembed (docs/architecture.md#encoder-runtimes)."""
+    from rlm_workers.ingest.loader import load_paths
+
+    assert embedder.runtime != "torch"  # the default runtime where onnxruntime runs the model
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "quay.md").write_text("# Quay\n\nThe harbour crane lifts containers onto the night train.\n")
+    load_paths(conn, buffer="newer-rt", paths=[other], embedder=embedder)
+    # drift's vectors were written by the default runtime; say PyTorch wrote them, and write PyTorch's vectors
+    conn.commit()
+    done = run_rlm({**rlm_env, "RLM_EMBEDDING_RUNTIME": "torch"}, "buffer", "reembed", "drift", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    conn.commit()
+    runtime = conn.execute("SELECT embedding_runtime FROM buffers WHERE name = 'drift'").fetchone()[0]
+    conn.commit()
+    assert runtime == "torch"
+    shown = json.loads(run_rlm(rlm_env, "buffer", "show", "drift", "--format", "json", check=0).stdout)
+    assert shown["embedding_runtime"] == "torch"
+    # alone, the query is embedded by the buffer's runtime whatever RLM_EMBEDDING_RUNTIME says
+    alone = run_rlm(rlm_env, "search", "how often do fog signals sound", "--buffer", "drift", "--mode", "semantic")
+    assert alone.returncode == 0 and "Fog signals" in alone.stdout
+    both = ["search", "fog signals", "--buffer", "drift", "--buffer", "newer-rt", "--mode", "semantic"]
+    refused = run_rlm(rlm_env, *both)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "different encoder runtimes" in refused.stderr and "rlm buffer reembed drift" in refused.stderr
+    assert run_rlm(rlm_env, *both[:-1], "bm25", check=0).returncode == 0  # no vectors, nothing to mix
+    again = json.loads(run_rlm(rlm_env, "buffer", "reembed", "drift", "--format", "json", check=0).stdout)
+    assert not again["unchanged"]  # same model and windows, another runtime: re-embedded
+    assert "Fog signals" in run_rlm(rlm_env, *both, check=0).stdout
+    assert json.loads(run_rlm(rlm_env, "buffer", "reembed", "drift", "--format", "json", check=0).stdout)["unchanged"]
