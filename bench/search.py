@@ -305,7 +305,7 @@ def _encode_real(corpus: Corpus, idx: list[int], path: Path) -> tuple[list[tuple
 
     from rlm_workers.ingest.embed import get_embedder
 
-    emb = get_embedder()
+    emb = get_embedder(runtime="torch")  # recall vs exact does not depend on the runtime; the cache is torch's
     texts, owners = [], []
     for i in idx:
         for w, piece in enumerate(emb.window_texts(corpus.text(i))):
@@ -498,6 +498,7 @@ def write_buffer(conn, plan: Plan, corpus: Corpus) -> dict:
             embedding_model=BUNDLED_MODEL_ID,
             embedding_dim=DIM,
             embedding_windows=DEFAULT_WINDOWS.label,
+            embedding_runtime="torch",  # the vectors below come from the PyTorch reference (cached on disk)
             bump=True,
         )
     stats["seconds"] = time.perf_counter() - t0
@@ -600,7 +601,7 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
     from rlm_workers.search.service import query_vector
     from rlm_workers.store.buffers import DEFAULT_TENANT, require_buffers
 
-    vecs = [query_vector(settings.embedding_model, q) for q in QUERIES]
+    vecs = [query_vector(settings.embedding_model, q, "torch") for q in QUERIES]
     fanout = semantic._WINDOW_FANOUT
     out: dict = {"cases": {}}
     saved = semantic.EF_SEARCH
