@@ -179,3 +179,20 @@ def test_an_unknown_runtime_is_a_one_line_usage_error(rlm_env):
     bad = run_rlm({**rlm_env, "RLM_EMBEDDING_RUNTIME": "tensorrt"}, "buffers")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "RLM_EMBEDDING_RUNTIME" in bad.stderr
+
+
+def test_an_int8_vector_depends_on_its_batch_only_within_the_documented_bound(corpus, reference):
+    """Activations are scaled per batch (docs/architecture.md#encoder-runtimes): the same window among other
+    windows gets a slightly different int8 vector, never one that leaves the reference's neighbourhood."""
+    from rlm_workers.ingest.embed import get_embedder
+
+    fast = get_embedder(runtime="onnx-int8")
+    sample = corpus[:640]
+    sorted_batches = fast.encode(sample, batch_size=64)
+    alone = np.stack([fast.encode([t], batch_size=1)[0] for t in sample[:64]])
+    mixed = fast.encode(list(reversed(sample)), batch_size=5)[::-1]
+    for other in (alone, mixed[:64]):
+        self_cos = np.sum(other * sorted_batches[: len(other)], axis=1)
+        assert float(self_cos.mean()) >= 0.99 and float(self_cos.min()) >= 0.95
+    to_ref = np.sum(alone * reference[:64], axis=1)
+    assert float(to_ref.mean()) >= 0.99
