@@ -47,6 +47,7 @@ TARGET_SPEEDUP = 1.5
 TARGET_SEARCH_S = 2.5
 BASELINE_BATCH = 32  # SentenceTransformer.encode's default
 BASELINE_TOKENS = 256  # 254 word pieces + [CLS]/[SEP]: the model's max_seq_length
+RETRY_ABOVE = 0.10  # other processes' CPU share during a load or the baseline above which it is run again
 MIN_QUALITY_WINDOWS = 3000  # the issue asks for the cosine over at least this many windows
 
 # The baseline as its own process: what a RAG tool does with this model, start-up and model load included.
@@ -206,6 +207,22 @@ def cold_searches(buffer: str, runtime: str, n: int) -> list[float]:
     return out
 
 
+def least_contended(run, retries: int, what: str) -> dict:
+    """``run()`` again (up to ``retries`` times) while other processes took over RETRY_ABOVE of the CPU during it;
+    the least contended attempt, with every attempt's (wall s, others' share) under ``attempts``.
+
+    The two sides of the issue's ratio must not differ by who else was busy on a shared 2-core box.
+    """
+    tries = []
+    for _ in range(1 + retries):
+        tries.append(run())
+        if tries[-1]["others"] <= RETRY_ABOVE:
+            break
+        print(f"{what}: other processes took {tries[-1]['others']:.0%} of the CPU during it; again", flush=True)
+    best = min(tries, key=lambda t: t["others"])
+    return {**best, "attempts": [(t["wall"], t["others"]) for t in tries]}
+
+
 def loader_windows(files: list, embedder) -> tuple[list[str], int, int]:
     """The windows `rlm load` encodes for ``files`` (discovery candidates), in its order: (windows, files, chunks)."""
     from rlm_workers.ingest.chunkers import chunk_text
@@ -363,6 +380,12 @@ def report(a: dict) -> str:
     ratio = kb / d["wall"] / base_kbs
     search_ok = {rt: min(loads[rt]["search"]) <= TARGET_SEARCH_S for rt in RUNTIMES}
 
+    def attempts(run: dict) -> str:
+        tries = run["attempts"]
+        if len(tries) == 1:
+            return "1"
+        return f"{len(tries)}: " + ", ".join(f"{w:.1f} s at {o:.0%}" for w, o in tries) + "; least contended kept"
+
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
@@ -394,7 +417,8 @@ def report(a: dict) -> str:
         f"{exp['wall']:.1f} s as a process (torch + transformers imports, trace {exp['export_s']:.1f} s, int8 "
         f"quantization {exp['quantize_s']:.1f} s). A user's first ONNX load pays this once; it is not in the rows.",
         "",
-        "| run | vectors | whole process s | KB/s | × baseline | report `seconds` | cold `rlm search` (best of 3) |",
+        "| run | vectors | whole process s | KB/s | × baseline | report `seconds` | cold `rlm search` (best of "
+        f"{len(d['search'])}) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
@@ -404,7 +428,11 @@ def report(a: dict) -> str:
         f"(target ≥ {TARGET_SPEEDUP}×): **{verdict(ratio >= TARGET_SPEEDUP)}**; torch "
         f"{kb / loads['torch']['wall'] / base_kbs:.2f}×, onnx {kb / loads['onnx']['wall'] / base_kbs:.2f}×. "
         f"Against the baseline's encode alone ({speed(base['encode_s'])} KB/s): {DEFAULT_RUNTIME} "
-        f"{kb / d['wall'] / (kb / base['encode_s']):.2f}×.",
+        f"{kb / d['wall'] / (kb / base['encode_s']):.2f}×. Other processes' CPU share during the {DEFAULT_RUNTIME} "
+        f"load / the baseline: {d['others']:.0%} / {base['others']:.0%}.",
+        f"- not a target, informative: {DEFAULT_RUNTIME} `rlm load` load_paths speed / raw encode speed of the same "
+        f"windows in-process = {raw['s'] / rep0['seconds']:.0%} (what chunking, COPY, the graph build and commit cost "
+        "beside encoding; the old target here was ≥ 80%).",
         f'- cold `rlm search "{QUERY}" --buffer B`, fresh processes with the embedded server running, best of '
         f"{len(d['search'])} after one untimed run (target ≤ {TARGET_SEARCH_S} s): "
         + "; ".join(
@@ -416,19 +444,21 @@ def report(a: dict) -> str:
         "### Machine share and CPU seconds",
         "",
         "Other processes' share of the 2 cores just before (`wait_for_quiet`) / during each timed phase, and the "
-        "CPU seconds the phase's own processes used:",
+        f"CPU seconds the phase's own processes used. A load or the baseline during which others took over "
+        f"{RETRY_ABOVE:.0%} is run again (at most {a['retries']} more times) and the least contended attempt kept:",
         "",
-        "| phase | others before | others during | CPU s (own) | wall s |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| phase | others before | others during | CPU s (own) | wall s | attempts (wall s at others' share) |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
         f"| ONNX export (untimed for the rows) | {a['export']['busy']:.0%} | {a['export']['others']:.0%} | "
-        f"{a['export']['cpu']:.0f} | {a['export']['wall']:.1f} |",
-        f"| baseline process | {base['busy']:.0%} | {base['others']:.0%} | {base['cpu']:.0f} | {base['wall']:.1f} |",
+        f"{a['export']['cpu']:.0f} | {a['export']['wall']:.1f} | 1 |",
+        f"| baseline process | {base['busy']:.0%} | {base['others']:.0%} | {base['cpu']:.0f} | {base['wall']:.1f} | "
+        f"{attempts(base)} |",
         *(
             f"| `rlm load` {rt} | {loads[rt]['busy']:.0%} | {loads[rt]['others']:.0%} | {loads[rt]['cpu']:.0f} "
-            f"+ PostgreSQL {loads[rt]['pg_cpu']:.0f} | {loads[rt]['wall']:.1f} |"
+            f"+ PostgreSQL {loads[rt]['pg_cpu']:.0f} | {loads[rt]['wall']:.1f} | {attempts(loads[rt])} |"
             for rt in RUNTIMES
         ),
-        f"| raw encode onnx-int8 | {raw['busy']:.0%} | {raw['others']:.0%} | {raw['cpu']:.0f} | {raw['s']:.1f} |",
+        f"| raw encode onnx-int8 | {raw['busy']:.0%} | {raw['others']:.0%} | {raw['cpu']:.0f} | {raw['s']:.1f} | 1 |",
         "",
         f"### Threads for ingest workers (encode only, in-process, sample of {ip['sample']['bytes'] / 1000:.0f} KB)",
         "",
@@ -458,6 +488,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a ~150 KB corpus to check the code; implies --no-write")
     ap.add_argument("--mb", type=float, default=None, help=f"cap the corpus at MB (default: all of {PACKAGE})")
     ap.add_argument("--sample-kb", type=float, default=300, help="sample for the threads and quality parts")
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help=f"repeat a load or the baseline up to this often when others took > {RETRY_ABOVE:.0%} of the CPU",
+    )
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL running")
     ap.add_argument(
@@ -491,10 +527,13 @@ def main() -> None:
         loads: dict[str, dict] = {}
         try:
             for rt in RUNTIMES:
-                fresh_database(data_dir)
-                busy = _util.wait_for_quiet(args.wait_quiet)
-                ld = run_load(corpus, data_dir, rt)
-                ld["busy"] = busy
+
+                def load_once(rt: str = rt) -> dict:
+                    fresh_database(data_dir)
+                    busy = _util.wait_for_quiet(args.wait_quiet)
+                    return {**run_load(corpus, data_dir, rt), "busy": busy}
+
+                ld = least_contended(load_once, args.retries, f"rlm load {rt}")
                 print(f"rlm load {rt}: {ld['wall']:.1f} s wall; {ld['report']}", flush=True)
                 _util.wait_for_quiet(args.wait_quiet)
                 ld["search"] = cold_searches(ld["buffer"], rt, searches)
@@ -507,12 +546,15 @@ def main() -> None:
             if ld["report"]["bytes_loaded"] != n_bytes:
                 raise SystemExit(f"the {rt} load read {ld['report']['bytes_loaded']} bytes of {n_bytes}")
 
-        busy = _util.wait_for_quiet(args.wait_quiet)
-        out, wall, cpu, others = timed_child(
-            [sys.executable, "-c", BASELINE_SCRIPT, str(corpus), str(BASELINE_TOKENS), str(BASELINE_BATCH)],
-            child_env(),
-        )
-        baseline = {**last_json(out), "wall": wall, "cpu": cpu, "others": others, "busy": busy}
+        def baseline_once() -> dict:
+            busy = _util.wait_for_quiet(args.wait_quiet)
+            out, wall, cpu, others = timed_child(
+                [sys.executable, "-c", BASELINE_SCRIPT, str(corpus), str(BASELINE_TOKENS), str(BASELINE_BATCH)],
+                child_env(),
+            )
+            return {**last_json(out), "wall": wall, "cpu": cpu, "others": others, "busy": busy}
+
+        baseline = least_contended(baseline_once, args.retries, "baseline")
         print(f"baseline: {baseline}", flush=True)
         if baseline["bytes"] != n_bytes:
             raise SystemExit(f"the baseline read {baseline['bytes']} bytes of {n_bytes}")
@@ -529,6 +571,7 @@ def main() -> None:
             "loads": loads,
             "baseline": baseline,
             "in_process": ip,
+            "retries": args.retries,
         }
     )
     md += f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
