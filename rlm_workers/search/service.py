@@ -74,12 +74,13 @@ def _bm25_index(conn: psycopg.Connection, rows: Sequence[BufferRow], settings: S
 
 
 def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[BufferRow]:
-    """Buffers that have vectors, checked to share the configured model and one window setting.
+    """Buffers that have vectors, checked to share the configured model, one window setting and one runtime.
 
     Scores from different window sizes are not comparable (a shorter window scores a matching
-    sentence higher), so buffers cut differently are not ranked together.
+    sentence higher), nor are vectors of two runtimes (the query is embedded by one of them).
     """
-    from ..ingest.embed import model_id_for
+    from ..ingest.embed import model_id_for, resolve_runtime
+    from ..ingest.windows import DEFAULT_WINDOWS
 
     want = model_id_for(settings.embedding_model)
     have = [r for r in rows if r.embedding_dim]
@@ -93,32 +94,23 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[Buffer
                 api_message=f"{mismatch}: the server's operator sets RLM_EMBEDDING_MODEL={r.embedding_model} or "
                 "re-embeds the buffer; meanwhile options.search_mode=bm25 needs no vectors",
             )
-    runtimes = {r.runtime for r in have}
-    if len(runtimes) > 1:
-        from ..ingest.embed import resolve_runtime
-
-        target = resolve_runtime(settings.embedding_model)
-        odd = sorted(r.name for r in have if r.runtime != target) or [have[0].name]
-        listing = ", ".join(f"{r.name!r} ({r.runtime})" for r in have)
-        raise InvalidInput(
-            f"these buffers were embedded by different encoder runtimes and cannot be ranked together: {listing}; "
-            f"run `rlm buffer reembed {odd[0]}` to bring it to {target} (RLM_EMBEDDING_RUNTIME)",
-            api_message=f"these buffers were embedded by different encoder runtimes and cannot be ranked together: "
-            f"{listing}; the server's operator re-embeds the odd one out, or search them one at a time",
-        )
-    cuts = {r.windows_label for r in have}
-    if len(cuts) > 1:
-        from ..ingest.windows import DEFAULT_WINDOWS
-
-        old = sorted(r.name for r in have if r.windows_label != DEFAULT_WINDOWS.label)
-        listing = ", ".join(f"{r.name!r} ({r.windows_label})" for r in have)
-        raise InvalidInput(
-            f"these buffers were embedded with different window settings and cannot be ranked together: {listing}; "
-            f"run `rlm buffer reembed {old[0] if old else have[0].name}` to bring it to {DEFAULT_WINDOWS.label}",
-            api_message=f"these buffers were embedded with different window settings and cannot be ranked "
-            f"together: {listing}; the server's operator re-embeds the older ones, or search them one at a time",
-        )
+    runtime_now = resolve_runtime(settings.embedding_model)
+    _refuse_mixed(have, lambda r: r.runtime, "by different encoder runtimes", runtime_now, "RLM_EMBEDDING_RUNTIME")
+    _refuse_mixed(have, lambda r: r.windows_label, "with different window settings", DEFAULT_WINDOWS.label, "")
     return have
+
+
+def _refuse_mixed(have: list[BufferRow], kind_of, what: str, current: str, setting: str) -> None:
+    """Buffers whose vectors were made differently (``kind_of``) are not ranked together: their scores differ."""
+    if len({kind_of(r) for r in have}) <= 1:
+        return
+    odd = sorted(r.name for r in have if kind_of(r) != current) or [have[0].name]
+    listing = ", ".join(f"{r.name!r} ({kind_of(r)})" for r in have)
+    head = f"these buffers were embedded {what} and cannot be ranked together: {listing}"
+    raise InvalidInput(
+        f"{head}; run `rlm buffer reembed {odd[0]}` to bring it to {current}{f' ({setting})' if setting else ''}",
+        api_message=f"{head}; the server's operator re-embeds the odd one out, or search them one at a time",
+    )
 
 
 @functools.lru_cache(maxsize=256)
