@@ -18,6 +18,19 @@ for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL")
     os.environ.pop(_var, None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _encoder_exported():
+    """Export the default ONNX encoder once, in this process, before any test: otherwise whichever `rlm`
+    subprocess first needs it pays the export (torch + transformers + quantizer, ~0.9 GB at peak), which
+    would land in one test's memory or time budget (a fresh venv has new mtimes, hence a new cache key)."""
+    from rlm_workers.ingest import onnxenc
+    from rlm_workers.ingest.embed import _resolve_model
+
+    if onnxenc.available():
+        model_id, path = _resolve_model(None)
+        onnxenc.exported_path(model_id, Path(path), "onnx-int8", Path(os.environ["RLM_ENCODER_DIR"]))
+
+
 @pytest.fixture(scope="session")
 def test_services():
     from tests.support.services import start_services
