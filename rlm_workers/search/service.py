@@ -94,16 +94,26 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[Buffer
                 api_message=f"{mismatch}: the server's operator sets RLM_EMBEDDING_MODEL={r.embedding_model} or "
                 "re-embeds the buffer; meanwhile options.search_mode=bm25 needs no vectors",
             )
-    runtime_now = resolve_runtime(settings.embedding_model)
-    _refuse_mixed(have, lambda r: r.runtime, "by different encoder runtimes", runtime_now, "RLM_EMBEDDING_RUNTIME")
-    _refuse_mixed(have, lambda r: r.windows_label, "with different window settings", DEFAULT_WINDOWS.label, "")
+    _refuse_mixed(
+        have,
+        lambda r: r.runtime,
+        "by different encoder runtimes",
+        lambda: resolve_runtime(settings.embedding_model),
+        "RLM_EMBEDDING_RUNTIME",
+    )
+    _refuse_mixed(have, lambda r: r.windows_label, "with different window settings", lambda: DEFAULT_WINDOWS.label, "")
     return have
 
 
-def _refuse_mixed(have: list[BufferRow], kind_of, what: str, current: str, setting: str) -> None:
-    """Buffers whose vectors were made differently (``kind_of``) are not ranked together: their scores differ."""
+def _refuse_mixed(have: list[BufferRow], kind_of, what: str, target, setting: str) -> None:
+    """Buffers whose vectors were made differently (``kind_of``) are not ranked together: their scores differ.
+
+    ``target()`` names the setting a re-embed brings them to; only the refusal asks (resolving ``auto`` reads
+    the model's files, which every search would otherwise pay).
+    """
     if len({kind_of(r) for r in have}) <= 1:
         return
+    current = target()
     odd = sorted(r.name for r in have if kind_of(r) != current) or [have[0].name]
     listing = ", ".join(f"{r.name!r} ({kind_of(r)})" for r in have)
     head = f"these buffers were embedded {what} and cannot be ranked together: {listing}"
@@ -148,7 +158,7 @@ def rank(
 
         vec_rows = _semantic_rows(rows, settings)
         if vec_rows:
-            vec = query_vector(settings.embedding_model, query, vec_rows[0].runtime or "torch")
+            vec = query_vector(settings.embedding_model, query, vec_rows[0].runtime)
             dense = semantic_search(
                 conn,
                 buffer_ids=[r.id for r in vec_rows],
@@ -214,7 +224,7 @@ def search(
 
 def _passage(settings: Settings, text: str, label: str | None, runtime: str | None, window: int | None) -> str | None:
     """The text of the chunk's window nearest the query: the sentence(s) the semantic arm matched."""
-    if window is None or label is None:
+    if window is None or label is None or runtime is None:
         return None
     from ..ingest.embed import get_query_encoder
     from ..ingest.windows import WindowSpec
@@ -224,7 +234,7 @@ def _passage(settings: Settings, text: str, label: str | None, runtime: str | No
     except ValueError:
         return None
     # the encoder that embedded the query: every encoder cuts alike (same tokenizer.json, same cutter)
-    spans = get_query_encoder(settings.embedding_model, runtime or "torch").window_spans(text, spec)
+    spans = get_query_encoder(settings.embedding_model, runtime).window_spans(text, spec)
     if not 0 <= window < len(spans):
         return None  # a chunk re-cut since: no passage rather than a wrong one
     a, b = spans[window]
