@@ -42,6 +42,22 @@ class Settings(BaseSettings):
     primary_model: str = Field("gpt-5.2-2025-12-11", description="Planner model.")
     subcall_model: str = Field("gpt-5-mini-2025-08-07", description="Analyst model.")
     synthesizer_model: str = Field("gpt-5.2-2025-12-11", description="Synthesizer model.")
+    check_model: str | None = Field(
+        None, description="Completeness checker of `thinking` mode; unset means RLM_PRIMARY_MODEL (docs/contract.md#modes)."
+    )
+    max_depth: int = Field(2, ge=0, le=5, description="Default recursion depth of `thinking` mode (--depth).")
+    direct_max_tokens: int = Field(
+        16_000,
+        ge=0,
+        le=1_000_000,
+        description="The crossover of `auto`: a selected context estimated at most this many tokens is answered by "
+        "one direct call; `instant` fits its chunks into it. 0: `auto` never routes direct.",
+    )
+    prices: str | None = Field(
+        None,
+        description="USD per 1M input / cached input / output tokens per model, as JSON or a path to a JSON file; "
+        "merged over the built-in table (docs/contract.md#costs).",
+    )
     max_concurrency: int = Field(50, ge=1, le=10_000, description="Ceiling on in-flight LLM calls across all workers.")
     rpm: int | None = Field(None, ge=1, description="Optional requests-per-minute budget shared by all workers.")
     tpm: int | None = Field(None, ge=1, description="Optional tokens-per-minute budget shared by all workers.")
@@ -174,6 +190,10 @@ class Settings(BaseSettings):
     def offline(self) -> bool:
         """No key: the LLM stages use the extractive provider."""
         return not self.api_key
+
+    @property
+    def resolved_check_model(self) -> str:
+        return self.check_model or self.primary_model
 
     @property
     def encoder_cache_dir(self) -> Path:
