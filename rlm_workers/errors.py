@@ -143,6 +143,17 @@ class ParseError(LLMError):
     type = "parse_error"
 
 
+class BudgetExhausted(RLMError):
+    """A job tree's budget (--max-llm-calls, --max-tokens, --max-cost, --deadline) is spent: no new LLM call
+    starts; the stage finishes with what it has (docs/contract.md#budgets).  ``reason`` names the limit."""
+
+    type = "budget"
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"budget exhausted ({reason}){': ' + detail if detail else ''}; no new LLM call was started")
+
+
 class JobCancelled(RLMError):
     type = "cancelled"
 

@@ -140,6 +140,25 @@ class AnalysisPlan(BaseModel):
     focus_topics: list[str] = Field(default_factory=list)
 
 
+class Record(BaseModel):
+    """One typed record an analyst counted in one chunk (``--scope all``): ``count`` items of ``label`` = ``value``.
+    Collect sums them exactly over every chunk (docs/contract.md#modes)."""
+
+    label: str
+    value: str
+    count: int = 1
+
+
+class AggregateRow(BaseModel):
+    """A record summed over every chunk that reported it: the exact total behind an aggregation answer."""
+
+    label: str
+    value: str
+    count: int
+    #: how many chunks reported this (label, value)
+    chunks: int = 1
+
+
 class Finding(BaseModel):
     """One analyst verdict on one chunk."""
 
@@ -150,6 +169,8 @@ class Finding(BaseModel):
     findings: list[str] = Field(default_factory=list)
     summary: str = ""
     follow_up: list[str] = Field(default_factory=list)
+    #: typed records counted in the chunk, when the job asked for them (exhaustive scope)
+    records: list[Record] = Field(default_factory=list)
 
 
 class Source(BaseModel):
@@ -247,6 +268,9 @@ class LLMCall(BaseModel):
     provider: str
     tokens_in: int = 0
     tokens_out: int = 0
+    cached_tokens: int = 0
+    #: priced from RLM_PRICES when the call was logged; None for a model without a price
+    cost_usd: float | None = None
     latency_ms: int = 0
     status: Literal["ok", "error", "retried"] = "ok"
     error: str | None = None

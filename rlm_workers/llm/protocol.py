@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-Role = Literal["plan", "analyst", "synthesizer"]
+#: "check": the completeness check of thinking mode; "direct": one answer straight from chunks (instant/direct)
+Role = Literal["plan", "analyst", "synthesizer", "check", "direct"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Completion:
     model: str
     tokens_in: int = 0
     tokens_out: int = 0
+    #: input tokens the provider served from its prompt cache (part of ``tokens_in``, priced apart)
+    cached_tokens: int = 0
     latency_ms: int = 0
     tool_calls: list[ToolCall] = field(default_factory=list)
     #: the assistant message to append to the conversation when tools were called
