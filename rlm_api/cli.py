@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
-from rlm_workers.models import SearchMode
+from rlm_workers.models import Mode, Scope, SearchMode
 
 from .cli_types import SearchModeOpt, click_error_kind, new_typer
 
@@ -387,8 +387,28 @@ def query(
         bool, typer.Option("--verbose", "-v", help="Show plan, parameters, timings and LLM calls.")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds.")] = 3600.0,
+    mode: Annotated[
+        Mode | None,
+        typer.Option(
+            "--mode", help="instant: one call; auto (default): routed by size and question; thinking: follow-up rounds."
+        ),
+    ] = None,
+    depth: Annotated[
+        int | None, typer.Option("--depth", help="Most rounds of child jobs (0-5; default RLM_MAX_DEPTH).")
+    ] = None,
+    scope: Annotated[
+        Scope | None, typer.Option("--scope", help="search: the search picks chunks; all: every chunk is analysed.")
+    ] = None,
+    max_llm_calls: Annotated[
+        int | None, typer.Option("--max-llm-calls", help="Budget: most LLM calls for the whole tree.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Budget: most tokens (in + out).")] = None,
+    max_cost: Annotated[float | None, typer.Option("--max-cost", help="Budget: most USD (RLM_PRICES).")] = None,
+    deadline: Annotated[
+        float | None, typer.Option("--deadline", help="Budget: seconds after submission; no call starts later.")
+    ] = None,
 ) -> None:
-    """Ask a question: plan, search, fan out to analysts, collect, synthesize."""
+    """Ask a question: plan, search, fan out to analysts, collect, synthesize (docs/contract.md#modes)."""
     from rich.console import Console
 
     from rlm_workers.celery_app import app as celery_app
@@ -408,6 +428,13 @@ def query(
             "max_chunks": max_chunks,
             "batch_size": batch_size,
             "num_agents": num_agents,
+            "mode": mode.value if mode else None,
+            "depth": depth,
+            "scope": scope.value if scope else None,
+            "max_llm_calls": max_llm_calls,
+            "max_tokens": max_tokens,
+            "max_cost": max_cost,
+            "deadline": deadline,
         }
     )
     console = Console(stderr=True)
@@ -504,14 +531,22 @@ def _timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral:
 
 
 def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
-    from rlm_workers.store.jobs import llm_calls_of
+    from rlm_workers.store.jobs import llm_calls_of, tree_of
 
-    console.print(f"[bold]plan[/]: {json.dumps(job.plan)}")
-    console.print(f"[bold]params[/]: {json.dumps(job.params)}")
-    console.print(f"[bold]timings[/]: {json.dumps(job.timings)}")
+    console.print(f"[bold]plan[/]: {json.dumps(job.plan)}", markup=True, highlight=False)
+    console.print(f"[bold]route[/]: {job.route} — {job.route_reason}", highlight=False)
+    console.print(f"[bold]params[/]: {json.dumps(job.params)}", highlight=False)
+    console.print(f"[bold]timings[/]: {json.dumps(job.timings)}", highlight=False)
+    for k, verdict in enumerate(job.checks):
+        console.print(f"[bold]check {k}[/]: {json.dumps(verdict)}", highlight=False)
     for c in llm_calls_of(conn, job_id=job.id):
         row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error)
-        console.print("  llm " + " ".join(str(x) for x in row if x is not None))
+        console.print("  llm " + " ".join(str(x) for x in row if x is not None), markup=False, highlight=False)
+    for kid in tree_of(conn, root_id=job.id):
+        console.print(f"  child {kid.id} depth {kid.depth} {kid.status}: {kid.query[:100]}", markup=False)
+        for c in llm_calls_of(conn, job_id=kid.id):
+            row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error)
+            console.print("    llm " + " ".join(str(x) for x in row if x is not None), markup=False, highlight=False)
 
 
 # --------------------------------------------------------------------------- workers

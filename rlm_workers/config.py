@@ -43,7 +43,8 @@ class Settings(BaseSettings):
     subcall_model: str = Field("gpt-5-mini-2025-08-07", description="Analyst model.")
     synthesizer_model: str = Field("gpt-5.2-2025-12-11", description="Synthesizer model.")
     check_model: str | None = Field(
-        None, description="Completeness checker of `thinking` mode; unset means RLM_PRIMARY_MODEL (docs/contract.md#modes)."
+        None,
+        description="Completeness checker of `thinking` mode; unset means RLM_PRIMARY_MODEL (docs/contract.md#modes).",
     )
     max_depth: int = Field(2, ge=0, le=5, description="Default recursion depth of `thinking` mode (--depth).")
     direct_max_tokens: int = Field(

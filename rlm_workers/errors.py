@@ -153,6 +153,9 @@ class BudgetExhausted(RLMError):
         self.reason = reason
         super().__init__(f"budget exhausted ({reason}){': ' + detail if detail else ''}; no new LLM call was started")
 
+    def to_dict(self) -> dict[str, str]:
+        return {**super().to_dict(), "reason": self.reason}
+
 
 class JobCancelled(RLMError):
     type = "cancelled"

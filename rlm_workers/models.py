@@ -20,6 +20,29 @@ class SearchMode(StrEnum):
     bm25 = "bm25"
 
 
+class Mode(StrEnum):
+    """How deep a query goes (docs/contract.md#modes)."""
+
+    instant = "instant"
+    auto = "auto"
+    thinking = "thinking"
+
+
+class Scope(StrEnum):
+    #: the search picks the chunks (today's cut-off)
+    search = "search"
+    #: every chunk of the buffers is analysed
+    all = "all"
+
+
+class Route(StrEnum):
+    """What a job actually ran: one direct call, a fan-out over searched chunks, or one over every chunk."""
+
+    direct = "direct"
+    fanout = "fanout"
+    exhaustive = "exhaustive"
+
+
 class Relevance(StrEnum):
     high = "high"
     medium = "medium"
@@ -55,6 +78,12 @@ TopK = Annotated[int, Field(strict=True, ge=1, le=10_000)]
 MaxChunks = Annotated[int, Field(strict=True, ge=1, le=100_000)]
 BatchSize = Annotated[int, Field(strict=True, ge=1, le=1000)]
 NumAgents = Annotated[int, Field(strict=True, ge=1, le=10_000)]
+Depth = Annotated[int, Field(strict=True, ge=0, le=5)]
+MaxLLMCalls = Annotated[int, Field(strict=True, ge=1, le=10_000_000)]
+MaxTokens = Annotated[int, Field(strict=True, ge=1, le=10**12)]
+MaxCost = Annotated[float, Field(gt=0, le=1_000_000, allow_inf_nan=False)]
+#: seconds from submission; a week at most (a job cannot wait longer on its budget than an overnight run)
+Deadline = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
 
 
 class QueryOptions(BaseModel):
@@ -71,11 +100,25 @@ class QueryOptions(BaseModel):
     num_agents: NumAgents | None = None
     skip_plan: Annotated[bool, Field(strict=True)] | None = None
     finding_threshold: Relevance | None = None
+    #: docs/contract.md#modes
+    mode: Mode | None = None
+    depth: Depth | None = None
+    scope: Scope | None = None
+    #: docs/contract.md#budgets: limits for the whole tree of jobs
+    max_llm_calls: MaxLLMCalls | None = None
+    max_tokens: MaxTokens | None = None
+    max_cost: MaxCost | None = None
+    deadline: Deadline | None = None
 
     @model_validator(mode="after")
     def _one_way_to_batch(self) -> QueryOptions:
         if self.batch_size is not None and self.num_agents is not None:
             raise ValueError("batch_size and num_agents exclude each other: give one")
+        if self.mode == Mode.instant:
+            if self.scope == Scope.all:
+                raise ValueError("scope all reads every chunk with a fan-out: not with mode instant (one call)")
+            if self.batch_size is not None or self.num_agents is not None:
+                raise ValueError("mode instant makes one call: batch_size and num_agents do not apply")
         return self
 
     def stored(self) -> dict:
@@ -204,6 +247,8 @@ class BatchError(BaseModel):
     type: str
     message: str
     chunk_ids: list[int] = Field(default_factory=list)
+    #: the child job the batch belonged to; None for the job's own batches
+    job_id: str | None = None
 
 
 class ToolCallRecord(BaseModel):
@@ -215,6 +260,38 @@ class ToolCallRecord(BaseModel):
     args: str = ""
     status: Literal["ok", "error", "refused"] = "ok"
     error: str | None = None
+
+
+class ChildSummary(BaseModel):
+    """One child job of a query's tree: a follow-up of thinking mode or a query_subset call."""
+
+    job_id: str
+    parent_id: str
+    #: follow_up (thinking) or subset (query_subset)
+    kind: str
+    depth: int
+    query: str
+    status: str
+    findings_count: int = 0
+    chunks_analyzed: int = 0
+    llm_calls: int = 0
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+    error: str | None = None
+
+
+class BudgetReport(BaseModel):
+    """The tree's limits as asked, what was used, and which limit stopped it (None: none did)."""
+
+    max_llm_calls: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    deadline: float | None = None
+    used_llm_calls: int = 0
+    used_tokens: int = 0
+    used_cost_usd: float = 0.0
+    #: max_llm_calls, max_tokens, max_cost or deadline
+    exhausted: str | None = None
 
 
 class QueryResult(BaseModel):
@@ -247,6 +324,27 @@ class QueryResult(BaseModel):
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     #: per-job caps that cut what the plan asked for (RLM_MAX_CHUNKS_PER_JOB, RLM_MAX_BATCHES_PER_JOB)
     caps_applied: list[str] = Field(default_factory=list)
+    # --- modes, recursion and budgets (docs/contract.md#modes) ---
+    mode: str = "auto"
+    #: direct, fanout or exhaustive
+    route: str = "fanout"
+    route_reason: str | None = None
+    #: the last completeness check's verdict; None where no check ran (and, for an aggregation, from coverage)
+    confidence: float | None = None
+    complete: bool | None = None
+    gaps: list[str] = Field(default_factory=list)
+    #: fan-out rounds run (1 + rounds of child jobs) and the deepest child's depth (0: no children)
+    rounds: int = 1
+    depth: int = 0
+    children: list[ChildSummary] = Field(default_factory=list)
+    #: distinct chunks analysed over the whole tree / chunks in the queried buffers
+    coverage: float = 0.0
+    #: exact sums over every job of the tree (also in llm_calls and the token totals above)
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    budget: BudgetReport = Field(default_factory=lambda: BudgetReport())
+    #: typed records summed over every chunk analysed (exhaustive scope)
+    records: list[AggregateRow] = Field(default_factory=list)
 
 
 class Usage(BaseModel):

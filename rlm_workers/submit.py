@@ -41,7 +41,25 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
             raise InvalidInput(str(err.get("msg", "invalid options")).removeprefix("Value error, ")) from None
         raise InvalidInput(f"invalid value for {key.replace('_', '-')}: {given.get(key)!r}") from None
     check_job_caps(opts, get_settings())  # the per-job caps are the operator's: checked here, not in the type
+    if opts.max_cost is not None:
+        check_priced(get_settings())
     return opts.stored()
+
+
+def check_priced(settings) -> None:
+    """--max-cost needs a price for every model the tree may call; a missing one would make the limit a lie."""
+    from .llm.prices import price_for, prices
+
+    if settings.offline:
+        return  # the offline provider costs nothing
+    table = prices(settings)
+    models = {settings.primary_model, settings.subcall_model, settings.synthesizer_model, settings.resolved_check_model}
+    if missing := sorted(m for m in models if price_for(m, table) is None):
+        raise InvalidInput(
+            f"--max-cost needs a price for model {missing[0]!r}: add it to RLM_PRICES "
+            '(e.g. {"' + missing[0] + '": {"input": 1.25, "cached_input": 0.125, "output": 10}})',
+            api_message=f"max_cost needs a price for model {missing[0]!r}: the operator must add it to RLM_PRICES",
+        )
 
 
 def submit_query(
@@ -146,10 +164,13 @@ def cancel_query(conn: psycopg.Connection, *, job_id: str, tenant: str) -> job_s
     job = job_store.get_job(conn, job_id=job_id, tenant=tenant)
     if job is None or job.terminal:
         return job
+    below = job_store.descendants(conn, job_id=job_id)
     job = job_store.cancel_job(conn, job_id=job_id, tenant=tenant) or job
     commit(conn)  # cancelled first: a revoke that misses a task still leaves it nothing to do
-    if job.task_ids:
-        revoke_tasks(job.task_ids)
+    task_ids = job_store.task_ids_of(conn, job_ids=[job_id, *below])
+    commit(conn)
+    if task_ids:
+        revoke_tasks(task_ids)
     return job
 
 

@@ -98,7 +98,7 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
                 (cid, ids[buf], f"[1,{n},0]", cid, ids[buf], f"[0,1,{n}]"),
             )
 
-        assert migrations.migrate(conn) == ["m011_vectors_per_buffer", "m012_embedding_runtime"]
+        assert migrations.migrate(conn) == ["m011_vectors_per_buffer", "m012_embedding_runtime", "m013_job_trees"]
 
         def count(buf: str) -> int:
             return conn.execute(f"SELECT count(*) FROM chunk_vectors_b{ids[buf]}").fetchone()[0]

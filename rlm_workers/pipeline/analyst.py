@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
-from ..errors import LimiterBusy, ParseError, error_record
+from ..errors import BudgetExhausted, LimiterBusy, ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
@@ -235,7 +235,10 @@ def run(job_id: str, batch_no: int) -> dict:
     except DB_OUTAGE:
         raise  # nothing can be stored while PostgreSQL is away; a retry is not a failure, so the chord waits
     except Exception as exc:  # see the module docstring: the chord must get a result
-        log.exception("analyst crashed on job %s batch %s", job_id, batch_no)
+        if isinstance(exc, BudgetExhausted):
+            log.info("job %s batch %s not sent: %s", job_id, batch_no, exc)
+        else:
+            log.exception("analyst crashed on job %s batch %s", job_id, batch_no)
         try:
             with connection() as conn:
                 job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=error_record(exc))
@@ -290,6 +293,7 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
         job.query,
         chunks,
         params.get("focus_topics") or [],
+        records_wanted=job.route == "exhaustive",
     )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.

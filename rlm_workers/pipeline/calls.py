@@ -34,29 +34,53 @@ def call_llm(
     batch: int | None = None,
 ) -> Completion:
     """Call the provider; log every attempt on the job (through ``conn``, or a connection checked out for
-    the write when it is None — analysts hold none while the model thinks)."""
+    the write when it is None — analysts hold none while the model thinks).
+
+    The tree's budget is checked first (``BudgetExhausted``: no call starts) and charged after, with the
+    cost priced from RLM_PRICES (docs/contract.md#budgets)."""
+    from ..config import get_settings
+    from ..llm.prices import cost_usd, prices
+    from .budget import ledger_for_job
+
     p = provider()
+    table = prices(get_settings())
+    ledger = ledger_for_job(job_id)
+    if ledger is not None:
+        ledger.reserve()
     t0 = time.perf_counter()
 
     def attempt(a: dict, status: str, *, model: str = request.model, error: str | None = None) -> LLMCall:
         """One HTTP attempt as a log row (``a`` as the provider reports it: tokens, latency, error)."""
         latency = a.get("latency_ms", int((time.perf_counter() - t0) * 1000))
+        tin, tout, cached = a.get("tokens_in", 0), a.get("tokens_out", 0), a.get("cached_tokens", 0)
         return LLMCall(
             stage=stage,
             batch=batch,
             provider=p.name,
             model=model,
             status=status,
-            tokens_in=a.get("tokens_in", 0),
-            tokens_out=a.get("tokens_out", 0),
+            tokens_in=tin,
+            tokens_out=tout,
+            cached_tokens=cached,
+            cost_usd=0.0 if p.local else cost_usd(model, tin, cached, tout, table),
             latency_ms=latency,
             error=a.get("error") or error,
         )
 
+    def charge(calls: list[LLMCall]) -> None:
+        if ledger is not None:
+            ledger.charge(
+                sum(c.tokens_in + c.tokens_out for c in calls),
+                sum(c.cost_usd or 0.0 for c in calls),
+                extra_calls=len(calls) - 1,
+            )
+
     try:
         completion = p.complete(request)
     except LLMError as exc:
-        _log_calls(conn, job_id, [attempt(a, "error", error=exc.message) for a in exc.attempts or [{}]])
+        calls = [attempt(a, "error", error=exc.message) for a in exc.attempts or [{}]]
+        _log_calls(conn, job_id, calls)
+        charge(calls)
         raise
     calls = [attempt(a, "retried") for a in completion.failed_attempts]
     calls.append(
@@ -64,6 +88,7 @@ def call_llm(
             {
                 "tokens_in": completion.tokens_in,
                 "tokens_out": completion.tokens_out,
+                "cached_tokens": completion.cached_tokens,
                 "latency_ms": completion.latency_ms,
             },
             "ok",
@@ -71,6 +96,7 @@ def call_llm(
         )
     )
     _log_calls(conn, job_id, calls)
+    charge(calls)
     log.info(
         "llm %s job=%s batch=%s provider=%s model=%s in=%d out=%d %dms",
         stage,

@@ -86,8 +86,10 @@ def finding_threshold(settings: Settings) -> str:
     return Relevance.medium.value
 
 
-def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -> int:
-    """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
+def collected_of(conn: psycopg.Connection, job: JobRow, default_threshold: str) -> dict:
+    """Collect over the job's own stored findings: ``{"kept", "filtered", "records"}``, where ``records`` maps
+    each chunk to the typed records its analyst counted — kept whatever the chunk's grade, since an exact
+    total needs every chunk (docs/contract.md#modes)."""
     found = job_store.findings_of(conn, job_id=job.id)
     rows = get_chunks(conn, tenant=job.tenant, chunk_ids=sorted({f.chunk_id for _, f in found}))
     pairs = [
@@ -107,12 +109,21 @@ def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -
     ]
     threshold = (job.options or {}).get("finding_threshold") or default_threshold
     result = collect(pairs, finding_threshold=threshold)
-    job_store.save_collected(
-        conn,
-        job_id=job.id,
-        collected={"kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count},
-    )
-    return result.filtered_count
+    records = {str(f.chunk_id): [r.model_dump() for r in f.records] for f, _ in pairs if f.records}
+    return {"kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count, "records": records}
+
+
+def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -> int:
+    """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
+    from .tree import unite
+
+    collected = collected_of(conn, job, default_threshold)
+    # a salvage of a job with children keeps what they found (merge would have united them the same way)
+    kids = [k.collected for k in job_store.children_of(conn, job_id=job.id) if k.terminal and k.collected]
+    if kids:
+        collected = unite([collected, *kids])
+    job_store.save_collected(conn, job_id=job.id, collected=collected)
+    return int(collected["filtered"])
 
 
 def run(ctx: StageContext) -> str:

@@ -47,49 +47,84 @@ class Stage(StrEnum):
     queued = "queued"
     plan = "plan"
     search = "search"
+    #: the direct route's one call (instant, or auto on a small context)
+    answer = "answer"
     fan_out = "fan_out"
     collect = "collect"
+    #: thinking mode's completeness check after a round; it may start child jobs
+    check = "check"
+    #: waiting, with no task running, for child jobs (follow-ups, query_subset) to end
+    children = "children"
+    #: the children ended: their findings join the job's, and the job goes on (check again, or synthesize)
+    merge = "merge"
     synthesize = "synthesize"
 
 
-#: the stages in the order a job moves through them
+#: the stages in the order a job moves through them; a thinking job goes round check → children → merge more
+#: than once, and a direct job leaves at answer (docs/architecture.md#job-trees)
 ORDER: tuple[Stage, ...] = (
     Stage.queued,
     Stage.plan,
     Stage.search,
+    Stage.answer,
     Stage.fan_out,
     Stage.collect,
+    Stage.check,
+    Stage.children,
+    Stage.merge,
     Stage.synthesize,
 )
-#: a stage that ends well runs the next one in the same task (fan_out's successor runs as the chord's callback)
+#: a stage that ends well runs the next one in the same task (fan_out's successor runs as the chord's callback;
+#: search's depends on the route: ``next_stage``)
 CHAINED: dict[Stage, Stage] = {
     Stage.plan: Stage.search,
     Stage.search: Stage.fan_out,
-    Stage.collect: Stage.synthesize,
+    Stage.collect: Stage.check,
+    Stage.check: Stage.synthesize,
+    Stage.merge: Stage.synthesize,
 }
+#: a redelivery that finds the job past these passes on to the chained stage (each is idempotent); past the
+#: others it stops, since a thinking job loops back through check and merge
+PASS_ON: frozenset[Stage] = frozenset({Stage.plan, Stage.search, Stage.collect})
 #: the Celery task of each stage (queues: ``celery_app.py``)
 TASK: dict[Stage, str] = {
     Stage.plan: "rlm.plan",
     Stage.search: "rlm.search",
+    Stage.answer: "rlm.answer",
     Stage.fan_out: "rlm.fan_out",
     Stage.collect: "rlm.collect",
+    Stage.check: "rlm.check",
+    Stage.merge: "rlm.merge",
     Stage.synthesize: "rlm.synthesize",
 }
 #: a job stuck before its chord exists is pushed on by sending this stage's task again; later stages are
-#: salvaged from what is stored instead (``salvage.py``)
-RESEND: dict[Stage, Stage] = {Stage.queued: Stage.plan, Stage.plan: Stage.plan, Stage.search: Stage.search}
+#: salvaged from what is stored instead (``salvage.py``).  A job waiting on children is sent ``merge`` once they
+#: have all ended (``reconcile.py``).
+RESEND: dict[Stage, Stage] = {
+    Stage.queued: Stage.plan,
+    Stage.plan: Stage.plan,
+    Stage.search: Stage.search,
+    Stage.answer: Stage.answer,
+    Stage.check: Stage.check,
+    Stage.merge: Stage.merge,
+}
 #: stages after the fan-out: the job's evidence is all in; what is left is writing the report
 FINISHING: frozenset[Stage] = frozenset({Stage.collect, Stage.synthesize})
-#: where each stage's ``run(ctx) -> str`` lives; "ok" means: go on to the chained stage
+#: stages of a fan-out that has ended, where the watchdog has nothing to salvage (the reconciler watches them)
+PAST_FANOUT: frozenset[Stage] = frozenset({Stage.check, Stage.children, Stage.merge})
+#: where each stage's ``run(ctx) -> str`` lives (module, or module:function); "ok" means: go on to the next stage
 RUNNERS: dict[Stage, str] = {
     Stage.plan: "plan",
     Stage.search: "search",
+    Stage.answer: "direct",
     Stage.fan_out: "fanout",
     Stage.collect: "collect",
+    Stage.check: "tree:run_check",
+    Stage.merge: "tree:run_merge",
     Stage.synthesize: "synthesize",
 }
 #: stages that time themselves: synthesize ends the job, so its time must be stored before the report is
-SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize})
+SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize, Stage.answer})
 #: the broker (or Celery's Redis result backend) away while a stage sends a task: not the job's fault either.
 #: The task fails and the job stays where it was, for the reconciler or an overnight batch's broker-epoch check
 #: to pick up (a retry would need the very broker that is gone).
@@ -101,6 +136,20 @@ BROKER_OUTAGE: tuple[type[BaseException], ...] = (
 #: said on the job's error when a stage fails with a known error
 FAIL_PREFIX: dict[Stage, str] = {Stage.plan: "planning failed"}
 OK = "ok"
+
+
+def next_stage(stage: Stage, conn: psycopg.Connection, job_id: str) -> Stage | None:
+    """The stage that follows ``stage`` in the same task; the search's successor depends on the stored route."""
+    if stage in (Stage.search, Stage.collect):
+        job = job_store.get_job(conn, job_id=job_id)
+        if job is None:
+            return None
+        if stage == Stage.search:
+            return Stage.answer if job.route == "direct" else Stage.fan_out
+        # only a thinking tree's root checks its rounds; every other job goes on to its report
+        thinking = job.options.get("mode") == "thinking" and job.parent_id is None
+        return Stage.check if thinking else Stage.synthesize
+    return CHAINED.get(stage)
 
 
 def position(stage: str) -> int:
@@ -227,19 +276,27 @@ class StageLease:
 
 
 def _runner(stage: Stage) -> Callable[[StageContext], str]:
-    return importlib.import_module(f"{__package__}.{RUNNERS[stage]}").run
+    module, _, func = RUNNERS[stage].partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), func or "run")
 
 
 def run_stage(job_id: str, stage: Stage) -> str:
-    """Run ``stage`` of the job, then every stage ``CHAINED`` after it; returns the last one's outcome."""
+    """Run ``stage`` of the job, then every stage chained after it; returns the last one's outcome.  A child job
+    that ended here tells its parent (``tree.py``), whose next step waits for that."""
     current: Stage | None = stage
     outcome = OK
-    while current is not None:
-        outcome = _run_one(job_id, current)
-        if outcome != OK:
-            return outcome
-        current = CHAINED.get(current)
-    return outcome
+    try:
+        while current is not None:
+            outcome = _run_one(job_id, current)
+            if outcome != OK:
+                return outcome
+            with connection() as conn:
+                current = next_stage(current, conn, job_id)
+        return outcome
+    finally:
+        from .tree import notify_parent_if_ended
+
+        notify_parent_if_ended(job_id)
 
 
 def _run_one(job_id: str, stage: Stage) -> str:
@@ -249,7 +306,8 @@ def _run_one(job_id: str, stage: Stage) -> str:
         if job is None or job.terminal:
             return "skipped"
         if position(job.stage) > position(stage):
-            return OK  # a redelivery of an earlier stage: the job is past it, pass on without moving it back
+            # a redelivery of an earlier stage: the job is past it; pass on without moving it back
+            return OK if stage in PASS_ON else "skipped"
         job_store.set_stage(conn, job_id=job_id, stage=stage)
         ctx = StageContext(conn=conn, job=job, settings=settings)
         try:

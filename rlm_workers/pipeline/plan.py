@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from ..errors import BufferNotFound, ParseError
+from ..errors import BudgetExhausted, BufferNotFound, ParseError
 from ..llm.protocol import CompletionRequest
 from ..models import AnalysisPlan, BatchSize, MaxChunks, SearchMode, Threshold, TopK
 from ..store import jobs as job_store
@@ -85,6 +85,19 @@ def parse_plan(text: str) -> AnalysisPlan:
     return AnalysisPlan(**fields)
 
 
+def parse_route(text: str) -> dict[str, str]:
+    """The planner's route (direct, fanout, exhaustive) and its reason, when it gave a valid one."""
+    from ..models import Route
+
+    obj = next((v for v in json_candidates(text or "") if isinstance(v, dict)), None) or {}
+    if len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
+        obj = next(iter(obj.values()))
+    route = str(obj.get("route") or "").strip().lower()
+    if route not in {r.value for r in Route}:
+        return {}
+    return {"route": route, "route_reason": clip(str(obj.get("route_reason") or ""), 300)}
+
+
 def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> tuple[int, int, str | None]:
     """(chunk count, byte size, the encoder runtime of the first buffer with vectors) over the job's buffers."""
     infos = {b.name: b for b in list_buffers(conn, tenant=tenant)}
@@ -113,26 +126,32 @@ def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) 
 
 def run(ctx: StageContext) -> str:
     job, conn, settings = ctx.job, ctx.conn, ctx.settings
-    if job.plan is not None or job.options.get("skip_plan"):
-        return OK
+    if job.plan is not None or job.options.get("skip_plan") or job.options.get("mode") == "instant":
+        return OK  # instant never plans: its one call is the answer
     chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
     _prefetch_query_vector(job.query, settings, runtime)
     messages = build_messages(
         load_prompt("primary", prompt_dir=settings.prompt_dir), job.query, chunks, size, job.buffers
     )
-    completion = call_llm(
-        conn,
-        job_id=job.id,
-        stage="plan",
-        request=CompletionRequest(
-            role="plan",
-            model=settings.primary_model,
-            messages=messages,
-            max_tokens=PLAN_MAX_TOKENS,
-            json_output=True,
-        ),
-    )
-    planned = parse_plan(completion.text).model_dump(exclude_unset=True)
+    try:
+        completion = call_llm(
+            conn,
+            job_id=job.id,
+            stage="plan",
+            request=CompletionRequest(
+                role="plan",
+                model=settings.primary_model,
+                messages=messages,
+                max_tokens=PLAN_MAX_TOKENS,
+                json_output=True,
+            ),
+        )
+    except BudgetExhausted:
+        # the plan only tunes the search: the job goes on with the defaults and ends with what it can afford
+        log.info("job %s: budget exhausted before planning; searching with the defaults", job.id)
+        job_store.save_plan(conn, job_id=job.id, plan={})
+        return OK
+    planned = parse_plan(completion.text).model_dump(exclude_unset=True) | parse_route(completion.text)
     # paid for: a database blink is waited out rather than answered by a second planner call
     durable_write(conn, lambda c: job_store.save_plan(c, job_id=job.id, plan=planned), what=f"plan of job {job.id}")
     return OK

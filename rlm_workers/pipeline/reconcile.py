@@ -34,7 +34,16 @@ def reconcile_jobs(conn: psycopg.Connection, *, send: Callable[[str, str], None]
     """One sweep; returns a line per action taken (also logged)."""
     actions = []
     for job_id, stage, idle in job_store.stale_jobs(conn, idle_seconds=idle_seconds):
-        if stage in RESEND:
+        if stage == Stage.children:
+            # waiting is not being stuck: children that are slow are watched on their own; once every child has
+            # ended and no merge came (its message lost), one is sent
+            if any(not k.terminal for k in job_store.children_of(conn, job_id=job_id)):
+                job_store.touch_job(conn, job_id=job_id)
+                continue
+            job_store.touch_job(conn, job_id=job_id)
+            send(TASK[Stage.merge], job_id)
+            action = f"re-sent {TASK[Stage.merge]} (every child has ended)"
+        elif stage in RESEND:
             task = TASK[RESEND[Stage(stage)]]
             # Reset the clock first: a second sweep must wait a full period before acting again.
             job_store.touch_job(conn, job_id=job_id)

@@ -1,12 +1,23 @@
-"""Assemble the QueryResult from what the job stored (pure: no I/O)."""
+"""Assemble the QueryResult from what the job stored.
+
+``build_result``, ``completeness`` and ``status_line`` are pure; ``result_for`` reads what a job's tree
+stored (its children, their batches, every LLM call, the budget) and hands it to them.  Totals are exact over
+the tree: every call logged by any job under the root.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..models import AnalysisPlan, BatchError, Elapsed, QueryResult, Source, ToolCallRecord
 from ..store.jobs import BatchRecord
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..store.jobs import JobRow
 
 SNIPPET_CHARS = 300
 
@@ -44,9 +55,14 @@ def build_result(
     usage: tuple[int, int, int],
     elapsed_seconds: float,
     tool_calls: Sequence[dict[str, Any]] = (),
+    child_batches: Sequence[tuple[str, BatchRecord]] = (),
+    **tree: Any,
 ) -> QueryResult:
-    ok = [b for b in batches if b.status == "ok"]
-    failed = [b for b in batches if b.status == "failed"]
+    """``tree``: the modes fields of QueryResult (mode, route, confidence, children, cost_usd…) as computed by
+    ``result_for``; ``child_batches`` count towards what was analysed and what failed."""
+    every = [(None, b) for b in batches] + list(child_batches)
+    ok = [b for _, b in every if b.status == "ok"]
+    failed = [(jid, b) for jid, b in every if b.status == "failed"]
     unanswered = sorted({cid for b in ok for cid in b.unanswered})
     # a chunk the analyst never answered for was not analysed, whatever its batch's status says
     analyzed = sorted({cid for b in ok for cid in b.chunk_ids} - set(unanswered))
@@ -74,8 +90,9 @@ def build_result(
                 type=(b.error or {}).get("type", "error"),
                 message=(b.error or {}).get("message", ""),
                 chunk_ids=b.chunk_ids,
+                job_id=jid,
             )
-            for b in failed
+            for jid, b in failed
         ],
         sources=sources_from(collected),
         llm_calls=calls,
@@ -85,14 +102,165 @@ def build_result(
         elapsed=Elapsed.from_seconds(elapsed_seconds),
         tool_calls=[ToolCallRecord(**t) for t in tool_calls],
         caps_applied=list(params.get("caps_applied") or []),
+        **tree,
     )
 
 
+def completeness(
+    *,
+    query: str,
+    route: str,
+    checks: Sequence[dict[str, Any]],
+    coverage: float,
+    chunks_read: int,
+    chunks_available: int,
+    batches_failed: int,
+    chunks_unanswered: int,
+    exhausted: str | None,
+) -> tuple[float | None, bool | None, list[str]]:
+    """(confidence, complete, gaps), honestly: the last completeness check's verdict where one ran (None where
+    none did), an aggregation judged by what was read — an exact count needs every chunk — and every known hole
+    (failed batches, unanswered chunks, a spent budget) named as a gap."""
+    from .records import is_aggregation_question
+
+    verdict = checks[-1] if checks else {}
+    confidence = verdict.get("confidence")
+    complete = verdict.get("complete")
+    gaps = [str(g) for g in verdict.get("gaps") or []]
+    holes = batches_failed or chunks_unanswered
+    if route == "exhaustive" or is_aggregation_question(query):
+        if coverage < 1.0 or holes:
+            complete = False
+            gaps.append(
+                f"read {chunks_read} of {chunks_available} chunks ({coverage:.0%}): an exact count or full list "
+                + ("needs every chunk; ask with --scope all" if route != "exhaustive" else "is missing the rest")
+            )
+        elif complete is None:
+            complete = True
+    if batches_failed:
+        gaps.append(f"{batches_failed} analyst batches failed: their chunks' evidence is missing")
+    if chunks_unanswered:
+        gaps.append(f"{chunks_unanswered} chunks were never answered for by their analyst")
+    if exhausted:
+        gaps.append(f"the budget ran out ({exhausted}): the tree stopped early")
+        if complete is not True:
+            complete = False
+    return confidence, complete, gaps
+
+
+def result_for(
+    conn: psycopg.Connection, job: JobRow, response: str, collected: dict[str, Any], tool_log: list[dict[str, Any]]
+) -> QueryResult:
+    """The job's QueryResult; for a root, over its whole tree (children's batches, calls and findings)."""
+    from ..models import AggregateRow, ChildSummary, Record
+    from ..resources import provider
+    from ..store import jobs as job_store
+    from .budget import report as budget_report
+    from .records import aggregate, records_markdown
+
+    kept = collected.get("kept") or []
+    root = job.parent_id is None
+    tree = job_store.tree_of(conn, root_id=job.id) if root else []
+    child_batches = [(k.id, b) for k in tree for b in job_store.batches(conn, job_id=k.id)]
+    if root:
+        usage = job_store.tree_usage(conn, root_id=job.id)
+    else:
+        usage = job_store.job_usage(conn, job_ids=[job.id]).get(job.id) or job_store.TreeUsage(0, 0, 0, 0, 0.0)
+    per_chunk = {
+        int(cid): [Record.model_validate(r) for r in recs] for cid, recs in (collected.get("records") or {}).items()
+    }
+    rows: list[AggregateRow] = aggregate(per_chunk) if per_chunk else []
+    if rows and root and response:
+        # the exact totals are ours, not the model's: they are added under the report as computed
+        response = response.rstrip() + "\n\n" + records_markdown(rows, job.query)
+    own_usage = job_store.job_usage(conn, job_ids=[k.id for k in tree]) if tree else {}
+    children = []
+    for k in tree:
+        u = own_usage.get(k.id)
+        r = k.result or {}
+        children.append(
+            ChildSummary(
+                job_id=k.id,
+                parent_id=k.parent_id or job.id,
+                kind=(k.spec or {}).get("kind", "follow_up"),
+                depth=k.depth,
+                query=k.query,
+                status=k.status,
+                findings_count=int(r.get("findings_count") or len((k.collected or {}).get("kept") or [])),
+                chunks_analyzed=int(r.get("chunks_analyzed") or 0),
+                llm_calls=u.calls if u else 0,
+                total_tokens=(u.tokens_in + u.tokens_out) if u else 0,
+                cost_usd=round(u.cost_usd, 6) if u else 0.0,
+                error=(k.error or {}).get("message"),
+            )
+        )
+    budget = (
+        budget_report(
+            job.tree,
+            (job.options if root else {}) or {},
+            (usage.calls, usage.tokens_in + usage.tokens_out, usage.cost_usd),
+            next((b.error or {}).get("reason") for _, b in child_batches if (b.error or {}).get("type") == "budget"),
+        )
+        if root
+        else None
+    )
+    result = build_result(
+        job_id=job.id,
+        response=response,
+        provider=provider().name,
+        tier=job.scaling_tier or "tiny",
+        params=job.params or {},
+        collected=kept,
+        findings_filtered=int(collected.get("filtered") or 0),
+        batches=job_store.batches(conn, job_id=job.id),
+        chunks_available=job.chunks_available or 0,
+        chunk_load_failures=job.chunk_load_failures,
+        usage=(usage.calls, usage.tokens_in, usage.tokens_out),
+        elapsed_seconds=time.time() - job.created_at.timestamp(),
+        tool_calls=tool_log,
+        child_batches=child_batches,
+        mode=(job.options or {}).get("mode") or "auto",
+        route=job.route or "fanout",
+        route_reason=job.route_reason,
+        rounds=1 + max((k.depth for k in tree if (k.spec or {}).get("kind") == "follow_up"), default=0),
+        depth=max((k.depth for k in tree), default=0),
+        children=children,
+        cached_tokens=usage.cached_tokens,
+        cost_usd=round(usage.cost_usd, 6),
+        records=rows,
+    )
+    if budget is not None:
+        result.budget = budget
+    available = result.chunks_available
+    result.coverage = round(min(1.0, result.chunks_analyzed / available), 4) if available else 0.0
+    result.confidence, result.complete, result.gaps = completeness(
+        query=job.query,
+        route=result.route,
+        checks=job.checks,
+        coverage=result.coverage,
+        chunks_read=result.chunks_analyzed,
+        chunks_available=available,
+        batches_failed=result.batches_failed,
+        chunks_unanswered=result.chunks_unanswered,
+        exhausted=result.budget.exhausted,
+    )
+    return result
+
+
 def status_line(r: QueryResult) -> str:
-    """The one-line summary printed under a text report (docs/contract.md#json-shapes)."""
+    """The summary printed under a text report (docs/contract.md#json-shapes): the scale line, then the modes line."""
     unanswered = f" ({r.chunks_unanswered} unanswered)" if r.chunks_unanswered else ""
-    return (
+    scale = (
         f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed{unanswered} | "
         f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
         f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s"
     )
+    confidence = "n/a" if r.confidence is None else f"{r.confidence:.2f}"
+    complete = {True: "yes", False: "no", None: "unknown"}[r.complete]
+    modes = (
+        f"Mode: {r.mode} ({r.route}) | Rounds: {r.rounds} | Children: {len(r.children)} | Confidence: {confidence} | "
+        f"Complete: {complete} | Coverage: {r.coverage:.0%} | Cost: ${r.cost_usd:.4f}"
+    )
+    if r.budget.exhausted:
+        modes += f" | Budget exhausted: {r.budget.exhausted}"
+    return f"{scale}\n{modes}"

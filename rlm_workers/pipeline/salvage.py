@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..config import Settings, get_settings
 from ..store import jobs as job_store
 from ..store.db import connection
-from .flow import FINISHING, fail_job, lease_seconds
+from .flow import FINISHING, PAST_FANOUT, fail_job, lease_seconds
 
 if TYPE_CHECKING:
     import psycopg
@@ -68,6 +68,9 @@ def salvage_job(conn: psycopg.Connection, job_id: str, reason: str, *, min_idle_
     except Exception as exc:  # last resort: end the job, never leave it running
         log.exception("salvage of job %s failed", job_id)
         fail_job(conn, job_id=job_id, exc=exc, prefix="salvage failed")
+    from .tree import notify_parent_if_ended
+
+    notify_parent_if_ended(job_id)  # a salvaged child still lets its parent go on
     return True
 
 
@@ -85,6 +88,8 @@ def watchdog(job_id: str, rearms: int = 0) -> str:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
             return "ended"
+        if job.stage in PAST_FANOUT:
+            return "fan-out over"  # checking or waiting on children: the reconciler watches those stages
         done, total = job_store.batch_progress(conn, job_id=job_id)
         finishing = job.stage in FINISHING
         if finishing and rearms < MAX_REARMS:

@@ -8,15 +8,13 @@ synthesis that fails still ends the job, with its findings and the error.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LLMError
+from ..errors import BudgetExhausted, LLMError
 from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.protocol import CompletionRequest
 from ..models import JobStatus
-from ..resources import provider
 from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
@@ -90,6 +88,10 @@ def canned_no_findings_report(query: str) -> str:
 # --------------------------------------------------------------------------- the stage
 
 
+class Paused(Exception):
+    """The synthesizer asked for query_subset children: its conversation is stored and the job waits on them."""
+
+
 def run_synthesizer(
     conn: psycopg.Connection,
     job: JobRow,
@@ -103,17 +105,30 @@ def run_synthesizer(
 
     A turn runs at most ``MAX_TOOL_CALLS_PER_TURN`` tool calls; the rest are answered with an error (every
     call id needs a reply).  Each call is appended to ``tool_log``; ``on_turn`` runs between turns.
+    A ``query_subset`` call starts a child job instead of answering at once: the conversation is stored and
+    ``Paused`` raised; when the children end, the same call resumes it with their findings (``tree.py``).
     """
     from ..local_servers import database_url
     from .tools import TOOL_SPECS, ToolContext, run_tool_logged
+    from .tree import max_depth
 
-    stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
-    messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
+    log_ = tool_log if tool_log is not None else []
+    state = job.synth_state or {}
+    if state:
+        messages = list(state["messages"])
+        log_[:] = list(state.get("tool_log") or [])
+        messages += _subset_answers(conn, job, state.get("pending") or {})
+        first = int(state["turn"]) + 1
+    else:
+        stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
+        messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
+        first = 0
     ctx = ToolContext(
         conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings, url=database_url(settings)
     )
-    log_ = tool_log if tool_log is not None else []
-    for turn in range(MAX_TURNS):
+    may_recurse = job.depth + 1 <= max_depth(job, settings)
+    tools = TOOL_SPECS + ([QUERY_SUBSET_SPEC] if may_recurse else [])
+    for turn in range(first, MAX_TURNS):
         if on_turn is not None:
             on_turn()
         last = turn == MAX_TURNS - 1
@@ -126,7 +141,7 @@ def run_synthesizer(
                 model=settings.synthesizer_model,
                 messages=messages,
                 max_tokens=SYNTH_MAX_TOKENS,
-                tools=None if last else TOOL_SPECS,
+                tools=None if last else tools,
             ),
         )
         if not completion.tool_calls:
@@ -148,13 +163,172 @@ def run_synthesizer(
                 ],
             }
         )
+        subsets: list[tuple[str, dict[str, Any]]] = []
         for k, tc in enumerate(completion.tool_calls):
-            content, record = run_tool_logged(
-                ctx, tc.name, tc.arguments, turn=turn + 1, allowed=k < MAX_TOOL_CALLS_PER_TURN
-            )
-            log_.append(record)
+            allowed = k < MAX_TOOL_CALLS_PER_TURN
+            if tc.name == "query_subset" and allowed:
+                content, record, task = _subset_call(conn, job, tc.arguments, turn=turn + 1, may_recurse=may_recurse)
+                log_.append(record)
+                if task is not None:
+                    subsets.append((tc.id, task))
+                    continue
+            else:
+                content, record = run_tool_logged(ctx, tc.name, tc.arguments, turn=turn + 1, allowed=allowed)
+                log_.append(record)
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
+        if subsets:
+            _pause(conn, job, messages, turn, log_, subsets)
+            raise Paused
     raise LLMError(f"the synthesizer was still calling tools after {MAX_TURNS} turns", retryable=False)
+
+
+#: the RLM paper's llm_query as a tool: a bounded child job over chosen chunks or a search
+QUERY_SUBSET_SPEC: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "query_subset",
+        "description": (
+            "Ask a sub-question over a subset of the data: a child job (its own analysts) reads the given chunk ids "
+            "or the chunks a search finds, and its findings come back as this call's result. Use it when the "
+            "findings point at something not yet read. Bounded by depth and budget."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "question": {"type": "string"},
+                "chunk_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 200},
+                "search": {"type": "string"},
+            },
+            "required": ["question"],
+            "additionalProperties": False,
+        },
+    },
+}
+MAX_SUBSET_QUESTION_CHARS = 2000
+MAX_SUBSET_RESULT_CHARS = 30_000
+
+
+def _subset_call(
+    conn: psycopg.Connection, job: JobRow, raw: str | None, *, turn: int, may_recurse: bool
+) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """Validate a query_subset call (untrusted arguments): (error content, record, None) or ("", record, task)."""
+    import json
+
+    from ..limits import MAX_TOOL_ARGS_BYTES
+    from .tree import _budget_spent
+
+    record = {"turn": turn, "name": "query_subset", "args": (raw or "")[:200], "status": "ok", "error": None}
+
+    def refuse(msg: str) -> tuple[str, dict[str, Any], None]:
+        record.update(status="error", error=msg[:300])
+        return json.dumps({"error": msg}), record, None
+
+    if len((raw or "").encode("utf-8", "replace")) > MAX_TOOL_ARGS_BYTES:
+        return refuse("arguments too large")
+    try:
+        args = json.loads(raw or "{}")
+    except ValueError:
+        return refuse("arguments are not JSON")
+    if not isinstance(args, dict):
+        return refuse("arguments must be a JSON object")
+    question = args.get("question")
+    if not isinstance(question, str) or not question.strip() or len(question) > MAX_SUBSET_QUESTION_CHARS:
+        return refuse(f"question must be a non-empty string of at most {MAX_SUBSET_QUESTION_CHARS} characters")
+    ids, search = args.get("chunk_ids"), args.get("search")
+    if (ids is None) == (search is None):
+        return refuse("give exactly one of chunk_ids or search")
+    if ids is not None and (
+        not isinstance(ids, list) or not ids or len(ids) > 200 or not all(type(i) is int for i in ids)
+    ):
+        return refuse("chunk_ids must be a list of 1 to 200 integers")
+    if search is not None and (not isinstance(search, str) or not search.strip() or len(search) > 500):
+        return refuse("search must be a non-empty string of at most 500 characters")
+    if not may_recurse:
+        return refuse("the depth limit is reached: answer with what you have")
+    if _budget_spent(job):
+        return refuse("the budget is spent: answer with what you have")
+    from ..models import check_storable_text
+
+    try:
+        check_storable_text(question, "question")
+        if search:
+            check_storable_text(search, "search")
+    except ValueError as exc:
+        return refuse(str(exc))
+    task = {"question": question.strip(), "chunk_ids": ids, "search": search}
+    return "", record, task
+
+
+def _pause(
+    conn: psycopg.Connection,
+    job: JobRow,
+    messages: list[dict[str, Any]],
+    turn: int,
+    tool_log: list[dict[str, Any]],
+    subsets: list[tuple[str, dict[str, Any]]],
+) -> None:
+    from .tree import _start_children
+
+    state = {"messages": messages, "turn": turn, "tool_log": tool_log, "pending": {}}
+    kids = []
+    for call_id, task in subsets:
+        spec = {"chunk_ids": task["chunk_ids"]} if task["chunk_ids"] else {"search": task["search"]}
+        kids.append((call_id, task["question"], spec))
+    # the conversation first: once the children exist, their end may resume it at any moment
+    for k, (call_id, _q, _s) in enumerate(kids):
+        import uuid
+
+        state["pending"][call_id] = uuid.uuid5(uuid.NAMESPACE_URL, f"rlm:{job.id}/s{turn}.{k}/0").hex
+    job_store.save_synth_state(conn, job_id=job.id, state=state)
+    for k, (_call_id, question, spec) in enumerate(kids):
+        _start_children(conn, job, [question], depth=job.depth + 1, kind="subset", tag=f"s{turn}.{k}", spec_extra=spec)
+
+
+def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, str]) -> list[dict[str, Any]]:
+    """Each paused query_subset call answered with its child's findings (data, fenced like all findings)."""
+    import json
+
+    out = []
+    for call_id, child_id in pending.items():
+        child = job_store.get_job(conn, job_id=child_id)
+        if child is None or child.status != "done":
+            err = (child.error or {}).get("message") if child and child.error else "the child job did not finish"
+            content = json.dumps({"job_id": child_id, "status": child.status if child else "missing", "error": err})
+        else:
+            kept = (child.collected or {}).get("kept") or []
+            rows, used = [], 0
+            for f in kept:
+                row = {
+                    "chunk_id": f["chunk_id"],
+                    "source": f"{f['buffer']}:{f['path']}:{f['start_line']}-{f['end_line']}",
+                    "relevance": f["relevance"],
+                    "findings": f.get("findings") or [],
+                    "summary": f.get("summary") or "",
+                }
+                size = len(json.dumps(row))
+                if used + size > MAX_SUBSET_RESULT_CHARS:
+                    break
+                rows.append(row)
+                used += size
+            content = json.dumps(
+                {"job_id": child_id, "status": "done", "findings": rows, "omitted": len(kept) - len(rows)},
+                ensure_ascii=False,
+            )
+        out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+    return out
+
+
+def budget_fallback_report(job: JobRow, kept: list[dict], settings: Settings, reason: str) -> str:
+    """No model call may start: the findings are written up by the offline extractive writer, and it says so."""
+    from ..llm.extractive import write_report
+
+    stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
+    messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
+    body = write_report(messages[-1]["content"]) if kept else canned_no_findings_report(job.query)
+    return (
+        f"_The budget was exhausted ({reason}) before the report could be written by a model: what follows was "
+        f"assembled from the findings without one._\n\n{body}"
+    )
 
 
 def finish_with_report(
@@ -174,12 +348,19 @@ def finish_with_report(
         if not lease.acquired:
             log.info("job %s is being synthesized by another worker; leaving it to that one", job.id)
             return False
-        if not kept:
+        if job.parent_id is not None:
+            response = ""  # a child's findings go to its parent, which writes the one report
+        elif not kept and not job.synth_state:
             response = canned_no_findings_report(job.query)  # no evidence: no LLM call (PaperQA2 style)
         else:
             try:
                 with StageTimer(conn, job.id, Stage.synthesize):
                     response = run_synthesizer(conn, job, kept, settings, tool_log=tool_log, on_turn=lease.beat)
+            except Paused:
+                log.info("job %s: synthesis waits on query_subset children", job.id)
+                return True
+            except BudgetExhausted as exc:
+                response = budget_fallback_report(job, kept, settings, exc.reason)
             except Exception as exc:  # reported on the job, findings kept
                 log.warning("synthesis failed for job %s: %s", job.id, exc)
                 response, error = "", exc
@@ -202,23 +383,9 @@ def _store_report(
     settings: Settings,
     tool_log: list[dict[str, Any]] | None = None,
 ) -> None:
-    from .report import build_result
+    from .report import result_for
 
-    result = build_result(
-        job_id=job.id,
-        response=response,
-        provider=provider().name,  # the one that answered
-        tier=job.scaling_tier or "tiny",
-        params=job.params or {},
-        collected=kept,
-        findings_filtered=int(collected.get("filtered") or 0),
-        batches=job_store.batches(conn, job_id=job.id),
-        chunks_available=job.chunks_available or 0,
-        chunk_load_failures=job.chunk_load_failures,
-        usage=job_store.usage_totals(conn, job_id=job.id),
-        elapsed_seconds=time.time() - job.created_at.timestamp(),
-        tool_calls=tool_log or [],
-    ).model_dump()
+    result = result_for(conn, job, response, collected, tool_log or []).model_dump()
     if error is not None:
         fail_job(conn, job_id=job.id, exc=error, result=result, prefix="synthesis failed")
     else:

@@ -317,6 +317,30 @@ def get_chunks(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int
     return {r[0]: ChunkRow(*r) for r in rows}
 
 
+def chunk_sizes(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> list[tuple[int, int]]:
+    """(chunk id, characters) of every chunk of the buffers, in document order (buffer as given, then ordinal):
+    what an exhaustive job reads, and how big each piece is, without loading any text."""
+    order = {bid: k for k, bid in enumerate(buffer_ids)}
+    rows = conn.execute(
+        "SELECT buffer_id, id, length(text) FROM chunks WHERE buffer_id = ANY(%s) ORDER BY buffer_id, ordinal, id",
+        (list(buffer_ids),),
+    ).fetchall()
+    rows.sort(key=lambda r: order.get(r[0], 0))  # stable: ordinal order kept within a buffer
+    return [(r[1], int(r[2])) for r in rows]
+
+
+def sizes_of(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, int]:
+    """Characters of each of the tenant's chunks among ``chunk_ids`` (absent ids are left out)."""
+    if not chunk_ids:
+        return {}
+    rows = conn.execute(
+        """SELECT c.id, length(c.text) FROM chunks c JOIN buffers b ON b.id = c.buffer_id
+           WHERE c.id = ANY(%s) AND b.tenant = %s""",
+        (list(chunk_ids), tenant),
+    ).fetchall()
+    return {r[0]: int(r[1]) for r in rows}
+
+
 def count_chunks(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> int:
     row = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = ANY(%s)", (list(buffer_ids),)).fetchone()
     return int(row[0])

@@ -47,16 +47,33 @@ class JobRow:
     created_at: Any
     started_at: Any
     finished_at: Any
+    #: the job tree (docs/architecture.md#job-trees): a child's parent, the tree's root (itself for a root)
+    parent_id: str | None = None
+    root_id: str | None = None
+    depth: int = 0
+    route: str | None = None
+    route_reason: str | None = None
+    #: a child's task: {"kind": "follow_up"|"subset", "chunk_ids": [...] | None}
+    spec: dict[str, Any] | None = None
+    #: completeness verdicts of thinking mode, one per round
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    #: a synthesis paused on query_subset children: its conversation and the calls it waits for
+    synth_state: dict[str, Any] | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
+    @property
+    def tree(self) -> str:
+        """The root of the job's tree (jobs from before trees are their own root)."""
+        return self.root_id or self.id
+
 
 _JOB_COLS = (
     "id, tenant, status, stage, query, buffers, options, plan, params, scaling_tier, chunks_available, "
     "chunk_load_failures, batches_total, collected, result, error, timings, task_ids, created_at, started_at, "
-    "finished_at"
+    "finished_at, parent_id, root_id, depth, route, route_reason, spec, checks, synth_state"
 )
 
 
@@ -72,11 +89,11 @@ def create_job(
 ) -> tuple[str, bool]:
     """Insert a queued job; with an idempotency key already used, return the existing job instead."""
     row = conn.execute(
-        """INSERT INTO jobs (id, tenant, query, buffers, options, idempotency_key)
-           VALUES (%s, %s, %s, %s, %s, %s)
+        """INSERT INTO jobs (id, tenant, query, buffers, options, idempotency_key, root_id)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
            RETURNING id""",
-        (job_id, tenant, query, list(buffers), Jsonb(options), idempotency_key),
+        (job_id, tenant, query, list(buffers), Jsonb(options), idempotency_key, job_id),
     ).fetchone()
     if row:
         return row[0], True
@@ -104,7 +121,7 @@ def jobs_in_flight(conn: psycopg.Connection, *, tenant: str) -> int:
     """The tenant's queued or running jobs submitted directly (a batch's items are paced by the batch)."""
     return conn.execute(
         """SELECT count(*) FROM jobs j WHERE j.status IN ('queued', 'running') AND j.tenant = %s
-           AND NOT EXISTS (SELECT 1 FROM batch_items i WHERE i.job_id = j.id)""",
+           AND j.parent_id IS NULL AND NOT EXISTS (SELECT 1 FROM batch_items i WHERE i.job_id = j.id)""",
         (tenant,),
     ).fetchone()[0]
 
@@ -328,10 +345,11 @@ def finish_batch(
         if findings:
             with conn.cursor() as cur:
                 cur.executemany(
-                    """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
+                    """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up,
+                                                 records)
+                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
                        SET relevance = EXCLUDED.relevance, findings = EXCLUDED.findings, summary = EXCLUDED.summary,
-                           follow_up = EXCLUDED.follow_up""",
+                           follow_up = EXCLUDED.follow_up, records = EXCLUDED.records""",
                     [
                         (
                             job_id,
@@ -341,6 +359,7 @@ def finish_batch(
                             Jsonb(f.findings),
                             f.summary,
                             Jsonb(f.follow_up),
+                            Jsonb([r.model_dump() for r in f.records]),
                         )
                         for f in findings
                     ],
@@ -389,18 +408,21 @@ def batch_progress(conn: psycopg.Connection, *, job_id: str) -> tuple[int, int]:
 
 def findings_of(conn: psycopg.Connection, *, job_id: str) -> list[tuple[int, Finding]]:
     rows = conn.execute(
-        """SELECT batch_no, chunk_id, relevance, findings, summary, follow_up FROM job_findings
+        """SELECT batch_no, chunk_id, relevance, findings, summary, follow_up, records FROM job_findings
            WHERE job_id = %s ORDER BY batch_no, chunk_id""",
         (job_id,),
     ).fetchall()
-    return [(r[0], Finding(chunk_id=r[1], relevance=r[2], findings=r[3], summary=r[4], follow_up=r[5])) for r in rows]
+    return [
+        (r[0], Finding(chunk_id=r[1], relevance=r[2], findings=r[3], summary=r[4], follow_up=r[5], records=r[6]))
+        for r in rows
+    ]
 
 
 def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCall) -> None:
     conn.execute(
         """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms,
-                                  status, error)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+                                  status, error, cached_tokens, cost_usd)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
         (
             job_id,
             call.stage,
@@ -412,6 +434,8 @@ def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCa
             call.latency_ms,
             call.status,
             (call.error or None) and call.error[:1000],
+            call.cached_tokens,
+            call.cost_usd,
         ),
     )
 
@@ -423,6 +447,102 @@ def usage_totals(conn: psycopg.Connection, *, job_id: str) -> tuple[int, int, in
         (job_id,),
     ).fetchone()
     return int(row[0]), int(row[1]), int(row[2])
+
+
+@dataclass(frozen=True)
+class TreeUsage:
+    """Every LLM call of a job tree, retries included: the exact totals a root's result reports."""
+
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cached_tokens: int
+    cost_usd: float
+
+
+def tree_usage(conn: psycopg.Connection, *, root_id: str) -> TreeUsage:
+    row = conn.execute(
+        """SELECT count(c.*), coalesce(sum(c.tokens_in), 0), coalesce(sum(c.tokens_out), 0),
+                  coalesce(sum(c.cached_tokens), 0), coalesce(sum(c.cost_usd), 0)
+           FROM llm_calls c JOIN jobs j ON j.id = c.job_id WHERE coalesce(j.root_id, j.id) = %s""",
+        (root_id,),
+    ).fetchone()
+    return TreeUsage(int(row[0]), int(row[1]), int(row[2]), int(row[3]), float(row[4]))
+
+
+def job_usage(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> dict[str, TreeUsage]:
+    """Per job: its own calls only."""
+    out = {}
+    for r in conn.execute(
+        """SELECT job_id, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0),
+                  coalesce(sum(cached_tokens), 0), coalesce(sum(cost_usd), 0)
+           FROM llm_calls WHERE job_id = ANY(%s) GROUP BY job_id""",
+        (list(job_ids),),
+    ):
+        out[r[0]] = TreeUsage(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
+    return out
+
+
+def tree_of(conn: psycopg.Connection, *, root_id: str) -> list[JobRow]:
+    """Every job below the root (not the root itself), oldest first."""
+    rows = conn.execute(
+        f"SELECT {_JOB_COLS} FROM jobs WHERE root_id = %s AND id <> %s ORDER BY depth, created_at, id",
+        (root_id, root_id),
+    ).fetchall()
+    return [JobRow(*r) for r in rows]
+
+
+def children_of(conn: psycopg.Connection, *, job_id: str) -> list[JobRow]:
+    rows = conn.execute(
+        f"SELECT {_JOB_COLS} FROM jobs WHERE parent_id = %s ORDER BY created_at, id", (job_id,)
+    ).fetchall()
+    return [JobRow(*r) for r in rows]
+
+
+def create_child(
+    conn: psycopg.Connection,
+    *,
+    job_id: str,
+    parent: JobRow,
+    query: str,
+    options: dict[str, Any],
+    depth: int,
+    spec: dict[str, Any],
+) -> bool:
+    """Insert a queued child of ``parent`` (same tenant, buffers and tree); False if it exists already (a
+    redelivered stage creates the same ids, so it never doubles a child)."""
+    row = conn.execute(
+        """INSERT INTO jobs (id, tenant, query, buffers, options, parent_id, root_id, depth, spec)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING id""",
+        (
+            job_id,
+            parent.tenant,
+            query,
+            list(parent.buffers),
+            Jsonb(options),
+            parent.id,
+            parent.tree,
+            depth,
+            Jsonb(spec),
+        ),
+    ).fetchone()
+    return row is not None
+
+
+def save_route(conn: psycopg.Connection, *, job_id: str, route: str, reason: str) -> None:
+    conn.execute("UPDATE jobs SET route = %s, route_reason = %s WHERE id = %s", (route, reason[:500], job_id))
+
+
+def add_check(conn: psycopg.Connection, *, job_id: str, round_no: int, verdict: dict[str, Any]) -> None:
+    """Store round ``round_no``'s verdict once (a redelivered check finds it and pays for no second call)."""
+    conn.execute(
+        "UPDATE jobs SET checks = checks || %s WHERE id = %s AND jsonb_array_length(checks) = %s",
+        (Jsonb([verdict]), job_id, round_no),
+    )
+
+
+def save_synth_state(conn: psycopg.Connection, *, job_id: str, state: dict[str, Any] | None) -> None:
+    conn.execute("UPDATE jobs SET synth_state = %s WHERE id = %s", (Jsonb(state) if state else None, job_id))
 
 
 def finish_job(
@@ -453,16 +573,36 @@ def finish_job(
 
 
 def cancel_job(conn: psycopg.Connection, *, job_id: str, tenant: str) -> JobRow | None:
+    """Cancel the job and every job below it (its children, theirs…): a cancelled tree starts no new call."""
     job = get_job(conn, job_id=job_id, tenant=tenant)
     if job is None:
         return None
-    finish_job(
-        conn,
-        job_id=job_id,
-        status=JobStatus.cancelled,
-        error={"type": "cancelled", "message": "cancelled by the user"},
-    )
+    for jid in [job_id, *descendants(conn, job_id=job_id)]:
+        finish_job(
+            conn,
+            job_id=jid,
+            status=JobStatus.cancelled,
+            error={
+                "type": "cancelled",
+                "message": "cancelled by the user" if jid == job_id else "its parent was cancelled",
+            },
+        )
     return get_job(conn, job_id=job_id, tenant=tenant)
+
+
+def descendants(conn: psycopg.Connection, *, job_id: str) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            """WITH RECURSIVE d(id) AS (SELECT id FROM jobs WHERE parent_id = %s
+                 UNION SELECT j.id FROM jobs j JOIN d ON j.parent_id = d.id) SELECT id FROM d""",
+            (job_id,),
+        )
+    ]
+
+
+def task_ids_of(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> list[str]:
+    return [t for r in conn.execute("SELECT task_ids FROM jobs WHERE id = ANY(%s)", (list(job_ids),)) for t in r[0]]
 
 
 def touch_job(conn: psycopg.Connection, *, job_id: str) -> None:
@@ -497,10 +637,12 @@ def llm_calls_of(conn: psycopg.Connection, *, job_id: str) -> list[LLMCall]:
             latency_ms=r[6],
             status=r[7],
             error=r[8],
+            cached_tokens=r[9],
+            cost_usd=r[10],
         )
         for r in conn.execute(
-            """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error FROM llm_calls
-           WHERE job_id = %s ORDER BY id""",
+            """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error, cached_tokens,
+                      cost_usd FROM llm_calls WHERE job_id = %s ORDER BY id""",
             (job_id,),
         )
     ]

@@ -319,6 +319,24 @@ ALTER TABLE buffers ADD COLUMN embedding_runtime text;
 UPDATE buffers SET embedding_runtime = 'torch' WHERE embedding_dim IS NOT NULL;
 """
 
+#: issue #11: a query is a tree of jobs (thinking follow-ups, query_subset) sharing a root's budget; a job records
+#: how it was routed and what its completeness check said; analysts' typed records; cached tokens and cost per call
+M013_JOB_TREES = """
+ALTER TABLE jobs ADD COLUMN parent_id text;
+ALTER TABLE jobs ADD COLUMN root_id text;
+ALTER TABLE jobs ADD COLUMN depth integer NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN route text;
+ALTER TABLE jobs ADD COLUMN route_reason text;
+ALTER TABLE jobs ADD COLUMN spec jsonb;
+ALTER TABLE jobs ADD COLUMN checks jsonb NOT NULL DEFAULT '[]'::jsonb;
+ALTER TABLE jobs ADD COLUMN synth_state jsonb;
+CREATE INDEX jobs_parent ON jobs (parent_id) WHERE parent_id IS NOT NULL;
+CREATE INDEX jobs_root ON jobs (root_id) WHERE root_id IS NOT NULL;
+ALTER TABLE job_findings ADD COLUMN records jsonb NOT NULL DEFAULT '[]'::jsonb;
+ALTER TABLE llm_calls ADD COLUMN cached_tokens integer NOT NULL DEFAULT 0;
+ALTER TABLE llm_calls ADD COLUMN cost_usd double precision;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -332,6 +350,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m010_batch_lease_and_unanswered", M010_BATCH_LEASE_AND_UNANSWERED),
     ("m011_vectors_per_buffer", M011_VECTORS_PER_BUFFER),
     ("m012_embedding_runtime", M012_EMBEDDING_RUNTIME),
+    ("m013_job_trees", M013_JOB_TREES),
 ]
 
 

@@ -26,6 +26,21 @@ def search(self: DurableTask, job_id: str) -> str:
     return run_stage(job_id, Stage.search)
 
 
+@shared_task(name="rlm.answer", base=DurableTask, bind=True)
+def answer(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.answer)
+
+
+@shared_task(name="rlm.check", base=DurableTask, bind=True)
+def check(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.check)
+
+
+@shared_task(name="rlm.merge", base=DurableTask, bind=True)
+def merge(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.merge)
+
+
 @shared_task(name="rlm.fan_out", base=DurableTask, bind=True)
 def fan_out(self: DurableTask, job_id: str) -> str:
     return run_stage(job_id, Stage.fan_out)

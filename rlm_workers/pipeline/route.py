@@ -1,0 +1,98 @@
+"""Route: which shape a job runs — one direct call, a fan-out over searched chunks, or one over every chunk.
+
+``--mode`` says how deep the user wants to go; the route is what ran (docs/contract.md#modes).  ``instant``
+is always direct.  ``auto`` takes the planner's word where it gave one, else rules: an aggregation question
+("how many", "list all", "every", "count"…) needs every chunk, so it goes exhaustive; otherwise fan-out, and
+a fan-out whose selected chunks fit the direct context (``RLM_DIRECT_MAX_TOKENS``, 16K by default: the
+crossover of the Oracle design) is answered by one direct call instead.  ``thinking`` always fans out: its
+completeness check needs findings.  Children of a tree fan out over what their parent gave them.
+The reason for every choice is kept on the job (``--verbose`` prints it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..models import Mode, QueryOptions, Route, Scope
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+#: a chunk's block in a prompt carries a heading and a source line besides its text
+BLOCK_OVERHEAD_CHARS = 120
+#: the direct context of ``instant`` when RLM_DIRECT_MAX_TOKENS is 0 (auto never goes direct then)
+INSTANT_TOKENS = 16_000
+
+
+@dataclass(frozen=True)
+class Routing:
+    route: Route
+    reason: str
+    #: a fan-out that may still become direct once the selected chunks are known to fit
+    may_go_direct: bool = False
+
+
+def estimated_tokens(sizes: list[int]) -> int:
+    """Tokens of the chunks' prompt blocks, estimated from characters (docs/contract.md#modes)."""
+    from .answer import CHARS_PER_TOKEN
+
+    return -(-sum(s + BLOCK_OVERHEAD_CHARS for s in sizes) // CHARS_PER_TOKEN)
+
+
+def direct_budget(settings: Settings) -> int:
+    return settings.direct_max_tokens or INSTANT_TOKENS
+
+
+def first_routing(opts: QueryOptions, plan: dict[str, Any] | None, query: str, *, is_child: bool) -> Routing:
+    """The route before the search: everything but the fit of the selected chunks."""
+    from .records import aggregation_reason
+
+    mode = Mode(opts.mode or Mode.auto)
+    if is_child:
+        return Routing(Route.fanout, "a child job: its own plan, search and fan-out")
+    if mode == Mode.instant:
+        return Routing(Route.direct, "--mode instant: one call over the best chunks that fit")
+    if opts.scope == Scope.all:
+        return Routing(Route.exhaustive, "--scope all: every chunk is analysed")
+    planned = (plan or {}).get("route")
+    why = (plan or {}).get("route_reason") or ""
+    may_widen = opts.scope != Scope.search
+    if planned == Route.exhaustive and may_widen:
+        return Routing(Route.exhaustive, f"the planner: {why or 'the question needs every chunk'}")
+    if planned is None and may_widen and (phrase := aggregation_reason(query)):
+        return Routing(Route.exhaustive, f"an aggregation question ({phrase!r}): every chunk is analysed")
+    if mode == Mode.thinking:
+        return Routing(Route.fanout, "--mode thinking: fan-out rounds with a completeness check")
+    if opts.batch_size is not None or opts.num_agents is not None:
+        return Routing(Route.fanout, "--batch-size/--num-agents ask for a fan-out")
+    if planned == Route.direct:
+        return Routing(Route.fanout, f"the planner: {why or 'a small context'}", may_go_direct=True)
+    return Routing(Route.fanout, "the planner" if planned == Route.fanout else "default", may_go_direct=True)
+
+
+def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routing:
+    """A fan-out whose selected chunks fit the direct context is answered by one call."""
+    if not first.may_go_direct:
+        return first
+    limit = settings.direct_max_tokens
+    tokens = estimated_tokens(sizes)
+    if limit and tokens <= limit:
+        return Routing(Route.direct, f"{len(sizes)} selected chunks (~{tokens} tokens) fit the {limit}-token context")
+    if limit:
+        return Routing(Route.fanout, f"{first.reason}; {len(sizes)} selected chunks (~{tokens} tokens) exceed {limit}")
+    return Routing(Route.fanout, f"{first.reason}; direct routing off (RLM_DIRECT_MAX_TOKENS=0)")
+
+
+def fit(ids: list[int], sizes: dict[int, int], budget_tokens: int) -> list[int]:
+    """The best-ranked chunks whose blocks fit ``budget_tokens`` (at least one: the answer stage cuts it)."""
+    from .answer import CHARS_PER_TOKEN
+
+    out, used = [], 0
+    for cid in ids:
+        cost = -(-(sizes.get(cid, 0) + BLOCK_OVERHEAD_CHARS) // CHARS_PER_TOKEN)
+        if out and used + cost > budget_tokens:
+            break
+        out.append(cid)
+        used += cost
+    return out

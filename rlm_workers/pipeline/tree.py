@@ -1,0 +1,252 @@
+"""Job trees: thinking mode's rounds, the child jobs they start, and the merge of their findings.
+
+A thinking root, after each fan-out round, runs the completeness check (messages and parsing in
+``check.py``).  Each follow-up the check asks for becomes a child job — its own plan, search and chord, one
+level deeper — created in one transaction with the parent's stage set to ``children``, then sent.  Nothing
+waits in a worker thread: a child that ends sends ``rlm.merge`` to its parent (``notify_parent_if_ended``),
+and the reconciler sends it when that message was lost.  Merge unites the findings of the job and of all its
+children (one entry per chunk), then checks again; the tree stops at a complete verdict, at ``--depth``, when
+nothing new is left to follow, or when the budget is spent, and the root writes one report.
+query_subset children (``synthesize.py``) use the same machinery.  See docs/architecture.md#job-trees.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BudgetExhausted, RLMError
+from ..llm.protocol import CompletionRequest
+from ..models import RELEVANCE_RANK
+from ..store import jobs as job_store
+from ..store.db import connection, durable_write
+from .calls import call_llm
+from .flow import OK, Stage, StageContext
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..config import Settings
+    from ..store.jobs import JobRow
+
+log = logging.getLogger("rlm.pipeline.tree")
+
+CHECK_MAX_TOKENS = 1024
+
+
+# --------------------------------------------------------------------------- the check and the children
+
+
+def max_depth(job: JobRow, settings: Settings) -> int:
+    depth = (job.options or {}).get("depth")
+    return int(depth) if depth is not None else settings.max_depth
+
+
+def child_rounds(conn: psycopg.Connection, job: JobRow) -> int:
+    """How many rounds of children the job has started (its deepest child's depth below it)."""
+    kids = job_store.children_of(conn, job_id=job.id)
+    return max((k.depth - job.depth for k in kids if (k.spec or {}).get("kind") == "follow_up"), default=0)
+
+
+def asked_in_tree(conn: psycopg.Connection, job: JobRow) -> list[str]:
+    """Every question the tree has asked: the root's and each child's, so no follow-up is asked twice."""
+    return [job.query] + [k.query for k in job_store.tree_of(conn, root_id=job.tree)]
+
+
+def run_check(ctx: StageContext) -> str:
+    job = ctx.job
+    if job.options.get("mode") != "thinking" or job.parent_id is not None:
+        return OK
+    return check_and_branch(ctx.conn, job, ctx.settings)
+
+
+def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) -> str:
+    """Check the round's findings; start a round of children (and return "waiting …") or return OK (report)."""
+    with job_store.launch_lock(conn, job_id=job.id) as mine:
+        if not mine:
+            return "being checked by another delivery"
+        job = job_store.get_job(conn, job_id=job.id)
+        if job is None or job.terminal:
+            return "skipped"
+        rnd = child_rounds(conn, job)
+        verdict = job.checks[rnd] if len(job.checks) > rnd else None
+        if verdict is None:
+            verdict = _ask_checker(conn, job, settings, rnd)
+            if verdict is None:
+                return OK  # the budget is spent: write the report with what there is
+            durable_write(
+                conn,
+                lambda c: job_store.add_check(c, job_id=job.id, round_no=rnd, verdict=verdict),
+                what=f"check of job {job.id}",
+            )
+        asked = {q.strip().casefold() for q in asked_in_tree(conn, job)}
+        follow = [q for q in verdict.get("follow_ups") or [] if q.strip().casefold() not in asked]
+        if verdict.get("complete") or not follow:
+            return OK
+        if rnd + 1 > max_depth(job, settings):
+            return OK
+        if _budget_spent(job):
+            return OK
+        kids = _start_children(conn, job, follow, depth=job.depth + rnd + 1, kind="follow_up", tag=f"r{rnd + 1}")
+        return f"waiting on {len(kids)} children"
+
+
+def _ask_checker(conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int) -> dict[str, Any] | None:
+    from .check import build_messages, parse_check
+    from .prompts import load_prompt
+
+    kept = (job.collected or {}).get("kept") or []
+    asked = asked_in_tree(conn, job)[1:]
+    messages = build_messages(load_prompt("check", prompt_dir=settings.prompt_dir), job.query, kept, asked)
+    try:
+        completion = call_llm(
+            conn,
+            job_id=job.id,
+            stage="check",
+            request=CompletionRequest(
+                role="check",
+                model=settings.resolved_check_model,
+                messages=messages,
+                max_tokens=CHECK_MAX_TOKENS,
+                json_output=True,
+            ),
+        )
+    except BudgetExhausted:
+        return None
+    except RLMError as exc:  # a failed check ends the rounds, not the job: the report says what is unknown
+        log.warning("job %s: completeness check failed: %s", job.id, exc)
+        return {
+            "round": rnd,
+            "complete": None,
+            "confidence": None,
+            "gaps": [f"completeness check failed: {exc}"],
+            "follow_ups": [],
+        }
+    try:
+        verdict = parse_check(completion.text)
+    except RLMError as exc:
+        return {
+            "round": rnd,
+            "complete": None,
+            "confidence": None,
+            "gaps": [f"the completeness check's reply could not be read: {exc}"],
+            "follow_ups": [],
+        }
+    return {"round": rnd, **verdict.model_dump()}
+
+
+def _budget_spent(job: JobRow) -> bool:
+    from .budget import ledger_for
+
+    ledger = ledger_for(job.tree)
+    return ledger is not None and ledger.state().get("exhausted") is not None
+
+
+def _start_children(
+    conn: psycopg.Connection,
+    parent: JobRow,
+    questions: Iterable[str],
+    *,
+    depth: int,
+    kind: str,
+    tag: str,
+    spec_extra: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Create the children and wait for them (stage ``children``) in one transaction, then send them.
+
+    Ids are derived from the parent, the round and the position, so a redelivered stage finds the same rows
+    instead of doubling them; a child whose message is lost sits in ``queued`` until the reconciler resends it.
+    """
+    from ..celery_app import app
+
+    ids = []
+    options = {"scope": "search"}
+    if ft := (parent.options or {}).get("finding_threshold"):
+        options["finding_threshold"] = ft
+    with conn.transaction():
+        for k, question in enumerate(questions):
+            child_id = uuid.uuid5(uuid.NAMESPACE_URL, f"rlm:{parent.id}/{tag}/{k}").hex
+            spec = {"kind": kind, **(spec_extra or {})}
+            job_store.create_child(
+                conn, job_id=child_id, parent=parent, query=question, options=options, depth=depth, spec=spec
+            )
+            ids.append(child_id)
+        job_store.set_stage(conn, job_id=parent.id, stage=Stage.children)
+    for child_id in ids:
+        app.send_task("rlm.plan", (child_id,), argsrepr=f"job={child_id} parent={parent.id}")
+    log.info("job %s: started %d %s children at depth %d", parent.id, len(ids), kind, depth)
+    return ids
+
+
+# --------------------------------------------------------------------------- children ending, and the merge
+
+
+def notify_parent_if_ended(job_id: str) -> None:
+    """A child that ended wakes its parent once every sibling has ended too (safe to call for any job)."""
+    try:
+        with connection() as conn:
+            job = job_store.get_job(conn, job_id=job_id)
+            if job is None or job.parent_id is None or not job.terminal:
+                return
+            parent = job_store.get_job(conn, job_id=job.parent_id)
+            if parent is None or parent.terminal or parent.stage != Stage.children:
+                return
+            if any(not k.terminal for k in job_store.children_of(conn, job_id=parent.id)):
+                return
+        from ..celery_app import app
+
+        app.send_task("rlm.merge", (parent.id,), argsrepr=f"job={parent.id}")
+    except Exception:  # the reconciler sends the merge when this did not
+        log.warning("could not wake the parent of job %s", job_id, exc_info=True)
+
+
+def run_merge(ctx: StageContext) -> str:
+    conn, job = ctx.conn, ctx.job
+    kids = job_store.children_of(conn, job_id=job.id)
+    if any(not k.terminal for k in kids):
+        job_store.set_stage(conn, job_id=job.id, stage=Stage.children)
+        return "waiting on children"
+    merge_children(conn, job, ctx.settings)
+    job = job_store.get_job(conn, job_id=job.id)
+    if job.synth_state:
+        return OK  # a synthesis paused on query_subset: it goes on with the children's findings
+    if job.options.get("mode") == "thinking" and job.parent_id is None:
+        return check_and_branch(conn, job, ctx.settings)
+    return OK
+
+
+def merge_children(conn: psycopg.Connection, job: JobRow, settings: Settings) -> None:
+    """The job's own findings united with every ended child's, one entry per chunk; stored as its collected."""
+    from .collect import collect_job, finding_threshold
+
+    collect_job(conn, job, finding_threshold(settings))  # its own findings, united with every ended child's
+
+
+def unite(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Collected findings of several jobs as one: per chunk the strongest grade and every distinct finding;
+    records are per chunk too, so a chunk read twice is counted once (the first reading's)."""
+    by_chunk: dict[int, dict[str, Any]] = {}
+    records: dict[str, list] = {}
+    filtered = 0
+    for part in parts:
+        filtered += int(part.get("filtered") or 0)
+        for cid, recs in (part.get("records") or {}).items():
+            records.setdefault(str(cid), recs)
+        for f in part.get("kept") or []:
+            cid = f["chunk_id"]
+            prev = by_chunk.get(cid)
+            if prev is None:
+                by_chunk[cid] = dict(
+                    f, findings=list(f.get("findings") or []), follow_up=list(f.get("follow_up") or [])
+                )
+                continue
+            if RELEVANCE_RANK[f["relevance"]] > RELEVANCE_RANK[prev["relevance"]]:
+                prev["relevance"] = f["relevance"]
+            prev["findings"] += [x for x in f.get("findings") or [] if x not in prev["findings"]]
+            prev["summary"] = prev.get("summary") or f.get("summary") or ""
+    kept = sorted(
+        by_chunk.values(), key=lambda k: (-RELEVANCE_RANK[k["relevance"]], k["buffer"], k["ordinal"], k["chunk_id"])
+    )
+    return {"kept": kept, "filtered": filtered, "records": records}
