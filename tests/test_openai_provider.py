@@ -58,7 +58,61 @@ def test_success_maps_text_usage_and_parameters(srv):
     assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
     assert body["temperature"] == 0.0 and "response_format" not in body
     assert srv.requests[0].headers.get("authorization") == "Bearer sk-test"
-    assert srv.usage == {"prompt_tokens": 123, "completion_tokens": 45, "total_tokens": 168}
+    assert srv.usage == {"prompt_tokens": 123, "completion_tokens": 45, "total_tokens": 168, "cached_tokens": 0}
+    assert c.cached_tokens == 0  # no prompt_tokens_details in the reply
+
+
+def _body(choices: list, usage: dict) -> bytes:
+    """A chat completion as a gateway might send it, usage details verbatim."""
+    return json.dumps(
+        {
+            "id": "chatcmpl-raw",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": choices,
+            "usage": usage,
+        }
+    ).encode()
+
+
+def _choice(text: str) -> dict:
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+
+
+def test_cached_tokens_are_read_from_prompt_tokens_details(srv):
+    srv.responder = fixed("hit", prompt_tokens=1000, completion_tokens=10, cached_tokens=768)
+    c = OpenAIProvider(_settings(srv)).complete(_request())
+    assert (c.tokens_in, c.cached_tokens, c.tokens_out) == (1000, 768, 10)
+    assert srv.usage["cached_tokens"] == 768 and srv.usage["prompt_tokens"] == 1000
+    # more cached than input (a broken gateway): cached tokens are a part of the input, never more
+    srv.responder = fixed("odd", prompt_tokens=100, completion_tokens=1, cached_tokens=500)
+    assert OpenAIProvider(_settings(srv)).complete(_request()).cached_tokens == 100
+    # the field present but null, as some servers send it
+    usage = {
+        "prompt_tokens": 9,
+        "completion_tokens": 1,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": None},
+    }
+    srv.responder = lambda _r: Reply(raw_body=_body([_choice("null")], usage))
+    c = OpenAIProvider(_settings(srv)).complete(_request())
+    assert (c.text, c.tokens_in, c.cached_tokens) == ("null", 9, 0)
+
+
+def test_failed_attempt_with_usage_reports_its_cached_tokens(srv):
+    usage = {
+        "prompt_tokens": 50,
+        "completion_tokens": 0,
+        "total_tokens": 50,
+        "prompt_tokens_details": {"cached_tokens": 32},
+    }
+    replies = iter([Reply(raw_body=_body([], usage)), Reply.text("second", prompt_tokens=50, cached_tokens=48)])
+    srv.responder = lambda _r: next(replies)
+    c = OpenAIProvider(_settings(srv)).complete(_request())
+    [failed] = c.failed_attempts  # a 200 without choices: billed, unusable, retried
+    assert failed["status"] == "retried" and (failed["tokens_in"], failed["cached_tokens"]) == (50, 32)
+    assert (c.text, c.cached_tokens) == ("second", 48)
 
 
 def test_missing_usage_counts_zero(srv):
@@ -313,6 +367,10 @@ def test_standalone_server_process(tmp_path):
             "1",
             "--retry-after",
             "0",
+            "--prompt-tokens",
+            "100",
+            "--cached-tokens",
+            "64",
         ],
         cwd=root,
         stdout=subprocess.PIPE,
@@ -324,10 +382,11 @@ def test_standalone_server_process(tmp_path):
         assert line.startswith("listening on http://127.0.0.1:"), line
         base = line.split()[-1]
         c = OpenAIProvider(Settings(api_key="k", base_url=base, llm_retries=1)).complete(_request())
-        assert c.text == "standalone" and len(c.failed_attempts) == 1
+        assert c.text == "standalone" and len(c.failed_attempts) == 1 and c.cached_tokens == 64
         root_url = base.removesuffix("/v1")
         stats = json.load(urllib.request.urlopen(root_url + "/_stats"))
         assert stats["calls"] == 2 and stats["max_concurrency"] == 1 and stats["usage"]["total_tokens"] > 0
+        assert stats["usage"]["cached_tokens"] == 64  # the failed first call returned no usage
         urllib.request.urlopen(urllib.request.Request(root_url + "/_reset", data=b"", method="POST"))
         assert json.load(urllib.request.urlopen(root_url + "/_stats"))["calls"] == 0
         models = json.load(urllib.request.urlopen(base + "/models"))

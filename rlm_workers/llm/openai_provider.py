@@ -114,11 +114,14 @@ class OpenAIProvider:
             params = self._params(request)
             t0 = time.perf_counter()
             usage = (0, 0)
+            cached = 0
             response = None
             try:
                 response = self._send(client, params, estimate_tokens(request))
                 usage = _usage(response)
+                cached = _cached_tokens(response, usage[0])
                 completion = _to_completion(response, request.model, usage)
+                completion.cached_tokens = cached
             except Exception as exc:  # classified below; anything unknown before a response is re-raised
                 latency = int((time.perf_counter() - t0) * 1000)
                 adapted = self._learn_unsupported(exc, request.model, params)
@@ -136,6 +139,8 @@ class OpenAIProvider:
                         "error": error.message,
                     }
                 )
+                if response is not None:  # billed, so priced: its cached share matters to the cost
+                    attempts[-1]["cached_tokens"] = cached
                 self._log(request, attempts[-1]["status"], usage, latency, error.message)
                 if adapted:
                     continue
@@ -294,6 +299,17 @@ def _usage(response: Any) -> tuple[int, int]:
             return 0
 
     return count("prompt_tokens"), count("completion_tokens")
+
+
+def _cached_tokens(response: Any, tokens_in: int) -> int:
+    """Input tokens served from the provider's prompt cache (``usage.prompt_tokens_details.cached_tokens``);
+    0 when absent, and never more than ``tokens_in``, of which they are a part."""
+    details = getattr(getattr(response, "usage", None), "prompt_tokens_details", None)
+    try:
+        cached = int(getattr(details, "cached_tokens", 0) or 0)
+    except (TypeError, ValueError):  # a gateway's garbage: the call is priced as uncached
+        return 0
+    return min(max(0, cached), tokens_in)
 
 
 def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Completion:

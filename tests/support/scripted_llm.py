@@ -43,6 +43,8 @@ class Reply:
     #: None: estimated from the request / content (~4 chars a token)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    #: sent as usage.prompt_tokens_details.cached_tokens (part of prompt_tokens); None: no details at all
+    cached_tokens: int | None = None
     include_usage: bool = True
     status: int = 200
     #: OpenAI's error object: {"message", "type", "code", "param"}
@@ -61,9 +63,16 @@ class Reply:
         *,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        cached_tokens: int | None = None,
         delay: float = 0.0,
     ) -> Reply:
-        return cls(content=content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, delay=delay)
+        return cls(
+            content=content,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
+            delay=delay,
+        )
 
     @classmethod
     def tools(cls, *calls: tuple[str, dict[str, Any] | str], content: str | None = None, **kw: Any) -> Reply:
@@ -106,9 +115,14 @@ def fixed(
     latency_ms: float = 0,
     prompt_tokens: int | None = None,
     completion_tokens: int | None = None,
+    cached_tokens: int | None = None,
 ) -> Responder:
     return lambda _req: Reply.text(
-        content, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, delay=latency_ms / 1000
+        content,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+        delay=latency_ms / 1000,
     )
 
 
@@ -250,7 +264,7 @@ class _Stats:
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_concurrency = 0
-        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
         self.ids = itertools.count(1)
 
     def snapshot(self) -> dict[str, Any]:
@@ -392,7 +406,15 @@ def _render(reply: Reply, req: dict[str, Any], call_id: int) -> tuple[int, dict[
             out_text += tc["name"] + args
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else _estimate(json.dumps(req.get("messages")))
     completion = reply.completion_tokens if reply.completion_tokens is not None else _estimate(out_text)
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    # what /_stats sums: flat counts, cached ones included even when the reply sends no details
+    counted = {**usage, "cached_tokens": reply.cached_tokens or 0}
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
     payload: dict[str, Any] = {
         "id": f"chatcmpl-scripted-{call_id}",
         "object": "chat.completion",
@@ -409,7 +431,7 @@ def _render(reply: Reply, req: dict[str, Any], call_id: int) -> tuple[int, dict[
     }
     if reply.include_usage:
         payload["usage"] = usage
-    return 200, payload, usage if reply.include_usage else None
+    return 200, payload, counted if reply.include_usage else None
 
 
 class _Server(ThreadingHTTPServer):
@@ -525,7 +547,12 @@ def build_responder(args: argparse.Namespace) -> Responder:
     elif args.malformed:
         base = malformed_json()
     else:
-        base = fixed(args.content, prompt_tokens=args.prompt_tokens, completion_tokens=args.completion_tokens)
+        base = fixed(
+            args.content,
+            prompt_tokens=args.prompt_tokens,
+            completion_tokens=args.completion_tokens,
+            cached_tokens=args.cached_tokens,
+        )
     if args.fail_first:
         base = fail_first(args.fail_first, base, status=args.fail_status, retry_after=args.retry_after)
     return with_latency(base, args.latency_ms) if args.latency_ms else base
@@ -539,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--content", default="ok", help="the assistant's reply text")
     p.add_argument("--prompt-tokens", type=int, default=None)
     p.add_argument("--completion-tokens", type=int, default=None)
+    p.add_argument("--cached-tokens", type=int, default=None, help="usage.prompt_tokens_details.cached_tokens")
     p.add_argument("--fail-first", type=int, default=0, help="fail the first N calls")
     p.add_argument("--fail-status", type=int, default=429)
     p.add_argument("--retry-after", type=float, default=1, help="Retry-After seconds on --fail-first errors")
