@@ -57,6 +57,8 @@ def rlm_env(test_services, db_url, tmp_path_factory):
         "RLM_BROKER_URL": test_services.broker_url,
         "RLM_DATA_DIR": str(data_dir),
         "RLM_PROMPT_DIR": str(data_dir / "prompts"),
+        # The suites written before modes expect a fan-out on their small corpora; tests of routing set it back.
+        "RLM_DIRECT_MAX_TOKENS": "0",
     }
     with patched_env(env):
         yield env
@@ -117,7 +119,7 @@ def llm(model):
 @pytest.fixture()
 def fresh(llm, model, workers):
     """An idle model with open gates, reset counters, and every worker of the module up."""
-    model.plan_reply, model.analyst_delay = None, 0.0
+    model.plan_reply, model.analyst_delay, model.check_reply = None, 0.0, None
     model.gate.set()
     for w in workers.values():
         if not w.alive:

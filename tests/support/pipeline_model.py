@@ -16,6 +16,7 @@ MODEL_ENV = {
     "RLM_PRIMARY_MODEL": "plan-model",
     "RLM_SUBCALL_MODEL": "analyst-model",
     "RLM_SYNTHESIZER_MODEL": "synth-model",
+    "RLM_CHECK_MODEL": "check-model",
 }
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
@@ -84,6 +85,8 @@ class Model:
 
     def __init__(self) -> None:
         self.plan_reply: Reply | None = None
+        #: the completeness check's answer (thinking mode); None: complete at once
+        self.check_reply = None
         self.gate = threading.Event()
         self.gate.set()
         self.analyst_delay = 0.0
@@ -97,6 +100,10 @@ class Model:
             return self.plan_reply or json.dumps(
                 {"search_mode": "hybrid", "threshold": -1.0, "focus_topics": ["San Francisco"]}
             )
+        if model == "check-model":
+            if callable(self.check_reply):
+                return self.check_reply(req)
+            return self.check_reply or json.dumps({"complete": True, "confidence": 0.9, "gaps": [], "follow_ups": []})
         if model == "analyst-model":
             self.gate.wait(60)
             if text.startswith(RETRY_PREFIX):  # asked again after an unusable reply: answer the batch itself
@@ -149,6 +156,12 @@ class Model:
     def synthesizer(req: dict, text: str) -> Reply | str:
         if "SYNTH-FAIL" in text:
             return Reply.http_error(500, "scripted synthesizer outage")
+        if "## Findings" not in text:  # the direct route's one call reads chunks, not findings
+            chunks = _CHUNK.findall(text)
+            hit = next((cid for cid, body in chunks if "Dolores Park" in body), None)
+            if hit is None:
+                return "## Answer\n\nThe chunks do not say."
+            return f"## Answer\n\n{NEEDLE} [chunk {hit}]"
         if not any(m.get("role") == "tool" for m in req["messages"]):
             # first turn: look something up in storage, as a real synthesizer might
             return Reply.tools(("grep_chunks", {"pattern": "Dolores\\s+Park"}))
