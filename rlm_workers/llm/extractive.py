@@ -26,7 +26,9 @@ import re
 import time
 from dataclasses import dataclass
 
+from ..models import RELEVANCE_RANK, Record
 from ..pipeline.prompts import unescape_content, unquote_field
+from ..pipeline.records import MAX_RECORDS_PER_CHUNK, aggregate, records_markdown, stem_terms
 from ..search.tokenize import tokenize
 from .protocol import Completion, CompletionRequest
 
@@ -37,7 +39,11 @@ MAX_QUOTE_CHARS = 400
 #: cited passages in a report (one per chunk, strongest first); the rest are only counted
 MAX_REPORT_PASSAGES = 8
 
-_QUERY = re.compile(r"## Query\n\n(.*?)(?:\n\n## (?:Dataset|Focus topics|Chunks)\n|\Z)", re.S)
+_QUERY = re.compile(
+    r"## Query\n\n(.*?)(?:\n\n## (?:Dataset|Focus topics|Records|Asked already|Findings|Chunks)\n|\Z)", re.S
+)
+#: the section a job that totals records adds to the analyst's (or the direct answer's) message
+_RECORDS_SECTION = re.compile(r"\n\n## Records\n\n")
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: ([^\n]*)\n\n<content>\n(.*?)\n</content>", re.S)
 _SOURCE = re.compile(r"^(?P<loc>.*):(?P<start>\d+)-(?P<end>\d+)$")
 _QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,})[\"”'`]")
@@ -54,20 +60,8 @@ class _Unit:
     line: int  # 0-based line offset inside the chunk
 
 
-_SUFFIXES = ("ations", "ation", "ings", "ing", "ures", "ure", "ers", "er", "ies", "ed", "es", "ly", "s")
-
-
-def _terms(text: str) -> list[str]:
-    """BM25 tokens, crudely stemmed so "failing", "failure" and "fails" meet at "fail"."""
-    out = []
-    for t in tokenize(text):
-        if len(t) > 4 and t.isalpha():
-            for suf in _SUFFIXES:
-                if t.endswith(suf) and len(t) - len(suf) >= 3:
-                    t = t[: -len(suf)]
-                    break
-        out.append(t)
-    return out
+#: BM25 tokens, crudely stemmed so "failing", "failure" and "fails" meet at "fail"
+_terms = stem_terms
 
 
 def _user_text(request: CompletionRequest) -> str:
@@ -220,6 +214,49 @@ def analyse_chunks(user_text: str) -> list[dict]:
 
 _GRADE_LINE = re.compile(r"^relevance: (\w+)$", re.M)
 
+_DISCLAIMER = (
+    "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
+    "overlap with the question; no language model interpreted them. Set OPENAI_API_KEY (and "
+    "OPENAI_BASE_URL for a compatible server) for a written answer._"
+)
+
+#: (chunk id, shown source, grade, markdown-safe quotes)
+_Entry = tuple[int, str, str, list[str]]
+
+
+def _answer_lines(query: str, entries: list[_Entry], totals: str | None = None) -> list[str]:
+    """The answer (the best passage), the exact totals if any, and the evidence: one cited passage per chunk."""
+    # Within a grade, collect order is document order; the answer leads with the quote that covers
+    # most of the question instead.
+    q_terms = _terms(query)
+    weights = _weights(q_terms, [_terms(q) for e in entries for q in e[3]])
+    total = sum(weights.values()) or 1.0
+    grade_rank = {"high": 3, "medium": 2, "low": 1}
+
+    def score(entry: _Entry) -> tuple[float, float]:
+        best = max((sum(w for t, w in weights.items() if t in set(_terms(q))) for q in entry[3]), default=0.0)
+        return (grade_rank.get(entry[2], 0), best / total)
+
+    entries = sorted(entries, key=score, reverse=True)
+    top = entries[0]
+    lines = [
+        "## Answer",
+        "",
+        f"The passage that best matches “{_clip(query, 200)}” is in chunk {top[0]} ({top[1]}):",
+        "",
+    ]
+    lines += [f"> {q}" for q in top[3][:1]] or ["> (no quotable passage)"]
+    if totals:
+        lines += ["", totals]
+    # The evidence is what answers the question, not every chunk analysed: the strongest passages, one per
+    # chunk; the full list of findings stays in the result's ``sources``.
+    shown = entries[:MAX_REPORT_PASSAGES]
+    lines += ["", "## Evidence", ""]
+    lines += [f"- {quotes[0]} — [chunk {cid}, {source}] ({grade})" for cid, source, grade, quotes in shown if quotes]
+    if len(entries) > len(shown):
+        lines += ["", f"{len(entries) - len(shown)} more chunks with findings are listed in the result's sources."]
+    return lines
+
 
 def write_report(user_text: str) -> str:
     query = _query_of(user_text)
@@ -230,40 +267,304 @@ def write_report(user_text: str) -> str:
         entries.append((int(cid), _shown_source(source), grade, quotes))
     if not entries:
         return f"## No relevant findings\n\nNothing in the analysed chunks answers “{query}”."
-    # Within a grade, collect order is document order; the answer leads with the quote that covers
-    # most of the question instead.
-    q_terms = _terms(query)
-    weights = _weights(q_terms, [_terms(q) for e in entries for q in e[3]])
-    total = sum(weights.values()) or 1.0
-    grade_rank = {"high": 3, "medium": 2, "low": 1}
+    return "\n".join([*_answer_lines(query, entries), "", _DISCLAIMER])
 
-    def score(entry: tuple[int, str, str, list[str]]) -> tuple[float, float]:
-        best = max((sum(w for t, w in weights.items() if t in set(_terms(q))) for q in entry[3]), default=0.0)
-        return (grade_rank.get(entry[2], 0), best / total)
 
-    entries.sort(key=score, reverse=True)
-    top = entries[0]
+# --------------------------------------------------------------------------- records (exact totals)
+
+_LEVEL_NAMES = ("TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "CRITICAL", "FATAL", "SEVERE")
+#: a level written as a word of its own: "ERROR", "[WARN]", "INFO:"; not part of a name or a path
+_LEVEL_WORD = re.compile(r"(?<![\w.=/@-])(" + "|".join(_LEVEL_NAMES) + r")(?![\w=/@-]|\.\w)")
+_LEVEL_KEYS = frozenset({"level", "lvl", "severity", "loglevel", "log_level", "levelname", "log.level"})
+#: free text, or a value unique to the line: counting these would count lines, not kinds
+_SKIP_KEYS = frozenset(
+    {
+        "msg",
+        "message",
+        "ts",
+        "time",
+        "timestamp",
+        "date",
+        "id",
+        "request_id",
+        "trace_id",
+        "span_id",
+        "duration",
+        "elapsed",
+        "latency",
+    }
+)
+#: logfmt: a key at the start of the line or after a space, "=", then a bare or a double-quoted value
+_LOGFMT = re.compile(r'(?:^|(?<=\s))([A-Za-z_@][\w.@-]{0,63})=("(?:[^"\\]|\\.)*"|[^\s"]*)')
+_QUOTED_VALUE = re.compile(r'"(?:[^"\\]|\\.)*"')
+_HEADER = re.compile(r"^\s*(?:-\s+)?([A-Za-z][\w \-]{0,39}?)\s*:\s+(\S.*?)\s*$")
+_URL_SCHEMES = frozenset({"http", "https", "ftp", "file", "mailto", "ws", "wss", "ssh", "git"})
+#: a line of code rather than a header: braces, statements, calls, arrows, keywords
+_CODE_LINE = re.compile(
+    r"[{};]|=>|->|\w\(|^\s*(?:def|class|if|elif|else|for|while|case|return|import|from|function|const|let|var)\b"
+)
+MAX_RECORD_VALUE_CHARS = 80
+MAX_HEADER_VALUE_CHARS = 60
+MAX_HEADER_VALUE_WORDS = 6
+MAX_HEADER_KEY_WORDS = 3
+
+
+def _key_name(key: str) -> str:
+    return key.lower().lstrip("@")
+
+
+def _logfmt_value(raw: str) -> str:
+    if raw.startswith('"'):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw[1:-1]
+        return value if isinstance(value, str) else raw
+    return raw
+
+
+def _line_records(line: str) -> list[tuple[str, str]]:
+    """The (label, value) pairs one line shows: its level, then its fields."""
+    stripped = line.strip()
+    if not stripped:
+        return []
+    if stripped.startswith("{") and stripped.endswith("}"):
+        try:
+            obj = json.loads(stripped)
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict):
+            return _json_records(obj)
+    level: str | None = None
+    fields: list[tuple[str, str]] = []
+    pairs = _LOGFMT.findall(line)
+    for key, raw in pairs:
+        name, value = _key_name(key), _logfmt_value(raw).strip()
+        if name in _LEVEL_KEYS:
+            level = level or (value.upper() if value and len(value) <= MAX_RECORD_VALUE_CHARS else None)
+        elif name not in _SKIP_KEYS and value and len(value) <= MAX_RECORD_VALUE_CHARS:
+            fields.append((key, value))
+    if level is None:
+        # not inside a quoted value: `msg="got ERROR from upstream"` is no level of its own
+        m = _LEVEL_WORD.search(_QUOTED_VALUE.sub(" ", line))
+        level = m.group(1) if m else None
+    out = [("level", level)] if level else []
+    if len(pairs) >= 2 or (pairs and level):
+        return out + fields
+    if pairs:
+        return out  # one lone key=value in a line of prose is no record
+    m = _HEADER.match(line)
+    if m and not _CODE_LINE.search(line):
+        key, value = m.group(1).strip(), m.group(2)
+        if (
+            _key_name(key) not in _SKIP_KEYS
+            and key.lower() not in _URL_SCHEMES
+            and len(key.split()) <= MAX_HEADER_KEY_WORDS  # "The reason is simple: it works" is prose
+            and key.upper() not in _LEVEL_NAMES
+            and len(value) <= MAX_HEADER_VALUE_CHARS
+            and len(value.split()) <= MAX_HEADER_VALUE_WORDS
+        ):
+            out.append((key, value))
+    return out
+
+
+def _json_records(obj: dict) -> list[tuple[str, str]]:
+    level: str | None = None
+    fields: list[tuple[str, str]] = []
+    for key, value in obj.items():
+        name = _key_name(str(key))
+        if name in _LEVEL_KEYS:
+            if isinstance(value, str) and value.strip() and len(value) <= MAX_RECORD_VALUE_CHARS:
+                level = level or value.strip().upper()
+        elif name in _SKIP_KEYS:
+            continue
+        elif isinstance(value, bool):
+            fields.append((str(key), "true" if value else "false"))
+        elif isinstance(value, int):
+            fields.append((str(key), str(value)))
+        elif isinstance(value, str) and value.strip() and len(value) <= MAX_RECORD_VALUE_CHARS:
+            fields.append((str(key), value.strip()))
+    return ([("level", level)] if level else []) + fields
+
+
+def extract_records(text: str) -> list[dict]:
+    """Records one chunk shows, by rules, summed within the chunk: ``[{"label", "value", "count"}]``.
+
+    Per line: (a) its log level, the first standalone uppercase level word (TRACE … SEVERE) or a logfmt or
+    JSON ``level`` field, as ``("level", "ERROR")``; (b) logfmt ``key=value`` / ``key="quoted"`` fields when
+    the line has two of them or a level; (c) the scalar fields of a JSON object line (JSONL); (d) a
+    ``Key: value`` line (headers, YAML) with a short value.  Keys that are free text or unique per line (msg,
+    ts, id, duration, …) are skipped.  CSV rows are not extracted: a cell has no name on its own line, and
+    guessing the header row would count wrong as often as right.  At most MAX_RECORDS_PER_CHUNK distinct
+    pairs, first seen first.
+    """
+    counts: dict[tuple[str, str], int] = {}
+    for line in text.split("\n"):
+        for pair in _line_records(line):
+            if pair in counts:
+                counts[pair] += 1
+            elif len(counts) < MAX_RECORDS_PER_CHUNK:
+                counts[pair] = 1
+    return [{"label": label, "value": value, "count": n} for (label, value), n in counts.items()]
+
+
+def analyst_reply(user_text: str) -> list[dict]:
+    """The analyst's entries; with a ``## Records`` section, every entry (even one graded none) has records."""
+    entries = analyse_chunks(user_text)
+    if _RECORDS_SECTION.search(user_text):
+        bodies = {int(cid): body for cid, _source, body in _CHUNK.findall(user_text)}
+        for e in entries:
+            e["records"] = extract_records(unescape_content(bodies.get(e["chunk_id"], "")))
+    return entries
+
+
+# --------------------------------------------------------------------------- direct answer
+
+
+def direct_answer(user_text: str) -> str:
+    """One answer straight from the chunks (instant mode, auto's direct route): the analyst's grading of the
+    raw chunks, written up as the report is, plus exact totals of the records the chunks show when asked."""
+    query = _query_of(user_text)
+    chunks = {int(cid): (source, body) for cid, source, body in _CHUNK.findall(user_text)}
+    floor = RELEVANCE_RANK["medium"]  # as Collect does offline: "low" only means "shares a query term"
+    entries: list[_Entry] = [
+        (e["chunk_id"], _shown_source(chunks[e["chunk_id"]][0]), e["relevance"], [_md_text(f) for f in e["findings"]])
+        for e in analyse_chunks(user_text)
+        if RELEVANCE_RANK.get(e["relevance"], 0) >= floor
+    ]
+    totals = None
+    if _RECORDS_SECTION.search(user_text):
+        per_chunk = {
+            cid: [Record(**r) for r in extract_records(unescape_content(body))] for cid, (_s, body) in chunks.items()
+        }
+        totals = records_markdown(aggregate(per_chunk), query)
+    if entries:
+        return "\n".join([*_answer_lines(query, entries, totals), "", _DISCLAIMER])
     lines = [
-        "## Answer",
+        "## No relevant passage",
         "",
-        f"The passage that best matches “{_clip(query, 200)}” is in chunk {top[0]} ({top[1]}):",
-        "",
+        f"None of the {len(chunks)} chunks read matches “{_md_text(_clip(query, 200))}” closely enough to quote.",
     ]
-    lines += [f"> {q}" for q in top[3][:1]] or ["> (no quotable passage)"]
-    # The evidence is what answers the question, not every chunk analysed: the strongest passages, one per
-    # chunk; the full list of findings stays in the result's ``sources``.
-    shown = entries[:MAX_REPORT_PASSAGES]
-    lines += ["", "## Evidence", ""]
-    lines += [f"- {quotes[0]} — [chunk {cid}, {source}] ({grade})" for cid, source, grade, quotes in shown if quotes]
-    if len(entries) > len(shown):
-        lines += ["", f"{len(entries) - len(shown)} more chunks with findings are listed in the result's sources."]
-    lines += [
-        "",
-        "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
-        "overlap with the question; no language model interpreted them. Set OPENAI_API_KEY (and "
-        "OPENAI_BASE_URL for a compatible server) for a written answer._",
-    ]
-    return "\n".join(lines)
+    if totals:
+        lines += ["", totals]
+    return "\n".join([*lines, "", _DISCLAIMER])
+
+
+# --------------------------------------------------------------------------- completeness check
+
+MAX_RULE_FOLLOW_UPS = 3
+MAX_RULE_GAPS = 5
+_FINDINGS_SECTION = "\n\n## Findings\n\n"
+_ASKED = re.compile(r"\n\n## Asked already\n\n(.*?)(?=\n\n## Findings\n)", re.S)
+#: an extractive finding: a verbatim quote and where it is, `"…" (a.md:12)`; only the quote names things
+_QUOTE_AND_PLACE = re.compile(r'^"(.*)" \([^()\n]*:\d+\)$', re.S)
+_IDENTIFIER = re.compile(
+    r"\b[A-Za-z_][\w]*_\w+\b"  # snake_case
+    r"|\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b"  # dotted.names
+    r"|\b[A-Za-z]+[a-z0-9][A-Z]\w*\b"  # CamelCase, camelCase
+    r"|\b[A-Z][A-Z0-9]{2,}\b"  # ALLCAPS
+)
+_UPPER, _LOWER = "A-ZÀ-ÖØ-Þ", "a-zß-öø-ÿ"
+_CAPITALISED = re.compile(rf"\b[{_UPPER}][{_LOWER}]+(?: [{_UPPER}][{_LOWER}]+)*\b")
+#: what ends a sentence or opens a quote: a capitalised word right after one is no name by itself
+_SENTENCE_OPENERS = set(".!?:;\"“‘'([{*•-–—>")
+_ENTITY_STOPWORDS = frozenset(
+    stem_terms(
+        " ".join(_LEVEL_NAMES)
+        + " todo fixme note http https url uri api json xml html yaml csv utc gmt null none true false etc"
+        " january february march april may june july august september october november december"
+        " monday tuesday wednesday thursday friday saturday sunday today yesterday tomorrow"
+    )
+)
+
+
+def _entities(text: str) -> list[str]:
+    """Names in a finding, in order: identifiers (snake_case, dotted.names, CamelCase, ALLCAPS) and runs of
+    capitalised words that do not merely start a sentence."""
+    found: list[tuple[int, str]] = []
+    taken: list[tuple[int, int]] = []
+    for m in _IDENTIFIER.finditer(text):
+        word = m.group(0)
+        if word.isupper() and sum(c.isalpha() for c in word) < 3:
+            continue
+        found.append((m.start(), word))
+        taken.append(m.span())
+    for m in _CAPITALISED.finditer(text):
+        if any(a < m.end() and m.start() < b for a, b in taken):
+            continue
+        words, at = m.group(0).split(" "), m.start()
+        before = text[:at].rstrip()
+        if not before or before[-1] in _SENTENCE_OPENERS:
+            at += len(words[0]) + 1
+            words = words[1:]  # "The Zephyrine Station" at a sentence start names "Zephyrine Station"
+        if words:
+            found.append((at, " ".join(words)))
+    return [w for _, w in sorted(found)]
+
+
+def _finding_texts(body: str) -> list[str]:
+    out = []
+    for line in unescape_content(body).split("\n"):
+        if line.startswith("- "):
+            text = line[2:].strip()
+            m = _QUOTE_AND_PLACE.match(text)
+            out.append(m.group(1) if m else text)
+    return out
+
+
+def check_by_rules(user_text: str) -> dict:
+    """The completeness check by rules: follow up what the findings name and the question does not.
+
+    Candidates are the names in the findings' lines (see ``_entities``) whose terms appear neither in the
+    query nor in a question asked already; ranked by how many chunks name them, then by first appearance.
+    Each follow-up is the name as a quoted phrase, so that the offline planner searches it exactly.
+    Confidence is the weighted share of query terms the findings mention.
+    """
+    query = _query_of(user_text)
+    asked_terms: set[str] = set()
+    if m := _ASKED.search(user_text):
+        for line in m.group(1).split("\n"):
+            if line.startswith("- "):
+                asked_terms.update(_terms(unquote_field(line[2:].strip())))
+    at = user_text.find(_FINDINGS_SECTION)
+    section = user_text[at + len(_FINDINGS_SECTION) :] if at >= 0 else ""
+    texts_by_chunk = [(int(cid), _finding_texts(body)) for cid, _source, body in _CHUNK.findall(section)]
+    q_terms = _terms(query)
+    known = set(q_terms) | asked_terms
+    names: dict[str, str] = {}  # casefolded → first spelling
+    chunks_naming: dict[str, set[int]] = {}
+    for cid, texts in texts_by_chunk:
+        for text in texts:
+            for name in _entities(text):
+                terms = set(_terms(name))
+                if not terms or terms & known or terms <= _ENTITY_STOPWORDS or len(name) < 3:
+                    continue
+                key = name.casefold()
+                names.setdefault(key, name)
+                chunks_naming.setdefault(key, set()).add(cid)
+    first = {k: i for i, k in enumerate(names)}
+    ranked = sorted(names, key=lambda k: (-len(chunks_naming[k]), first[k]))
+    follow_ups = [f'"{names[k]}"' for k in ranked[:MAX_RULE_FOLLOW_UPS]]
+
+    units = [_terms(t) for _cid, texts in texts_by_chunk for t in texts]
+    mentioned = {t for u in units for t in u}
+    weights = _weights(q_terms, units)
+    if weights:
+        confidence = sum(w for t, w in weights.items() if t in mentioned) / sum(weights.values())
+    else:  # a query of stopwords only: nothing to measure, so the findings' presence decides
+        confidence = 1.0 if units else 0.0
+    confidence = round(confidence, 2)
+    # the gaps name the query's own words, not their stems
+    spelled: dict[str, str] = {}
+    for token in tokenize(query):
+        spelled.setdefault(next(iter(_terms(token)), token), token)
+    gaps = [f'no finding mentions "{spelled.get(t, t)}"' for t in weights if t not in mentioned][:MAX_RULE_GAPS]
+    return {
+        "complete": not follow_ups and confidence >= 0.5,
+        "confidence": confidence,
+        "gaps": gaps,
+        "follow_ups": follow_ups,
+    }
 
 
 class ExtractiveProvider:
@@ -276,7 +577,11 @@ class ExtractiveProvider:
         if request.role == "plan":
             out = json.dumps(plan_by_rules(_query_of(text)))
         elif request.role == "analyst":
-            out = json.dumps(analyse_chunks(text), ensure_ascii=False)
+            out = json.dumps(analyst_reply(text), ensure_ascii=False)
+        elif request.role == "check":
+            out = json.dumps(check_by_rules(text), ensure_ascii=False)
+        elif request.role == "direct":
+            out = direct_answer(text)
         else:
             out = write_report(text)
         return Completion(text=out, model=MODEL, latency_ms=int((time.perf_counter() - t0) * 1000))

@@ -37,6 +37,7 @@ from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
 from .flow import Heartbeat
 from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
+from .records import RECORDS_INSTRUCTION, merge_records, parse_records
 from .replies import clip, json_candidates, leading_objects
 
 log = logging.getLogger("rlm.pipeline.analyst")
@@ -74,13 +75,21 @@ class ChunkForPrompt:
 
 
 def build_messages(
-    system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt], focus_topics: Sequence[str] = ()
+    system_prompt: str,
+    query: str,
+    chunks: Sequence[ChunkForPrompt],
+    focus_topics: Sequence[str] = (),
+    *,
+    records_wanted: bool = False,
 ) -> list[dict[str, str]]:
+    """``records_wanted``: the job totals typed records (``--scope all``), so every entry is asked for them."""
     # The query is the user's own words, but it must not open or close a content block either; the
     # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
     parts = [f"## Query\n\n{escape_content(query)}"]
     if focus_topics:
         parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
+    if records_wanted:
+        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
     blocks = [
         f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
         f"{content_block(c.text)}"
@@ -165,12 +174,17 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
         follow = e.get("follow_up", e.get("follow_ups")) or []
         if isinstance(follow, str):
             follow = [follow]
+        # kept whatever the grade: a chunk "none" to the question may still hold items to count
+        records, skipped = parse_records(e.get("records"))
+        if skipped:
+            log.debug("chunk %s: %d unusable or surplus records dropped", cid, skipped)
         finding = Finding(
             chunk_id=cid,
             relevance=grade,
             findings=items,
             summary=clip(e.get("summary") or ""),
             follow_up=[clip(f, 1000) for f in follow][:MAX_FOLLOW_UPS],
+            records=records,
         )
         prev = merged.get(cid)
         if prev is not None:  # the same chunk twice: keep the stronger grade and every finding
@@ -181,6 +195,7 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
                 findings=prev.findings + finding.findings,
                 summary=prev.summary or finding.summary,
                 follow_up=(prev.follow_up + finding.follow_up)[:MAX_FOLLOW_UPS],
+                records=merge_records(prev.records, finding.records),
             )
         merged[cid] = finding
     return list(merged.values())

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
-PROMPT_NAMES = ("primary", "subcall", "synthesizer")
+PROMPT_NAMES = ("primary", "subcall", "synthesizer", "check", "direct")
 #: a prompt file larger than this is a mistake, not a prompt
 MAX_PROMPT_BYTES = 256 * 1024
 
@@ -107,6 +109,18 @@ def unquote_field(text: str) -> str:
     except ValueError:
         return text
     return value if isinstance(value, str) else text
+
+
+def finding_block(f: Mapping[str, Any]) -> str:
+    """A collected finding as the synthesizer and the completeness check read it (inside a content block:
+    the analysts' words derive from untrusted text)."""
+    lines = [f"relevance: {f['relevance']}"]
+    if f.get("summary"):
+        lines.append(f"summary: {f['summary']}")
+    lines += [f"- {x}" for x in f.get("findings") or []]
+    if f.get("follow_up"):
+        lines.append("follow-up: " + "; ".join(f["follow_up"]))
+    return "\n".join(lines)
 
 
 def system_message(prompt: str) -> dict[str, str]:

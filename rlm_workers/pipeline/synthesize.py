@@ -19,7 +19,15 @@ from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
-from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
+from .prompts import (
+    content_block,
+    escape_content,
+    finding_block,
+    load_prompt,
+    quote_field,
+    source_line,
+    system_message,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -38,16 +46,6 @@ MAX_SYNTH_FINDINGS_CHARS = 300_000
 # --------------------------------------------------------------------------- messages
 
 
-def _finding_block(f: Mapping[str, Any]) -> str:
-    lines = [f"relevance: {f['relevance']}"]
-    if f.get("summary"):
-        lines.append(f"summary: {f['summary']}")
-    lines += [f"- {x}" for x in f.get("findings") or []]
-    if f.get("follow_up"):
-        lines.append("follow-up: " + "; ".join(f["follow_up"]))
-    return "\n".join(lines)
-
-
 def build_messages(
     system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]
 ) -> list[dict[str, str]]:
@@ -56,7 +54,7 @@ def build_messages(
     for f in kept:
         block = (
             f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
-            f"\n\n{content_block(_finding_block(f))}"
+            f"\n\n{content_block(finding_block(f))}"
         )
         if used + len(block) > MAX_SYNTH_FINDINGS_CHARS and blocks:
             omitted += 1

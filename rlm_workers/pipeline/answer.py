@@ -1,0 +1,95 @@
+"""Answer: one direct LLM call over the best chunks that fit the context (``instant``, auto's ``direct`` route).
+
+No planner and no chord: the search's top chunks, in rank order, as many as fit
+a token budget, go to one model that writes the answer with citations
+(docs/contract.md#modes).  This module holds that message, the fitting of
+chunks to the budget, and reading back which chunks the answer cited.  The
+chunks are fenced exactly as in an analyst's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+
+from .analyst import ChunkForPrompt
+from .prompts import content_block, escape_content, source_line, system_message
+from .records import RECORDS_INSTRUCTION
+
+#: a rough tokenizer-free estimate, on the safe side for English and code
+CHARS_PER_TOKEN = 4
+CUT_MARKER = "[…cut to fit the context]"
+
+
+def estimate_tokens(text: str) -> int:
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def _block(c: ChunkForPrompt) -> str:
+    return (
+        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
+        f"{content_block(c.text)}"
+    )
+
+
+def _cut(c: ChunkForPrompt, budget_tokens: int) -> ChunkForPrompt:
+    """``c`` with its text cut (at a line end where one is near) so that its block fits, marked as cut."""
+    text = c.text
+    for _ in range(8):  # escaping can lengthen the text a little: shrink until the block fits
+        over = estimate_tokens(_block(dataclasses.replace(c, text=text + "\n" + CUT_MARKER))) - budget_tokens
+        if over <= 0 or not text:
+            break
+        keep = max(0, len(text) - over * CHARS_PER_TOKEN)
+        nl = text.rfind("\n", 0, keep)
+        text = text[: nl if nl >= keep // 2 else keep]
+    # the source line says which lines the model is shown
+    return dataclasses.replace(
+        c, text=f"{text}\n{CUT_MARKER}", end_line=min(c.end_line, c.start_line + text.count("\n"))
+    )
+
+
+def fit_chunks(chunks: Sequence[ChunkForPrompt], budget_tokens: int) -> list[ChunkForPrompt]:
+    """The chunks, in rank order, while their prompt blocks fit ``budget_tokens``; always at least the first
+    (cut, and marked so, when it alone is too big)."""
+    out: list[ChunkForPrompt] = []
+    used = 0
+    for c in chunks:
+        cost = estimate_tokens(_block(c)) + (1 if out else 0)  # the blank line between blocks
+        if used + cost > budget_tokens:
+            if not out:
+                out.append(_cut(c, budget_tokens))
+            break
+        out.append(c)
+        used += cost
+    return out
+
+
+def build_messages(
+    system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt], *, records_wanted: bool = False
+) -> list[dict[str, str]]:
+    """The analyst's message layout, asking for a cited markdown answer instead of findings JSON."""
+    parts = [f"## Query\n\n{escape_content(query)}"]
+    if records_wanted:
+        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
+    parts.append("## Chunks\n\n" + "\n\n".join(_block(c) for c in chunks))
+    parts.append("Answer the query from these chunks only; cite every fact as [chunk N].")
+    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+
+
+# "chunk 12", "[chunk 12, a.md:3-9]", "chunks 3, 5 and 7."; a number joined by "." ":" "/" "-" to what follows is
+# a path or a line range ("[chunk 3, 2024.log:1-5]"), not another chunk
+_CITATION = re.compile(r"\bchunks?\s*#?\s*(\d+)((?:\s*(?:,|and|&)\s*#?\d+\b(?![.:/-]\w))*)", re.I)
+_NUMBER = re.compile(r"\d+")
+
+
+def cited_chunk_ids(report: str, allowed: Iterable[int]) -> list[int]:
+    """The chunk ids ``report`` cites, in order of first citation, only those in ``allowed`` (a model may cite a
+    chunk it was never shown)."""
+    ok = set(allowed)
+    out: dict[int, None] = {}
+    for m in _CITATION.finditer(report or ""):
+        for n in [m.group(1), *_NUMBER.findall(m.group(2))]:
+            if int(n) in ok:
+                out.setdefault(int(n))
+    return list(out)

@@ -1,0 +1,157 @@
+"""Check: the completeness check of thinking mode (docs/contract.md#modes).
+
+After a fan-out round, a checker model reads the query and the findings kept so
+far and says whether they answer it; if not, it names follow-up questions that
+run as child jobs.  This module holds its user message and the parsing of its
+verdict.  The findings are quoted inside content blocks (they derive from
+untrusted text), and so are the questions asked already, which are repeated so
+that the checker does not ask them again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from ..errors import ParseError
+from .prompts import content_block, escape_content, finding_block, quote_field, source_line, system_message
+from .replies import clip, json_candidates
+
+CHECK_MAX_TOKENS = 1024
+#: the checker sees at most this much findings text; the rest is counted
+MAX_CHECK_FINDINGS_CHARS = 200_000
+MAX_FOLLOW_UPS_PER_CHECK = 4
+MAX_GAPS = 10
+MAX_GAP_BYTES = 300
+MAX_FOLLOW_UP_BYTES = 500
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def build_messages(
+    system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]], asked: Sequence[str]
+) -> list[dict[str, str]]:
+    """The query, the questions asked already (follow-ups of earlier rounds) and the findings in collect order."""
+    user = f"## Query\n\n{escape_content(query)}"
+    if asked:
+        user += "\n\n## Asked already\n\n" + "\n".join(f"- {quote_field(q)}" for q in asked)
+    blocks, used, omitted = [], 0, 0
+    for f in kept:
+        block = (
+            f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
+            f"\n\n{content_block(finding_block(f))}"
+        )
+        if used + len(block) > MAX_CHECK_FINDINGS_CHARS and blocks:
+            omitted += 1
+            continue
+        blocks.append(block)
+        used += len(block)
+    user += "\n\n## Findings\n\n" + ("\n\n".join(blocks) if blocks else "(none)")
+    if omitted:
+        user += f"\n\n({omitted} lower-ranked findings omitted for length.)"
+    user += "\n\nReply with the JSON verdict only."
+    return [system_message(system_prompt), {"role": "user", "content": user}]
+
+
+# --------------------------------------------------------------------------- the verdict
+
+_TRUE = {"true", "yes", "1"}
+_FALSE = {"false", "no", "0"}
+
+
+def _strings(raw: Any) -> list[str]:
+    """A list of strings from a string, a list of strings, or a list of ``{"question": …}`` objects."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for item in raw:
+        if isinstance(item, dict):
+            item = next((item[k] for k in ("question", "query", "follow_up", "text") if k in item), None)
+        if isinstance(item, str) and item.strip():
+            out.append(" ".join(item.split()))
+    return out
+
+
+class CheckVerdict(BaseModel):
+    """Whether the findings answer the query, and if not, what to ask next (at most MAX_FOLLOW_UPS_PER_CHECK)."""
+
+    complete: bool
+    confidence: float = Field(ge=0.0, le=1.0)
+    gaps: list[str] = Field(default_factory=list, max_length=MAX_GAPS)
+    follow_ups: list[str] = Field(default_factory=list, max_length=MAX_FOLLOW_UPS_PER_CHECK)
+
+    @field_validator("complete", mode="before")
+    @classmethod
+    def _complete(cls, v: Any) -> bool:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, int | str):
+            word = str(v).strip().lower()
+            if word in _TRUE:
+                return True
+            if word in _FALSE:
+                return False
+        raise ValueError(f"complete must be true or false, not {v!r}")
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence(cls, v: Any) -> float:
+        if isinstance(v, bool):
+            raise ValueError("confidence must be a number")
+        try:
+            if isinstance(v, str):  # "0.8", or "80%"
+                word = v.strip()
+                x = float(word.rstrip("%")) / (100 if word.endswith("%") else 1)
+            else:
+                x = float(v)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"confidence must be a number, not {v!r}") from None
+        return 0.0 if math.isnan(x) else min(1.0, max(0.0, x))
+
+    @field_validator("gaps", mode="before")
+    @classmethod
+    def _gaps(cls, v: Any) -> list[str]:
+        return [clip(g, MAX_GAP_BYTES) for g in _strings(v)][:MAX_GAPS]
+
+    @field_validator("follow_ups", mode="before")
+    @classmethod
+    def _follow_ups(cls, v: Any) -> list[str]:
+        out: dict[str, str] = {}
+        for q in _strings(v):
+            out.setdefault(q.casefold(), clip(q, MAX_FOLLOW_UP_BYTES))
+        return list(out.values())[:MAX_FOLLOW_UPS_PER_CHECK]
+
+
+def parse_check(text: str) -> CheckVerdict:
+    """The checker's reply → a verdict; ``ParseError`` when it holds no usable one.
+
+    Lenient like the planner's parsing: the first JSON object found (fences and prose around it are fine),
+    ``{"verdict": {…}}`` unwrapped, ``follow_up`` for ``follow_ups``.  A verdict without ``complete`` is
+    complete when it asks nothing; one without ``confidence`` is as confident as its ``complete``.
+    """
+    obj = next((v for v in json_candidates(text or "") if isinstance(v, dict)), None)
+    if obj is not None and len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
+        obj = next(iter(obj.values()))  # {"verdict": {...}}
+    if obj is None or not {"complete", "follow_ups", "follow_up"} & obj.keys():
+        raise ParseError(f"the completeness check reply is not a JSON verdict: {(text or '')[:120]!r}")
+    fields = dict(obj)
+    if "follow_ups" not in fields and "follow_up" in fields:
+        fields["follow_ups"] = fields["follow_up"]
+    fields.setdefault("follow_ups", [])
+    if "complete" not in fields:
+        fields["complete"] = not _strings(fields["follow_ups"])
+    try:
+        if fields.get("confidence") is None:
+            fields["confidence"] = 1.0 if CheckVerdict._complete(fields["complete"]) else 0.0
+        return CheckVerdict.model_validate(
+            {k: fields.get(k) for k in ("complete", "confidence", "gaps", "follow_ups") if k in fields}
+        )
+    except (ValidationError, ValueError) as exc:
+        first = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise ParseError(f"the completeness check verdict is unusable ({first}): {(text or '')[:120]!r}") from None

@@ -1,0 +1,310 @@
+"""Typed records for exact totals (``--scope all``): parsing them from a reply, summing them, showing them.
+
+An aggregation question ("how many errors of each kind?") cannot be answered by
+a model reading a sample: every chunk is analysed, each analyst counts what its
+chunks show as ``{"label", "value", "count"}`` records, and the sums are done
+here, in Python, exactly (docs/contract.md#modes).  The table of totals in the
+answer is written by this module, not by a model, so a model cannot misadd it.
+
+Labels and values come from untrusted text (a model that read the chunks, or
+the chunks themselves): they are bounded when parsed and escaped when shown.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ..models import AggregateRow, Record
+from ..search.tokenize import tokenize
+
+#: records kept per chunk; a reply listing more is cut (the cut is counted as skipped)
+MAX_RECORDS_PER_CHUNK = 500
+MAX_LABEL_CHARS = 200
+MAX_VALUE_CHARS = 300
+#: a larger count is a model's invention, not something one chunk can show
+MAX_RECORD_COUNT = 1_000_000_000
+
+#: the ``## Records`` section of an analyst's (or a direct answer's) message
+RECORDS_INSTRUCTION = (
+    "This question needs exact totals. For every chunk, besides the usual fields, return "
+    '"records": a list of {"label": …, "value": …, "count": …} objects that count every item in that chunk '
+    'the question is about (for example label "level", value "ERROR", count 12). Use the same label for the '
+    "same kind of thing in every chunk. Count only what the chunk itself shows, item by item; never estimate, "
+    "extrapolate or round. A chunk with nothing to count gets an empty list."
+)
+
+_SUFFIXES = ("ations", "ation", "ings", "ing", "ures", "ure", "ers", "er", "ies", "ed", "es", "ly", "s")
+
+
+def stem_terms(text: str) -> list[str]:
+    """BM25 tokens, crudely stemmed so "failing", "failure" and "fails" meet at "fail" (the offline provider's
+    notion of a term, shared so that relevance here and there agree)."""
+    out = []
+    for t in tokenize(text):
+        if len(t) > 4 and t.isalpha():
+            for suf in _SUFFIXES:
+                if t.endswith(suf) and len(t) - len(suf) >= 3:
+                    t = t[: -len(suf)]
+                    break
+        out.append(t)
+    return out
+
+
+# --------------------------------------------------------------------------- parsing
+
+_INTEGER = re.compile(r"[+-]?\d{1,30}")
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+")
+
+
+def _count(raw: Any) -> int | None:
+    """A usable count or None: an int, an integral float or a numeric string, from 0 to MAX_RECORD_COUNT."""
+    if raw is None:
+        return 1
+    if isinstance(raw, bool):
+        return None  # JSON true is not 1
+    if isinstance(raw, str):
+        text = raw.strip()
+        if _THOUSANDS.fullmatch(text):
+            text = text.replace(",", "")
+        try:
+            raw = int(text) if _INTEGER.fullmatch(text) else float(text)
+        except (ValueError, OverflowError):
+            return None
+    if isinstance(raw, float):
+        if not math.isfinite(raw) or raw != int(raw):
+            return None
+        raw = int(raw)
+    if not isinstance(raw, int) or raw < 0 or raw > MAX_RECORD_COUNT:
+        return None
+    return raw
+
+
+def _text(raw: Any, limit: int) -> str | None:
+    """A label or value as text: strings and numbers (bools as JSON spells them); anything else is unusable."""
+    if isinstance(raw, bool):
+        text = "true" if raw else "false"
+    elif isinstance(raw, int):
+        text = str(raw)
+    elif isinstance(raw, float):
+        if not math.isfinite(raw):
+            return None
+        text = str(raw)
+    elif isinstance(raw, str):
+        text = raw.strip()
+    else:
+        return None
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _one(label: Any, value: Any, count: Any) -> Record | None:
+    lab = _text(label, MAX_LABEL_CHARS)
+    val = "" if value is None else _text(value, MAX_VALUE_CHARS)
+    n = _count(count)
+    if not lab or val is None or n is None:
+        return None
+    return Record(label=lab, value=val, count=n)
+
+
+def _entries(raw: Any) -> Iterable[tuple[Any, Any, Any] | None]:
+    """(label, value, count) triples of either accepted shape; None for an entry of neither."""
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict):
+                yield item.get("label"), item.get("value"), item.get("count")
+            else:
+                yield None
+    elif isinstance(raw, dict):  # {label: {value: count}}
+        for label, values in raw.items():
+            if isinstance(values, dict):
+                for value, count in values.items():
+                    yield label, value, count
+            else:
+                yield None
+
+
+def parse_records(raw: Any) -> tuple[list[Record], int]:
+    """A reply's ``records`` field → (records, entries skipped as unusable or beyond MAX_RECORDS_PER_CHUNK).
+
+    Accepts a list of ``{"label", "value", "count"}`` objects or ``{label: {value: count}}``; a JSON string of
+    either is read too.  ``count`` defaults to 1; a count of 0 carries nothing and is dropped without being
+    counted as skipped.  Nothing (None, ``[]``) is no records.
+    """
+    if raw is None or raw == "" or raw == [] or raw == {}:
+        return [], 0
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except (ValueError, RecursionError):
+            return [], 1
+    if not isinstance(raw, list | dict):
+        return [], 1
+    out: list[Record] = []
+    skipped = 0
+    for entry in _entries(raw):
+        record = _one(*entry) if entry is not None else None
+        if record is None:
+            skipped += 1
+        elif record.count == 0:
+            continue
+        elif len(out) >= MAX_RECORDS_PER_CHUNK:
+            skipped += 1
+        else:
+            out.append(record)
+    return out, skipped
+
+
+# --------------------------------------------------------------------------- summing
+
+
+def _key(text: str) -> str:
+    """What makes two spellings the same label or value: case and runs of whitespace do not count."""
+    return " ".join(text.split()).casefold()
+
+
+def merge_records(first: Sequence[Record], second: Sequence[Record]) -> list[Record]:
+    """The records of two entries one reply gave for the same chunk.
+
+    Not summed: a model that repeats a chunk's entry repeats its counts, and adding them would double the
+    chunk.  A pair in both keeps the larger count; pairs in only one are kept as they are.
+    """
+
+    def summed(records: Sequence[Record]) -> dict[tuple[str, str], Record]:
+        out: dict[tuple[str, str], Record] = {}
+        for r in records:  # within one entry, a pair listed twice is two lots of items
+            key = (_key(r.label), _key(r.value))
+            out[key] = out[key].model_copy(update={"count": out[key].count + r.count}) if key in out else r
+        return out
+
+    merged = summed(first)
+    for key, r in summed(second).items():
+        if key not in merged or r.count > merged[key].count:
+            merged[key] = merged[key].model_copy(update={"count": r.count}) if key in merged else r
+    return list(merged.values())[:MAX_RECORDS_PER_CHUNK]
+
+
+def aggregate(per_chunk: Mapping[int, Sequence[Record]]) -> list[AggregateRow]:
+    """Exact sums per (label, value) over every chunk; ``chunks`` = how many chunks reported the pair.
+
+    Spellings that differ only in case or whitespace are one pair, shown as first seen (chunks in id order,
+    so the result does not depend on the order the mapping was built in); every value of a label is shown
+    under the label's first spelling.  Sorted by label, then count (largest first), then value.
+    """
+    labels: dict[str, str] = {}
+    values: dict[tuple[str, str], str] = {}
+    counts: dict[tuple[str, str], int] = {}
+    seen_in: dict[tuple[str, str], set[int]] = {}
+    for chunk_id in sorted(per_chunk):
+        for r in per_chunk[chunk_id]:
+            lk = _key(r.label)
+            key = (lk, _key(r.value))
+            labels.setdefault(lk, r.label)
+            values.setdefault(key, r.value)
+            counts[key] = counts.get(key, 0) + r.count
+            seen_in.setdefault(key, set()).add(chunk_id)
+    rows = [
+        AggregateRow(label=labels[key[0]], value=values[key], count=n, chunks=len(seen_in[key]))
+        for key, n in counts.items()
+    ]
+    rows.sort(key=lambda r: (_key(r.label), -r.count, _key(r.value), r.value))
+    return rows
+
+
+# --------------------------------------------------------------------------- showing
+
+#: line breaks of every kind and the other control characters: one space each in a table cell
+_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+#: what markdown would read as syntax in a cell or a heading: a table's "|", tags, code spans, links, emphasis
+_MD_SYNTAX = re.compile(r"([\\`*_\[\]<>|#~&!])")
+
+
+def md_safe(text: str) -> str:
+    """Untrusted text for one table cell or heading: shown as written, never read as markdown or HTML."""
+    shown = " ".join(_BREAKS.sub(" ", text).split())
+    return _MD_SYNTAX.sub(r"\\\1", shown) if shown else "_(empty)_"
+
+
+def _relevant(label: str, values: Sequence[AggregateRow], query_terms: set[str]) -> bool:
+    if query_terms & set(stem_terms(label)):
+        return True
+    return any(query_terms & set(stem_terms(r.value)) for r in values)
+
+
+def records_markdown(rows: Sequence[AggregateRow], query: str, *, max_labels: int = 6, max_values: int = 50) -> str:
+    """The "## Exact totals" section of an answer: one value | count table per label.
+
+    Labels the query is about (the label or one of its values shares a term with it) come first, then the
+    rest by total count; what does not fit is counted, and the full list stays in the result's ``records``.
+    """
+    head = ["## Exact totals", ""]
+    if not rows:
+        return "\n".join([*head, "No chunk reported anything to count."])
+    groups: dict[str, list[AggregateRow]] = {}
+    for r in rows:
+        groups.setdefault(_key(r.label), []).append(r)
+    q_terms = set(stem_terms(query))
+    totals = {k: sum(r.count for r in g) for k, g in groups.items()}
+    order = sorted(
+        groups,
+        key=lambda k: (not _relevant(groups[k][0].label, groups[k], q_terms), -totals[k], k),
+    )
+    shown = order[: max(0, max_labels)]
+    lines = [
+        *head,
+        "Summed exactly from what was counted in each chunk; the arithmetic is done by rlm, not by a language model.",
+    ]
+    hidden_values = 0
+    for k in shown:
+        group = sorted(groups[k], key=lambda r: (-r.count, _key(r.value), r.value))
+        lines += [
+            "",
+            f"### {md_safe(group[0].label)}",
+            "",
+            f"{totals[k]} in total, {len(group)} distinct value{'s' if len(group) != 1 else ''}.",
+            "",
+            "| value | count |",
+            "| --- | ---: |",
+        ]
+        lines += [f"| {md_safe(r.value)} | {r.count} |" for r in group[:max_values]]
+        if len(group) > max_values:
+            rest = group[max_values:]
+            hidden_values += len(rest)
+            lines += ["", f"…and {len(rest)} more values ({sum(r.count for r in rest)} items)."]
+    left_labels = order[len(shown) :]
+    left_out = []
+    if left_labels:
+        n_values = sum(len(groups[k]) for k in left_labels)
+        left_out.append(f"{len(left_labels)} more label{'s' if len(left_labels) != 1 else ''} ({n_values} values)")
+    if hidden_values:
+        left_out.append(f"{hidden_values} more values of the labels above")
+    lines.append("")
+    if left_out:
+        lines.append(f"Not shown: {' and '.join(left_out)}. The full list is in the result's `records`.")
+    else:
+        lines.append("The same totals are in the result's `records`.")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- which questions need them
+
+_AGGREGATION = re.compile(
+    r"\b(?:how\s+many|how\s+often|number\s+of|list\s+(?:all|every)|counts?|counting|every|totals?|tall(?:y|ies)"
+    r"|distinct|each\s+(?:kind|type)s?|frequenc(?:y|ies))\b",
+    re.I,
+)
+
+
+def aggregation_reason(query: str) -> str | None:
+    """The first phrase that makes ``query`` an aggregation question ("how many", "count", "list all", …),
+    lowercased, or None."""
+    m = _AGGREGATION.search(query or "")
+    return " ".join(m.group(0).lower().split()) if m else None
+
+
+def is_aggregation_question(query: str) -> bool:
+    """Whether answering ``query`` needs every chunk counted (auto mode's ``exhaustive`` route)."""
+    return aggregation_reason(query) is not None
