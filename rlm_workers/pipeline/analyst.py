@@ -32,7 +32,7 @@ from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..resources import provider
 from ..store import jobs as job_store
-from ..store.buffers import get_chunks
+from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
 from .flow import Heartbeat
@@ -114,7 +114,7 @@ def retry_messages(
             "content": (
                 f"Your previous reply could not be used: {problem}. Reply again with only a JSON array of exactly "
                 f"{len(chunk_ids)} objects, one per chunk id ({', '.join(map(str, chunk_ids))}), each with chunk_id, "
-                "relevance (high, medium, low or none), findings, summary and follow_up."
+                "relevance (high, medium, low or none), findings, summary and follow_up (and records, if asked for)."
             ),
         },
     ]
@@ -281,8 +281,14 @@ def _analyse(job_id: str, batch_no: int) -> dict:
 
 
 def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: list[int], settings: Settings) -> dict:
+    counting = job.route == "exhaustive"
     with connection() as conn:
-        rows = get_chunks(conn, tenant=job.tenant, chunk_ids=ids)
+        if counting:
+            # an exact count reads each line once: the lines a chunk shares with the one before are left out
+            counted = chunks_for_counting(conn, tenant=job.tenant, chunk_ids=ids)
+            rows = {cid: cc.row for cid, cc in counted.items()}
+        else:
+            rows = get_chunks(conn, tenant=job.tenant, chunk_ids=ids)
         if missing := [cid for cid in ids if cid not in rows]:
             job_store.add_chunk_load_failures(conn, job_id=job_id, n=len(missing))
         if not rows:
@@ -301,6 +307,8 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
         for cid in ids
         if (c := rows.get(cid))
     ]
+    if counting:
+        chunks = [_owned(c, counted[c.chunk_id]) for c in chunks]
     present = [c.chunk_id for c in chunks]
     params = job.params or {}
     messages = build_messages(
@@ -340,6 +348,15 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
         )
         return {"batch": batch_no, "status": "late"}
     return {"batch": batch_no, "status": "ok", "findings": len(findings), "unanswered": len(unanswered)}
+
+
+def _owned(chunk: ChunkForPrompt, counted: Any) -> ChunkForPrompt:
+    from dataclasses import replace
+
+    from .records import own_lines
+
+    first, text = own_lines(chunk.text, chunk.start_line, chunk.end_line, counted.prev_end_line, counted.tail)
+    return replace(chunk, start_line=first, end_line=max(first, chunk.end_line), text=text)
 
 
 def _ask(

@@ -308,3 +308,22 @@ def aggregation_reason(query: str) -> str | None:
 def is_aggregation_question(query: str) -> bool:
     """Whether answering ``query`` needs every chunk counted (auto mode's ``exhaustive`` route)."""
     return aggregation_reason(query) is not None
+
+
+def own_lines(text: str, start_line: int, end_line: int, prev_end_line: int | None, tail: str = "") -> tuple[int, str]:
+    """The lines of a chunk that no earlier chunk of its file holds: (first line number, their text).
+
+    Chunks overlap (``--overlap``), so counting every chunk's full text would count the shared lines twice.
+    An exhaustive job reads each line once: a line belongs to the first chunk whose text reaches it.  A chunk
+    that ends inside a line (the fixed chunker cuts anywhere) owns that whole line — ``tail`` is the file's
+    text right after the chunk, from the next chunk — and the next chunk skips it.
+    """
+    lines = text.split("\n")
+    first = start_line if prev_end_line is None else max(start_line, prev_end_line + 1)
+    skip = first - start_line
+    if skip >= len(lines) or first > end_line:
+        return first, ""
+    owned = lines[skip:]
+    if tail and not text.endswith("\n"):
+        owned[-1] += tail.split("\n", 1)[0]
+    return first, "\n".join(owned)

@@ -194,16 +194,17 @@ def result_for(
                 error=(k.error or {}).get("message"),
             )
         )
-    budget = (
-        budget_report(
-            job.tree,
-            (job.options if root else {}) or {},
-            (usage.calls, usage.tokens_in + usage.tokens_out, usage.cost_usd),
-            next((b.error or {}).get("reason") for _, b in child_batches if (b.error or {}).get("type") == "budget"),
-        )
-        if root
-        else None
+    own_batches = job_store.batches(conn, job_id=job.id)
+    spent = next(
+        (
+            (b.error or {}).get("reason")
+            for b in [*own_batches, *(b for _, b in child_batches)]
+            if (b.error or {}).get("type") == "budget"
+        ),
+        None,
     )
+    used = (usage.calls, usage.tokens_in + usage.tokens_out, usage.cost_usd)
+    budget = budget_report(job.tree, job.options or {}, used, spent) if root else None
     result = build_result(
         job_id=job.id,
         response=response,
@@ -212,7 +213,7 @@ def result_for(
         params=job.params or {},
         collected=kept,
         findings_filtered=int(collected.get("filtered") or 0),
-        batches=job_store.batches(conn, job_id=job.id),
+        batches=own_batches,
         chunks_available=job.chunks_available or 0,
         chunk_load_failures=job.chunk_load_failures,
         usage=(usage.calls, usage.tokens_in, usage.tokens_out),

@@ -317,6 +317,35 @@ def get_chunks(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int
     return {r[0]: ChunkRow(*r) for r in rows}
 
 
+@dataclass(frozen=True)
+class CountedChunk:
+    """A chunk with what an exhaustive count needs of its neighbours in the file (``records.own_lines``)."""
+
+    row: ChunkRow
+    prev_end_line: int | None
+    #: the file's text right after this chunk's end, taken from the next chunk (empty at the end of the file)
+    tail: str
+
+
+def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, CountedChunk]:
+    if not chunk_ids:
+        return {}
+    rows = conn.execute(
+        """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, c.text, p.end_line,
+                  CASE WHEN n.id IS NOT NULL AND n.start_byte <= c.end_byte
+                       THEN substring(convert_to(n.text, 'UTF8') FROM c.end_byte - n.start_byte + 1 FOR 65536) END
+           FROM chunks c JOIN buffers b ON b.id = c.buffer_id
+           LEFT JOIN chunks p ON p.file_id = c.file_id AND p.seq = c.seq - 1
+           LEFT JOIN chunks n ON n.file_id = c.file_id AND n.seq = c.seq + 1
+           WHERE c.id = ANY(%s) AND b.tenant = %s""",
+        (list(chunk_ids), tenant),
+    ).fetchall()
+    return {
+        r[0]: CountedChunk(ChunkRow(*r[:7]), r[7], bytes(r[8]).decode("utf-8", "ignore") if r[8] is not None else "")
+        for r in rows
+    }
+
+
 def chunk_sizes(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> list[tuple[int, int]]:
     """(chunk id, characters) of every chunk of the buffers, in document order (buffer as given, then ordinal):
     what an exhaustive job reads, and how big each piece is, without loading any text."""
