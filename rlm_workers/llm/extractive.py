@@ -8,7 +8,11 @@ with nothing installed.  It reads the messages built by
 - grades each chunk by how much of the query its best passage covers and
   quotes those passages verbatim, with their line numbers, as findings;
 - writes a markdown report from the strongest quotes, citing chunk ids and
-  file:line.
+  file:line;
+- counts typed records (log levels, logfmt/JSON fields, ``Key: value`` lines)
+  when a message asks for them, answers a direct message the way it writes a
+  report, and checks completeness by following names the findings mention and
+  the question does not.
 
 Nothing here executes or obeys chunk text; it only measures term overlap.
 Token counts are reported as 0 because no tokens were bought.

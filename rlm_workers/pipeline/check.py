@@ -78,6 +78,18 @@ def _strings(raw: Any) -> list[str]:
     return out
 
 
+def _as_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int | str):
+        word = str(v).strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise ValueError(f"complete must be true or false, not {v!r}")
+
+
 class CheckVerdict(BaseModel):
     """Whether the findings answer the query, and if not, what to ask next (at most MAX_FOLLOW_UPS_PER_CHECK)."""
 
@@ -89,15 +101,7 @@ class CheckVerdict(BaseModel):
     @field_validator("complete", mode="before")
     @classmethod
     def _complete(cls, v: Any) -> bool:
-        if isinstance(v, bool):
-            return v
-        if isinstance(v, int | str):
-            word = str(v).strip().lower()
-            if word in _TRUE:
-                return True
-            if word in _FALSE:
-                return False
-        raise ValueError(f"complete must be true or false, not {v!r}")
+        return _as_bool(v)
 
     @field_validator("confidence", mode="before")
     @classmethod
@@ -148,7 +152,7 @@ def parse_check(text: str) -> CheckVerdict:
         fields["complete"] = not _strings(fields["follow_ups"])
     try:
         if fields.get("confidence") is None:
-            fields["confidence"] = 1.0 if CheckVerdict._complete(fields["complete"]) else 0.0
+            fields["confidence"] = 1.0 if _as_bool(fields["complete"]) else 0.0
         return CheckVerdict.model_validate(
             {k: fields.get(k) for k in ("complete", "confidence", "gaps", "follow_ups") if k in fields}
         )
