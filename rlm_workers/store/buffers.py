@@ -333,7 +333,8 @@ def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Seq
     rows = conn.execute(
         """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, c.text, p.end_line,
                   CASE WHEN n.id IS NOT NULL AND n.start_byte <= c.end_byte
-                       THEN substring(convert_to(n.text, 'UTF8') FROM (c.end_byte - n.start_byte + 1)::int FOR 65536) END
+                       THEN substring(convert_to(n.text, 'UTF8')
+                                      FROM (c.end_byte - n.start_byte + 1)::int FOR 65536) END
            FROM chunks c JOIN buffers b ON b.id = c.buffer_id
            LEFT JOIN chunks p ON p.file_id = c.file_id AND p.seq = c.seq - 1
            LEFT JOIN chunks n ON n.file_id = c.file_id AND n.seq = c.seq + 1
