@@ -225,6 +225,15 @@ def test_upload_refuses_path_tricks(api, keys, name):
         ({"query": "a\x00b", "buffers": ["handbook"]}, "NUL"),
         ({"query": "q", "buffers": ["hand\x00book"]}, "buffer name"),
         ({"query": "q", "buffers": ["handbook"], "extra": 1}, "extra: unknown field"),
+        # modes and budgets (docs/contract.md#modes)
+        ({"query": "q", "buffers": ["handbook"], "options": {"mode": "deep"}}, "options.mode"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"depth": -1}}, "options.depth"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"depth": 6}}, "options.depth"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"max_llm_calls": -5}}, "options.max_llm_calls"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"max_tokens": 0}}, "options.max_tokens"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"max_cost": -1.0}}, "options.max_cost"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"deadline": 0}}, "options.deadline"),
+        ({"query": "q", "buffers": ["handbook"], "options": {"scope": "all", "mode": "instant"}}, "instant"),
     ],
 )
 def test_bad_query_bodies_are_422_with_a_clear_message(api, keys, docs_a, body, needle):
@@ -232,6 +241,14 @@ def test_bad_query_bodies_are_422_with_a_clear_message(api, keys, docs_a, body, 
         r = c.post("/v1/queries", json=body)
     assert r.status_code == 422, r.text
     assert needle in r.json()["error"]["message"]
+
+
+def test_a_nan_budget_is_422(api, keys, docs_a):
+    with api.client(keys["a"]) as c:
+        body = '{"query": "q", "buffers": ["handbook"], "options": {"max_cost": NaN}}'
+        r = c.post("/v1/queries", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "max_cost" in r.json()["error"]["message"] or "JSON" in r.json()["error"]["message"]
 
 
 def test_cancel_before_analysis(api, keys, docs_a, control):
