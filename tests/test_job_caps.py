@@ -56,11 +56,11 @@ def test_search_top_k_and_batch_size_set_by_the_operator_beat_the_tier(monkeypat
 def test_a_plan_asking_for_too_much_is_cut_to_the_caps_and_the_cut_is_reported(monkeypatch):
     from rlm_workers.pipeline.report import build_result
 
-    settings = _env_settings(monkeypatch)  # defaults: 2,000 chunks, 200 batches
+    settings = _env_settings(monkeypatch)  # defaults: 10,000 chunks, 200 batches
     greedy = AnalysisPlan(top_k=10_000, max_chunks=100_000, batch_size=1)
     r = resolve_params(QueryOptions(), greedy, scaling_profile(500_000), settings)
-    assert r.max_chunks == settings.max_chunks_per_job == 2000
-    assert r.batch_size == 10  # 2,000 chunks in at most 200 batches
+    assert r.max_chunks == settings.max_chunks_per_job == 10_000
+    assert r.batch_size == 50  # 10,000 chunks in at most 200 batches
     assert len(r.caps_applied) == 2
     assert "RLM_MAX_CHUNKS_PER_JOB" in r.caps_applied[0] and "RLM_MAX_BATCHES_PER_JOB" in r.caps_applied[1]
     result = build_result(
@@ -78,7 +78,7 @@ def test_a_plan_asking_for_too_much_is_cut_to_the_caps_and_the_cut_is_reported(m
         elapsed_seconds=1.0,
     )
     assert result.caps_applied == r.caps_applied
-    assert result.plan.max_chunks == 2000 and result.plan.batch_size == 10
+    assert result.plan.max_chunks == 10_000 and result.plan.batch_size == 50
     # a plan within the caps is left alone
     modest = resolve_params(QueryOptions(), AnalysisPlan(max_chunks=50, batch_size=5), scaling_profile(500), settings)
     assert (modest.max_chunks, modest.batch_size, modest.caps_applied) == (50, 5, [])
@@ -96,7 +96,7 @@ def test_lower_caps_from_the_environment_apply(monkeypatch):
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (["--max-chunks", "5000"], "RLM_MAX_CHUNKS_PER_JOB"),
+        (["--max-chunks", "20000"], "RLM_MAX_CHUNKS_PER_JOB"),
         (["--max-chunks", "2000", "--batch-size", "1"], "RLM_MAX_BATCHES_PER_JOB"),
         (["--num-agents", "500"], "RLM_MAX_BATCHES_PER_JOB"),
     ],
@@ -132,7 +132,7 @@ def test_the_api_refuses_a_request_over_the_caps_with_422(rlm_env, conn, embedde
     with TestClient(create_app(), headers={"Authorization": f"Bearer {key}"}) as client:
         r = client.post(
             "/v1/queries",
-            json={"query": "what is here?", "buffers": ["caps"], "options": {"max_chunks": 5000, "skip_plan": True}},
+            json={"query": "what is here?", "buffers": ["caps"], "options": {"max_chunks": 20_000, "skip_plan": True}},
         )
     assert r.status_code == 422, r.text
     assert "RLM_MAX_CHUNKS_PER_JOB" in r.json()["error"]["message"]
