@@ -18,17 +18,15 @@ if TYPE_CHECKING:
 @functools.lru_cache(maxsize=4096)
 def _root_and_limits(job_id: str) -> tuple[str, BudgetLimits] | None:
     from ..llm.budget import BudgetLimits
+    from ..store import jobs as job_store
     from ..store.db import connection
 
     with connection() as conn:
-        row = conn.execute(
-            """SELECT r.id, r.options, extract(epoch FROM r.created_at) FROM jobs j
-               JOIN jobs r ON r.id = coalesce(j.root_id, j.id) WHERE j.id = %s""",
-            (job_id,),
-        ).fetchone()
-    if row is None:
+        found = job_store.root_options(conn, job_id=job_id)
+    if found is None:
         return None
-    return row[0], BudgetLimits.from_options(row[1] or {}, float(row[2]))
+    root_id, options, created = found
+    return root_id, BudgetLimits.from_options(options, created)
 
 
 def _seed(root_id: str) -> tuple[int, int, float]:

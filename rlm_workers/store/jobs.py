@@ -529,6 +529,16 @@ def create_child(
     return row is not None
 
 
+def root_options(conn: psycopg.Connection, *, job_id: str) -> tuple[str, dict[str, Any], float] | None:
+    """(root id, the root's options, its creation time as epoch seconds) of the job's tree: its budget."""
+    row = conn.execute(
+        """SELECT r.id, r.options, extract(epoch FROM r.created_at) FROM jobs j
+           JOIN jobs r ON r.id = coalesce(j.root_id, j.id) WHERE j.id = %s""",
+        (job_id,),
+    ).fetchone()
+    return (row[0], row[1] or {}, float(row[2])) if row else None
+
+
 def save_route(conn: psycopg.Connection, *, job_id: str, route: str, reason: str) -> None:
     conn.execute("UPDATE jobs SET route = %s, route_reason = %s WHERE id = %s", (route, reason[:500], job_id))
 
