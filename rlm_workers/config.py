@@ -76,8 +76,8 @@ class Settings(BaseSettings):
         10_000,
         ge=1,
         le=100_000,
-        description="Most chunks one job may analyse (an exhaustive job over 10,000 chunks is a normal case): a request "
-        "over it is refused, a plan over it is cut.",
+        description="Most chunks one job may analyse (an exhaustive job over 10,000 chunks is a normal case): "
+        "a request over it is refused, a plan over it is cut.",
     )
     max_batches_per_job: int = Field(
         200,
