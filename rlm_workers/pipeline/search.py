@@ -54,7 +54,7 @@ def run(ctx: StageContext) -> str:
             settings=settings,
             url=database_url(settings),
             rows=rows,
-            query=job.query,
+            query=spec.get("search") or job.query,  # a query_subset child searches what its parent asked for
             mode=params.search_mode,
             top_k=params.top_k,
             threshold=params.threshold,

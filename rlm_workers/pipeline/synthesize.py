@@ -265,21 +265,23 @@ def _pause(
     tool_log: list[dict[str, Any]],
     subsets: list[tuple[str, dict[str, Any]]],
 ) -> None:
-    from .tree import _start_children
+    """Store the conversation, then start one child per query_subset call (a subset child reads exactly the
+    chunk ids given, or what its own search finds)."""
+    from .tree import _start_children, child_id
 
-    state = {"messages": messages, "turn": turn, "tool_log": tool_log, "pending": {}}
-    kids = []
-    for call_id, task in subsets:
-        spec = {"chunk_ids": task["chunk_ids"]} if task["chunk_ids"] else {"search": task["search"]}
-        kids.append((call_id, task["question"], spec))
+    tag = f"s{turn}"
+    tasks = [
+        (
+            t["question"],
+            {"kind": "subset", **({"chunk_ids": t["chunk_ids"]} if t["chunk_ids"] else {"search": t["search"]})},
+        )
+        for _, t in subsets
+    ]
+    pending = {call_id: child_id(job.id, tag, k) for k, (call_id, _) in enumerate(subsets)}
     # the conversation first: once the children exist, their end may resume it at any moment
-    for k, (call_id, _q, _s) in enumerate(kids):
-        import uuid
-
-        state["pending"][call_id] = uuid.uuid5(uuid.NAMESPACE_URL, f"rlm:{job.id}/s{turn}.{k}/0").hex
+    state = {"messages": messages, "turn": turn, "tool_log": tool_log, "pending": pending}
     job_store.save_synth_state(conn, job_id=job.id, state=state)
-    for k, (_call_id, question, spec) in enumerate(kids):
-        _start_children(conn, job, [question], depth=job.depth + 1, kind="subset", tag=f"s{turn}.{k}", spec_extra=spec)
+    _start_children(conn, job, tasks, depth=job.depth + 1, tag=tag)
 
 
 def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, str]) -> list[dict[str, Any]]:

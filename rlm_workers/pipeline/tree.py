@@ -89,7 +89,8 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
             return OK
         if _budget_spent(job):
             return OK
-        kids = _start_children(conn, job, follow, depth=job.depth + rnd + 1, kind="follow_up", tag=f"r{rnd + 1}")
+        tasks = [(q, {"kind": "follow_up"}) for q in follow]
+        kids = _start_children(conn, job, tasks, depth=job.depth + rnd + 1, tag=f"r{rnd + 1}")
         return f"waiting on {len(kids)} children"
 
 
@@ -144,20 +145,24 @@ def _budget_spent(job: JobRow) -> bool:
     return ledger is not None and ledger.state().get("exhausted") is not None
 
 
+def child_id(parent_id: str, tag: str, k: int) -> str:
+    """A child's id, derived from its parent, its round (or synthesis turn) and its position: a redelivered
+    stage computes the same ids and finds the rows instead of doubling them."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"rlm:{parent_id}/{tag}/{k}").hex
+
+
 def _start_children(
     conn: psycopg.Connection,
     parent: JobRow,
-    questions: Iterable[str],
+    tasks: Iterable[tuple[str, Mapping[str, Any]]],
     *,
     depth: int,
-    kind: str,
     tag: str,
-    spec_extra: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Create the children and wait for them (stage ``children``) in one transaction, then send them.
-
-    Ids are derived from the parent, the round and the position, so a redelivered stage finds the same rows
-    instead of doubling them; a child whose message is lost sits in ``queued`` until the reconciler resends it.
+    """Create the children — ``tasks`` is (question, spec) — and set the parent waiting (stage ``children``),
+    all in one transaction, then send them.  All at once: a child that ends fast must find its siblings
+    already there, or it would wake the parent too early.  A child whose message is lost sits in ``queued``
+    until the reconciler resends it.
     """
     from ..celery_app import app
 
@@ -166,17 +171,16 @@ def _start_children(
     if ft := (parent.options or {}).get("finding_threshold"):
         options["finding_threshold"] = ft
     with conn.transaction():
-        for k, question in enumerate(questions):
-            child_id = uuid.uuid5(uuid.NAMESPACE_URL, f"rlm:{parent.id}/{tag}/{k}").hex
-            spec = {"kind": kind, **(spec_extra or {})}
+        for k, (question, spec) in enumerate(tasks):
+            kid = child_id(parent.id, tag, k)
             job_store.create_child(
-                conn, job_id=child_id, parent=parent, query=question, options=options, depth=depth, spec=spec
+                conn, job_id=kid, parent=parent, query=question, options=options, depth=depth, spec=dict(spec)
             )
-            ids.append(child_id)
+            ids.append(kid)
         job_store.set_stage(conn, job_id=parent.id, stage=Stage.children)
-    for child_id in ids:
-        app.send_task("rlm.plan", (child_id,), argsrepr=f"job={child_id} parent={parent.id}")
-    log.info("job %s: started %d %s children at depth %d", parent.id, len(ids), kind, depth)
+    for kid in ids:
+        app.send_task("rlm.plan", (kid,), argsrepr=f"job={kid} parent={parent.id}")
+    log.info("job %s: started %d children at depth %d (%s)", parent.id, len(ids), depth, tag)
     return ids
 
 
