@@ -501,11 +501,6 @@ def test_cancelling_the_parent_cancels_its_children(conn, script, llm):
     assert job_row(conn, root).result is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="analyst.py _analyse_claimed: a batch claimed before the cancel and waiting for the job's concurrency "
-    "slot calls the model once it gets the slot; nothing re-reads the job's status between the claim and call_llm",
-)
 def test_a_cancelled_childs_batches_waiting_for_a_slot_call_no_model(conn, script, llm):
     # the follow-up also names the essays' words: the child reads all 30 chunks in 6 batches, CONCURRENCY at a time
     script.follow_up = FOLLOW_UP.rstrip("?") + ", per the history notes of practitioners?"

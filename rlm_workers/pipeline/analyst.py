@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
-from ..errors import BudgetExhausted, LimiterBusy, ParseError, error_record
+from ..errors import BudgetExhausted, JobCancelled, LimiterBusy, ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
@@ -250,7 +250,7 @@ def run(job_id: str, batch_no: int) -> dict:
     except DB_OUTAGE:
         raise  # nothing can be stored while PostgreSQL is away; a retry is not a failure, so the chord waits
     except Exception as exc:  # see the module docstring: the chord must get a result
-        if isinstance(exc, BudgetExhausted):
+        if isinstance(exc, BudgetExhausted | JobCancelled):
             log.info("job %s batch %s not sent: %s", job_id, batch_no, exc)
         else:
             log.exception("analyst crashed on job %s batch %s", job_id, batch_no)

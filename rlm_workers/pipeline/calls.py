@@ -44,6 +44,7 @@ def call_llm(
 
     p = provider()
     table = prices(get_settings())
+    _still_open(conn, job_id)
     ledger = ledger_for_job(job_id)
     if ledger is not None:
         ledger.reserve()
@@ -109,6 +110,20 @@ def call_llm(
         completion.latency_ms,
     )
     return completion
+
+
+def _still_open(conn: psycopg.Connection | None, job_id: str) -> None:
+    """A job cancelled (or ended) while this stage waited — for a slot, a limiter, a retry — starts no call."""
+    from ..errors import JobCancelled
+    from ..store.db import connection
+
+    if conn is not None:
+        open_ = job_store.is_open(conn, job_id=job_id)
+    else:
+        with connection() as c:
+            open_ = job_store.is_open(c, job_id=job_id)
+    if not open_:
+        raise JobCancelled(f"job {job_id} has ended (cancelled or finished); no LLM call was started")
 
 
 def _log_calls(conn: psycopg.Connection | None, job_id: str, calls: list[LLMCall]) -> None:

@@ -136,6 +136,12 @@ def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None)
     return JobRow(*row) if row else None
 
 
+def is_open(conn: psycopg.Connection, *, job_id: str) -> bool:
+    """Queued or running: a call for it may still start (a cancelled or ended job's may not)."""
+    row = conn.execute("SELECT status IN ('queued', 'running') FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    return bool(row and row[0])
+
+
 def set_stage(conn: psycopg.Connection, *, job_id: str, stage: str) -> bool:
     """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled)."""
     cur = conn.execute(
