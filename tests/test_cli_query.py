@@ -26,6 +26,12 @@ STATUS_LINE = re.compile(
     r"Scale: (?P<tier>\w+) \| Chunks: (?P<analyzed>\d+)/(?P<available>\d+) analyzed \| Findings: (?P<findings>\d+)"
     r" \| Batches: (?P<ok>\d+) ok, (?P<failed>\d+) failed \| Tokens: (?P<tokens>\d+) \| Time: (?P<time>\d+\.\d)s"
 )
+#: its second line: mode and route, rounds, children, confidence, completeness, coverage, cost (docs/contract.md#modes)
+MODES_LINE = re.compile(
+    r"Mode: (?P<mode>\w+) \((?P<route>\w+)\) \| Rounds: (?P<rounds>\d+) \| Children: (?P<children>\d+) \| "
+    r"Confidence: (?P<confidence>n/a|\d\.\d\d) \| Complete: (?P<complete>yes|no|unknown) \| "
+    r"Coverage: (?P<coverage>\d+)% \| Cost: \$(?P<cost>\d+\.\d{4})"
+)
 JOB_LINE = re.compile(r"^job (?P<id>\S+) \((?P<where>in-process worker|running workers)\)$", re.M)
 
 
@@ -105,8 +111,18 @@ def test_offline_query_with_no_worker_runs_in_process_and_prints_the_status_line
     assert rows and [b.status for b in rows] == ["ok"] * len(rows) and result.batches_processed == len(rows)
     assert result.chunks_available == CHUNK_COUNT and result.chunks_analyzed > 0
 
-    report, _, last = proc.stdout.rstrip().rpartition("\n")
+    rest, _, modes = proc.stdout.rstrip().rpartition("\n")
+    report, _, last = rest.rpartition("\n")
     assert report.rstrip() == result.response.rstrip()
+    m = MODES_LINE.fullmatch(modes)
+    assert m, modes
+    assert (m["mode"], m["route"], int(m["rounds"]), int(m["children"])) == (
+        result.mode,
+        result.route,
+        result.rounds,
+        len(result.children),
+    )
+    assert m["confidence"] == "n/a" and m["complete"] == "unknown" and m["cost"] == "0.0000"
     assert NEEDLE.split(" is ")[1].rstrip(".") in report  # the extractive answer quotes the needle
     m = STATUS_LINE.fullmatch(last)
     assert m, last

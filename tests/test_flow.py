@@ -43,11 +43,12 @@ def test_the_order_is_written_once_and_covers_every_task():
     from rlm_workers.pipeline.flow import CHAINED, ORDER, RESEND, RUNNERS, TASK, Stage, position
 
     assert ORDER[0] == Stage.queued and set(ORDER) == set(Stage)
-    # a chained stage always comes right after the one that chains it
-    assert all(position(b) == position(a) + 1 for a, b in CHAINED.items())
-    assert set(TASK) == set(RUNNERS) == set(ORDER) - {Stage.queued}
-    # re-sending is only for stages before the chord exists; later ones are salvaged
-    assert all(position(s) < position(Stage.fan_out) for s in RESEND)
+    # a chained stage always comes after the one that chains it (a thinking job loops only through a task: merge)
+    assert all(position(b) > position(a) for a, b in CHAINED.items())
+    # every stage but the two waits (queued, children: no task runs then) has its task and its runner
+    assert set(TASK) == set(RUNNERS) == set(ORDER) - {Stage.queued, Stage.children}
+    # a job whose chord was sent is salvaged from what is stored, never sent through the fan-out again
+    assert not {Stage.fan_out, Stage.collect, Stage.synthesize} & set(RESEND)
     assert position("done") > position(Stage.synthesize) and position("failed") == position("cancelled")
 
 
