@@ -57,6 +57,22 @@ def write_logs(root, *, files: int = 25, lines: int = 2000, seed: int = 11) -> c
     return truth
 
 
+def write_orders(root, *, rows: int = 2000, seed: int = 5) -> collections.Counter:
+    """A CSV table: the header names the columns only once, in the file's first line."""
+    rng = random.Random(seed)
+    truth: collections.Counter = collections.Counter()
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["order_id,region,status,amount"]
+    for i in range(rows):
+        status = rng.choice(["shipped", "pending", "returned", "lost"])
+        truth[status] += 1
+        lines.append(
+            f"{1000 + i},{rng.choice(['north', 'south', 'east'])},{status},{rng.randint(5, 500)}.{i % 100:02d}"
+        )
+    (root / "orders.csv").write_text("\n".join(lines) + "\n")
+    return truth
+
+
 def write_hops(root) -> None:
     """Fact A names B; the answer is a fact about B in another file that shares no word with the question."""
     write_essays(root, injection_at=None)
@@ -85,7 +101,8 @@ def corpora(env, conn, embedder, tmp_path_factory):
     write_hops(base / "hops")
     write_big(base / "big")
     truth = write_logs(base / "logs")
-    for name in ("essays", "hops", "big", "logs"):
+    orders = write_orders(base / "orders")
+    for name in ("essays", "hops", "big", "logs", "orders"):
         load_paths(conn, buffer=name, paths=[base / name], embedder=embedder)
     # the same logs cut anywhere (the fixed chunker splits lines): each line must still be counted once
     load_paths(
@@ -98,7 +115,7 @@ def corpora(env, conn, embedder, tmp_path_factory):
         overlap=150,
     )
     conn.commit()
-    return {"truth": truth}
+    return {"truth": truth, "orders": orders}
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +215,14 @@ def test_scope_all_counts_every_record_exactly(conn, workers, corpora):
         assert "Exact totals" in r.response and f"| {KINDS[0].replace('_', chr(92) + '_')} | {truth[KINDS[0]]} |" in (
             r.response
         )
+
+
+def test_scope_all_counts_the_rows_of_a_csv_table_by_its_header(conn, workers, corpora):
+    _, r = run_job(conn, "How many orders are there of each status?", ["orders"], scope="all")
+    assert r.coverage == 1.0 and r.chunks_available > 10  # the header is in the first chunk only
+    statuses = {row.value: row.count for row in r.records if row.label == "status"}
+    assert statuses == dict(corpora["orders"])
+    assert not any(row.label == "order_id" for row in r.records)  # unique per row: not counted
 
 
 def test_an_aggregation_question_routes_exhaustive_and_a_cut_off_search_says_it_is_incomplete(conn, workers, corpora):

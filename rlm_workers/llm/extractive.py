@@ -313,6 +313,12 @@ MAX_HEADER_VALUE_WORDS = 6
 MAX_HEADER_KEY_WORDS = 3
 
 
+def _unique_per_row(column: str) -> bool:
+    """An id or time column (``order_id``, ``created_at``): one distinct value per row, nothing to count."""
+    name = column.lower().replace("-", "_").replace(" ", "_")
+    return name in _SKIP_KEYS or name.endswith(("_id", "_at", "_time", "_ts", "uuid"))
+
+
 def _key_name(key: str) -> str:
     return key.lower().lstrip("@")
 
@@ -391,24 +397,51 @@ def _json_records(obj: dict) -> list[tuple[str, str]]:
     return ([("level", level)] if level else []) + fields
 
 
-def extract_records(text: str) -> list[dict]:
+def _table_records(text: str, path: str) -> list[tuple[str, str]]:
+    """A CSV/TSV chunk: its first line is the header row (the analyst stage puts it there), every other line a
+    row; each cell is a (column, value) record.  Columns that are unique per row (ids, times) are skipped."""
+    import csv
+
+    from ..pipeline.records import TABLE_SUFFIXES
+
+    delimiter = next(d for suffix, d in TABLE_SUFFIXES.items() if path.lower().endswith(suffix))
+    rows = list(csv.reader(text.split("\n"), delimiter=delimiter))
+    if not rows:
+        return []
+    header = [h.strip() for h in rows[0]]
+    out = []
+    for row in rows[1:]:
+        if not any(cell.strip() for cell in row):
+            continue
+        for name, cell in zip(header, row, strict=False):
+            value = cell.strip()
+            if name and value and len(value) <= 80 and not _unique_per_row(name):
+                out.append((name, value))
+    return out
+
+
+def extract_records(text: str, path: str = "") -> list[dict]:
     """Records one chunk shows, by rules, summed within the chunk: ``[{"label", "value", "count"}]``.
 
     Per line: (a) its log level, the first standalone uppercase level word (TRACE … SEVERE) or a logfmt or
     JSON ``level`` field, as ``("level", "ERROR")``; (b) logfmt ``key=value`` / ``key="quoted"`` fields when
     the line has two of them or a level; (c) the scalar fields of a JSON object line (JSONL); (d) a
     ``Key: value`` line (headers, YAML) with a short value.  Keys that are free text or unique per line (msg,
-    ts, id, duration, …) are skipped.  CSV rows are not extracted: a cell has no name on its own line, and
-    guessing the header row would count wrong as often as right.  At most MAX_RECORDS_PER_CHUNK distinct
-    pairs, first seen first.
+    ts, id, duration, …) are skipped.  A CSV/TSV chunk (by its path) is read as a table instead: its first line
+    is the header row and each cell of the other rows a (column, value) record.  At most MAX_RECORDS_PER_CHUNK
+    distinct pairs, first seen first.
     """
+    from ..pipeline.records import is_table
+
     counts: dict[tuple[str, str], int] = {}
-    for line in text.split("\n"):
-        for pair in _line_records(line):
-            if pair in counts:
-                counts[pair] += 1
-            elif len(counts) < MAX_RECORDS_PER_CHUNK:
-                counts[pair] = 1
+    pairs = (
+        _table_records(text, path) if is_table(path) else (p for line in text.split("\n") for p in _line_records(line))
+    )
+    for pair in pairs:
+        if pair in counts:
+            counts[pair] += 1
+        elif len(counts) < MAX_RECORDS_PER_CHUNK:
+            counts[pair] = 1
     return [{"label": label, "value": value, "count": n} for (label, value), n in counts.items()]
 
 
@@ -416,9 +449,10 @@ def analyst_reply(user_text: str) -> list[dict]:
     """The analyst's entries; with a ``## Records`` section, every entry (even one graded none) has records."""
     entries = analyse_chunks(user_text)
     if _RECORDS_SECTION.search(user_text):
-        bodies = {int(cid): body for cid, _source, body in _CHUNK.findall(user_text)}
+        bodies = {int(cid): (source, body) for cid, source, body in _CHUNK.findall(user_text)}
         for e in entries:
-            e["records"] = extract_records(unescape_content(bodies.get(e["chunk_id"], "")))
+            source, body = bodies.get(e["chunk_id"], ("", ""))
+            e["records"] = extract_records(unescape_content(body), _location(source)[0])
     return entries
 
 
@@ -439,7 +473,8 @@ def direct_answer(user_text: str) -> str:
     totals = None
     if _RECORDS_SECTION.search(user_text):
         per_chunk = {
-            cid: [Record(**r) for r in extract_records(unescape_content(body))] for cid, (_s, body) in chunks.items()
+            cid: [Record(**r) for r in extract_records(unescape_content(body), _location(s)[0])]
+            for cid, (s, body) in chunks.items()
         }
         totals = records_markdown(aggregate(per_chunk), query)
     if entries:

@@ -353,9 +353,14 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
 def _owned(chunk: ChunkForPrompt, counted: Any) -> ChunkForPrompt:
     from dataclasses import replace
 
-    from .records import own_lines
+    from .records import is_table, own_lines
 
     first, text = own_lines(chunk.text, chunk.start_line, chunk.end_line, counted.prev_end_line, counted.tail)
+    if first > 1 and is_table(chunk.path) and counted.first_line:
+        # a table's rows name their columns only through the header: every chunk of it starts with that row
+        return replace(
+            chunk, start_line=first - 1, end_line=max(first, chunk.end_line), text=f"{counted.first_line}\n{text}"
+        )
     return replace(chunk, start_line=first, end_line=max(first, chunk.end_line), text=text)
 
 

@@ -35,7 +35,8 @@ RECORDS_INSTRUCTION = (
     '"records": a list of {"label": …, "value": …, "count": …} objects that count every item in that chunk '
     'the question is about (for example label "level", value "ERROR", count 12). Use the same label for the '
     "same kind of thing in every chunk. Count only what the chunk itself shows, item by item; never estimate, "
-    "extrapolate or round. A chunk with nothing to count gets an empty list."
+    "extrapolate or round. A chunk with nothing to count gets an empty list. A chunk of a table (CSV, TSV) "
+    "always begins with the table's header row: it names the columns and is not a row to count."
 )
 
 _SUFFIXES = ("ations", "ation", "ings", "ing", "ures", "ure", "ers", "er", "ies", "ed", "es", "ly", "s")
@@ -327,3 +328,11 @@ def own_lines(text: str, start_line: int, end_line: int, prev_end_line: int | No
     if tail and not text.endswith("\n"):
         owned[-1] += tail.split("\n", 1)[0]
     return first, "\n".join(owned)
+
+
+#: delimited tables whose rows are records (a header row, then one record per row)
+TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+
+
+def is_table(path: str) -> bool:
+    return any(path.lower().endswith(suffix) for suffix in TABLE_SUFFIXES)

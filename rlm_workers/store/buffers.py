@@ -325,6 +325,8 @@ class CountedChunk:
     prev_end_line: int | None
     #: the file's text right after this chunk's end, taken from the next chunk (empty at the end of the file)
     tail: str
+    #: the file's first line (a table's header row, for chunks that do not start the file)
+    first_line: str = ""
 
 
 def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, CountedChunk]:
@@ -334,15 +336,19 @@ def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Seq
         """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, c.text, p.end_line,
                   CASE WHEN n.id IS NOT NULL AND n.start_byte <= c.end_byte
                        THEN substring(convert_to(n.text, 'UTF8')
-                                      FROM (c.end_byte - n.start_byte + 1)::int FOR 65536) END
+                                      FROM (c.end_byte - n.start_byte + 1)::int FOR 65536) END,
+                  left(split_part(h.text, E'\n', 1), 10000)
            FROM chunks c JOIN buffers b ON b.id = c.buffer_id
            LEFT JOIN chunks p ON p.file_id = c.file_id AND p.seq = c.seq - 1
            LEFT JOIN chunks n ON n.file_id = c.file_id AND n.seq = c.seq + 1
+           LEFT JOIN chunks h ON h.file_id = c.file_id AND h.seq = 0
            WHERE c.id = ANY(%s) AND b.tenant = %s""",
         (list(chunk_ids), tenant),
     ).fetchall()
     return {
-        r[0]: CountedChunk(ChunkRow(*r[:7]), r[7], bytes(r[8]).decode("utf-8", "ignore") if r[8] is not None else "")
+        r[0]: CountedChunk(
+            ChunkRow(*r[:7]), r[7], bytes(r[8]).decode("utf-8", "ignore") if r[8] is not None else "", r[9] or ""
+        )
         for r in rows
     }
 
