@@ -116,7 +116,7 @@ PAST_FANOUT: frozenset[Stage] = frozenset({Stage.check, Stage.children, Stage.me
 RUNNERS: dict[Stage, str] = {
     Stage.plan: "plan",
     Stage.search: "search",
-    Stage.answer: "direct",
+    Stage.answer: "answer",
     Stage.fan_out: "fanout",
     Stage.collect: "collect",
     Stage.check: "tree:run_check",
