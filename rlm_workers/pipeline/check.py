@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from ..errors import ParseError
-from .prompts import content_block, escape_content, finding_block, quote_field, source_line, system_message
+from .prompts import escape_content, findings_blocks, quote_field, system_message
 from .replies import clip, json_candidates
 
 CHECK_MAX_TOKENS = 1024
@@ -39,17 +39,7 @@ def build_messages(
     user = f"## Query\n\n{escape_content(query)}"
     if asked:
         user += "\n\n## Asked already\n\n" + "\n".join(f"- {quote_field(q)}" for q in asked)
-    blocks, used, omitted = [], 0, 0
-    for f in kept:
-        block = (
-            f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
-            f"\n\n{content_block(finding_block(f))}"
-        )
-        if used + len(block) > MAX_CHECK_FINDINGS_CHARS and blocks:
-            omitted += 1
-            continue
-        blocks.append(block)
-        used += len(block)
+    blocks, omitted = findings_blocks(kept, MAX_CHECK_FINDINGS_CHARS)
     user += "\n\n## Findings\n\n" + ("\n\n".join(blocks) if blocks else "(none)")
     if omitted:
         user += f"\n\n({omitted} lower-ranked findings omitted for length.)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -121,6 +121,23 @@ def finding_block(f: Mapping[str, Any]) -> str:
     if f.get("follow_up"):
         lines.append("follow-up: " + "; ".join(f["follow_up"]))
     return "\n".join(lines)
+
+
+def findings_blocks(kept: Sequence[Mapping[str, Any]], max_chars: int) -> tuple[list[str], int]:
+    """Collected findings as ``### Chunk`` blocks in collect order, up to ``max_chars`` (always at least one):
+    (blocks, how many lower-ranked ones were left out)."""
+    blocks, used, omitted = [], 0, 0
+    for f in kept:
+        block = (
+            f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
+            f"\n\n{content_block(finding_block(f))}"
+        )
+        if used + len(block) > max_chars and blocks:
+            omitted += 1
+            continue
+        blocks.append(block)
+        used += len(block)
+    return blocks, omitted
 
 
 def system_message(prompt: str) -> dict[str, str]:

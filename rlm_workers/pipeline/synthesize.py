@@ -19,15 +19,7 @@ from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
-from .prompts import (
-    content_block,
-    escape_content,
-    finding_block,
-    load_prompt,
-    quote_field,
-    source_line,
-    system_message,
-)
+from .prompts import escape_content, findings_blocks, load_prompt, quote_field, system_message
 
 if TYPE_CHECKING:
     import psycopg
@@ -50,17 +42,7 @@ def build_messages(
     system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]
 ) -> list[dict[str, str]]:
     """Findings in collect order; the analysts' words came from untrusted text, so they are data too."""
-    blocks, used, omitted = [], 0, 0
-    for f in kept:
-        block = (
-            f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
-            f"\n\n{content_block(finding_block(f))}"
-        )
-        if used + len(block) > MAX_SYNTH_FINDINGS_CHARS and blocks:
-            omitted += 1
-            continue
-        blocks.append(block)
-        used += len(block)
+    blocks, omitted = findings_blocks(kept, MAX_SYNTH_FINDINGS_CHARS)
     # buffer names are untrusted like paths: quoted, as in the source lines
     stat_lines = "\n".join(
         f"- {k}: {', '.join(map(quote_field, v)) if isinstance(v, list | tuple) else v}" for k, v in stats.items()
