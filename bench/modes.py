@@ -326,26 +326,32 @@ def build_log_corpus(root: Path) -> tuple[Path, dict[str, int]]:
     return out, truth
 
 
-def ensure_buffer(conn, name: str, corpus: Path, **chunking: Any) -> dict[str, Any]:
-    """The buffer, loaded now if it is not there yet: (chunks, how long the load took, or None if it was there)."""
+def ensure_buffer(conn, data_dir: Path, name: str, corpus: Path, **chunking: Any) -> dict[str, Any]:
+    """The buffer, loaded now if it is not there yet: its chunks, and how long its load took (kept in
+    ``loads.json`` beside the data, so a later run can still say)."""
     from rlm_workers.ingest.loader import load_paths
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
 
+    ledger = data_dir / "loads.json"
+    loads = json.loads(ledger.read_text()) if ledger.exists() else {}
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=name)
     conn.commit()
-    info: dict[str, Any] = {"load_seconds": None, "windows": None}
     if buf is None:
         t0 = time.perf_counter()
         report = load_paths(conn, buffer=name, paths=[corpus], **chunking)
         conn.commit()
-        info.update(load_seconds=time.perf_counter() - t0, windows=report.windows_embedded)
-        print(f"loaded {report.chunks_written} chunks into {name!r} in {info['load_seconds']:.1f} s", flush=True)
+        loads[name] = {
+            "seconds": time.perf_counter() - t0,
+            "windows": report.windows_embedded,
+            "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        }
+        ledger.write_text(json.dumps(loads, indent=1))
+        print(f"loaded {report.chunks_written} chunks into {name!r} in {loads[name]['seconds']:.1f} s", flush=True)
     (n,) = conn.execute(
         "SELECT count(*) FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = %s", (name,)
     ).fetchone()
     conn.commit()
-    info["chunks"] = int(n)
-    return info
+    return {"chunks": int(n), "load": loads.get(name)}
 
 
 # --------------------------------------------------------------------------- one run
@@ -625,7 +631,7 @@ def _verdict(s: Series) -> str:
     target = TARGETS.get(s.part)
     ratio = _med([r.client for r in s.runs]) / _med([r.ideal for r in s.runs])
     if target is None:
-        return "no target"
+        return "none"
     return f"**{'pass' if ratio <= target else 'MISS'}** (≤ {target:.2f})"
 
 
@@ -666,6 +672,9 @@ def report(series: list[Series], args: argparse.Namespace, setup: dict) -> str:
         "synthesizer turn (or the direct answer's 1 call). Waves of a round = max(max over its jobs of "
         "⌈batches ÷ job concurrency⌉, ⌈all the round's batches ÷ RLM_MAX_CONCURRENCY⌉): the children of one "
         "check are meant to run side by side.",
+        "- per batch: *claimed* = `job_batches.started_at` (the analyst task took the batch), *stored* = "
+        "`finished_at` (its findings written); *claimed → its call at the server* includes, for the tasks a "
+        f"worker holds beyond the {MAX_CONCURRENCY} global slots, the wait for a slot.",
         "",
         "### Machine",
         "",
@@ -781,7 +790,7 @@ def _target_line(s: Series, setup: dict) -> str:
     res = s.runs[0].result
     head = (
         f"- **{s.part}**: client {cl:.2f} s = {cl / ideal:.3f} × ideal {ideal:.2f} s "
-        f"(LLM calls {res.get('llm_calls')}, tokens {res.get('total_tokens'):,}); target {_verdict(s)}"
+        f"(LLM calls {res.get('llm_calls')}, tokens {res.get('total_tokens'):,}); target: {_verdict(s)}"
     )
     facts = s.runs[0].facts
     if s.part == "thinking":
@@ -909,10 +918,12 @@ def main() -> None:
         from rlm_workers.store.db import connect
 
         conn = connect(settings)
-        setup["code"] = ensure_buffer(conn, CODE_BUFFER, build_code_corpus(data_dir))
+        setup["code"] = ensure_buffer(conn, data_dir, CODE_BUFFER, build_code_corpus(data_dir))
         log_dir, truth = build_log_corpus(data_dir)
         setup["truth"] = truth
-        setup["logs"] = ensure_buffer(conn, LOG_BUFFER, log_dir, chunker="fixed", chunk_size=LOG_CHUNK_SIZE, overlap=0)
+        setup["logs"] = ensure_buffer(
+            conn, data_dir, LOG_BUFFER, log_dir, chunker="fixed", chunk_size=LOG_CHUNK_SIZE, overlap=0
+        )
         if setup["logs"]["chunks"] != LOG_FILES * LOG_CHUNKS_PER_FILE:
             raise SystemExit(f"{LOG_BUFFER} holds {setup['logs']['chunks']} chunks, not 10,000: delete {data_dir}")
         setup["load_text"] = _load_text(setup)
@@ -1010,13 +1021,13 @@ def _boundaries(conn, buffer: str) -> dict[str, int]:
 def _load_text(setup: dict) -> str:
     parts = []
     for key, name in (("code", CODE_BUFFER), ("logs", LOG_BUFFER)):
-        info = setup[key]
-        if info["load_seconds"] is None:
-            parts.append(f"`{name}` was loaded by an earlier run")
+        load = setup[key]["load"]
+        if load is None:
+            parts.append(f"`{name}`: load time unknown (loaded before loads.json was kept)")
         else:
             parts.append(
-                f"`{name}` loaded in {info['load_seconds']:.1f} s ({info['windows']:,} windows embedded; "
-                "`load_paths` as `rlm load` runs it)"
+                f"`{name}` loaded in {load['seconds']:.1f} s at {load['at']} ({load['windows']:,} windows "
+                "embedded; `load_paths`, as `rlm load` runs it)"
             )
     return "Loading is not part of any query's time: " + "; ".join(parts) + "."
 
