@@ -104,16 +104,18 @@ def corpora(env, conn, embedder, tmp_path_factory):
     orders = write_orders(base / "orders")
     for name in ("essays", "hops", "big", "logs", "orders"):
         load_paths(conn, buffer=name, paths=[base / name], embedder=embedder)
-    # the same logs cut anywhere (the fixed chunker splits lines): each line must still be counted once
-    load_paths(
-        conn,
-        buffer="logs-fixed",
-        paths=[base / "logs"],
-        embedder=embedder,
-        chunker="fixed",
-        chunk_size=700,
-        overlap=150,
-    )
+    # the same logs cut anywhere (the fixed chunker splits lines and trims the blanks at a cut): each line must
+    # still be counted once and whole, with overlapping chunks and with none
+    for name, size, overlap in (("logs-fixed", 700, 150), ("logs-fixed0", 250, 0)):
+        load_paths(
+            conn,
+            buffer=name,
+            paths=[base / "logs"],
+            embedder=embedder,
+            chunker="fixed",
+            chunk_size=size,
+            overlap=overlap,
+        )
     conn.commit()
     return {"truth": truth, "orders": orders}
 
@@ -204,7 +206,7 @@ def test_thinking_answers_a_two_hop_question_the_plain_fan_out_misses(conn, work
 def test_scope_all_counts_every_record_exactly(conn, workers, corpora):
     truth = corpora["truth"]
     question = "How many errors of each kind are in the logs?"
-    for buffer in ("logs", "logs-fixed"):
+    for buffer in ("logs", "logs-fixed", "logs-fixed0"):
         _, r = run_job(conn, question, [buffer], scope="all")
         assert r.route == "exhaustive" and r.coverage == 1.0 and r.complete is True, (buffer, r.gaps)
         assert r.chunks_analyzed == r.chunks_available

@@ -334,9 +334,14 @@ def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Seq
         return {}
     rows = conn.execute(
         """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, c.text, p.end_line,
-                  CASE WHEN n.id IS NOT NULL AND n.start_byte <= c.end_byte
+                  CASE WHEN n.id IS NULL THEN NULL
+                       WHEN n.start_byte <= c.end_byte
                        THEN substring(convert_to(n.text, 'UTF8')
-                                      FROM (c.end_byte - n.start_byte + 1)::int FOR 65536) END,
+                                      FROM (c.end_byte - n.start_byte + 1)::int FOR 65536)
+                       -- the fixed chunker trims the blanks at a cut: inside a line they were spaces or tabs
+                       WHEN n.start_line = c.end_line
+                       THEN convert_to(repeat(' ', (n.start_byte - c.end_byte)::int) || left(n.text, 65536), 'UTF8')
+                  END,
                   left(split_part(h.text, E'\n', 1), 10000)
            FROM chunks c JOIN buffers b ON b.id = c.buffer_id
            LEFT JOIN chunks p ON p.file_id = c.file_id AND p.seq = c.seq - 1
