@@ -322,12 +322,15 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(_job_slot(job_id, params.get("concurrency"), job.batches_total, settings))
+            slot = _job_slot(job_id, params.get("concurrency"), job.batches_total, settings)
+            stack.enter_context(slot)
         except TimeoutError as exc:
             raise LimiterBusy(
                 f"rate limiter busy: the job's concurrency slot stayed taken ({exc}); the batch was not sent"
             ) from exc
-        findings, unanswered = _ask(job_id, batch_no, messages, present, settings)
+        # the claim saw the job open; only a wait for the job's slot leaves time for a cancel to come in between
+        waited = not isinstance(slot, contextlib.nullcontext)
+        findings, unanswered = _ask(job_id, batch_no, messages, present, settings, check_open=waited)
     if unanswered:
         log.warning(
             "job %s batch %s: no answer for chunks %s even when asked again; reported as unanswered",
@@ -365,7 +368,13 @@ def _owned(chunk: ChunkForPrompt, counted: Any) -> ChunkForPrompt:
 
 
 def _ask(
-    job_id: str, batch_no: int, messages: list[dict[str, str]], present: list[int], settings: Settings
+    job_id: str,
+    batch_no: int,
+    messages: list[dict[str, str]],
+    present: list[int],
+    settings: Settings,
+    *,
+    check_open: bool = True,
 ) -> tuple[list[Finding], list[int]]:
     """Call the analyst until every chunk has an entry or the retries are spent: (findings, unanswered ids).
 
@@ -384,7 +393,9 @@ def _ask(
             temperature=0.0,
             json_output=True,
         )
-        completion = call_llm(None, job_id=job_id, stage="analyst", batch=batch_no, request=request)
+        completion = call_llm(
+            None, job_id=job_id, stage="analyst", batch=batch_no, request=request, check_open=check_open or attempt > 0
+        )
         cut = completion.finish_reason == "length"
         try:
             got = parse_findings(completion.text, batch_chunk_ids=wanted)

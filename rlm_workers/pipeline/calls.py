@@ -32,19 +32,22 @@ def call_llm(
     stage: str,
     request: CompletionRequest,
     batch: int | None = None,
+    check_open: bool = True,
 ) -> Completion:
     """Call the provider; log every attempt on the job (through ``conn``, or a connection checked out for
     the write when it is None — analysts hold none while the model thinks).
 
-    The tree's budget is checked first (``BudgetExhausted``: no call starts) and charged after, with the
-    cost priced from RLM_PRICES (docs/contract.md#budgets)."""
+    A job that has ended starts no call (``check_open``: a caller that has just claimed work of an open job
+    may skip the round trip).  The tree's budget is checked first (``BudgetExhausted``: no call starts) and
+    charged after, with the cost priced from RLM_PRICES (docs/contract.md#budgets)."""
     from ..config import get_settings
     from ..llm.prices import cost_usd, prices
     from .budget import ledger_for_job
 
     p = provider()
     table = prices(get_settings())
-    _still_open(conn, job_id)
+    if check_open:
+        _still_open(conn, job_id)
     ledger = ledger_for_job(job_id)
     if ledger is not None:
         ledger.reserve()
