@@ -61,6 +61,7 @@ bench: install
 	$(PY) bench/search.py
 	$(PY) bench/ingest.py
 	$(PY) bench/overhead.py
+	$(PY) bench/modes.py
 	$(PY) bench/batch.py
 	$(PY) bench/load.py
 	$(PY) bench/timings.py
