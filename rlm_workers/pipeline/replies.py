@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from ..limits import MAX_FINDING_BYTES
@@ -17,21 +18,26 @@ from ..limits import MAX_FINDING_BYTES
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 
 
-def json_candidates(text: str) -> list[Any]:
-    """Every JSON value we can find: the whole text, fenced blocks, then the outermost brackets."""
-    out: list[Any] = []
+def json_candidates(text: str) -> Iterator[Any]:
+    """Every JSON value we can find, lazily, most likely first: the whole text, fenced blocks, then the
+    outermost brackets.  Lazy because callers stop at the first of the right shape, and a 50-chunk reply
+    parsed three times over is CPU an analyst worker's other threads wait for."""
     stripped = text.strip()
-    pieces = [stripped] + [m.group(1).strip() for m in _FENCE.finditer(text)]
-    for open_, close in (("[", "]"), ("{", "}")):
-        i, j = stripped.find(open_), stripped.rfind(close)
-        if 0 <= i < j:
-            pieces.append(stripped[i : j + 1])
-    for piece in pieces:
+
+    def pieces() -> Iterator[str]:
+        yield stripped
+        for m in _FENCE.finditer(text):
+            yield m.group(1).strip()
+        for open_, close in (("[", "]"), ("{", "}")):
+            i, j = stripped.find(open_), stripped.rfind(close)
+            if 0 <= i < j:
+                yield stripped[i : j + 1]
+
+    for piece in pieces():
         try:
-            out.append(json.loads(piece))
+            yield json.loads(piece)
         except (ValueError, RecursionError):
             continue
-    return out
 
 
 def leading_objects(text: str) -> list[dict]:
