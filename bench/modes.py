@@ -11,7 +11,8 @@ sent (and, when the message asks for records, the count of log lines per level i
 completeness check with 3 follow-ups at round 0, 2 at round 1, then ``complete`` (it tells the rounds apart by
 the questions listed under ``## Asked already``), the synthesizer and the direct answer in one call each (no
 tool turn).  Real ``rlm worker`` processes (``ctl``: rlm.control, threads -c 8; ``an``: rlm.analyst, threads
--c 128), the embedded Valkey and PostgreSQL+pgvector, RLM_MAX_CONCURRENCY=100, RLM_MAX_CHUNKS_PER_JOB=10000.
+-c 100, one thread per call in flight), the embedded Valkey and PostgreSQL+pgvector, RLM_MAX_CONCURRENCY=100,
+RLM_MAX_CHUNKS_PER_JOB=10000.
 
 Two buffers (built once under bench/_data/modes, load times reported apart):
 
@@ -22,8 +23,8 @@ Two buffers (built once under bench/_data/modes, load times reported apart):
 * ``modes-logs``: 40 synthetic log files cut by the ``fixed`` chunker (250 characters, overlap 0) into exactly
   10,000 chunks, the ``xlarge`` tier (batches of 50 → 200 batches, 100 calls at once), for ``--scope all``.
   The count of lines per level written into the files is the ground truth of the exact totals.  It runs
-  twice: ``exhaustive`` with one analyst process of 128 threads, as the issue asks, and ``exhaustive-2p``
-  with two processes of 64 threads, to show what one process's GIL costs.
+  twice: ``exhaustive`` with one analyst process of 100 threads, as the issue asks, and ``exhaustive-2p``
+  with two processes of 50 threads, to show what one process's GIL costs.
 
 What each run is held against is the **ideal**: the calls the tree actually made, laid end to end as the
 design says they depend on each other, each taking exactly the scripted latency L.  Per round: one plan step
@@ -67,7 +68,8 @@ LOG_CHUNKS_PER_FILE = 250  # 40 × 250 = 10,000 chunks
 LOG_CHUNK_SIZE = 250
 LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
 MAX_CONCURRENCY = 100
-ANALYST_THREADS = 128
+#: one thread per call in flight: a thread beyond RLM_MAX_CONCURRENCY could only poll the limiter for a slot
+ANALYST_THREADS = MAX_CONCURRENCY
 CONTROL_THREADS = 8
 QUERY = "How does Celery schedule, retry and acknowledge tasks?"
 COUNT_QUERY = "How many log lines are there of each level (ERROR, WARN, INFO, DEBUG)?"

@@ -220,13 +220,18 @@ def aggregate(per_chunk: Mapping[int, Sequence[Record]]) -> list[AggregateRow]:
 #: line breaks of every kind and the other control characters: one space each in a table cell
 _BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 #: what markdown would read as syntax in a cell or a heading: a table's "|", tags, code spans, links, emphasis
-_MD_SYNTAX = re.compile(r"([\\`*_\[\]<>|#~&!])")
+_MD_SYNTAX = re.compile(r"([\\`*\[\]<>|#~&!])")
+#: an underscore that could open or close emphasis; one inside a word (``disk_full``) never does in CommonMark,
+#: so values read as they were written
+_MD_EDGE_UNDERSCORE = re.compile(r"(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
 
 
 def md_safe(text: str) -> str:
     """Untrusted text for one table cell or heading: shown as written, never read as markdown or HTML."""
     shown = " ".join(_BREAKS.sub(" ", text).split())
-    return _MD_SYNTAX.sub(r"\\\1", shown) if shown else "_(empty)_"
+    if not shown:
+        return "_(empty)_"
+    return _MD_EDGE_UNDERSCORE.sub(r"\\_", _MD_SYNTAX.sub(r"\\\1", shown))
 
 
 def _relevant(label: str, values: Sequence[AggregateRow], query_terms: set[str]) -> bool:
