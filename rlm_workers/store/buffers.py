@@ -382,6 +382,20 @@ def sizes_of(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int])
     return {r[0]: int(r[1]) for r in rows}
 
 
+def chunk_locations(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
+    """Like ``get_chunks`` without the text (``text`` is empty): where each chunk lives, for Collect — a
+    10,000-chunk job's findings would otherwise read every chunk's text only to stamp its place."""
+    if not chunk_ids:
+        return {}
+    rows = conn.execute(
+        """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, ''
+           FROM chunks c JOIN buffers b ON b.id = c.buffer_id
+           WHERE c.id = ANY(%s) AND b.tenant = %s""",
+        (list(chunk_ids), tenant),
+    ).fetchall()
+    return {r[0]: ChunkRow(*r) for r in rows}
+
+
 def count_chunks(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> int:
     row = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = ANY(%s)", (list(buffer_ids),)).fetchone()
     return int(row[0])
