@@ -168,6 +168,19 @@ class Settings(BaseSettings):
     def _expand(cls, v: Path) -> Path:
         return v.expanduser()
 
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, v: str | None) -> str | None:
+        """Checked at start-up, so a typo fails every command at once rather than the first priced call."""
+        from .errors import ConfigError
+        from .llm.prices import parse_prices
+
+        try:
+            parse_prices(v)
+        except ConfigError as exc:
+            raise ValueError(exc.message.removeprefix("invalid setting RLM_PRICES: ")) from None
+        return v
+
     @field_validator("database_url")
     @classmethod
     def _pg_url(cls, v: str | None) -> str | None:
@@ -228,7 +241,8 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ConfigError(f"invalid setting {_env_name(err['loc'])}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"invalid setting {_env_name(err['loc'])}: {msg}") from None
 
 
 @functools.cache

@@ -136,3 +136,15 @@ def test_prices_from_settings_is_cached_per_value_and_a_copy(tmp_path):
     assert prices(s)["a"] == Price(1.0, 1.0, 1.0)
     assert prices(Settings(prices='{"a": [3, 3, 3]}'))["a"] == Price(3.0, 3.0, 3.0)
     assert prices(Settings(prices=None)) == BUILTIN_PRICES
+
+
+def test_a_bad_rlm_prices_fails_at_start_up_with_one_line(monkeypatch):
+    from rlm_workers.config import load_settings
+    from rlm_workers.errors import ConfigError
+
+    monkeypatch.setenv("RLM_PRICES", '{"m": [1, 2')
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert err.value.message.startswith("invalid setting RLM_PRICES: not valid JSON") and "\n" not in err.value.message
+    monkeypatch.setenv("RLM_PRICES", '{"m": [1, 0.1, 2]}')
+    assert load_settings().prices == '{"m": [1, 0.1, 2]}'
