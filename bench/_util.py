@@ -176,6 +176,24 @@ def machine_markdown() -> str:
     )
 
 
+def revision() -> str:
+    """The commit a result was measured at, and whether the code had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "rlm_workers", "rlm_api"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown revision"
+    return f"`{head}`" + (" + uncommitted changes in rlm_workers/rlm_api" if dirty else "")
+
+
 def command_line() -> str:
     """The command that produced a section, relative to the repo root."""
     exe = Path(sys.executable)

@@ -601,23 +601,6 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def _revision() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=_util.REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "rlm_workers", "rlm_api"],
-            cwd=_util.REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown revision"
-    return f"`{head}`" + (" + uncommitted changes in rlm_workers/rlm_api" if dirty else "")
-
-
 @dataclass
 class Series:
     part: str
@@ -655,7 +638,7 @@ def report(series: list[Series], args: argparse.Namespace, setup: dict) -> str:
     lines = [
         "## Modes: latency and LLM calls (`bench/modes.py`)",
         "",
-        f"- command: `{_util.command_line()}` at {_revision()}",
+        f"- command: `{_util.command_line()}` at {_util.revision()}",
         f"- scripted OpenAI-protocol server in its own process, fixed **L = {lat:g} s** per call; workers `ctl` "
         f"(rlm.control, threads, -c {CONTROL_THREADS}) and one `an` (rlm.analyst, threads, -c {ANALYST_THREADS}; "
         f"`exhaustive-2p`: two processes of {ANALYST_THREADS // 2} threads); "

@@ -610,29 +610,6 @@ def _poll_text(poll: float | None) -> str:
     return f"woken by the job's PostgreSQL NOTIFY, re-checking every {every:g} s"
 
 
-def _revision() -> str:
-    import subprocess
-
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=_util.REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "rlm_workers", "rlm_api"],
-            cwd=_util.REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown revision"
-    return f"`{head}`" + (" + uncommitted changes in rlm_workers/rlm_api" if dirty else "")
-
-
 def report(results: list[SizeResult], args: argparse.Namespace, setup: dict) -> str:
     lat = args.latency_ms / 1000
     ideal = 3 * lat
@@ -643,7 +620,8 @@ def report(results: list[SizeResult], args: argparse.Namespace, setup: dict) -> 
     lines = [
         "## Orchestration overhead (bench/overhead.py)",
         "",
-        f"Command: `{_util.command_line()}` at {_revision()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
+        f"Command: `{_util.command_line()}` at {_util.revision()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
         f"Scripted OpenAI-protocol server (in the bench process) with a fixed "
         f"{args.latency_ms:.0f} ms per call; a query of N batches makes N + 2 calls (plan, N analysts with one "
         f"chunk each, a synthesizer answering in one call). Ideal critical path = plan + slowest batch + synthesis = "

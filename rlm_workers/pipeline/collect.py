@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..store import jobs as job_store
-from ..store.buffers import chunk_locations
+from ..store.buffers import get_chunks
 from .flow import OK, StageContext
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def collected_of(conn: psycopg.Connection, job: JobRow, default_threshold: str) 
     each chunk to the typed records its analyst counted — kept whatever the chunk's grade, since an exact
     total needs every chunk (docs/contract.md#modes)."""
     found = job_store.findings_of(conn, job_id=job.id)
-    rows = chunk_locations(conn, tenant=job.tenant, chunk_ids=sorted({f.chunk_id for _, f in found}))
+    rows = get_chunks(conn, tenant=job.tenant, chunk_ids=sorted({f.chunk_id for _, f in found}), with_text=False)
     pairs = [
         (
             f,

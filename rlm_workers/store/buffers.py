@@ -304,14 +304,19 @@ class ChunkRow:
     text: str
 
 
-def get_chunks(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
-    """Chunks by id, restricted to the tenant's buffers; missing ids are simply absent."""
+def get_chunks(
+    conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int], with_text: bool = True
+) -> dict[int, ChunkRow]:
+    """Chunks by id, restricted to the tenant's buffers; missing ids are simply absent.  ``with_text=False``
+    leaves ``text`` empty: where each chunk lives, for Collect — a 10,000-chunk job's findings would otherwise
+    read every chunk's text only to stamp its place."""
     if not chunk_ids:
         return {}
+    text = "c.text" if with_text else "''"
     rows = conn.execute(
-        """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, c.text
-           FROM chunks c JOIN buffers b ON b.id = c.buffer_id
-           WHERE c.id = ANY(%s) AND b.tenant = %s""",
+        f"""SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, {text}
+            FROM chunks c JOIN buffers b ON b.id = c.buffer_id
+            WHERE c.id = ANY(%s) AND b.tenant = %s""",
         (list(chunk_ids), tenant),
     ).fetchall()
     return {r[0]: ChunkRow(*r) for r in rows}
@@ -380,20 +385,6 @@ def sizes_of(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int])
         (list(chunk_ids), tenant),
     ).fetchall()
     return {r[0]: int(r[1]) for r in rows}
-
-
-def chunk_locations(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, ChunkRow]:
-    """Like ``get_chunks`` without the text (``text`` is empty): where each chunk lives, for Collect — a
-    10,000-chunk job's findings would otherwise read every chunk's text only to stamp its place."""
-    if not chunk_ids:
-        return {}
-    rows = conn.execute(
-        """SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, ''
-           FROM chunks c JOIN buffers b ON b.id = c.buffer_id
-           WHERE c.id = ANY(%s) AND b.tenant = %s""",
-        (list(chunk_ids), tenant),
-    ).fetchall()
-    return {r[0]: ChunkRow(*r) for r in rows}
 
 
 def count_chunks(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> int:
