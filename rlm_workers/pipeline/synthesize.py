@@ -147,7 +147,7 @@ def run_synthesizer(
         for k, tc in enumerate(completion.tool_calls):
             allowed = k < MAX_TOOL_CALLS_PER_TURN
             if tc.name == "query_subset" and allowed:
-                content, record, task = _subset_call(conn, job, tc.arguments, turn=turn + 1, may_recurse=may_recurse)
+                content, record, task = _subset_call(job, tc.arguments, turn=turn + 1, may_recurse=may_recurse)
                 log_.append(record)
                 if task is not None:
                     subsets.append((tc.id, task))
@@ -189,54 +189,43 @@ MAX_SUBSET_RESULT_CHARS = 30_000
 
 
 def _subset_call(
-    conn: psycopg.Connection, job: JobRow, raw: str | None, *, turn: int, may_recurse: bool
+    job: JobRow, raw: str | None, *, turn: int, may_recurse: bool
 ) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
     """Validate a query_subset call (untrusted arguments): (error content, record, None) or ("", record, task)."""
     import json
 
-    from ..limits import MAX_TOOL_ARGS_BYTES
+    from ..models import check_storable_text
+    from .tools import ToolError, parse_arguments, tool_record
     from .tree import _budget_spent
 
-    record = {"turn": turn, "name": "query_subset", "args": (raw or "")[:200], "status": "ok", "error": None}
-
-    def refuse(msg: str) -> tuple[str, dict[str, Any], None]:
-        record.update(status="error", error=msg[:300])
-        return json.dumps({"error": msg}), record, None
-
-    if len((raw or "").encode("utf-8", "replace")) > MAX_TOOL_ARGS_BYTES:
-        return refuse("arguments too large")
     try:
-        args = json.loads(raw or "{}")
-    except ValueError:
-        return refuse("arguments are not JSON")
-    if not isinstance(args, dict):
-        return refuse("arguments must be a JSON object")
-    question = args.get("question")
-    if not isinstance(question, str) or not question.strip() or len(question) > MAX_SUBSET_QUESTION_CHARS:
-        return refuse(f"question must be a non-empty string of at most {MAX_SUBSET_QUESTION_CHARS} characters")
-    ids, search = args.get("chunk_ids"), args.get("search")
-    if (ids is None) == (search is None):
-        return refuse("give exactly one of chunk_ids or search")
-    if ids is not None and (
-        not isinstance(ids, list) or not ids or len(ids) > 200 or not all(type(i) is int for i in ids)
-    ):
-        return refuse("chunk_ids must be a list of 1 to 200 integers")
-    if search is not None and (not isinstance(search, str) or not search.strip() or len(search) > 500):
-        return refuse("search must be a non-empty string of at most 500 characters")
-    if not may_recurse:
-        return refuse("the depth limit is reached: answer with what you have")
-    if _budget_spent(job):
-        return refuse("the budget is spent: answer with what you have")
-    from ..models import check_storable_text
-
-    try:
-        check_storable_text(question, "question")
-        if search:
-            check_storable_text(search, "search")
-    except ValueError as exc:
-        return refuse(str(exc))
+        args = parse_arguments(raw)
+        question = args.get("question")
+        if not isinstance(question, str) or not question.strip() or len(question) > MAX_SUBSET_QUESTION_CHARS:
+            raise ToolError(f"question must be a non-empty string of at most {MAX_SUBSET_QUESTION_CHARS} characters")
+        ids, search = args.get("chunk_ids"), args.get("search")
+        if (ids is None) == (search is None):
+            raise ToolError("give exactly one of chunk_ids or search")
+        if ids is not None and (
+            not isinstance(ids, list) or not ids or len(ids) > 200 or not all(type(i) is int for i in ids)
+        ):
+            raise ToolError("chunk_ids must be a list of 1 to 200 integers")
+        if search is not None and (not isinstance(search, str) or not search.strip() or len(search) > 500):
+            raise ToolError("search must be a non-empty string of at most 500 characters")
+        if not may_recurse:
+            raise ToolError("the depth limit is reached: answer with what you have")
+        if _budget_spent(job):
+            raise ToolError("the budget is spent: answer with what you have")
+        try:
+            check_storable_text(question, "question")
+            if search:
+                check_storable_text(search, "search")
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+    except ToolError as exc:
+        return json.dumps({"error": str(exc)}), tool_record("query_subset", raw, turn=turn, error=str(exc)), None
     task = {"question": question.strip(), "chunk_ids": ids, "search": search}
-    return "", record, task
+    return "", tool_record("query_subset", raw, turn=turn, error=None), task
 
 
 def _pause(

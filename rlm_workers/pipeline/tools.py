@@ -131,16 +131,23 @@ def run_tool_logged(
     else:
         error = f"over the limit of {MAX_TOOL_CALLS_PER_TURN} tool calls per turn; not run: answer with what you have"
         content = json.dumps({"error": error})
+    return content, tool_record(name, raw_arguments, turn=turn, error=error, refused=not allowed)
+
+
+def tool_record(
+    name: str, raw_arguments: str | None, *, turn: int, error: str | None, refused: bool = False
+) -> dict[str, Any]:
+    """One tool call as the job records it: a clipped summary of the arguments, never their full text (they
+    came from the model), and how it ended."""
     raw = raw_arguments or ""
     summary = raw if len(raw) <= MAX_TOOL_ARGS_SUMMARY_CHARS else raw[: MAX_TOOL_ARGS_SUMMARY_CHARS - 1] + "…"
-    record = {
+    return {
         "turn": turn,
         "name": str(name)[:100],
         "args": summary,
-        "status": "ok" if error is None else ("refused" if not allowed else "error"),
+        "status": "ok" if error is None else ("refused" if refused else "error"),
         "error": None if error is None else str(error)[:300],
     }
-    return content, record
 
 
 def _buffers(ctx: ToolContext, args: dict[str, Any]) -> list[str]:
