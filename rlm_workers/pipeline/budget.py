@@ -49,10 +49,6 @@ def ledger_for_job(job_id: str | None) -> BudgetLedger | None:
     return _ledger(root_id, limits)
 
 
-def ledger_for(root_id: str) -> BudgetLedger | None:
-    return ledger_for_job(root_id)
-
-
 def _ledger(root_id: str, limits: BudgetLimits) -> BudgetLedger | None:
     if not limits.any:
         return None
@@ -67,7 +63,7 @@ def report(root_id: str, options: dict[str, Any], used: tuple[int, int, float], 
     that stopped it."""
     from ..models import BudgetReport
 
-    ledger = ledger_for(root_id)
+    ledger = ledger_for_job(root_id)
     exhausted = None
     if ledger is not None:
         exhausted = ledger.state().get("exhausted")

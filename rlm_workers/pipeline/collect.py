@@ -54,6 +54,11 @@ class CollectResult:
     filtered_count: int
 
 
+def collect_order(relevance: str, buffer: str, ordinal: int, chunk_id: int) -> tuple:
+    """Where a finding stands in collect order: stronger first, then where its chunk lives in the text."""
+    return (-RELEVANCE_RANK[relevance], buffer, ordinal, chunk_id)
+
+
 def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str = Relevance.low) -> CollectResult:
     if finding_threshold not in RELEVANCE_RANK:
         raise ValueError(f"finding_threshold must be one of {', '.join(RELEVANCE_RANK)}")
@@ -73,7 +78,7 @@ def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str
                 follow_up=list(f.follow_up),
             )
         )
-    kept.sort(key=lambda k: (-RELEVANCE_RANK[k.relevance], k.buffer, k.ordinal, k.chunk_id))
+    kept.sort(key=lambda k: collect_order(k.relevance, k.buffer, k.ordinal, k.chunk_id))
     return CollectResult(kept=kept, filtered_count=filtered)
 
 

@@ -17,12 +17,13 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BudgetExhausted, RLMError
+from ..errors import BudgetExhausted, ParseError, RLMError
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK
 from ..store import jobs as job_store
 from ..store.db import connection, durable_write
 from .calls import call_llm
+from .collect import collect_job, collect_order, finding_threshold
 from .flow import OK, Stage, StageContext
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from ..store.jobs import JobRow
 
 log = logging.getLogger("rlm.pipeline.tree")
-
-CHECK_MAX_TOKENS = 1024
 
 
 # --------------------------------------------------------------------------- the check and the children
@@ -71,9 +70,10 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
         if job is None or job.terminal:
             return "skipped"
         rnd = child_rounds(conn, job)
+        asked = asked_in_tree(conn, job)
         verdict = job.checks[rnd] if len(job.checks) > rnd else None
         if verdict is None:
-            verdict = _ask_checker(conn, job, settings, rnd)
+            verdict = _ask_checker(conn, job, settings, rnd, asked[1:])
             if verdict is None:
                 return OK  # the budget is spent: write the report with what there is
             durable_write(
@@ -81,8 +81,8 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
                 lambda c: job_store.add_check(c, job_id=job.id, round_no=rnd, verdict=verdict),
                 what=f"check of job {job.id}",
             )
-        asked = {q.strip().casefold() for q in asked_in_tree(conn, job)}
-        follow = [q for q in verdict.get("follow_ups") or [] if q.strip().casefold() not in asked]
+        seen = {q.strip().casefold() for q in asked}
+        follow = [q for q in verdict.get("follow_ups") or [] if q.strip().casefold() not in seen]
         if verdict.get("complete") or not follow:
             return OK
         if rnd + 1 > max_depth(job, settings):
@@ -94,12 +94,14 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
         return f"waiting on {len(kids)} children"
 
 
-def _ask_checker(conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int) -> dict[str, Any] | None:
-    from .check import build_messages, parse_check
+def _ask_checker(
+    conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int, asked: list[str]
+) -> dict[str, Any] | None:
+    """Round ``rnd``'s verdict (``asked``: the follow-ups asked so far); None when the budget is spent."""
+    from .check import CHECK_MAX_TOKENS, build_messages, parse_check
     from .prompts import load_prompt
 
     kept = (job.collected or {}).get("kept") or []
-    asked = asked_in_tree(conn, job)[1:]
     messages = build_messages(load_prompt("check", prompt_dir=settings.prompt_dir), job.query, kept, asked)
     try:
         completion = call_llm(
@@ -114,34 +116,23 @@ def _ask_checker(conn: psycopg.Connection, job: JobRow, settings: Settings, rnd:
                 json_output=True,
             ),
         )
+        return {"round": rnd, **parse_check(completion.text).model_dump()}
     except BudgetExhausted:
         return None
     except RLMError as exc:  # a failed check ends the rounds, not the job: the report says what is unknown
         log.warning("job %s: completeness check failed: %s", job.id, exc)
-        return {
-            "round": rnd,
-            "complete": None,
-            "confidence": None,
-            "gaps": [f"completeness check failed: {exc}"],
-            "follow_ups": [],
-        }
-    try:
-        verdict = parse_check(completion.text)
-    except RLMError as exc:
-        return {
-            "round": rnd,
-            "complete": None,
-            "confidence": None,
-            "gaps": [f"the completeness check's reply could not be read: {exc}"],
-            "follow_ups": [],
-        }
-    return {"round": rnd, **verdict.model_dump()}
+        gap = (
+            f"the completeness check's reply could not be read: {exc}"
+            if isinstance(exc, ParseError)
+            else f"completeness check failed: {exc}"
+        )
+        return {"round": rnd, "complete": None, "confidence": None, "gaps": [gap], "follow_ups": []}
 
 
 def _budget_spent(job: JobRow) -> bool:
-    from .budget import ledger_for
+    from .budget import ledger_for_job
 
-    ledger = ledger_for(job.tree)
+    ledger = ledger_for_job(job.tree)
     return ledger is not None and ledger.state().get("exhausted") is not None
 
 
@@ -212,20 +203,13 @@ def run_merge(ctx: StageContext) -> str:
     if any(not k.terminal for k in kids):
         job_store.set_stage(conn, job_id=job.id, stage=Stage.children)
         return "waiting on children"
-    merge_children(conn, job, ctx.settings)
+    collect_job(conn, job, finding_threshold(ctx.settings))  # its own findings, united with every ended child's
     job = job_store.get_job(conn, job_id=job.id)
     if job.synth_state:
         return OK  # a synthesis paused on query_subset: it goes on with the children's findings
     if job.options.get("mode") == "thinking" and job.parent_id is None:
         return check_and_branch(conn, job, ctx.settings)
     return OK
-
-
-def merge_children(conn: psycopg.Connection, job: JobRow, settings: Settings) -> None:
-    """The job's own findings united with every ended child's, one entry per chunk; stored as its collected."""
-    from .collect import collect_job, finding_threshold
-
-    collect_job(conn, job, finding_threshold(settings))  # its own findings, united with every ended child's
 
 
 def unite(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -251,6 +235,6 @@ def unite(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
             prev["findings"] += [x for x in f.get("findings") or [] if x not in prev["findings"]]
             prev["summary"] = prev.get("summary") or f.get("summary") or ""
     kept = sorted(
-        by_chunk.values(), key=lambda k: (-RELEVANCE_RANK[k["relevance"]], k["buffer"], k["ordinal"], k["chunk_id"])
+        by_chunk.values(), key=lambda k: collect_order(k["relevance"], k["buffer"], k["ordinal"], k["chunk_id"])
     )
     return {"kept": kept, "filtered": filtered, "records": records}
