@@ -33,11 +33,15 @@ class Routing:
     may_go_direct: bool = False
 
 
-def estimated_tokens(sizes: list[int]) -> int:
-    """Tokens of the chunks' prompt blocks, estimated from characters (docs/contract.md#modes)."""
+def block_tokens(size: int) -> int:
+    """Tokens of one chunk's prompt block, estimated from its characters (docs/contract.md#modes)."""
     from .answer import CHARS_PER_TOKEN
 
-    return -(-sum(s + BLOCK_OVERHEAD_CHARS for s in sizes) // CHARS_PER_TOKEN)
+    return -(-(size + BLOCK_OVERHEAD_CHARS) // CHARS_PER_TOKEN)
+
+
+def estimated_tokens(sizes: list[int]) -> int:
+    return sum(block_tokens(s) for s in sizes)
 
 
 def direct_budget(settings: Settings) -> int:
@@ -86,11 +90,9 @@ def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routi
 
 def fit(ids: list[int], sizes: dict[int, int], budget_tokens: int) -> list[int]:
     """The best-ranked chunks whose blocks fit ``budget_tokens`` (at least one: the answer stage cuts it)."""
-    from .answer import CHARS_PER_TOKEN
-
     out, used = [], 0
     for cid in ids:
-        cost = -(-(sizes.get(cid, 0) + BLOCK_OVERHEAD_CHARS) // CHARS_PER_TOKEN)
+        cost = block_tokens(sizes.get(cid, 0))
         if out and used + cost > budget_tokens:
             break
         out.append(cid)
