@@ -9,6 +9,8 @@ search finds them and passes straight on.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..errors import NoChunks
 from ..local_servers import database_url
@@ -17,9 +19,12 @@ from ..search.service import rank
 from ..store import jobs as job_store
 from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sizes_of
 from .flow import OK, StageContext
-from .params import ResolvedParams, make_batches, resolve_params
+from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
 from .route import direct_budget, final_routing, first_routing, fit
 from .scale import scaling_profile
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 
 def run(ctx: StageContext) -> str:
@@ -34,7 +39,6 @@ def run(ctx: StageContext) -> str:
     params = resolve_params(opts, plan, profile, settings)
     routing = first_routing(opts, job.plan, job.query, is_child=job.parent_id is not None)
     spec = job.spec or {}
-    caps: list[str] = []
     if spec.get("chunk_ids"):
         # a query_subset child reads exactly what its parent chose (those still in the tenant's buffers)
         sizes = sizes_of(conn, tenant=job.tenant, chunk_ids=spec["chunk_ids"])
@@ -47,7 +51,7 @@ def run(ctx: StageContext) -> str:
         sizes = dict(everything)
         if not chosen:
             raise NoChunks(f"the buffers {', '.join(job.buffers)} hold no chunks")
-        chosen, params, caps = _exhaustive_params(chosen, params, profile.batch_size, opts, settings)
+        chosen, params = _exhaustive_params(chosen, params, profile.batch_size, opts, settings)
     else:
         ranked = rank(
             conn,
@@ -77,14 +81,12 @@ def run(ctx: StageContext) -> str:
         batches = make_batches(
             chosen, batch_size=None if opts.num_agents else params.batch_size, num_agents=opts.num_agents
         )
-    stored = params.as_dict()
-    stored["caps_applied"] = list(params.caps_applied) + caps
     with conn.transaction():
         job_store.save_route(conn, job_id=job.id, route=routing.route, reason=routing.reason)
         job_store.save_search(
             conn,
             job_id=job.id,
-            params=stored,
+            params=params.as_dict(),
             tier=profile.tier,
             chunks_available=total,
             chunk_load_failures=0,
@@ -94,24 +96,13 @@ def run(ctx: StageContext) -> str:
 
 
 def _exhaustive_params(
-    chosen: list[int], params: ResolvedParams, tier_batch: int, opts: QueryOptions, settings
-) -> tuple[list[int], ResolvedParams, list[str]]:
-    """Every chunk, in batches of the tier's size (or the user's); the operator's per-job caps still hold, and
-    a cut is said (coverage then stays below 1 and the answer is reported incomplete)."""
-    from dataclasses import replace
-
-    caps = []
-    cap = settings.max_chunks_per_job
-    if len(chosen) > cap:
-        caps.append(f"scope all: {len(chosen)} chunks → {cap} (RLM_MAX_CHUNKS_PER_JOB)")
-        chosen = chosen[:cap]
-    size = opts.batch_size or tier_batch
-    if opts.num_agents:
-        size = math.ceil(len(chosen) / opts.num_agents)
-    most = settings.max_batches_per_job
-    if math.ceil(len(chosen) / size) > most:
-        wider = math.ceil(len(chosen) / most)
-        caps.append(f"batch_size {size} → {wider} (RLM_MAX_BATCHES_PER_JOB {most})")
-        size = wider
-    params = replace(params, top_k=len(chosen), max_chunks=len(chosen), batch_size=size, caps_applied=[])
-    return chosen, params, caps
+    chosen: list[int], params: ResolvedParams, tier_batch: int, opts: QueryOptions, settings: Settings
+) -> tuple[list[int], ResolvedParams]:
+    """Every chunk, in batches of the tier's size (or the user's); the operator's per-job caps hold as for any
+    job (``apply_job_caps``), and a cut is said (coverage then stays below 1 and the answer is incomplete)."""
+    out = {"max_chunks": len(chosen), "top_k": len(chosen), "batch_size": opts.batch_size or tier_batch}
+    caps = apply_job_caps(out, settings, num_agents=opts.num_agents)
+    chosen = chosen[: out["max_chunks"]]
+    size = math.ceil(len(chosen) / opts.num_agents) if opts.num_agents else out["batch_size"]
+    params = replace(params, top_k=len(chosen), max_chunks=len(chosen), batch_size=size, caps_applied=caps)
+    return chosen, params
