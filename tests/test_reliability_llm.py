@@ -74,7 +74,8 @@ def test_usage_is_recorded_when_a_response_arrived_but_could_not_be_used(online,
     assert err.value.retryable and "unusable response" in err.value.message
     with connection() as conn:
         calls = job_store.llm_calls_of(conn, job_id=job)
-        assert job_store.usage_totals(conn, job_id=job) == (1, 123, 45)
+        usage = job_store.job_usage(conn, job_ids=[job])[job]
+        assert (usage.calls, usage.tokens_in, usage.tokens_out) == (1, 123, 45)
     assert [(c.status, c.tokens_in, c.tokens_out) for c in calls] == [("error", 123, 45)]
 
 

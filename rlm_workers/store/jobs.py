@@ -446,18 +446,9 @@ def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCa
     )
 
 
-def usage_totals(conn: psycopg.Connection, *, job_id: str) -> tuple[int, int, int]:
-    """(calls, tokens_in, tokens_out) over every call logged for the job, retries included."""
-    row = conn.execute(
-        "SELECT count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) FROM llm_calls WHERE job_id = %s",
-        (job_id,),
-    ).fetchone()
-    return int(row[0]), int(row[1]), int(row[2])
-
-
 @dataclass(frozen=True)
 class TreeUsage:
-    """Every LLM call of a job tree, retries included: the exact totals a root's result reports."""
+    """LLM calls logged for a job or a whole tree, retries included: the exact totals a result reports."""
 
     calls: int
     tokens_in: int
