@@ -138,14 +138,14 @@ FAIL_PREFIX: dict[Stage, str] = {Stage.plan: "planning failed"}
 OK = "ok"
 
 
-def next_stage(stage: Stage, conn: psycopg.Connection, job_id: str) -> Stage | None:
-    """The stage that follows ``stage`` in the same task; the search's successor depends on the stored route."""
-    if stage in (Stage.search, Stage.collect):
-        job = job_store.get_job(conn, job_id=job_id)
-        if job is None:
-            return None
-        if stage == Stage.search:
-            return Stage.answer if job.route == "direct" else Stage.fan_out
+def next_stage(stage: Stage, job: JobRow) -> Stage | None:
+    """The stage that follows ``stage`` in the same task (``job``: as the stage found it).  The search's
+    successor depends on the route the search itself stored, so that one is read again."""
+    if stage == Stage.search:
+        with connection() as conn:
+            fresh = job_store.get_job(conn, job_id=job.id)
+        return Stage.answer if fresh is not None and fresh.route == "direct" else Stage.fan_out
+    if stage == Stage.collect:
         # only a thinking tree's root checks its rounds; every other job goes on to its report
         thinking = job.options.get("mode") == "thinking" and job.parent_id is None
         return Stage.check if thinking else Stage.synthesize
@@ -285,36 +285,41 @@ def run_stage(job_id: str, stage: Stage) -> str:
     that ended here tells its parent (``tree.py``), whose next step waits for that."""
     current: Stage | None = stage
     outcome = OK
+    parent: str | None = None
     try:
         while current is not None:
-            outcome = _run_one(job_id, current)
+            outcome, job = _run_one(job_id, current)
+            if job is None:
+                return outcome
+            parent = job.parent_id
             if outcome != OK:
                 return outcome
-            with connection() as conn:
-                current = next_stage(current, conn, job_id)
+            current = next_stage(current, job)
         return outcome
     finally:
-        from .tree import notify_parent_if_ended
+        if parent is not None:
+            from .tree import notify_parent_if_ended
 
-        notify_parent_if_ended(job_id)
+            notify_parent_if_ended(job_id)
 
 
-def _run_one(job_id: str, stage: Stage) -> str:
+def _run_one(job_id: str, stage: Stage) -> tuple[str, JobRow | None]:
+    """The stage's outcome, and the job as the stage found it (None when it is gone)."""
     settings = get_settings()
     with connection() as conn:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
-            return "skipped"
+            return "skipped", job
         if position(job.stage) > position(stage):
             # a redelivery of an earlier stage: the job is past it; pass on without moving it back
-            return OK if stage in PASS_ON else "skipped"
+            return (OK if stage in PASS_ON else "skipped"), job
         job_store.set_stage(conn, job_id=job_id, stage=stage)
         ctx = StageContext(conn=conn, job=job, settings=settings)
         try:
             if stage in SELF_TIMED:
-                return _runner(stage)(ctx)
+                return _runner(stage)(ctx), job
             with StageTimer(conn, job_id, stage):
-                return _runner(stage)(ctx)
+                return _runner(stage)(ctx), job
         except DB_OUTAGE:
             raise  # not the job's fault: the task retries
         except BROKER_OUTAGE:
@@ -325,4 +330,4 @@ def _run_one(job_id: str, stage: Stage) -> str:
         except Exception as exc:  # the job must end, whatever broke
             log.exception("%s stage crashed for job %s", stage, job_id)
             fail_job(conn, job_id=job_id, exc=exc, prefix=f"{stage} failed")
-    return "failed"
+    return "failed", job
