@@ -499,7 +499,7 @@ def asyncio_messages(conn, settings, n: int) -> tuple[list, list[list], Any]:
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer, get_chunks
 
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=BUFFER)
-    n_chunks, n_bytes = buffer_stats(conn, tenant=DEFAULT_TENANT, names=[BUFFER])
+    n_chunks, n_bytes, _runtime = buffer_stats(conn, tenant=DEFAULT_TENANT, names=[BUFFER])
     ids = [
         r[0]
         for r in conn.execute("SELECT id FROM chunks WHERE buffer_id = %s ORDER BY id LIMIT %s", (buf.id, n)).fetchall()
