@@ -12,7 +12,7 @@ from rlm_workers.limits import (
     MAX_QUERY_BYTES,
     MIN_CHUNK_SIZE,
 )
-from rlm_workers.models import BufferInfo, QueryOptions, QueryResult, check_storable_text
+from rlm_workers.models import BufferInfo, LLMCall, QueryOptions, QueryResult, check_storable_text
 
 #: most files one upload may carry (JSON documents or multipart parts)
 MAX_UPLOAD_FILES = 10_000
@@ -129,13 +129,89 @@ class Progress(BaseModel):
     batches_total: int
 
 
+JobStatusName = Literal["queued", "running", "done", "failed", "cancelled"]
+
+
+class Usage(BaseModel):
+    """The job's own logged LLM calls (retries included); a root's ``result`` has the whole tree's."""
+
+    llm_calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class StageTiming(BaseModel):
+    stage: str
+    seconds: float = Field(description="Wall time the stage's tasks took, summed over deliveries.")
+
+
+class BatchView(BaseModel):
+    """One analyst batch of the chord."""
+
+    batch_no: int
+    chunks: int
+    state: Literal["queued", "running", "done", "failed"]
+    attempts: int
+    error: ErrorBody | None = None
+
+
+class ChildView(BaseModel):
+    """A follow-up job a ``thinking`` round (or the synthesizer's query_subset) started."""
+
+    job_id: str
+    status: JobStatusName
+    stage: str
+    query: str
+    depth: int
+    children: list[ChildView] = Field(default_factory=list)
+
+
+class JobSummary(BaseModel):
+    """One row of ``GET /v1/queries``."""
+
+    job_id: str
+    status: JobStatusName
+    stage: str
+    query: str
+    buffers: list[str]
+    mode: str
+    parent_id: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+    usage: Usage
+
+
+class JobList(BaseModel):
+    jobs: list[JobSummary]
+    next_cursor: str | None = Field(
+        None, description="Pass as ``cursor`` for the next (older) page; null on the last page."
+    )
+
+
 class JobView(BaseModel):
     job_id: str
-    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    status: JobStatusName
     stage: str
     progress: Progress
     result: QueryResult | None = None
     error: ErrorBody | None = None
+    query: str = ""
+    buffers: list[str] = Field(default_factory=list)
+    options: dict = Field(default_factory=dict, description="The options the job was submitted with.")
+    parent_id: str | None = None
+    root_id: str | None = None
+    depth: int = 0
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    timings: list[StageTiming] = Field(default_factory=list, description="Per stage, in pipeline order.")
+    batches: list[BatchView] = Field(default_factory=list, description="The chord's analyst batches.")
+    calls: list[LLMCall] = Field(default_factory=list, description="Every LLM call logged for this job.")
+    children: list[ChildView] = Field(default_factory=list, description="Follow-up jobs, as a tree.")
+    usage: Usage = Field(default_factory=Usage)
+    task_ids: list[str] = Field(default_factory=list, description="Celery task ids (as Flower shows them).")
 
 
 class Document(Strict):

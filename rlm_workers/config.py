@@ -136,6 +136,23 @@ class Settings(BaseSettings):
     )
 
     # --- HTTP API and batches ----------------------------------------------
+    tenant: str = Field(
+        "local",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="Tenant the CLI works in when a command gets no --tenant (the API takes it from the key).",
+    )
+    flower_url: str | None = Field(
+        None,
+        description="Flower's address as a browser reaches it, e.g. https://ops.example.com/flower; the web view "
+        "links each task id there when set.",
+    )
+    session_history_tokens: int = Field(
+        4000,
+        ge=200,
+        le=200_000,
+        description="A chat session's earlier turns carried into a new question, in tokens; older turns are "
+        "compacted to their question and citations past it.",
+    )
     api_host: str = Field("127.0.0.1", description="Address `rlm api` / `rlm up` bind the HTTP API to.")
     api_port: int = Field(8000, ge=0, le=65535, description="Port of the HTTP API.")
     flower_host: str = Field("127.0.0.1", description="Address Flower binds to (behind basic auth).")

@@ -156,6 +156,26 @@ class BufferInfo(BaseModel):
     updated_at: str | None = None
 
 
+class FileInfo(BaseModel):
+    """One loaded file of a buffer (``rlm buffer show``, ``GET /v1/buffers/{name}/files``)."""
+
+    path: str
+    bytes: int
+    chunks: int
+    loaded_at: str | None = None
+
+
+class ChunkView(BaseModel):
+    """One chunk as a citation points at it (``rlm chunk show``, ``GET /v1/chunks/{id}``, MCP ``get_chunks``)."""
+
+    chunk_id: int
+    buffer: str
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+
+
 class SearchHit(BaseModel):
     """One row of ``rlm search --format json`` (docs/contract.md#search-json)."""
 

@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from rlm_workers.errors import BufferNotFound, InvalidInput
-from rlm_workers.models import BufferInfo
+from rlm_workers.models import BufferInfo, FileInfo
 
 from ..deps import ConnDep, TenantDep
 from ..schemas import (
@@ -282,6 +282,27 @@ def show(name: str, conn: ConnDep, tenant: TenantDep) -> BufferInfo:
     from rlm_workers.store.buffers import buffer_info
 
     return buffer_info(conn, tenant=tenant, name=_possible(name))
+
+
+@router.get(
+    "/{name}/files",
+    response_model=list[FileInfo],
+    responses={404: {"description": "no such buffer"}},
+)
+def files(
+    name: str,
+    conn: ConnDep,
+    tenant: TenantDep,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    after: Annotated[str | None, Query(max_length=1024, description="Last path of the previous page.")] = None,
+) -> list[FileInfo]:
+    """The buffer's files in path order, with their size and chunk count, a page at a time."""
+    from rlm_workers.store.buffers import get_buffer, list_files
+
+    row = get_buffer(conn, tenant=tenant, name=_possible(name))
+    if row is None:
+        raise BufferNotFound(name)
+    return list_files(conn, buffer_id=row.id, limit=limit, after=after)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses={404: {"description": "no such buffer"}})

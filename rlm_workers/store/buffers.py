@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BufferNotFound, InvalidInput
-from ..models import BufferInfo
+from ..models import BufferInfo, FileInfo
 
 if TYPE_CHECKING:
     import psycopg
@@ -185,6 +185,18 @@ def files_of(conn: psycopg.Connection, *, buffer_id: int) -> dict[str, FileRow]:
         "SELECT id, path, content_hash, chunk_count FROM files WHERE buffer_id = %s", (buffer_id,)
     ).fetchall()
     return {r[1]: FileRow(*r) for r in rows}
+
+
+def list_files(
+    conn: psycopg.Connection, *, buffer_id: int, limit: int = 1000, after: str | None = None
+) -> list[FileInfo]:
+    """The buffer's files in path order, a page at a time (``after``: the last path of the previous page)."""
+    rows = conn.execute(
+        """SELECT path, size_bytes, chunk_count, loaded_at FROM files
+           WHERE buffer_id = %s AND (%s::text IS NULL OR path > %s) ORDER BY path LIMIT %s""",
+        (buffer_id, after, after, limit),
+    ).fetchall()
+    return [FileInfo(path=r[0], bytes=r[1], chunks=r[2], loaded_at=r[3].isoformat() if r[3] else None) for r in rows]
 
 
 def delete_files(conn: psycopg.Connection, *, buffer_id: int, file_ids: Iterable[int]) -> int:

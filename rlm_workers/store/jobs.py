@@ -608,6 +608,17 @@ def descendants(conn: psycopg.Connection, *, job_id: str) -> list[str]:
     ]
 
 
+def descendants_rows(conn: psycopg.Connection, *, job_id: str) -> list[JobRow]:
+    """Every job below ``job_id`` (children, theirs…), oldest first."""
+    rows = conn.execute(
+        f"""WITH RECURSIVE d(id) AS (SELECT id FROM jobs WHERE parent_id = %s
+              UNION SELECT j.id FROM jobs j JOIN d ON j.parent_id = d.id)
+            SELECT {_JOB_COLS} FROM jobs WHERE id IN (SELECT id FROM d) ORDER BY depth, created_at, id""",
+        (job_id,),
+    ).fetchall()
+    return [JobRow(*r) for r in rows]
+
+
 def task_ids_of(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> list[str]:
     return [t for r in conn.execute("SELECT task_ids FROM jobs WHERE id = ANY(%s)", (list(job_ids),)) for t in r[0]]
 
@@ -677,3 +688,75 @@ def launch_lock(conn: psycopg.Connection, *, job_id: str) -> Iterator[bool]:
     finally:
         if held:
             release_session_lock(conn, key)
+
+
+# --------------------------------------------------------------------------- what the job list, web view and MCP read
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """One analyst batch as a person watching the job sees it (docs/contract.md#job-view)."""
+
+    batch_no: int
+    chunks: int
+    #: queued (not claimed yet), running (claimed), done, failed
+    state: str
+    attempts: int
+    error: dict[str, Any] | None
+
+
+def batch_states(conn: psycopg.Connection, *, job_id: str) -> list[BatchState]:
+    return [
+        BatchState(r[0], r[1], r[2], r[3], r[4])
+        for r in conn.execute(
+            """SELECT batch_no, cardinality(chunk_ids),
+                      CASE WHEN status = 'ok' THEN 'done' WHEN status = 'failed' THEN 'failed'
+                           WHEN started_at IS NULL THEN 'queued' ELSE 'running' END,
+                      attempts, error
+               FROM job_batches WHERE job_id = %s ORDER BY batch_no""",
+            (job_id,),
+        )
+    ]
+
+
+#: most jobs one page of ``list_jobs`` returns
+MAX_PAGE = 200
+
+
+def list_jobs(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    status: str | None = None,
+    buffer: str | None = None,
+    text: str | None = None,
+    roots_only: bool = True,
+    limit: int = 50,
+    before: str | None = None,
+) -> list[JobRow]:
+    """A tenant's jobs, newest first (keyset paging: ``before`` is the last id of the previous page).
+
+    Walks the (tenant, created_at) index; a filter narrows the walk, never a sort over the whole table.
+    """
+    where = ["tenant = %(t)s"]
+    args: dict[str, Any] = {"t": tenant, "n": max(1, min(limit, MAX_PAGE))}
+    if status:
+        where.append("status = %(s)s")
+        args["s"] = status
+    if buffer:
+        where.append("%(b)s = ANY(buffers)")
+        args["b"] = buffer
+    if text:
+        # a literal substring: LIKE's own wildcards in the user's text are escaped
+        where.append("query ILIKE %(q)s ESCAPE '\\'")
+        args["q"] = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    if roots_only:
+        where.append("parent_id IS NULL")
+    if before:
+        where.append("(created_at, id) < (SELECT created_at, id FROM jobs WHERE id = %(c)s AND tenant = %(t)s)")
+        args["c"] = before
+    rows = conn.execute(
+        f"SELECT {_JOB_COLS} FROM jobs WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT %(n)s",
+        args,
+    ).fetchall()
+    return [JobRow(*r) for r in rows]
