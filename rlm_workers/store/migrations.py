@@ -337,6 +337,29 @@ ALTER TABLE llm_calls ADD COLUMN cached_tokens integer NOT NULL DEFAULT 0;
 ALTER TABLE llm_calls ADD COLUMN cost_usd double precision;
 """
 
+#: issue #13: chat sessions (docs/contract.md#sessions): a session names its buffers and options once; each turn is
+#: one question and the query job that answered it (the answer, citations and status are read from that job)
+M014_SESSIONS = """
+CREATE TABLE sessions (
+    id          text PRIMARY KEY,
+    tenant      text NOT NULL,
+    buffers     text[] NOT NULL,
+    options     jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX sessions_tenant ON sessions (tenant, created_at DESC);
+CREATE TABLE session_turns (
+    session_id  text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    turn        integer NOT NULL,
+    content     text NOT NULL,
+    job_id      text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (session_id, turn)
+);
+CREATE INDEX session_turns_job ON session_turns (job_id) WHERE job_id IS NOT NULL;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -351,6 +374,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m011_vectors_per_buffer", M011_VECTORS_PER_BUFFER),
     ("m012_embedding_runtime", M012_EMBEDDING_RUNTIME),
     ("m013_job_trees", M013_JOB_TREES),
+    ("m014_sessions", M014_SESSIONS),
 ]
 
 
