@@ -70,8 +70,12 @@ def submit_query(
     buffers: Sequence[str],
     options: dict[str, Any],
     idempotency_key: str | None = None,
+    on_created: Callable[[psycopg.Connection, str], None] | None = None,
 ) -> tuple[str, bool]:
-    """Validate, store the job, enqueue rlm.plan.  Returns (job id, created now)."""
+    """Validate, store the job, enqueue rlm.plan.  Returns (job id, created now).
+
+    ``on_created(conn, job_id)`` runs in the transaction that stores a new job, before its first task is sent:
+    a chat turn attaches its session context there (docs/contract.md#sessions); raising in it stores nothing."""
     # Sent by name through our app: shared tasks would bind to Celery's default app in a process
     # (CLI, API, tests) that never made ours current.
     from .celery_app import app
@@ -112,6 +116,8 @@ def submit_query(
                 options=clean,
                 idempotency_key=idempotency_key,
             )
+            if created and on_created is not None:
+                on_created(conn, job_id)
     commit(conn)
     if created:
         app.send_task("rlm.plan", (job_id,), argsrepr=f"job={job_id}")

@@ -20,7 +20,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..resources import provider
+from ..sessions import conversation_section, evidence_ids
 from ..store import jobs as job_store
 from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
@@ -74,6 +75,10 @@ class ChunkForPrompt:
     text: str
 
 
+#: after the block of a chunk an earlier answer of the conversation cited (a chat turn's carried evidence)
+CARRIED_MARK = "\n\n(carried evidence: cited by an earlier answer in this conversation)"
+
+
 def build_messages(
     system_prompt: str,
     query: str,
@@ -81,18 +86,22 @@ def build_messages(
     focus_topics: Sequence[str] = (),
     *,
     records_wanted: bool = False,
+    conversation: str = "",
+    carried: Collection[int] = (),
 ) -> list[dict[str, str]]:
-    """``records_wanted``: the job totals typed records (``--scope all``), so every entry is asked for them."""
+    """``records_wanted``: the job totals typed records (``--scope all``), so every entry is asked for them.
+    ``conversation``: a chat turn's earlier turns (quoted, before the query); ``carried``: chunks an earlier
+    answer of the conversation cited, marked as such after their block (docs/contract.md#sessions)."""
     # The query is the user's own words, but it must not open or close a content block either; the
     # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
-    parts = [f"## Query\n\n{escape_content(query)}"]
+    parts = [f"{conversation}## Query\n\n{escape_content(query)}"]
     if focus_topics:
         parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
     if records_wanted:
         parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
     blocks = [
         f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
-        f"{content_block(c.text)}"
+        f"{content_block(c.text)}" + (CARRIED_MARK if c.chunk_id in carried else "")
         for c in chunks
     ]
     parts.append("## Chunks\n\n" + "\n\n".join(blocks))
@@ -317,6 +326,8 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
         chunks,
         params.get("focus_topics") or [],
         records_wanted=job.route == "exhaustive",
+        conversation=conversation_section(job.spec),
+        carried=set(evidence_ids(job.spec)),
     )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.

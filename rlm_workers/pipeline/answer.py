@@ -78,10 +78,16 @@ def fit_chunks(chunks: Sequence[ChunkForPrompt], budget_tokens: int) -> list[Chu
 
 
 def build_messages(
-    system_prompt: str, query: str, chunks: Sequence[ChunkForPrompt], *, records_wanted: bool = False
+    system_prompt: str,
+    query: str,
+    chunks: Sequence[ChunkForPrompt],
+    *,
+    records_wanted: bool = False,
+    conversation: str = "",
 ) -> list[dict[str, str]]:
-    """The analyst's message layout, asking for a cited markdown answer instead of findings JSON."""
-    parts = [f"## Query\n\n{escape_content(query)}"]
+    """The analyst's message layout, asking for a cited markdown answer instead of findings JSON
+    (``conversation``: a chat turn's earlier turns, quoted, before the query)."""
+    parts = [f"{conversation}## Query\n\n{escape_content(query)}"]
     if records_wanted:
         parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
     parts.append("## Chunks\n\n" + "\n\n".join(_block(c) for c in chunks))
@@ -139,7 +145,14 @@ def run(ctx: StageContext) -> str:
             if (c := rows.get(cid))
         ]
         chunks = fit_chunks(chunks, direct_budget(settings))
-        messages = build_messages(load_prompt("direct", prompt_dir=settings.prompt_dir), job.query, chunks)
+        from ..sessions import conversation_section
+
+        messages = build_messages(
+            load_prompt("direct", prompt_dir=settings.prompt_dir),
+            job.query,
+            chunks,
+            conversation=conversation_section(job.spec),
+        )
         request = CompletionRequest(
             role="direct", model=settings.synthesizer_model, messages=messages, max_tokens=DIRECT_MAX_TOKENS
         )

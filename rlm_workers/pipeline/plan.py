@@ -44,10 +44,17 @@ _PLANNED: dict[str, TypeAdapter[Any]] = {
 
 
 def build_messages(
-    system_prompt: str, query: str, chunk_count: int, byte_size: int, buffers: Sequence[str]
+    system_prompt: str,
+    query: str,
+    chunk_count: int,
+    byte_size: int,
+    buffers: Sequence[str],
+    *,
+    conversation: str = "",
 ) -> list[dict[str, str]]:
+    """``conversation``: a chat turn's earlier turns (``sessions.conversation_section``), quoted, before the query."""
     user = (
-        f"## Query\n\n{query}\n\n## Dataset\n\n"
+        f"{conversation}## Query\n\n{query}\n\n## Dataset\n\n"
         f"- buffers: {', '.join(buffers)}\n- chunks: {chunk_count}\n- bytes: {byte_size}\n\n"
         "Reply with the JSON plan only."
     )
@@ -125,13 +132,22 @@ def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) 
 
 
 def run(ctx: StageContext) -> str:
-    job, conn, settings = ctx.job, ctx.conn, ctx.settings
+    from ..sessions import conversation_section, resolve_question
+
+    conn, settings = ctx.conn, ctx.settings
+    # a chat turn first becomes a standalone question (docs/contract.md#sessions), whatever the mode
+    job = ctx.job = resolve_question(conn, ctx.job, settings)
     if job.plan is not None or job.options.get("skip_plan") or job.options.get("mode") == "instant":
         return OK  # instant never plans: its one call is the answer
     chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
     _prefetch_query_vector(job.query, settings, runtime)
     messages = build_messages(
-        load_prompt("primary", prompt_dir=settings.prompt_dir), job.query, chunks, size, job.buffers
+        load_prompt("primary", prompt_dir=settings.prompt_dir),
+        job.query,
+        chunks,
+        size,
+        job.buffers,
+        conversation=conversation_section(job.spec),
     )
     try:
         completion = call_llm(

@@ -16,6 +16,7 @@ from ..errors import NoChunks
 from ..local_servers import database_url
 from ..models import AnalysisPlan, QueryOptions, Route
 from ..search.service import rank
+from ..sessions import evidence_ids
 from ..store import jobs as job_store
 from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sizes_of
 from .flow import OK, StageContext
@@ -63,7 +64,11 @@ def run(ctx: StageContext) -> str:
             top_k=params.top_k,
             threshold=params.threshold,
         )
-        if not ranked:
+        # a chat turn's earlier cited chunks join what the analysts read (docs/contract.md#sessions), after the hits
+        wanted = evidence_ids(spec)
+        present = sizes_of(conn, tenant=job.tenant, chunk_ids=wanted) if wanted else {}
+        carried = [c for c in wanted if c in present]
+        if not ranked and not carried:
             raise NoChunks(
                 f"no chunks matched the query in {', '.join(job.buffers)} "
                 f"(mode {params.search_mode}, threshold {params.threshold})"
@@ -71,6 +76,7 @@ def run(ctx: StageContext) -> str:
         chosen = [r.chunk_id for r in ranked]
         if params.max_chunks:
             chosen = chosen[: params.max_chunks]
+        chosen += [c for c in carried if c not in chosen]
         sizes = sizes_of(conn, tenant=job.tenant, chunk_ids=chosen)
         if routing.route == Route.direct:
             chosen = fit(chosen, sizes, direct_budget(settings))

@@ -39,15 +39,24 @@ MAX_SYNTH_FINDINGS_CHARS = 300_000
 
 
 def build_messages(
-    system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]
+    system_prompt: str,
+    query: str,
+    kept: Sequence[Mapping[str, Any]],
+    stats: Mapping[str, Any],
+    *,
+    conversation: str = "",
 ) -> list[dict[str, str]]:
-    """Findings in collect order; the analysts' words came from untrusted text, so they are data too."""
+    """Findings in collect order; the analysts' words came from untrusted text, so they are data too.
+    ``conversation``: a chat turn's earlier turns, quoted, before the query (docs/contract.md#sessions)."""
     blocks, omitted = findings_blocks(kept, MAX_SYNTH_FINDINGS_CHARS)
     # buffer names are untrusted like paths: quoted, as in the source lines
     stat_lines = "\n".join(
         f"- {k}: {', '.join(map(quote_field, v)) if isinstance(v, list | tuple) else v}" for k, v in stats.items()
     )
-    user = f"## Query\n\n{escape_content(query)}\n\n## Dataset\n\n{stat_lines}\n\n## Findings\n\n" + "\n\n".join(blocks)
+    user = (
+        f"{conversation}## Query\n\n{escape_content(query)}\n\n## Dataset\n\n{stat_lines}\n\n## Findings\n\n"
+        + "\n\n".join(blocks)
+    )
     if omitted:
         user += f"\n\n({omitted} lower-ranked findings omitted for length; use the tools to look further.)"
     return [system_message(system_prompt), {"role": "user", "content": user}]
@@ -101,7 +110,15 @@ def run_synthesizer(
         first = int(state["turn"]) + 1
     else:
         stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
-        messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
+        from ..sessions import conversation_section
+
+        messages = build_messages(
+            load_prompt("synthesizer", prompt_dir=settings.prompt_dir),
+            job.query,
+            kept,
+            stats,
+            conversation=conversation_section(job.spec),
+        )
         first = 0
     ctx = ToolContext(
         conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings, url=database_url(settings)
