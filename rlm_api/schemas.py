@@ -212,6 +212,9 @@ class JobView(BaseModel):
     children: list[ChildView] = Field(default_factory=list, description="Follow-up jobs, as a tree.")
     usage: Usage = Field(default_factory=Usage)
     task_ids: list[str] = Field(default_factory=list, description="Celery task ids (as Flower shows them).")
+    spec: dict | None = Field(
+        None, description="What a child or a chat turn carries: its task, or the session context it used."
+    )
 
 
 class Document(Strict):
@@ -267,3 +270,66 @@ class LoadResponse(BaseModel):
     skipped: dict[str, int] = Field(description="Files not loaded, by reason (binary, not-utf8, too-large, …).")
     too_large: list[str]
     seconds: float
+
+
+# --------------------------------------------------------------------------- chat sessions (docs/contract.md#sessions)
+
+
+class SessionCreate(Strict):
+    buffers: list[str] = Field(..., min_length=1, max_length=50, description="Buffers every turn searches.")
+    options: QueryOptions = Field(default_factory=QueryOptions, description="Query options every turn runs with.")
+
+    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [_buffer_name_ok(n) for n in v]))
+
+
+class SessionCreated(BaseModel):
+    session_id: str
+    buffers: list[str]
+    options: dict = Field(default_factory=dict)
+    session_url: str
+
+
+class MessageRequest(Strict):
+    content: str = Field(..., description="The next question (at most 10 KB); a follow-up may lean on earlier turns.")
+
+    _check_content = field_validator("content")(classmethod(lambda cls, v: _query_ok(v)))
+
+
+class MessageAccepted(BaseModel):
+    session_id: str
+    turn: int
+    job_id: str
+    status_url: str = Field(description="The turn's query job (GET it, or the session, until it ends).")
+
+
+class Citation(BaseModel):
+    """A chunk an answer cited: a stable chunk id (``GET /v1/chunks/{id}``) with where it comes from."""
+
+    chunk_id: int
+    buffer: str
+    path: str
+    start_line: int
+    end_line: int
+
+
+class TurnView(BaseModel):
+    turn: int
+    question: str = Field(description="As asked.")
+    standalone_question: str | None = Field(
+        None, description="What the turn's job searched for (the question rewritten to stand alone), once known."
+    )
+    job_id: str | None
+    status: str = Field(description="The job's status (queued, running, done, failed, cancelled).")
+    answer: str | None = Field(None, description="The answer's markdown, once done.")
+    citations: list[Citation] = Field(default_factory=list, description="The chunks the answer cites, in order.")
+    error: ErrorBody | None = None
+    created_at: datetime | None = None
+
+
+class SessionView(BaseModel):
+    session_id: str
+    buffers: list[str]
+    options: dict = Field(default_factory=dict)
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    turns: list[TurnView] = Field(default_factory=list)

@@ -106,6 +106,7 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
         children=_child_tree(below, job.id),
         usage=usage_of(store.job_usage(conn, job_ids=[job.id]).get(job.id)),
         task_ids=list(job.task_ids),
+        spec=job.spec,
     )
 
 
