@@ -98,7 +98,9 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
                 (cid, ids[buf], f"[1,{n},0]", cid, ids[buf], f"[0,1,{n}]"),
             )
 
-        assert migrations.migrate(conn) == ["m011_vectors_per_buffer", "m012_embedding_runtime", "m013_job_trees"]
+        names = [name for name, _ in migrations.MIGRATIONS]
+        # every migration from m011 on (later ones included, so a new migration does not break this test)
+        assert migrations.migrate(conn) == names[names.index("m011_vectors_per_buffer") :]
 
         def count(buf: str) -> int:
             return conn.execute(f"SELECT count(*) FROM chunk_vectors_b{ids[buf]}").fetchone()[0]
