@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import BudgetExhausted, RLMError
+from .errors import BudgetExhausted, JobCancelled, RLMError
 
 if TYPE_CHECKING:
     import psycopg
@@ -153,7 +153,13 @@ def session_spec(
         entry: dict[str, Any] = {"turn": t.turn, "asked": t.content, "question": question, "status": t.status}
         small = len(question) + CITATION_CHARS * len(cited)
         full = small + len(answer)
-        if answer and not compacting and used + full <= budget_chars:
+        if not answer:  # failed or cancelled: its question alone (there is nothing to compact)
+            if history and used + small > budget_chars:
+                omitted += 1
+                continue
+            entry |= {"answer": None, "cited": []}
+            used += small
+        elif not compacting and used + full <= budget_chars:
             entry |= {"answer": answer, "cited": cited}
             used += full
         elif used + small <= budget_chars or not history:
@@ -344,6 +350,8 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
             parsed = parse_rewrite(completion.text)
             if parsed:
                 question, how = parsed, "model"
+        except JobCancelled:
+            raise
         except BudgetExhausted:
             log.info("job %s: budget exhausted before the rewrite; rewriting by rules", job.id)
         except RLMError as exc:  # the rewrite only helps the search: rules stand in for a failed call

@@ -130,6 +130,10 @@ def test_history_is_compacted_past_the_budget_and_quoted_as_data():
     assert section.count("</content>") == 1 and "\n## Query" not in section
     full = session_spec("s", 4, "and then?", turns[:1], budget_chars=4000)
     assert "> ## Query" in conversation_section(full) and "&lt;/content>" in conversation_section(full)
+    cancelled = TurnRow(5, "q5", "job5", None, "cancelled", "question 5", None, None, None)
+    spec = session_spec("s", 6, "and then?", [*turns[:1], cancelled], budget_chars=4000)
+    assert [(e["turn"], e["answer"], e["cited"]) for e in spec["history"]][1] == (5, None, [])
+    assert "Turn 5 answer: (none: the job ended cancelled)" in conversation_section(spec)
 
 
 # --------------------------------------------------------------------------- offline: extractive provider
