@@ -204,15 +204,44 @@ def test_stdio_tools_answer_for_the_local_tenant(env, corpus, workers):
 
     top_k, unknown, no_job, no_ids, empty = bad
     assert top_k.startswith("invalid arguments: top_k") and "500" in top_k
-    assert "nope" in unknown
+    assert unknown == "no buffer named 'nope'; the list_buffers tool names them"
     assert no_job == f"no query job {'f' * 32!r}"
     assert no_ids.startswith("invalid arguments: chunk_ids")
     assert "empty" in empty
 
 
-def test_stdio_refuses_http_options(env):
+def test_a_query_no_worker_can_run_is_refused_before_it_is_stored(env, conn, corpus, workers):
+    from rlm_workers.store.jobs import list_jobs
+
+    def jobs() -> list[str]:
+        ids = [j.id for j in list_jobs(conn, tenant="local", limit=200)]
+        conn.commit()
+        return ids
+
+    async def script(s):
+        return error(await call(s, "query", question="How long is the refund window?", buffers="docs"))
+
+    before = jobs()
+    workers["man"].stop()
+    try:
+        message = _stdio_run(env, script)
+    finally:
+        workers["man"].start()
+    assert message == "no worker serves rlm.analyst, so a query cannot run; start them with `rlm up` or `rlm worker`"
+    assert jobs() == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "9"], "--host and --port are for --transport http; stdio talks on stdin/stdout"),
+        (["--transport", "http", "--tenant", "acme"], "over --transport http each request's API key names the tenant"),
+        (["--tenant", "no spaces"], "invalid tenant name 'no spaces'"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(env, args, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "rlm_api.cli_mcp", "--port", "9"],
+        [sys.executable, "-m", "rlm_api.cli_mcp", *args],
         cwd=ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -220,7 +249,7 @@ def test_stdio_refuses_http_options(env):
         timeout=120,
     )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip() == "error: --host and --port are for --transport http; stdio talks on stdin/stdout"
+    assert proc.stderr.startswith(f"error: {message}") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -280,6 +309,6 @@ def test_http_tools_are_scoped_to_the_keys_tenant(http_server, keys, corpus, wor
 
     none, search_err, job_err, chunks, query_err = _http_run(http_server, keys["globex"], globex)
     assert none == {"buffers": []}
-    assert "handbook" in search_err and "handbook" in query_err
+    assert search_err == query_err == "no buffer named 'handbook'; the list_buffers tool names them"
     assert job_err == f"no query job {submitted['job_id']!r}"
     assert chunks == {"chunks": [], "missing": [chunk_id]}
