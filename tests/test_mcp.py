@@ -231,6 +231,77 @@ def test_a_query_no_worker_can_run_is_refused_before_it_is_stored(env, conn, cor
     assert jobs() == before
 
 
+def test_a_wait_that_runs_out_returns_the_job_to_poll(env, conn, corpus, workers):
+    """The job cannot end while no analyst runs: the wait gives up after its timeout with the job id; once an
+    analyst is back the same job ends done."""
+    import threading
+
+    from rlm_api.mcp_server import _wait
+    from rlm_workers.submit import submit_query, wait_for_job
+
+    workers["man"].stop()
+    try:
+        job_id, _ = submit_query(
+            conn, tenant="local", query="What does express delivery cost?", buffers=["docs"], options={}
+        )
+        conn.commit()
+        answer = _wait(job_id, 2.0, threading.Event())
+    finally:
+        workers["man"].start()
+    assert (answer.job_id, answer.report) == (job_id, None) and answer.status in ("queued", "running"), answer
+    assert f"job {job_id} is still {answer.status}" in answer.message and "get_job" in answer.message
+    assert wait_for_job(conn, job_id, timeout=120).status == "done"
+
+
+def test_stdout_carries_only_the_protocol(env, corpus):
+    """Every line the stdio server writes on stdout is a JSON-RPC message (logs go to stderr)."""
+    requests = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "list_buffers", "arguments": {}}},
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "get_chunks", "arguments": {"chunk_ids": "x"}},
+        },
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm_api.cli_mcp"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    replies = {}
+    try:
+        for r in requests:
+            proc.stdin.write((json.dumps(r) + "\n").encode())
+            proc.stdin.flush()
+            if "id" in r:
+                while r["id"] not in replies:
+                    message = json.loads(proc.stdout.readline())  # anything else on stdout fails here
+                    assert message["jsonrpc"] == "2.0"
+                    replies[message.get("id")] = message
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert proc.stdout.read() == b""
+    finally:
+        proc.kill()
+    assert replies[2]["result"]["structuredContent"]["buffers"][0]["name"] == "docs"
+    assert replies[3]["result"]["isError"] is True
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
