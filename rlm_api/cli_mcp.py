@@ -49,13 +49,15 @@ def mcp_command(
             raise InvalidInput("over --transport http each request's API key names the tenant: drop --tenant")
         if port is not None and not 0 < port < 65536:
             raise InvalidInput(f"--port must be between 1 and 65535, got {port}")
+    from . import mcp_server
+
+    # stdio: stdout is the protocol's before anything (an embedded server starting, say) could write to it
+    protocol = mcp_server.take_stdout() if transport == Transport.stdio else None
     # Resolve (and start, when embedded) the database and broker once here, not in the first tool call.
     database_url(settings)
     broker_url(settings)
-    from . import mcp_server
-
-    if transport == Transport.stdio:
-        mcp_server.serve_stdio(chosen)
+    if protocol is not None:
+        mcp_server.serve_stdio(chosen, protocol)
     else:
         mcp_server.serve_http(host=host or settings.api_host, port=DEFAULT_HTTP_PORT if port is None else port)
 

@@ -452,10 +452,16 @@ class KeyCheck:
         from .deps import UNAUTHORIZED, tenant_from_header
 
         authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        import psycopg
+
         try:
             tenant = await run_in_threadpool(tenant_from_header, authorization)
         except RLMError as exc:
             await _send_error(send, _status_of(exc), exc.type, exc.api_message)
+            return
+        except psycopg.OperationalError as exc:  # the database is down or the pool is full: the operator's 503
+            log.warning("cannot check an API key: database unavailable: %s", exc)
+            await _send_error(send, 503, "service_unavailable", "database unavailable")
             return
         if tenant is None:
             await _send_error(send, 401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
@@ -475,23 +481,30 @@ def serve_http(*, host: str, port: int) -> None:
     uvicorn.run(http_app(host=host, port=port), host=host, port=port, log_level="warning", proxy_headers=False)
 
 
-def serve_stdio(tenant: str) -> None:
-    """Serve one client on stdin/stdout.  Stdout is the protocol: from here on whatever else would write to
-    it (a print, a library's progress bar, a C extension) is sent to stderr instead."""
-    import io
+def take_stdout() -> int:
+    """Keep stdout for the protocol alone: returns a new descriptor for it, and from here on whatever else would
+    write to fd 1 (a print, a library's progress bar, a C extension, a child process) lands on stderr."""
     import os
     import sys
+
+    sys.stdout.flush()
+    protocol = os.dup(1)
+    os.dup2(2, 1)
+    return protocol
+
+
+def serve_stdio(tenant: str, protocol_fd: int) -> None:
+    """Serve one client: requests on stdin, replies on ``protocol_fd`` (``take_stdout()``'s)."""
+    import io
+    import os
 
     import anyio
     from mcp.server.stdio import stdio_server
 
     server = build_server(local_tenant=tenant)
-    sys.stdout.flush()
-    protocol = os.dup(1)
-    os.dup2(2, 1)
 
     async def run() -> None:
-        out = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol, "wb", buffering=0), encoding="utf-8"))
+        out = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb", buffering=0), encoding="utf-8"))
         async with stdio_server(stdout=out) as (read, write):
             lowlevel = server._mcp_server  # FastMCP.run_stdio_async, with our stdout
             await lowlevel.run(read, write, lowlevel.create_initialization_options())
