@@ -25,6 +25,11 @@ DOCS = [
     {"path": "guide/limits.md", "text": "# Limits\n\nEach account may store at most fifty gigabytes.\n"},
     {"path": "guide/keys.md", "text": "# Keys\n\nAPI keys are created with rlm keys create and revoked later.\n"},
 ]
+#: a two-hop question: the first round's finding names Zephyrine, a follow-up job finds where it stores data
+HOPS = [
+    {"path": "teams.md", "text": "# Teams\n\nThe billing team maintains the Zephyrine service.\n"},
+    {"path": "storage.md", "text": "# Storage\n\nZephyrine writes every ledger into the Quokka cluster.\n"},
+]
 SCRIPT = "<script>alert('chunk')</script>"
 IMG = "<img src=x onerror=alert('img')>"
 EVIL = [{"path": "evil/widget.md", "text": f"# Widget\n\nThe widget template contains {SCRIPT} and {IMG} verbatim.\n"}]
@@ -71,7 +76,7 @@ def api(env, keys, tmp_path_factory):
     redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
     server = Api(env, tmp_path_factory.mktemp("ui-api") / "api.log")
     with server.client(keys["a"]) as c:
-        for name, docs in (("handbook", DOCS), ("evil", EVIL)):
+        for name, docs in (("handbook", DOCS), ("evil", EVIL), ("hops", HOPS)):
             r = c.post("/v1/buffers", json={"name": name, "documents": docs})
             assert r.status_code == 201, r.text
     yield server
@@ -223,6 +228,22 @@ def test_untrusted_text_renders_as_text(page, api, keys, analysts):
     assert page.dialogs == []
 
 
+def test_a_thinking_jobs_follow_ups_show_as_a_tree(page, api, keys, analysts):
+    sign_in(page, api, keys["a"])
+    root = submit(
+        page, api, "Where does the billing team's service store data?", "hops", options='{"mode": "thinking"}'
+    )
+    wait_status(page, "done", timeout=240_000)
+    page.wait_for_selector("#children-card:not([hidden]) #children li a")
+    child = page.locator("#children li a").first
+    assert "Zephyrine" in child.inner_text()
+    child.click()
+    page.wait_for_url(re.compile(r".*/ui/jobs/[^/]+$"))
+    page.wait_for_selector("#job-parent:not([hidden])")
+    assert page.text_content("#job-parent-link") == root
+    page.wait_for_function("() => document.getElementById('report').textContent.includes('follow-up job')")
+
+
 def test_buffers_files_and_upload(page, api, keys, tmp_path):
     sign_in(page, api, keys["a"])
     page.goto(f"{api.base}/ui/buffers")
@@ -244,13 +265,15 @@ def test_buffers_files_and_upload(page, api, keys, tmp_path):
 
 def test_another_tenants_job_is_not_found(page, api, keys):
     with api.client(keys["a"]) as c:
-        job_id = c.get("/v1/queries").json()["jobs"][0]["job_id"]
+        r = c.post("/v1/queries", json={"query": "Acme's own question", "buffers": ["handbook"]})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
     with api.client(keys["b"]) as c:
         assert c.get(f"/v1/queries/{job_id}/report").status_code == 404
     sign_in(page, api, keys["b"])
     page.goto(f"{api.base}/ui/jobs/{job_id}")
     page.wait_for_selector("#job-missing:not([hidden])")
-    assert page.is_hidden("#job")
+    assert page.is_hidden("#job") and "Acme's own question" not in page.content()
     page.goto(f"{api.base}/ui/")
     page.wait_for_selector("#jobs-empty:not([hidden])")
 

@@ -283,7 +283,12 @@ function jobPage() {
     flash("");
     render(v);
     if (v.result && !reportShown) { try { await showReport(); } catch (e) { if (!(e instanceof Unauthorized)) flash(e.message); } }
-    if (!TERMINAL.has(v.status)) setTimeout(poll, 1000);
+    if (!TERMINAL.has(v.status)) { setTimeout(poll, 1000); return; }
+    if (!reportShown) {
+      $("report").replaceChildren(el("p", { class: "muted", text: v.parent_id
+        ? "A follow-up job writes no report of its own: its findings went into the report of the job above it."
+        : "This job ended without a report." }));
+    }
   }
   poll();
 }
