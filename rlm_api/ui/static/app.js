@@ -93,7 +93,7 @@ function signinPage() {
     sessionStorage.setItem(KEY, key);
     const next = new URLSearchParams(location.search).get("next") || "/ui/";
     // Only a page of this view: never a redirect to another site.
-    location.assign(/^\/ui\/[^/]?/.test(next) && !next.startsWith("//") ? next : "/ui/");
+    location.assign(next.startsWith("/ui/") ? next : "/ui/");
   });
 }
 
