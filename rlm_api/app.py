@@ -257,6 +257,7 @@ def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
 
     from .routes import batches, buffers, chunks, health, queries, uploads
+    from .ui import routes as ui_routes
 
     settings = get_settings()
     assets = _docs_assets_dir()
@@ -274,8 +275,9 @@ def create_app() -> FastAPI:
         import logging
 
         logging.getLogger("rlm.api").warning("fastapi-offline is not installed: /docs and /redoc load from a CDN")
-    for module in (health, buffers, uploads, queries, batches, chunks):
+    for module in (health, buffers, uploads, queries, batches, chunks, ui_routes):
         app.include_router(module.router)
+    app.mount("/ui/static", ui_routes.static_files(), name="ui-static")
 
     @app.exception_handler(RLMError)
     async def _rlm_error(_request: Request, exc: RLMError) -> JSONResponse:
