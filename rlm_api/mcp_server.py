@@ -1,7 +1,7 @@
 """The MCP server for coding agents (docs/contract.md#mcp): five tools over stdio or streamable HTTP.
 
 Over stdio the server acts for one tenant, the local user's (``--tenant`` / RLM_TENANT).  Over HTTP every
-request carries ``Authorization: Bearer <API key>``; ``KeyCheck`` answers 401 before the SDK sees a request
+request carries ``Authorization: Bearer <API key>``; the API's ``KeyFirst`` answers 401 before the SDK sees a request
 without a valid key and stores the key's tenant in the request's scope, which the SDK hands each tool call
 (``ctx.request_context.request``).  A tool reads its tenant from there and from nowhere else, so one
 process serves many tenants without one seeing another's buffers, jobs or chunks.
@@ -25,10 +25,10 @@ from pydantic import BaseModel, Field
 
 from rlm_api.schemas import JobView
 from rlm_workers.errors import RLMError
-from rlm_workers.models import BufferInfo, ChunkView, SearchMode
+from rlm_workers.models import BufferInfo, ChunkView, SearchHit, SearchMode
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import ASGIApp
 
 log = logging.getLogger("rlm.mcp")
 
@@ -45,7 +45,7 @@ MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 300.0
 #: an MCP request body over this many bytes is refused (tool arguments are small: a 10 KB question at most)
 MAX_BODY_BYTES = 1024 * 1024
-#: where KeyCheck leaves the tenant in the ASGI scope (the API's KeyFirst uses the same key)
+#: where the API's KeyFirst leaves the tenant in the ASGI scope
 TENANT_KEY = "tenant"
 
 INSTRUCTIONS = (
@@ -62,17 +62,10 @@ class BufferList(BaseModel):
     buffers: list[BufferInfo]
 
 
-class Hit(BaseModel):
-    chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
-    score: float
-    #: the chunk's text, cut to HIT_TEXT_CHARS characters (``text_truncated``); get_chunks has all of it
-    text: str
+class Hit(SearchHit):
+    """A search hit with ``text`` cut to HIT_TEXT_CHARS characters (``text_truncated``); get_chunks has it all."""
+
     text_truncated: bool
-    passage: str | None = None
 
 
 class SearchResults(BaseModel):
@@ -435,44 +428,11 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
 # --------------------------------------------------------------------------- transports
 
 
-class KeyCheck:
-    """Every HTTP request needs ``Authorization: Bearer <API key>``: 401 (the API's error shape) without a
-    valid one, before anything reads the body; otherwise the key's tenant goes into the scope for the tools."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        from starlette.concurrency import run_in_threadpool
-
-        from .app import _send_error, _status_of
-        from .deps import UNAUTHORIZED, tenant_from_header
-
-        authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
-        import psycopg
-
-        try:
-            tenant = await run_in_threadpool(tenant_from_header, authorization)
-        except RLMError as exc:
-            await _send_error(send, _status_of(exc), exc.type, exc.api_message)
-            return
-        except psycopg.OperationalError as exc:  # the database is down or the pool is full: the operator's 503
-            log.warning("cannot check an API key: database unavailable: %s", exc)
-            await _send_error(send, 503, "service_unavailable", "database unavailable")
-            return
-        if tenant is None:
-            await _send_error(send, 401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
-            return
-        scope.setdefault("state", {})[TENANT_KEY] = tenant
-        await self.app(scope, receive, send)
-
-
 def http_app(*, host: str, port: int) -> ASGIApp:
     """The streamable HTTP app (``POST /mcp``), every request checked for a key."""
-    return KeyCheck(build_server(local_tenant=None, host=host, port=port).streamable_http_app())
+    from .app import KeyFirst
+
+    return KeyFirst(build_server(local_tenant=None, host=host, port=port).streamable_http_app(), prefix=None)
 
 
 def serve_http(*, host: str, port: int) -> None:
