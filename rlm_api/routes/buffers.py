@@ -302,6 +302,8 @@ def files(
     row = get_buffer(conn, tenant=tenant, name=_possible(name))
     if row is None:
         raise BufferNotFound(name)
+    if after and "\x00" in after:  # PostgreSQL text cannot hold one
+        raise InvalidInput("after: contains a NUL character")
     return list_files(conn, buffer_id=row.id, limit=limit, after=after)
 
 

@@ -199,6 +199,9 @@ def list_queries(
     from rlm_workers.errors import InvalidInput
     from rlm_workers.store.jobs import get_job, list_jobs
 
+    for name, value in (("buffer", buffer), ("q", q), ("cursor", cursor)):
+        if value and "\x00" in value:  # PostgreSQL text cannot hold one: no job can match
+            raise InvalidInput(f"{name}: contains a NUL character")
     if cursor is not None and get_job(conn, job_id=cursor, tenant=tenant) is None:
         raise InvalidInput(f"unknown cursor {cursor[:64]!r}: pass the next_cursor of the previous page")
     rows = list_jobs(
