@@ -25,6 +25,7 @@ STATUS_BY_TYPE = {
     "no_chunks": 422,
     "idempotency_key_reused": 422,
     "too_many_jobs": 429,
+    "session_busy": 409,
     "service_unavailable": 503,
     "missing_extension": 503,
     "config_error": 500,

@@ -168,6 +168,12 @@ class TooManyJobs(RLMError):
     type = "too_many_jobs"
 
 
+class SessionBusy(InvalidInput):
+    """A chat turn was posted while the session's previous turn is still running (HTTP 409)."""
+
+    type = "session_busy"
+
+
 def error_record(exc: BaseException, prefix: str | None = None) -> dict[str, str]:
     """How an error is stored on a job, batch or upload: ``{"type", "message"}``, never a traceback."""
     if isinstance(exc, RLMError):

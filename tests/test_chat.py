@@ -284,6 +284,7 @@ def test_api_sessions_create_post_history_tenants_and_bad_input(rlm_env, conn, c
         assert first.json()["turn"] == 1 and first.json()["status_url"] == f"/v1/queries/{first.json()['job_id']}"
         busy = a.post(f"/v1/sessions/{sid}/messages", json={"content": TURN2})
         assert busy.status_code == 409 and "still queued" in busy.json()["error"]["message"], busy.text
+        assert busy.json()["error"]["type"] == "session_busy"
         # another tenant sees no such session, and cannot post to it
         assert b.get(f"/v1/sessions/{sid}").status_code == 404
         assert b.post(f"/v1/sessions/{sid}/messages", json={"content": TURN2}).status_code == 404

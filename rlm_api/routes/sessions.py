@@ -3,7 +3,7 @@ context), read the turns back.  Another tenant's session is simply not found."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, Response, status
 
 from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import MessageAccepted, MessageRequest, SessionCreate, SessionCreated, SessionView
@@ -48,14 +48,11 @@ def post_message(
     """Ask the next question; it runs as a query job whose context carries the earlier turns."""
     from rlm_workers import sessions
 
-    try:
-        posted = found_or_404(
-            lambda i: sessions.post_message(conn, tenant=tenant, session_id=i, content=body.content),
-            session_id,
-            "session",
-        )
-    except sessions.SessionBusy as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, detail=exc.api_message) from None
+    posted = found_or_404(
+        lambda i: sessions.post_message(conn, tenant=tenant, session_id=i, content=body.content),
+        session_id,
+        "session",
+    )  # SessionBusy is answered 409 by the app's RLMError handler
     turn, job_id = posted
     url = f"/v1/queries/{job_id}"
     response.headers["Location"] = url
