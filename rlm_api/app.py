@@ -256,7 +256,7 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
 def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
 
-    from .routes import batches, buffers, chunks, health, queries, uploads
+    from .routes import batches, buffers, chunks, health, queries, search, uploads
 
     settings = get_settings()
     assets = _docs_assets_dir()
@@ -274,7 +274,7 @@ def create_app() -> FastAPI:
         import logging
 
         logging.getLogger("rlm.api").warning("fastapi-offline is not installed: /docs and /redoc load from a CDN")
-    for module in (health, buffers, uploads, queries, batches, chunks):
+    for module in (health, buffers, uploads, queries, batches, chunks, search):
         app.include_router(module.router)
 
     @app.exception_handler(RLMError)
