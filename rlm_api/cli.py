@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -149,17 +150,14 @@ class _Ticker:
         self.after, self.every = after, every
         self.last: float | None = None
 
-    def elapsed(self) -> float:
-        return self._clock() - self.t0
-
-    def maybe(self, line: str, *, force: bool = False) -> bool:
-        """Print ``line`` if it is time to; True when it was printed."""
+    def maybe(self, line: Callable[[float], str], *, force: bool = False) -> bool:
+        """Print ``line(seconds since start)`` if it is time to; True when it was printed."""
         now = self._clock()
         if now - self.t0 < self.after:
             return False
         if force or self.last is None or now - self.last >= self.every:
             self.last = now
-            typer.echo(line, err=True)
+            typer.echo(line(now - self.t0), err=True)
             return True
         return False
 
@@ -178,8 +176,7 @@ class _LogProgress:
     def _line(self, force: bool = False) -> None:
         of = f"/{self.total}" if self.total else ""
         self.tick.maybe(
-            f"loading: {self.done}{of} files, {self.windows} windows embedded, {self.tick.elapsed():.0f} s",
-            force=force,
+            lambda s: f"loading: {self.done}{of} files, {self.windows} windows embedded, {s:.0f} s", force=force
         )
 
     def files_total(self, n: int) -> None:
@@ -470,7 +467,7 @@ def search(
             for j in range(0, min(len(shown), 330), 110):
                 typer.echo(f"       {shown[j : j + 110]}")
             continue
-        for n, ln in enumerate(pv.lines, pv.first_line):
+        for n, ln in pv.lines:
             typer.echo(f"  {n:>6}: {ln.strip()[:110]}")
 
 
@@ -583,7 +580,7 @@ def query(
                     if log is not None:
                         # a stage change is a line of its own once the quiet start is over; counts every 10 s
                         changed = seen[-1:] != [job.stage]
-                        if log.maybe(f"stage: {job.stage}{extra} ({log.elapsed():.0f} s)", force=changed):
+                        if log.maybe(lambda s: f"stage: {job.stage}{extra} ({s:.0f} s)", force=changed):
                             seen.append(job.stage)
                     elif show:
                         status.update(f"{job.stage}{extra}")

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Preview:
-    #: line number (in the file) of the first line shown
-    first_line: int
-    lines: list[str]
+    #: (line number in the file, text) of each line shown; blank lines are left out
+    lines: list[tuple[int, str]]
     #: query-term occurrences in those lines (0: nothing matched literally, e.g. a semantic-only hit)
     hits: int
 
@@ -28,9 +27,8 @@ def matched_lines(text: str, query: str, *, start_line: int = 1, width: int = 3)
     terms = set(tokenize(query))
     numbered = [(start_line + i, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
     if not numbered:
-        return Preview(first_line=start_line, lines=[], hits=0)
+        return Preview(lines=[], hits=0)
     scores = [sum(t in terms for t in tokenize(ln)) for _, ln in numbered]
-    starts = range(max(1, len(numbered) - width + 1))
-    best = max(starts, key=lambda i: (sum(scores[i : i + width]), scores[i] > 0, -i))
-    run = numbered[best : best + width]
-    return Preview(first_line=run[0][0], lines=[ln for _, ln in run], hits=sum(scores[best : best + width]))
+    # a run may be cut short by the chunk's end, so a match on its last line can still be the first shown
+    best = max(range(len(numbered)), key=lambda i: (sum(scores[i : i + width]), scores[i] > 0, -i))
+    return Preview(lines=numbered[best : best + width], hits=sum(scores[best : best + width]))
