@@ -92,22 +92,24 @@ async def _send_error(send: Send, status: int, kind: str, message: str, headers:
 
 
 class KeyFirst:
-    """Check the bearer key of every /v1 request before anything reads its body.
+    """Check the bearer key of every request under ``prefix`` before anything reads its body.
 
     FastAPI reads and parses a body before it solves dependencies, so a check made only by ``get_tenant``
     would let anyone without a key make the API read (and parse, on the event loop) up to
     RLM_MAX_REQUEST_BYTES.  Here a request without a valid key is answered 401 with its body unread; a
-    valid one goes on with its tenant in ``scope["state"]`` for ``get_tenant``.
+    valid one goes on with its tenant in ``scope["state"]["tenant"]`` for ``get_tenant`` (and the MCP tools,
+    whose HTTP app checks every path: ``prefix=None``).
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, prefix: str | None = "/v1") -> None:
+        self.app, self.prefix = app, prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if not (path == "/v1" or path.startswith("/v1/")):
+        path = scope.get("path", "") if scope["type"] == "http" else None
+        if path is None or (self.prefix and not (path == self.prefix or path.startswith(self.prefix + "/"))):
             await self.app(scope, receive, send)
             return
+        import psycopg
         from starlette.concurrency import run_in_threadpool
 
         from .deps import UNAUTHORIZED, tenant_from_header
@@ -117,6 +119,12 @@ class KeyFirst:
             tenant = await run_in_threadpool(tenant_from_header, authorization)
         except RLMError as exc:  # no route, so no exception handler: answered here in the same shape
             await _send_error(send, _status_of(exc), exc.type, exc.api_message)
+            return
+        except psycopg.OperationalError as exc:  # the database is down or the pool is full: the operator's 503
+            import logging
+
+            logging.getLogger("rlm.api").warning("cannot check an API key: database unavailable: %s", exc)
+            await _send_error(send, 503, "service_unavailable", "database unavailable")
             return
         if tenant is None:
             await _send_error(send, 401, "unauthorized", UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
@@ -257,6 +265,7 @@ def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
 
     from .routes import batches, buffers, chunks, health, queries, search, uploads
+    from .ui import routes as ui_routes
 
     settings = get_settings()
     assets = _docs_assets_dir()
@@ -274,8 +283,9 @@ def create_app() -> FastAPI:
         import logging
 
         logging.getLogger("rlm.api").warning("fastapi-offline is not installed: /docs and /redoc load from a CDN")
-    for module in (health, buffers, uploads, queries, batches, chunks, search):
+    for module in (health, buffers, uploads, queries, batches, chunks, search, ui_routes):
         app.include_router(module.router)
+    app.mount("/ui/static", ui_routes.static_files(), name="ui-static")
 
     @app.exception_handler(RLMError)
     async def _rlm_error(_request: Request, exc: RLMError) -> JSONResponse:

@@ -123,7 +123,7 @@ def test_health_ready_metrics_and_openapi(api):
     from prometheus_client.parser import text_string_to_metric_families
 
     families = {f.name: f.type for f in text_string_to_metric_families(metrics)}  # a scraper can parse it
-    assert families["rlm_stage_seconds"] == "summary" and families["rlm_queue_depth"] == "gauge"
+    assert families["rlm_stage_seconds"] == "histogram" and families["rlm_queue_depth"] == "gauge"
     assert {"rlm_llm_calls", "rlm_llm_tokens", "rlm_llm_errors"} <= set(families)  # counters lose _total
     spec = httpx.get(f"{api.base}/openapi.json").json()
     assert {"/v1/queries", "/v1/queries/{job_id}", "/v1/buffers", "/v1/batches"} <= set(spec["paths"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Header, HTTPException, Request
@@ -73,98 +72,17 @@ def metrics(request: Request, authorization: str | None = Header(None)) -> Plain
             scheme, _, key = (authorization or "").partition(" ")
             if scheme.lower() != "bearer" or tenant_for_key(conn, key.strip()) is None:
                 raise HTTPException(401, "metrics off loopback need an API key", headers={"WWW-Authenticate": "Bearer"})
-        return PlainTextResponse(render_metrics(conn), media_type="text/plain; version=0.0.4")
+        # the classic text format every Prometheus reads (all our names are legacy-valid)
+        from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+        return PlainTextResponse(render_metrics(conn), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
-def _esc(v: object) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
-
-
-def _queue_depths(queues: Sequence[str]) -> list[tuple[dict[str, object], float]]:
-    """LLEN of each queue's Redis lists: kombu keeps one list per priority step (``name\\x06\\x16<p>``)
-    and batch work is sent at a lower priority, so the plain list alone would miss it."""
-    try:
-        import redis
-        from kombu.transport.redis import PRIORITY_STEPS, Channel
-
-        from rlm_workers.config import get_settings
-        from rlm_workers.local_servers import broker_url
-
-        client = redis.Redis.from_url(broker_url(get_settings()), socket_connect_timeout=2, socket_timeout=2)
-        pipe = client.pipeline(transaction=False)
-        for q in queues:
-            for step in PRIORITY_STEPS:
-                pipe.llen(f"{q}{Channel.sep}{step}" if step else q)
-        counts = pipe.execute()
-    except Exception:  # the other metrics still render without the broker
-        return []
-    n = len(PRIORITY_STEPS)
-    return [({"queue": q}, sum(counts[i * n : (i + 1) * n])) for i, q in enumerate(queues)]
-
-
-def render_metrics(conn: psycopg.Connection) -> str:
+def render_metrics(conn: psycopg.Connection) -> bytes:
+    """O(number of series): in-flight jobs from the partial index, everything else from the Redis counters
+    the workers keep (docs/contract.md#metrics)."""
+    from rlm_workers import metrics
     from rlm_workers.constants import ALL_QUEUES
-    from rlm_workers.store import metrics
+    from rlm_workers.store.metrics import jobs_in_flight
 
-    lines: list[str] = []
-
-    def family(
-        name: str,
-        kind: str,
-        help_: str,
-        rows: list[tuple[dict[str, object], float]],
-        samples: list[tuple[str, dict[str, object], float]] = (),
-    ) -> None:
-        """One metric family; ``samples`` are (suffix, labels, value) for summaries' _sum/_count lines."""
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for suffix, labels, value in [("", lab, v) for lab, v in rows] + list(samples):
-            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{suffix}{{{lab}}} {value}" if lab else f"{name}{suffix} {value}")
-
-    jobs = metrics.jobs_by_status(conn)
-    family("rlm_jobs", "gauge", "Jobs by status.", [({"status": s}, n) for s, n in jobs])
-    stages = metrics.stage_totals(conn)
-    # A summary without quantiles: rate(_sum)/rate(_count) is the mean stage time over any window.
-    family(
-        "rlm_stage_seconds",
-        "summary",
-        "Wall time per pipeline stage, from jobs.timings.",
-        [],
-        [("_sum", {"stage": k}, round(v, 4)) for k, v, _ in stages]
-        + [("_count", {"stage": k}, n) for k, _, n in stages],
-    )
-    calls = metrics.call_totals(conn)
-    family(
-        "rlm_llm_calls_total",
-        "counter",
-        "LLM calls by model and status (ok, retried, error).",
-        [({"model": m, "status": st}, n) for m, st, n, _, _ in calls],
-    )
-    # One series per label set: a model seen with several statuses is summed, never listed twice.
-    tokens: dict[tuple[str, str], int] = {}
-    errors: dict[str, int] = {}
-    for model, st, n, t_in, t_out in calls:
-        tokens[(model, "in")] = tokens.get((model, "in"), 0) + t_in
-        tokens[(model, "out")] = tokens.get((model, "out"), 0) + t_out
-        if st != "ok":
-            errors[model] = errors.get(model, 0) + n
-    family(
-        "rlm_llm_tokens_total",
-        "counter",
-        "LLM tokens (as reported by the provider) by model and direction.",
-        [({"model": m, "direction": d}, n) for (m, d), n in sorted(tokens.items())],
-    )
-    family(
-        "rlm_llm_errors_total",
-        "counter",
-        "Failed LLM calls (retried or final) by model.",
-        [({"model": m}, n) for m, n in sorted(errors.items())],
-    )
-    family(
-        "rlm_queue_depth",
-        "gauge",
-        "Messages waiting per Celery queue (all priority levels).",
-        _queue_depths(ALL_QUEUES),
-    )
-    return "\n".join(lines) + "\n"
+    return metrics.render(jobs_in_flight(conn), ALL_QUEUES)

@@ -220,6 +220,16 @@ def get_query(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
     return job_view(conn, _job_or_404(conn, job_id, tenant))
 
 
+@router.get("/{job_id}/report", responses=NOT_FOUND)
+def get_report(job_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, str]:
+    """The report as HTML safe to insert in a page (docs/web-view.md#security); empty until the job has one."""
+    from ..ui.render import report_html
+
+    job = _job_or_404(conn, job_id, tenant)
+    response = (job.result or {}).get("response") or ""
+    return {"html": report_html(response) if response else ""}
+
+
 @router.delete("/{job_id}", response_model=JobView, responses=NOT_FOUND)
 def cancel(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
     """Cancel: the job is marked cancelled (its tasks see that and stop) and its queued tasks are revoked."""

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import constants
+from .. import constants, metrics
 from ..errors import ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -385,7 +385,8 @@ class Limits:
         that never records keeps its (conservative) estimate.  Both waits share one ``acquire_timeout``
         (``TimeoutError`` when it runs out), so one call never waits longer than that in all.
         """
-        deadline = None if self.acquire_timeout is None else time.monotonic() + self.acquire_timeout
+        start = time.monotonic()
+        deadline = None if self.acquire_timeout is None else start + self.acquire_timeout
         slot: AbstractContextManager[Any] = (
             self.concurrency.slot(self.acquire_timeout) if self.concurrency else nullcontext()
         )
@@ -397,4 +398,5 @@ class Limits:
                 if self.budget is not None and charge is not None:
                     self.budget.record(charge, actual_tokens)
 
+            metrics.limiter_waited(time.monotonic() - start)
             yield record

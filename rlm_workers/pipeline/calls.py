@@ -12,6 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from .. import metrics
 from ..errors import LLMError
 from ..llm.protocol import Completion, CompletionRequest
 from ..models import LLMCall
@@ -85,6 +86,7 @@ def call_llm(
         calls = [attempt(a, "error", error=exc.message) for a in exc.attempts or [{}]]
         _log_calls(conn, job_id, calls)
         charge(calls)
+        metrics.llm_calls(request.model, calls)
         raise
     calls = [attempt(a, "retried") for a in completion.failed_attempts]
     calls.append(
@@ -101,6 +103,7 @@ def call_llm(
     )
     _log_calls(conn, job_id, calls)
     charge(calls)
+    metrics.llm_calls(request.model, calls)
     log.info(
         "llm %s job=%s batch=%s provider=%s model=%s in=%d out=%d %dms",
         stage,

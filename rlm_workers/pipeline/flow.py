@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import kombu.exceptions
 import redis.exceptions
 
+from .. import metrics
 from ..config import Settings, get_settings
 from ..errors import RLMError, error_record
 from ..models import JobStatus
@@ -192,10 +193,12 @@ class StageTimer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        seconds = time.perf_counter() - self.t0
         try:
-            job_store.add_timing(self.conn, job_id=self.job_id, stage=self.stage, seconds=time.perf_counter() - self.t0)
+            job_store.add_timing(self.conn, job_id=self.job_id, stage=self.stage, seconds=seconds)
         except Exception:  # timings never hide the stage's own outcome
             log.exception("could not record timing for job %s", self.job_id)
+        metrics.stage_timed(self.stage, seconds)
 
 
 def lease_seconds(settings: Settings) -> float:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from .. import metrics
 from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall
 from .db import release_session_lock, session_lock_key, transaction_lock, try_session_lock
@@ -576,6 +577,7 @@ def finish_job(
         return False
     # delivered at commit: a waiting `rlm query` wakes at once instead of at its next poll
     conn.execute("SELECT pg_notify(%s, %s)", (JOB_ENDED_CHANNEL, job_id))
+    metrics.job_finished(status.value)  # counted at the write: a caller's transaction rolled back after it overcounts
     return True
 
 

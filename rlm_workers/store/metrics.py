@@ -1,25 +1,14 @@
-"""Read-only probes and aggregates for the health routes (``/readyz``, ``/metrics``)."""
+"""Read-only probes for the health routes (``/readyz``, ``/metrics``).
+
+Everything else ``/metrics`` shows is counted in Redis as the work happens (``rlm_workers/metrics.py``):
+nothing here may aggregate a whole table per scrape."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psycopg
-
-
-class StageTotal(NamedTuple):
-    stage: str
-    seconds: float
-    count: int
-
-
-class CallTotal(NamedTuple):
-    model: str
-    status: str
-    calls: int
-    tokens_in: int
-    tokens_out: int
 
 
 def ping(conn: psycopg.Connection) -> None:
@@ -27,27 +16,10 @@ def ping(conn: psycopg.Connection) -> None:
     conn.execute("SELECT 1")
 
 
-def jobs_by_status(conn: psycopg.Connection) -> list[tuple[str, int]]:
-    return [(r[0], r[1]) for r in conn.execute("SELECT status, count(*) FROM jobs GROUP BY status")]
-
-
-def stage_totals(conn: psycopg.Connection) -> list[StageTotal]:
-    """Summed wall time and count per stage over every job's ``timings``."""
-    return [
-        StageTotal(*r)
-        for r in conn.execute(
-            """SELECT t.key, sum(t.value::float8), count(*) FROM jobs, jsonb_each_text(jobs.timings) t
-           GROUP BY t.key"""
-        )
-    ]
-
-
-def call_totals(conn: psycopg.Connection) -> list[CallTotal]:
-    """Logged LLM calls and their tokens per (model, status)."""
-    return [
-        CallTotal(*r)
-        for r in conn.execute(
-            """SELECT model, status, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0)
-           FROM llm_calls GROUP BY model, status"""
-        )
-    ]
+def jobs_in_flight(conn: psycopg.Connection) -> dict[str, int]:
+    """Queued and running jobs by status, read from the partial index ``jobs_unfinished`` (its size is the work
+    in flight, not the history)."""
+    rows = conn.execute(
+        "SELECT status, count(*) FROM jobs WHERE status IN ('queued', 'running') GROUP BY status"
+    ).fetchall()
+    return {r[0]: int(r[1]) for r in rows}

@@ -1,0 +1,472 @@
+"""The MCP server for coding agents (docs/contract.md#mcp): five tools over stdio or streamable HTTP.
+
+Over stdio the server acts for one tenant, the local user's (``--tenant`` / RLM_TENANT).  Over HTTP every
+request carries ``Authorization: Bearer <API key>``; the API's ``KeyFirst`` answers 401 before the SDK sees a request
+without a valid key and stores the key's tenant in the request's scope, which the SDK hands each tool call
+(``ctx.request_context.request``).  A tool reads its tenant from there and from nowhere else, so one
+process serves many tenants without one seeing another's buffers, jobs or chunks.
+
+Tools are async and run every database round trip in a worker thread: the SDK calls tools on its event
+loop, which also serves the other sessions.  Tool arguments are data: names and ids are looked up, the
+question is stored and analysed, nothing is executed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+# The SDK reads each tool's signature (the Context parameter, the return model) from this module's globals,
+# so these are imported here; only `rlm mcp` imports this module.
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+from rlm_api.schemas import JobView
+from rlm_workers.errors import RLMError
+from rlm_workers.models import BufferInfo, ChunkView, SearchHit, SearchMode
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+log = logging.getLogger("rlm.mcp")
+
+#: most buffers one search or query may name
+MAX_BUFFERS = 20
+#: most hits one search returns: an agent's context is the limit, not the index
+MAX_TOP_K = 100
+#: characters of each hit's text a search returns (get_chunks gives the whole chunk)
+HIT_TEXT_CHARS = 1500
+#: most chunk ids one get_chunks call takes (the API's GET /v1/chunks bound)
+MAX_CHUNK_IDS = 200
+#: the longest a query call waits before it returns the job id to poll
+MAX_WAIT_S = 3600.0
+DEFAULT_WAIT_S = 300.0
+#: an MCP request body over this many bytes is refused (tool arguments are small: a 10 KB question at most)
+MAX_BODY_BYTES = 1024 * 1024
+#: where the API's KeyFirst leaves the tenant in the ASGI scope
+TENANT_KEY = "tenant"
+
+INSTRUCTIONS = (
+    "rlm-pipeline answers questions over large text buffers. list_buffers names them; search finds passages "
+    "without an LLM; query runs the whole pipeline and returns a markdown report whose citations look like "
+    "[chunk 12, path:10-58]; get_chunks shows the cited text; get_job follows a query that is still running."
+)
+
+BufferName = Annotated[str, Field(min_length=1, max_length=128)]
+Buffers = Annotated[list[BufferName], Field(min_length=1, max_length=MAX_BUFFERS)]
+
+
+class BufferList(BaseModel):
+    buffers: list[BufferInfo]
+
+
+class Hit(SearchHit):
+    """A search hit with ``text`` cut to HIT_TEXT_CHARS characters (``text_truncated``); get_chunks has it all."""
+
+    text_truncated: bool
+
+
+class SearchResults(BaseModel):
+    results: list[Hit]
+
+
+class QueryAnswer(BaseModel):
+    job_id: str
+    #: done, or queued/running when the wait ended first (then poll get_job)
+    status: str
+    stage: str | None = None
+    #: the markdown report, when done
+    report: str | None = None
+    #: the CLI's status lines under a report (scale, chunks, findings, batches, tokens, time; mode, cost)
+    status_line: str | None = None
+    message: str
+
+
+class ChunkList(BaseModel):
+    chunks: list[ChunkView]
+    #: ids asked for that are not this tenant's chunks
+    missing: list[int]
+
+
+# --------------------------------------------------------------------------- tenant and errors
+
+
+def tenant_of(ctx: Context, local_tenant: str | None) -> str:
+    """The tenant a tool call acts for: the HTTP request's key's, or the local user's over stdio."""
+    request = ctx.request_context.request
+    if request is None:
+        if local_tenant is None:  # an HTTP server never falls back to a local tenant
+            raise ToolError("unauthorized: no API key came with this call")
+        return local_tenant
+    tenant = (request.scope.get("state") or {}).get(TENANT_KEY)
+    if not tenant:
+        raise ToolError("unauthorized: no API key came with this call")
+    return tenant
+
+
+def _one_line(exc: BaseException, *, local: bool) -> str:
+    """What a tool error says: one line the agent (or its user) can act on; internals stay in the log."""
+    from pydantic import ValidationError
+
+    from rlm_api.schemas import describe_errors
+
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        detail = describe_errors(list(errors))
+        got = errors[0].get("input") if errors else None
+        if got is not None and not isinstance(got, dict | list) and errors[0].get("type") != "missing":
+            detail += f" (got {str(got)[:80]!r})"
+        return "invalid arguments: " + detail
+    from rlm_workers.errors import BufferNotFound
+
+    if isinstance(exc, BufferNotFound):  # the agent's way to the names is a tool, not a command or a route
+        return f"no buffer named {exc.name!r}; the list_buffers tool names them"
+    if isinstance(exc, RLMError):
+        # The CLI's message names CLI commands: right for the local user, not for an HTTP client.
+        return (exc.message if local else exc.api_message).splitlines()[0]
+    import psycopg
+
+    if isinstance(exc, psycopg.OperationalError):
+        log.warning("database unavailable: %s", exc)
+        return "database unavailable; try again once it is back"
+    log.error("tool failed", exc_info=exc)
+    return "internal error; the server log has the details"
+
+
+class RlmMCP(FastMCP):
+    """FastMCP whose tool errors are one clean line (the SDK would prefix its own words and, for bad
+    arguments, pydantic's many-line report)."""
+
+    #: serving the local user over stdio (errors may name CLI commands)
+    local = False
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        try:
+            return await super().call_tool(name, arguments)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if cause is None or isinstance(cause, ToolError):
+                raise ToolError(str(cause or exc).splitlines()[0]) from None
+            raise ToolError(_one_line(cause, local=self.local)) from None
+
+
+# --------------------------------------------------------------------------- the tools' work (blocking)
+
+
+def _pooled():
+    from rlm_workers.store.db import connection
+
+    return connection()
+
+
+def _list_buffers(tenant: str) -> BufferList:
+    from rlm_workers.store.buffers import list_buffers
+
+    with _pooled() as conn:
+        return BufferList(buffers=list_buffers(conn, tenant=tenant))
+
+
+def _search(tenant: str, query: str, buffers: list[str], mode: str, top_k: int, threshold: float | None):
+    from rlm_workers.config import get_settings
+    from rlm_workers.search.service import search, validate_query, validate_search_params
+    from rlm_workers.store.db import resolve_url
+
+    query = validate_query(query)
+    validate_search_params(mode, top_k, threshold)
+    settings = get_settings()
+    with _pooled() as conn:
+        # the service `rlm search` uses; like it, no similarity cut unless one is asked for
+        hits = search(
+            conn,
+            settings=settings,
+            url=resolve_url(settings),
+            tenant=tenant,
+            buffers=list(dict.fromkeys(buffers)),
+            query=query,
+            mode=mode,
+            top_k=top_k,
+            threshold=-1.0 if threshold is None else threshold,
+        )
+    return SearchResults(
+        results=[
+            Hit(
+                **h.model_dump(exclude={"text", "passage"}),
+                text=h.text[:HIT_TEXT_CHARS],
+                text_truncated=len(h.text) > HIT_TEXT_CHARS,
+                passage=h.passage,
+            )
+            for h in hits
+        ]
+    )
+
+
+def _workers_missing() -> list[str]:
+    from rlm_workers.celery_app import app
+    from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
+    from rlm_workers.ephemeral import served_queues
+
+    served = served_queues(app, timeout=1.0)
+    return [q for q in (QUEUE_CONTROL, QUEUE_ANALYST) if q not in served]
+
+
+def _submit(tenant: str, question: str, buffers: list[str], mode: str | None, local: bool) -> str:
+    from rlm_workers.errors import InvalidInput
+    from rlm_workers.search.service import validate_query
+    from rlm_workers.store.buffers import require_buffers
+    from rlm_workers.submit import submit_query, validate_options
+
+    validate_query(question)
+    options = validate_options({"mode": mode})
+    with _pooled() as conn:
+        require_buffers(conn, tenant=tenant, names=buffers)  # a wrong name says so before the worker check
+    if missing := _workers_missing():
+        # A job no worker serves would only sit in the queue: say so instead of submitting it.
+        how = "start them with `rlm up` or `rlm worker`" if local else "the server's operator must start them"
+        raise InvalidInput(f"no worker serves {', '.join(missing)}, so a query cannot run; {how}")
+    with _pooled() as conn:
+        job_id, _ = submit_query(conn, tenant=tenant, query=question, buffers=buffers, options=options)
+    return job_id
+
+
+def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
+    from rlm_workers.models import QueryResult
+    from rlm_workers.pipeline.report import status_line
+    from rlm_workers.store.db import connect
+    from rlm_workers.submit import wait_for_job
+
+    class _Stopped(Exception):
+        pass
+
+    def progress(_job, _done, _total) -> None:
+        if stop.is_set():  # the call was cancelled: stop waiting (the job goes on; get_job follows it)
+            raise _Stopped
+
+    # Its own connection, not a pooled one: LISTEN holds it for the whole wait.
+    conn = connect()
+    try:
+        try:
+            job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
+        except (TimeoutError, _Stopped):
+            from rlm_workers.store.jobs import get_job
+
+            job = get_job(conn, job_id=job_id)
+            conn.commit()
+            if job is not None and not job.terminal:
+                return QueryAnswer(
+                    job_id=job_id,
+                    status=job.status,
+                    stage=job.stage,
+                    message=f"job {job_id} is still {job.status} (stage {job.stage}) after {timeout:g}s; "
+                    "the workers go on with it: call get_job with this job_id to follow it",
+                )
+    finally:
+        conn.close()
+    return _answer(job, QueryResult, status_line)
+
+
+def _answer(job, result_model, status_line) -> QueryAnswer:
+    result = result_model.model_validate(job.result) if job.result else None
+    if job.status == "done" and result is not None:
+        return QueryAnswer(
+            job_id=job.id,
+            status=job.status,
+            stage=job.stage,
+            report=result.response,
+            status_line=status_line(result),
+            message=f"job {job.id} done",
+        )
+    err = job.error or {"type": "error", "message": f"job ended {job.status}"}
+    message = str(err.get("message") or "").splitlines()[0] if err.get("message") else f"job ended {job.status}"
+    raise ToolError(f"job {job.id} {job.status} ({err.get('type')}): {message}")
+
+
+def _job_status(tenant: str, job_id: str) -> QueryAnswer:
+    from rlm_workers.store.jobs import get_job
+
+    with _pooled() as conn:
+        job = get_job(conn, job_id=job_id, tenant=tenant)
+    assert job is not None  # just submitted by this tenant
+    return QueryAnswer(
+        job_id=job_id,
+        status=job.status,
+        stage=job.stage,
+        message=f"job {job_id} submitted; call get_job with this job_id to follow it",
+    )
+
+
+def _get_job(tenant: str, job_id: str, include_calls: bool) -> JobView:
+    from rlm_workers.store.jobs import get_job
+
+    from .routes.queries import job_view
+
+    with _pooled() as conn:
+        # Ids that cannot exist are not looked up (PostgreSQL text refuses a NUL); another tenant's is not found.
+        job = get_job(conn, job_id=job_id, tenant=tenant) if "\x00" not in job_id else None
+        if job is None:
+            raise ToolError(f"no query job {job_id[:64]!r}")
+        view = job_view(conn, job)
+    if not include_calls:
+        view.calls = []
+    return view
+
+
+def _get_chunks(tenant: str, chunk_ids: list[int]) -> ChunkList:
+    from .routes.chunks import chunk_views
+
+    with _pooled() as conn:
+        found = chunk_views(conn, tenant=tenant, ids=chunk_ids)
+    have = {c.chunk_id for c in found}
+    return ChunkList(chunks=found, missing=[i for i in dict.fromkeys(chunk_ids) if i not in have])
+
+
+async def _in_thread(fn, *args, stop: threading.Event | None = None):
+    """Run blocking work off the event loop; a cancelled call abandons the thread after telling it to stop."""
+    import anyio
+
+    try:
+        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=stop is not None)
+    except BaseException:
+        if stop is not None:
+            stop.set()
+        raise
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int = 8001) -> FastMCP:
+    """The MCP server: ``local_tenant`` for stdio (every call is that tenant's), None over HTTP (the key's)."""
+    from mcp.types import ToolAnnotations
+
+    server = RlmMCP(
+        name="rlm-pipeline",
+        instructions=INSTRUCTIONS,
+        host=host,  # on a loopback host the SDK turns on its DNS-rebinding protection
+        port=port,
+        streamable_http_path="/mcp",
+        # each request stands alone: no session a request with another tenant's key could ride on
+        stateless_http=True,
+        max_request_body_size=MAX_BODY_BYTES,
+        log_level="WARNING",
+    )
+    server.local = local_tenant is not None
+    read_only = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
+
+    @server.tool(annotations=read_only)
+    async def list_buffers(ctx: Context) -> BufferList:
+        """The buffers you can search and query: name, version, files, chunks, bytes, embedding model."""
+        return await _in_thread(_list_buffers, tenant_of(ctx, local_tenant))
+
+    @server.tool(annotations=read_only)
+    async def search(
+        query: Annotated[str, Field(min_length=1, max_length=10_000, description="What to look for.")],
+        buffers: Annotated[Buffers | BufferName, Field(description="A buffer name, or a list of them.")],
+        ctx: Context,
+        mode: Annotated[SearchMode, Field(description="bm25, semantic, or hybrid (both, fused by RRF).")] = (
+            SearchMode.hybrid
+        ),
+        top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K, description="How many chunks to return.")] = 10,
+        threshold: Annotated[
+            float | None, Field(ge=-1.0, le=1.0, description="Minimum cosine similarity of the semantic arm.")
+        ] = None,
+    ) -> SearchResults:
+        """Find chunks without any LLM, best first; each hit's text is cut to 1500 characters (get_chunks
+        returns whole chunks)."""
+        names = [buffers] if isinstance(buffers, str) else buffers
+        tenant = tenant_of(ctx, local_tenant)
+        return await _in_thread(_search, tenant, query, names, mode.value, top_k, threshold)
+
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=False))
+    async def query(
+        question: Annotated[str, Field(min_length=1, max_length=10_000, description="The question.")],
+        buffers: Annotated[Buffers | BufferName, Field(description="A buffer name, or a list of them.")],
+        ctx: Context,
+        mode: Annotated[
+            Literal["instant", "auto", "thinking"] | None,
+            Field(description="instant: one call; auto (default): routed by size; thinking: follow-up rounds."),
+        ] = None,
+        wait: Annotated[bool, Field(description="Wait for the report (true) or return the job id at once.")] = True,
+        timeout_s: Annotated[
+            float, Field(gt=0, le=MAX_WAIT_S, description="Longest wait; then the job id is returned to poll.")
+        ] = DEFAULT_WAIT_S,
+    ) -> QueryAnswer:
+        """Ask a question over buffers: plan, search, fan out to analysts, synthesize a cited markdown report.
+        Returns the report and status lines, or (wait=false, or the wait ran out) the job id for get_job."""
+        names = list(dict.fromkeys([buffers] if isinstance(buffers, str) else buffers))
+        tenant = tenant_of(ctx, local_tenant)
+        job_id = await _in_thread(_submit, tenant, question, names, mode, local_tenant is not None)
+        if not wait:
+            return await _in_thread(_job_status, tenant, job_id)
+        stop = threading.Event()
+        return await _in_thread(_wait, job_id, timeout_s, stop, stop=stop)
+
+    @server.tool(annotations=read_only)
+    async def get_job(
+        job_id: Annotated[str, Field(min_length=1, max_length=64, description="A query's job id.")],
+        ctx: Context,
+        include_calls: Annotated[bool, Field(description="Also list every LLM call (model, tokens, cost).")] = False,
+    ) -> JobView:
+        """A query job: status, stage, batch progress, timings, usage, child jobs, and the result once done."""
+        return await _in_thread(_get_job, tenant_of(ctx, local_tenant), job_id, include_calls)
+
+    @server.tool(annotations=read_only)
+    async def get_chunks(
+        chunk_ids: Annotated[
+            list[Annotated[int, Field(ge=1, le=2**63 - 1)]],
+            Field(min_length=1, max_length=MAX_CHUNK_IDS, description="Chunk ids, e.g. from [chunk 12, …]."),
+        ],
+        ctx: Context,
+    ) -> ChunkList:
+        """Whole chunks by id (what a citation [chunk 12, path:10-58] points at), in the order asked."""
+        return await _in_thread(_get_chunks, tenant_of(ctx, local_tenant), chunk_ids)
+
+    return server
+
+
+# --------------------------------------------------------------------------- transports
+
+
+def http_app(*, host: str, port: int) -> ASGIApp:
+    """The streamable HTTP app (``POST /mcp``), every request checked for a key."""
+    from .app import KeyFirst
+
+    return KeyFirst(build_server(local_tenant=None, host=host, port=port).streamable_http_app(), prefix=None)
+
+
+def serve_http(*, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(http_app(host=host, port=port), host=host, port=port, log_level="warning", proxy_headers=False)
+
+
+def take_stdout() -> int:
+    """Keep stdout for the protocol alone: returns a new descriptor for it, and from here on whatever else would
+    write to fd 1 (a print, a library's progress bar, a C extension, a child process) lands on stderr."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    protocol = os.dup(1)
+    os.dup2(2, 1)
+    return protocol
+
+
+def serve_stdio(tenant: str, protocol_fd: int) -> None:
+    """Serve one client: requests on stdin, replies on ``protocol_fd`` (``take_stdout()``'s)."""
+    import io
+    import os
+
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    server = build_server(local_tenant=tenant)
+
+    async def run() -> None:
+        out = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb", buffering=0), encoding="utf-8"))
+        async with stdio_server(stdout=out) as (read, write):
+            lowlevel = server._mcp_server  # FastMCP.run_stdio_async, with our stdout
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+    anyio.run(run)

@@ -1,0 +1,264 @@
+"""Prometheus metrics, counted as the work happens and kept in Redis (docs/contract.md#metrics).
+
+Workers run as separate processes on separate hosts and the API is what Prometheus scrapes, so a
+process-local ``prometheus_client`` registry would only ever show the API's own share.  Every process
+therefore adds its increments to two Redis hashes on the broker's server (one pipelined round trip per
+event, ``HINCRBY`` / ``HINCRBYFLOAT``), and ``/metrics`` renders those hashes through a custom collector:
+a scrape costs O(number of series), never a pass over ``jobs`` or ``llm_calls``.
+
+Writing a metric never fails the work it describes: a Redis error is logged at debug level and the
+increment is dropped, and after a failure this process stops trying for ``_BACKOFF_SECONDS`` so an
+unreachable broker costs one short timeout, not one per event.  The counters live as long as the Redis
+data does (a flushed or restarted broker starts them at zero again, which Prometheus reads as a counter
+reset).
+
+Label values are bounded by construction: stage names (the pipeline's ``Stage`` enum), job statuses, call
+statuses and the models the settings name — never user text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import LLMCall
+
+log = logging.getLogger("rlm.metrics")
+
+#: hash of counters: field ``[family, [label values]]`` → value
+COUNTERS_KEY = "rlm:metrics:counters"
+#: hash of histograms: field ``[family, [label values], le | "sum"]`` → value (buckets not cumulative:
+#: an observation adds 1 to the one bucket it falls in; the collector sums them up)
+HISTOGRAMS_KEY = "rlm:metrics:histograms"
+
+#: seconds: a stage is anything from a plan call to a long synthesis
+STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+#: seconds per HTTP attempt to the provider
+LLM_LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+#: seconds one call waited for a concurrency slot and the rate budget; most waits are zero
+LIMITER_WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
+
+#: family → (label names, help): the rendered families, in this order
+COUNTER_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "rlm_jobs_finished_total": (("status",), "Jobs that ended, by final status (done, failed, cancelled)."),
+    "rlm_llm_calls_total": (
+        ("model", "status"),
+        "LLM HTTP attempts by configured model and status (ok, retried, error).",
+    ),
+    "rlm_llm_tokens_total": (
+        ("model", "direction"),
+        "LLM tokens as the provider reported them: in, out, cached (of in).",
+    ),
+    "rlm_llm_cost_usd_total": (("model",), "LLM cost in USD, priced from RLM_PRICES when the call was logged."),
+}
+HISTOGRAM_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
+    "rlm_stage_seconds": (("stage",), STAGE_BUCKETS, "Wall time of each pipeline stage run (the job's timings)."),
+    "rlm_llm_latency_seconds": (("model",), LLM_LATENCY_BUCKETS, "Latency of each LLM HTTP attempt."),
+    "rlm_limiter_wait_seconds": ((), LIMITER_WAIT_BUCKETS, "Wait for a global LLM slot and the rate budget."),
+}
+
+_BACKOFF_SECONDS = 30.0
+_TIMEOUT_SECONDS = 1.0
+_lock = threading.Lock()
+_clients: dict[str, Any] = {}
+_down_until = 0.0
+
+
+def _client() -> Any:
+    """A Redis client for the broker's server with short timeouts (one per URL: tests switch brokers)."""
+    from .config import get_settings
+    from .local_servers import broker_url
+
+    url = broker_url(get_settings())
+    client = _clients.get(url)
+    if client is None:
+        import redis
+
+        with _lock:
+            client = _clients.setdefault(
+                url,
+                redis.Redis.from_url(url, socket_connect_timeout=_TIMEOUT_SECONDS, socket_timeout=_TIMEOUT_SECONDS),
+            )
+    return client
+
+
+def _field(family: str, labels: Sequence[str], part: str | None = None) -> str:
+    # JSON, not a joined string: a model name may contain any separator we could pick
+    return json.dumps([family, list(labels)] if part is None else [family, list(labels), part])
+
+
+def _le(bound: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(bound)
+
+
+def _update(fill: Callable[[Any], None]) -> None:
+    """Queue ``fill``'s increments on one pipeline and send them; never raises."""
+    global _down_until
+    if time.monotonic() < _down_until:
+        return
+    try:
+        pipe = _client().pipeline(transaction=False)
+        fill(pipe)
+        pipe.execute()
+    except Exception:  # metrics never fail (nor stall) the work they count
+        _down_until = time.monotonic() + _BACKOFF_SECONDS
+        log.debug("metrics update dropped", exc_info=True)
+
+
+def _observe(pipe: Any, family: str, labels: Sequence[str], value: float) -> None:
+    bounds = HISTOGRAM_FAMILIES[family][1]
+    bucket = next((b for b in bounds if value <= b), math.inf)
+    pipe.hincrby(HISTOGRAMS_KEY, _field(family, labels, _le(bucket)), 1)
+    pipe.hincrbyfloat(HISTOGRAMS_KEY, _field(family, labels, "sum"), value)
+
+
+# --------------------------------------------------------------------------- hooks (writers)
+
+
+def job_finished(status: str) -> None:
+    """A job reached a final status (called once per job, where the status is written)."""
+    _update(lambda p: p.hincrby(COUNTERS_KEY, _field("rlm_jobs_finished_total", [status]), 1))
+
+
+def stage_timed(stage: str, seconds: float) -> None:
+    _update(lambda p: _observe(p, "rlm_stage_seconds", [str(stage)], max(0.0, seconds)))
+
+
+def llm_calls(model: str, calls: Sequence[LLMCall]) -> None:
+    """The HTTP attempts of one logical call, as logged on the job.  ``model`` is the configured model the
+    call asked for (a provider may answer with a dated variant; the label stays the configured name)."""
+
+    def fill(p: Any) -> None:
+        for c in calls:
+            p.hincrby(COUNTERS_KEY, _field("rlm_llm_calls_total", [model, c.status]), 1)
+            for direction, n in (("in", c.tokens_in), ("out", c.tokens_out), ("cached", c.cached_tokens)):
+                if n:
+                    p.hincrby(COUNTERS_KEY, _field("rlm_llm_tokens_total", [model, direction]), int(n))
+            if c.cost_usd:
+                p.hincrbyfloat(COUNTERS_KEY, _field("rlm_llm_cost_usd_total", [model]), float(c.cost_usd))
+            _observe(p, "rlm_llm_latency_seconds", [model], max(0, c.latency_ms or 0) / 1000)
+
+    _update(fill)
+
+
+def limiter_waited(seconds: float) -> None:
+    _update(lambda p: _observe(p, "rlm_limiter_wait_seconds", [], max(0.0, seconds)))
+
+
+# --------------------------------------------------------------------------- the collector (reader)
+
+
+class Collector:
+    """Yields every family from the Redis hashes, the queue lengths and the in-flight job counts given.
+
+    Register it on a private ``CollectorRegistry`` per scrape.  When Redis cannot be read, the families are
+    still described (HELP/TYPE) with no samples, beside the in-flight jobs that come from PostgreSQL."""
+
+    def __init__(self, jobs_in_flight: Mapping[str, int], queues: Sequence[str]) -> None:
+        self.jobs_in_flight = jobs_in_flight
+        self.queues = queues
+
+    def _read(self) -> tuple[dict[bytes, bytes], dict[bytes, bytes], list[int]]:
+        from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+        try:
+            pipe = _client().pipeline(transaction=False)
+            pipe.hgetall(COUNTERS_KEY)
+            pipe.hgetall(HISTOGRAMS_KEY)
+            # kombu keeps one list per priority step (``name\x06\x16<p>``) and batch work is sent at a
+            # lower priority, so the plain list alone would miss it
+            for q in self.queues:
+                for step in PRIORITY_STEPS:
+                    pipe.llen(f"{q}{Channel.sep}{step}" if step else q)
+            counters, histograms, *lengths = pipe.execute()
+        except Exception:
+            log.debug("metrics: Redis unreadable; rendering without its families", exc_info=True)
+            return {}, {}, []
+        n = len(PRIORITY_STEPS)
+        return counters, histograms, [sum(lengths[i * n : (i + 1) * n]) for i in range(len(self.queues))]
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        counters, histograms, depths = self._read()
+
+        jobs = GaugeMetricFamily("rlm_jobs", "Jobs in flight by status (queued, running).", labels=["status"])
+        for status in ("queued", "running"):
+            jobs.add_metric([status], self.jobs_in_flight.get(status, 0))
+        yield jobs
+
+        values: dict[str, dict[tuple[str, ...], float]] = {f: {} for f in COUNTER_FAMILIES}
+        for raw, value in counters.items():
+            family, labels = _parse(raw)[:2]
+            if family in values:
+                values[family][labels] = float(value)
+        for family, (label_names, help_) in COUNTER_FAMILIES.items():
+            metric = CounterMetricFamily(family, help_, labels=list(label_names))
+            for labels, value in sorted(values[family].items()):
+                metric.add_metric(list(labels), value)
+            yield metric
+        # kept from the hand-written format: the failed attempts alone, by model
+        errors = CounterMetricFamily(
+            "rlm_llm_errors_total", "Failed LLM attempts (retried or final) by model.", labels=["model"]
+        )
+        failed: dict[str, float] = {}
+        for (model, status), value in values["rlm_llm_calls_total"].items():
+            if status != "ok":
+                failed[model] = failed.get(model, 0.0) + value
+        for model, value in sorted(failed.items()):
+            errors.add_metric([model], value)
+        yield errors
+
+        buckets: dict[str, dict[tuple[str, ...], dict[str, float]]] = {f: {} for f in HISTOGRAM_FAMILIES}
+        for raw, value in histograms.items():
+            family, labels, part = _parse(raw)
+            if family in buckets and part is not None:
+                try:
+                    key = part if part == "sum" else _le(float(part))
+                except ValueError:
+                    continue  # not a bucket we wrote
+                buckets[family].setdefault(labels, {})[key] = float(value)
+        for family, (label_names, bounds, help_) in HISTOGRAM_FAMILIES.items():
+            metric = HistogramMetricFamily(family, help_, labels=list(label_names))
+            for labels, parts in sorted(buckets[family].items()):
+                total = parts.pop("sum", 0.0)
+                # the current bounds plus any a stored series was written with (bounds changed in an upgrade)
+                les = sorted({float(b) for b in bounds} | {float(le) for le in parts} | {math.inf})
+                running, cumulative = 0.0, []
+                for le in les:
+                    running += parts.get(_le(le), 0.0)
+                    cumulative.append((_le(le), running))
+                metric.add_metric(list(labels), cumulative, total)
+            yield metric
+
+        queue = GaugeMetricFamily(
+            "rlm_queue_depth", "Messages waiting per Celery queue (all priority levels).", labels=["queue"]
+        )
+        for q, depth in zip(self.queues, depths, strict=False):
+            queue.add_metric([q], depth)
+        yield queue
+
+
+def _parse(raw: bytes | str) -> tuple[str, tuple[str, ...], str | None]:
+    try:
+        parts = json.loads(raw)
+        return str(parts[0]), tuple(str(v) for v in parts[1]), (str(parts[2]) if len(parts) > 2 else None)
+    except (ValueError, TypeError, IndexError, KeyError):
+        return "", (), None  # not ours: skipped
+
+
+def render(jobs_in_flight: Mapping[str, int], queues: Sequence[str]) -> bytes:
+    """The Prometheus text format (0.0.4) of everything above."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector(jobs_in_flight, queues))
+    return generate_latest(registry)
