@@ -265,7 +265,7 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
 def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
 
-    from .routes import batches, buffers, chunks, health, queries, sessions, uploads
+    from .routes import batches, buffers, chunks, health, queries, search, sessions, uploads
     from .ui import routes as ui_routes
 
     settings = get_settings()
@@ -284,7 +284,7 @@ def create_app() -> FastAPI:
         import logging
 
         logging.getLogger("rlm.api").warning("fastapi-offline is not installed: /docs and /redoc load from a CDN")
-    for module in (health, buffers, uploads, queries, batches, chunks, sessions, ui_routes):
+    for module in (health, buffers, uploads, queries, batches, chunks, search, sessions, ui_routes):
         app.include_router(module.router)
     app.mount("/ui/static", ui_routes.static_files(), name="ui-static")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,7 +20,7 @@ import typer
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import Mode, Scope, SearchMode
 
-from .cli_types import SearchModeOpt, click_error_kind, new_typer
+from .cli_types import SearchModeOpt, TenantOpt, click_error_kind, new_typer, resolve_tenant
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,15 +31,21 @@ if TYPE_CHECKING:
     from rlm_workers.models import QueryResult
     from rlm_workers.store.jobs import JobRow
 
-app = new_typer(help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.")
+app = new_typer(
+    help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.",
+    add_completion=True,
+)
 buffer_app = new_typer(help="Inspect or remove one buffer.")
 services_app = new_typer(help="The embedded PostgreSQL and Valkey servers.")
 app.add_typer(buffer_app, name="buffer")
 app.add_typer(services_app, name="services")
 # Sub-command groups live in their own modules (typer-only imports, so the CLI stays fast to start).
 from .cli_batch import batch_app  # noqa: E402
+from .cli_chat import chat_command  # noqa: E402
 from .cli_doctor import doctor_command  # noqa: E402
+from .cli_jobs import chunk_app, job_app, jobs_command  # noqa: E402
 from .cli_keys import api_command, keys_app  # noqa: E402
+from .cli_mcp import mcp_command  # noqa: E402
 from .cli_up import flower_command, up_command  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
@@ -47,8 +54,29 @@ app.command("flower")(flower_command)
 app.command("up")(up_command)
 app.command("doctor")(doctor_command)
 app.command("api")(api_command)
+app.add_typer(job_app, name="job")
+app.add_typer(chunk_app, name="chunk")
+app.command("jobs")(jobs_command)
+app.command("chat")(chat_command)
+app.command("mcp")(mcp_command)
 
-TENANT = "local"
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"rlm-pipeline {version('rlm-pipeline')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version_flag: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """rlm-pipeline: load large text into buffers and ask questions no single prompt can hold."""
 
 
 class Fmt(str, Enum):
@@ -113,6 +141,65 @@ class _RichProgress:
         self.p.update(self.wins, advance=n)
 
 
+class _Ticker:
+    """Progress as plain log lines, for a stderr that is not a terminal (CI logs, `2> file`), where a rich bar
+    prints nothing: quiet for the first ``after`` seconds (a short run stays silent), then a line at most every
+    ``every`` seconds, or at once when ``force`` says something worth a line happened (a new stage)."""
+
+    def __init__(self, *, after: float, every: float) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.t0 = self._clock()
+        self.after, self.every = after, every
+        self.last: float | None = None
+
+    def maybe(self, line: Callable[[float], str], *, force: bool = False) -> bool:
+        """Print ``line(seconds since start)`` if it is time to; True when it was printed."""
+        now = self._clock()
+        if now - self.t0 < self.after:
+            return False
+        if force or self.last is None or now - self.last >= self.every:
+            self.last = now
+            typer.echo(line(now - self.t0), err=True)
+            return True
+        return False
+
+
+class _LogProgress:
+    """The loader's progress (rlm_workers.ingest.loader.Progress) as log lines: every ~10% of the files or
+    every few seconds, e.g. ``loading: 120/900 files, 3400 windows embedded, 45 s``."""
+
+    def __init__(self) -> None:
+        self.tick = _Ticker(after=2.0, every=5.0)
+        self.total = 0
+        self.done = 0
+        self.windows = 0
+        self.step = 0
+
+    def _line(self, force: bool = False) -> None:
+        of = f"/{self.total}" if self.total else ""
+        self.tick.maybe(
+            lambda s: f"loading: {self.done}{of} files, {self.windows} windows embedded, {s:.0f} s", force=force
+        )
+
+    def files_total(self, n: int) -> None:
+        self.total = n
+
+    def file_done(self, path: str) -> None:
+        self.done += 1
+        step = self.done * 10 // self.total if self.total else 0
+        self._line(force=step > self.step)
+        self.step = max(step, self.step)
+
+    def windows_added(self, n: int) -> None:
+        pass
+
+    def windows_embedded(self, n: int) -> None:
+        self.windows += n
+        self._line()
+
+
 @app.command()
 def load(
     paths: Annotated[list[Path], typer.Argument(help="Files or directories (recursive).")],
@@ -121,6 +208,7 @@ def load(
     chunk_size: Annotated[int, typer.Option(help="Maximum characters per chunk.")] = 3000,
     overlap: Annotated[int, typer.Option(help="Characters shared by consecutive chunks.")] = 500,
     fmt: Annotated[Fmt, typer.Option("--format", help="Output format.")] = Fmt.text,
+    tenant: TenantOpt = None,
 ) -> None:
     """Load files into a buffer: unchanged files are skipped, changed ones replaced, in one transaction."""
     from rich.console import Console
@@ -131,6 +219,7 @@ def load(
     from rlm_workers.ingest.loader import load_paths
     from rlm_workers.store.buffers import validate_buffer_name
 
+    tenant = resolve_tenant(tenant)
     validate_buffer_name(buffer)
     try:
         validate_chunk_params(chunker.value, chunk_size, overlap)
@@ -158,13 +247,13 @@ def load(
                 chunker=chunker.value,
                 chunk_size=chunk_size,
                 overlap=overlap,
-                tenant=TENANT,
+                tenant=tenant,
                 embedder=embedder,
                 embed_batch_size=settings.embed_batch_size,
                 max_file_bytes=settings.max_file_bytes,
-                progress=_RichProgress(progress),
+                progress=_RichProgress(progress) if console.is_terminal else _LogProgress(),
             )
-        _warm_bm25(conn, settings, _url, buffer)
+        _warm_bm25(conn, settings, _url, buffer, tenant)
     if fmt == Fmt.json:
         _print_json(report.__dict__)
         return
@@ -183,12 +272,12 @@ def load(
     )
 
 
-def _warm_bm25(conn: psycopg.Connection, settings: Settings, url: str, buffer: str) -> None:
+def _warm_bm25(conn: psycopg.Connection, settings: Settings, url: str, buffer: str, tenant: str) -> None:
     """Build the BM25 cache now, so the first search after a load is fast."""
     from rlm_workers.search import bm25_cache
     from rlm_workers.store.buffers import require_buffers
 
-    (row,) = require_buffers(conn, tenant=TENANT, names=[buffer])
+    (row,) = require_buffers(conn, tenant=tenant, names=[buffer])
     bm25_cache.index_for(conn, row, cache_dir=settings.data_dir / "cache", dbk=bm25_cache.db_key(url))
     conn.commit()
 
@@ -205,12 +294,13 @@ def _human(n: float) -> str:
 
 
 @app.command("buffers")
-def buffers_cmd(fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text) -> None:
+def buffers_cmd(fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text, tenant: TenantOpt = None) -> None:
     """List buffers."""
     from rlm_workers.store.buffers import list_buffers
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_s, _u, conn):
-        rows = list_buffers(conn, tenant=TENANT)
+        rows = list_buffers(conn, tenant=tenant)
     if fmt == Fmt.json:
         _print_json({"buffers": [r.model_dump() for r in rows]})
         return
@@ -222,28 +312,45 @@ def buffers_cmd(fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text) -> Non
 
 
 @buffer_app.command("show")
-def buffer_show(name: str, fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text) -> None:
-    """Show one buffer's size, chunking and model."""
-    from rlm_workers.store.buffers import buffer_info
+def buffer_show(
+    name: str,
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    files: Annotated[
+        int, typer.Option("--files", min=0, max=100_000, help="List at most this many files (0: none).")
+    ] = 50,
+    tenant: TenantOpt = None,
+) -> None:
+    """Show one buffer's size, chunking and model, and its files (path, bytes, chunks)."""
+    from rlm_workers.store.buffers import buffer_info, list_files
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_s, _u, conn):
-        info = buffer_info(conn, tenant=TENANT, name=name)
+        info = buffer_info(conn, tenant=tenant, name=name)
+        # one row past the cap tells whether "… and N more" is needed without counting twice
+        listed = list_files(conn, buffer_id=info.id, limit=files + 1) if files else []
+    shown = listed[:files]
     if fmt == Fmt.json:
-        _print_json(info.model_dump())
+        _print_json({**info.model_dump(), "file_list": [f.model_dump() for f in shown]})
         return
     for key, value in info.model_dump().items():
         typer.echo(f"{key:>16}: {value}")
+    if shown:
+        typer.echo("")
+        for f in shown:
+            typer.echo(f"  {f.path}  {_human(f.bytes)}  {f.chunks} chunks")
+    if info.files > len(shown):
+        typer.echo(f"  … and {info.files - len(shown)} more (--files N to list more)")
 
 
 @buffer_app.command("rm")
-def buffer_rm(name: str) -> None:
+def buffer_rm(name: str, tenant: TenantOpt = None) -> None:
     """Delete a buffer with its chunks and embeddings."""
-    from rlm_workers.errors import BufferNotFound
-    from rlm_workers.store.buffers import delete_buffer
+    from rlm_workers.store.buffers import buffer_not_found, delete_buffer
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_s, _u, conn):
-        if not delete_buffer(conn, tenant=TENANT, name=name):
-            raise BufferNotFound(name)
+        if not delete_buffer(conn, tenant=tenant, name=name):
+            raise buffer_not_found(conn, tenant=tenant, name=name)
         conn.commit()
     typer.echo(f"removed buffer {name}")
 
@@ -256,13 +363,15 @@ def buffer_reembed(
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Re-embed even if the buffer is on this model.")] = False,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    tenant: TenantOpt = None,
 ) -> None:
     """Replace a buffer's vectors with RLM_EMBEDDING_MODEL's (after changing models); chunks stay as they are."""
     from rlm_workers.ingest.reembed import reembed_buffer
     from rlm_workers.store.buffers import require_buffers
 
+    tenant = resolve_tenant(tenant)
     with _db() as (settings, url, conn):
-        (row,) = require_buffers(conn, tenant=TENANT, names=[name])
+        (row,) = require_buffers(conn, tenant=tenant, names=[name])
         if queue:
             from rlm_workers.celery_app import app as celery
 
@@ -287,14 +396,14 @@ def buffer_reembed(
             bar = progress.add_task("chunks", total=None)
             report = reembed_buffer(
                 conn,
-                tenant=TENANT,
+                tenant=tenant,
                 name=name,
                 force=force,
                 embed_batch_size=settings.embed_batch_size,
                 on_chunks=lambda done, total: progress.update(bar, completed=done, total=total),
             )
         if not report.unchanged:
-            _warm_bm25(conn, settings, url, name)
+            _warm_bm25(conn, settings, url, name, tenant)
     if fmt == Fmt.json:
         _print_json(report.__dict__)
     elif report.unchanged:
@@ -320,12 +429,14 @@ def search(
         typer.Option("--threshold", help="Minimum cosine similarity (semantic arm); default: no minimum."),
     ] = None,
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    tenant: TenantOpt = None,
 ) -> None:
     """Search buffers without any LLM: bm25, semantic, or hybrid (RRF)."""
     from rlm_workers.errors import NoChunks
     from rlm_workers.search.service import search as run_search
     from rlm_workers.search.service import validate_query, validate_search_params
 
+    tenant = resolve_tenant(tenant)
     validate_query(query)
     validate_search_params(mode.value, top_k, threshold)
     with _db() as (settings, url, conn):
@@ -333,7 +444,7 @@ def search(
             conn,
             settings=settings,
             url=url,
-            tenant=TENANT,
+            tenant=tenant,
             buffers=buffer,
             query=query,
             mode=mode.value,
@@ -348,13 +459,20 @@ def search(
         return
     if not hits:
         raise NoChunks("no chunks matched the query")
+    from rlm_workers.search.preview import matched_lines
+
     for i, h in enumerate(hits, 1):
         typer.echo(f"{i:>3}. {h.score:.4f}  {h.buffer}:{h.path}:{h.start_line}-{h.end_line}  (chunk {h.chunk_id})")
-        # the matched sentences when the semantic arm saw the chunk, else the chunk's first lines
-        shown = " ".join(h.passage.split()) if h.passage else None
-        lines = [shown[j : j + 110] for j in range(0, min(len(shown), 330), 110)] if shown else None
-        for ln in lines or [ln for ln in h.text.strip().splitlines() if ln.strip()][:3]:
-            typer.echo(f"       {ln[:110]}")
+        # the lines where the query's words are, numbered; failing any literal hit, the sentences the
+        # semantic arm matched; failing that, the chunk's first lines
+        pv = matched_lines(h.text, query, start_line=h.start_line)
+        shown = " ".join(h.passage.split()) if h.passage and not pv.hits else None
+        if shown:
+            for j in range(0, min(len(shown), 330), 110):
+                typer.echo(f"       {shown[j : j + 110]}")
+            continue
+        for n, ln in pv.lines:
+            typer.echo(f"  {n:>6}: {ln.strip()[:110]}")
 
 
 # --------------------------------------------------------------------------- query
@@ -407,6 +525,7 @@ def query(
     deadline: Annotated[
         float | None, typer.Option("--deadline", help="Budget: seconds after submission; no call starts later.")
     ] = None,
+    tenant: TenantOpt = None,
 ) -> None:
     """Ask a question: plan, search, fan out to analysts, collect, synthesize (docs/contract.md#modes)."""
     from rich.console import Console
@@ -418,6 +537,7 @@ def query(
     from rlm_workers.search.service import validate_query
     from rlm_workers.submit import cancel_query, submit_query, validate_options, wait_for_job
 
+    tenant = resolve_tenant(tenant)
     validate_query(text)
     options = validate_options(
         {
@@ -441,37 +561,44 @@ def query(
     with _db() as (_settings, _url, conn):
         from rlm_workers.store.buffers import require_buffers
 
-        require_buffers(conn, tenant=TENANT, names=buffer)
+        require_buffers(conn, tenant=tenant, names=buffer)
         # Ctrl-C only sets a flag while a job may exist: the wait below stops at a safe point and cancels
         # the job, instead of a KeyboardInterrupt tearing through psycopg, kombu and the in-process worker.
         with _sigint_as_flag() as interrupted, ensure_workers(celery_app) as ephemeral:
             if interrupted.is_set():
                 _err("interrupted; nothing was submitted")
                 raise typer.Exit(130)
-            job_id, _ = submit_query(conn, tenant=TENANT, query=text, buffers=buffer, options=options)
+            job_id, _ = submit_query(conn, tenant=tenant, query=text, buffers=buffer, options=options)
             conn.commit()
             if verbose:
                 console.print(f"job {job_id} ({'in-process worker' if ephemeral else 'running workers'})")
             show = not (fmt == Fmt.json and not console.is_terminal)
             with console.status("queued", spinner="dots") as status:
+                log = None if console.is_terminal else _Ticker(after=10.0, every=10.0)
+                seen: list[str] = []
 
                 def progress(job, done, total):
                     if interrupted.is_set():
                         raise _Interrupted
-                    if show:
-                        extra = f" {done}/{total} batches" if total else ""
+                    extra = f" {done}/{total} batches" if total else ""
+                    if log is not None:
+                        # a stage change is a line of its own once the quiet start is over; counts every 10 s
+                        changed = seen[-1:] != [job.stage]
+                        if log.maybe(lambda s: f"stage: {job.stage}{extra} ({s:.0f} s)", force=changed):
+                            seen.append(job.stage)
+                    elif show:
                         status.update(f"{job.stage}{extra}")
 
                 try:
                     job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
                 except _Interrupted:
                     status.stop()
-                    cancel_query(conn, job_id=job_id, tenant=TENANT)
+                    cancel_query(conn, job_id=job_id, tenant=tenant)
                     _err(f"interrupted: job {job_id} cancelled")
                     raise typer.Exit(130) from None
                 except TimeoutError:
                     status.stop()
-                    _timed_out(conn, job_id, timeout, ephemeral)
+                    _timed_out(conn, job_id, timeout, ephemeral, tenant)
                     raise typer.Exit(1) from None
         if verbose:
             _print_verbose(console, conn, job)
@@ -509,13 +636,13 @@ def _sigint_as_flag():
         signal.signal(signal.SIGINT, previous)
 
 
-def _timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral: bool) -> None:
+def _timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral: bool, tenant: str) -> None:
     from rlm_workers.store.jobs import get_job
     from rlm_workers.submit import cancel_query
 
     if ephemeral:
         # The in-process worker leaves with this command: nothing would ever finish the job.
-        cancel_query(conn, job_id=job_id, tenant=TENANT)
+        cancel_query(conn, job_id=job_id, tenant=tenant)
         _err(
             f"job {job_id} did not end within --timeout {timeout:g}s and was cancelled: no worker was running, so "
             "nothing could finish it after this command; start workers (`rlm worker`, `rlm up`) or raise --timeout"

@@ -3,7 +3,7 @@
 ``rlm batch submit`` only stores the batch and prints its id: the running
 workers do the work (`rlm worker` / `rlm up`; a batch waits in PostgreSQL
 until one serves ``rlm.control``).  Like the rest of the CLI it talks to the
-database and the broker directly, as tenant ``local``.
+database and the broker directly, as ``--tenant`` (default RLM_TENANT, ``local``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 
 from rlm_workers.errors import InvalidInput
 
-from .cli_types import SearchModeOpt, new_typer
+from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant
 
 if TYPE_CHECKING:
     import psycopg
@@ -141,13 +141,15 @@ def submit(
         bool,
         typer.Option("--check-workers/--no-check-workers", help="Warn on stderr when no worker is running."),
     ] = True,
+    tenant: TenantOpt = None,
 ) -> None:
     """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
     from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.submit import validate_options
 
-    from .cli import TENANT, _db
+    from .cli import _db
 
+    tenant = resolve_tenant(tenant)
     texts = read_queries(queries)
     run_at = parse_at(at) if at else None
     options = validate_options(
@@ -163,7 +165,7 @@ def submit(
     with _db() as (_settings, _url, conn):
         batch_id, _created = submit_overnight(
             conn,
-            tenant=TENANT,
+            tenant=tenant,
             queries=texts,
             buffers=buffer or [],
             buffers_glob=buffers_glob,
@@ -181,12 +183,10 @@ def submit(
         _warn_if_no_worker()
 
 
-def _get(conn: psycopg.Connection, batch_id: str) -> OvernightRow:
+def _get(conn: psycopg.Connection, batch_id: str, tenant: str) -> OvernightRow:
     from rlm_workers.store.overnight import get_overnight
 
-    from .cli import TENANT
-
-    batch = get_overnight(conn, batch_id=batch_id, tenant=TENANT)
+    batch = get_overnight(conn, batch_id=batch_id, tenant=tenant)
     if batch is None:
         raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
     return batch
@@ -208,26 +208,32 @@ def _status_line(st: dict) -> str:
 
 
 @batch_app.command("status")
-def status(batch_id: str, fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text) -> None:
+def status(
+    batch_id: str, fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text, tenant: TenantOpt = None
+) -> None:
     """Counts by state, tokens spent, ETA."""
     from rlm_workers.overnight.submit import status_of
 
     from .cli import _db
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        st = status_of(conn, _get(conn, batch_id))
+        st = status_of(conn, _get(conn, batch_id, tenant))
     typer.echo(json.dumps(st) if fmt == StatusFmt.json else _status_line(st))
 
 
 @batch_app.command("results")
-def results(batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] = ResultFmt.jsonl) -> None:
+def results(
+    batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] = ResultFmt.jsonl, tenant: TenantOpt = None
+) -> None:
     """Every item, in order: JSON lines {batch_id, query, buffer, status, result, …} or CSV."""
     from rlm_workers.overnight.submit import iter_csv, iter_jsonl
 
     from .cli import _db
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        _get(conn, batch_id)
+        _get(conn, batch_id, tenant)
         out = sys.stdout
         for chunk in (iter_csv if fmt == ResultFmt.csv else iter_jsonl)(conn, batch_id):
             out.write(chunk)
@@ -235,15 +241,16 @@ def results(batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] =
 
 
 @batch_app.command("cancel")
-def cancel(batch_id: str) -> None:
+def cancel(batch_id: str, tenant: TenantOpt = None) -> None:
     """Stop a batch: nothing new starts, running items' jobs are cancelled."""
     from rlm_workers.overnight.submit import cancel_overnight, status_of
 
-    from .cli import TENANT, _db
+    from .cli import _db
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        _get(conn, batch_id)
-        st = status_of(conn, cancel_overnight(conn, tenant=TENANT, batch_id=batch_id))
+        _get(conn, batch_id, tenant)
+        st = status_of(conn, cancel_overnight(conn, tenant=tenant, batch_id=batch_id))
     typer.echo(_status_line(st))
 
 
@@ -251,15 +258,17 @@ def cancel(batch_id: str) -> None:
 def list_cmd(
     limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
     fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text,
+    tenant: TenantOpt = None,
 ) -> None:
     """The most recent batches, newest first."""
     from rlm_workers.overnight.submit import status_of
     from rlm_workers.store.overnight import list_overnight
 
-    from .cli import TENANT, _db
+    from .cli import _db
 
+    tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        rows = [status_of(conn, b) for b in list_overnight(conn, tenant=TENANT, limit=limit)]
+        rows = [status_of(conn, b) for b in list_overnight(conn, tenant=tenant, limit=limit)]
     if fmt == StatusFmt.json:
         typer.echo(json.dumps(rows))
     else:

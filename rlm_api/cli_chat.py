@@ -8,7 +8,6 @@ that turn's job and returns to the prompt.
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,11 +16,11 @@ import typer
 from rlm_workers.errors import InvalidInput
 from rlm_workers.models import Mode
 
+from .cli_types import TenantOpt, resolve_tenant
+
 if TYPE_CHECKING:
     import psycopg
 
-#: the tenant pattern of settings.tenant (RLM_TENANT)
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 QUIT = {"/quit", "/exit", "/q"}
 PROMPT = "you> "
 
@@ -33,7 +32,7 @@ def chat_command(
     session: Annotated[
         str | None, typer.Option("--session", help="Resume this session (its buffers are kept).")
     ] = None,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Tenant (default RLM_TENANT).")] = None,
+    tenant: TenantOpt = None,
     mode: Annotated[
         Mode | None,
         typer.Option("--mode", help="instant, auto (default) or thinking, for every turn of a new session."),
@@ -48,9 +47,7 @@ def chat_command(
     from rlm_workers.store.db import connect, resolve_url
 
     settings = get_settings()
-    tenant = tenant or settings.tenant
-    if not _TENANT.match(tenant):
-        raise InvalidInput(f"invalid --tenant {tenant[:64]!r}: letters, digits, '_', '.', '-' (at most 64)")
+    tenant = resolve_tenant(tenant)
     if session is None and not buffer:
         raise InvalidInput("name at least one --buffer for a new session, or resume one with --session ID")
     conn = connect(settings, url=resolve_url(settings))

@@ -22,9 +22,10 @@ def new_typer(**kwargs: Any) -> typer.Typer:
     Plain click help (``rich_markup_mode=None``) wraps help text instead of cutting option names
     (``--idempotency-k…``) to fit an 80-column terminal.
     """
+    # completion options belong on the root command only (`rlm --install-completion`); groups pass nothing
+    kwargs.setdefault("add_completion", False)
     return typer.Typer(
         no_args_is_help=True,
-        add_completion=False,
         pretty_exceptions_enable=False,
         rich_markup_mode=None,
         context_settings=CONTEXT_SETTINGS,
@@ -36,6 +37,21 @@ SearchModeOpt = Annotated[
     SearchMode | None,
     typer.Option("--search-mode", help="Search arm: hybrid (RRF of both), semantic or bm25."),
 ]
+
+
+TenantOpt = Annotated[
+    str | None,
+    typer.Option("--tenant", help="Tenant whose data this touches (default RLM_TENANT, 'local')."),
+]
+
+
+def resolve_tenant(tenant: str | None) -> str:
+    """``--tenant`` or the configured default, checked like an API key's tenant (bad name: exit 2)."""
+    from rlm_workers.config import get_settings
+
+    from .auth import validate_tenant
+
+    return validate_tenant(get_settings().tenant if tenant is None else tenant)
 
 
 def _classes(*names: str) -> dict[str, tuple[type[BaseException], ...]]:

@@ -54,12 +54,15 @@ class ConfigError(InvalidInput):
 class BufferNotFound(InvalidInput):
     type = "buffer_not_found"
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, suggestion: str | None = None) -> None:
+        # a near name of the tenant's own (store.buffers.buffer_not_found finds it) beats a listing
+        hint = f"did you mean {suggestion!r}? " if suggestion else ""
         super().__init__(
-            f"no buffer named {name!r}; list buffers with `rlm buffers`",
-            api_message=f"no buffer named {name!r}; list buffers with GET /v1/buffers",
+            f"no buffer named {name!r}; {hint}list buffers with `rlm buffers`",
+            api_message=f"no buffer named {name!r}; {hint}list buffers with GET /v1/buffers",
         )
         self.name = name
+        self.suggestion = suggestion
 
 
 class NoChunks(RLMError):

@@ -173,16 +173,10 @@ def test_two_turns_offline_the_follow_up_answers_from_the_first_turn(rlm_env, co
 
 
 def test_rlm_chat_reads_questions_from_a_pipe(rlm_env, conn, corpus, tmp_path):
-    # `rlm chat` is registered in cli.py by the merge; until then the same main runs it registered here
-    runner = (
-        "import sys\nfrom rlm_api import cli\nfrom rlm_api.cli_chat import chat_command\n"
-        "if not any(c.name == 'chat' for c in cli.app.registered_commands):\n"
-        "    cli.app.command('chat')(chat_command)\nsys.exit(cli.main(sys.argv[1:]))\n"
-    )
     env = offline_env(rlm_env)
     with running_workers(env, tmp_path, POOLS):
         proc = subprocess.run(
-            [sys.executable, "-c", runner, "chat", "--buffer", BUFFER],
+            [sys.executable, "-m", "rlm_api.cli", "chat", "--buffer", BUFFER],
             input=f"{TURN1}\n\n{TURN2}\n",
             env=env,
             cwd=ROOT,
@@ -199,7 +193,7 @@ def test_rlm_chat_reads_questions_from_a_pipe(rlm_env, conn, corpus, tmp_path):
         ], proc.stdout
         # resumed by id; /quit leaves before the next line is read
         again = subprocess.run(
-            [sys.executable, "-c", runner, "chat", "--session", session_id],
+            [sys.executable, "-m", "rlm_api.cli", "chat", "--session", session_id],
             input="/quit\nnever asked\n",
             env=env,
             cwd=ROOT,
@@ -209,7 +203,7 @@ def test_rlm_chat_reads_questions_from_a_pipe(rlm_env, conn, corpus, tmp_path):
         )
         assert again.returncode == 0 and "[turn" not in again.stdout, (again.stdout, again.stderr)
         gone = subprocess.run(
-            [sys.executable, "-c", runner, "chat", "--session", session_id, "--tenant", "other"],
+            [sys.executable, "-m", "rlm_api.cli", "chat", "--session", session_id, "--tenant", "other"],
             input="",
             env=env,
             cwd=ROOT,

@@ -67,12 +67,22 @@ def get_buffer_by_id(conn: psycopg.Connection, *, buffer_id: int) -> BufferRow |
     return BufferRow(*row) if row else None
 
 
+def buffer_not_found(conn: psycopg.Connection, *, tenant: str, name: str) -> BufferNotFound:
+    """The not-found error for ``name``, suggesting the tenant's closest buffer name when one is near
+    (a typo such as ``doc`` for ``docs``); only this tenant's names are ever offered."""
+    import difflib
+
+    known = [r[0] for r in conn.execute("SELECT name FROM buffers WHERE tenant = %s", (tenant,)).fetchall()]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return BufferNotFound(name, suggestion=close[0] if close else None)
+
+
 def require_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[str]) -> list[BufferRow]:
     out = []
     for name in dict.fromkeys(names):
         row = get_buffer(conn, tenant=tenant, name=name)
         if row is None:
-            raise BufferNotFound(name)
+            raise buffer_not_found(conn, tenant=tenant, name=name)
         out.append(row)
     return out
 
@@ -125,7 +135,7 @@ def update_buffer_meta(
 def buffer_info(conn: psycopg.Connection, *, tenant: str, name: str) -> BufferInfo:
     rows = list_buffers(conn, tenant=tenant, name=name)
     if not rows:
-        raise BufferNotFound(name)
+        raise buffer_not_found(conn, tenant=tenant, name=name)
     return rows[0]
 
 

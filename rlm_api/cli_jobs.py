@@ -1,0 +1,251 @@
+"""`rlm jobs` and `rlm job show|result|cancel`: the query jobs of one tenant, as the API shows them.
+
+The JSON is built by the API's own builders (rlm_api.routes.queries ``job_summaries`` / ``job_view``), so
+``rlm jobs --format json`` is a ``GET /v1/queries`` page and ``rlm job show ID --format json`` is exactly
+``GET /v1/queries/{id}`` (docs/contract.md#cli-jobs).  Another tenant's job is "not found", as over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from enum import Enum
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from rlm_workers.errors import InvalidInput, RLMError
+
+from .cli_types import TenantOpt, new_typer, resolve_tenant
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from rlm_workers.store.jobs import JobRow
+
+    from .schemas import ChildView, JobSummary, JobView
+
+job_app = new_typer(help="One query job: show it, print its result, cancel it.")
+
+
+class Fmt(str, Enum):
+    text = "text"
+    json = "json"
+
+
+class JobStatus(str, Enum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+def _job(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
+    from rlm_workers.store.jobs import get_job
+
+    job = get_job(conn, job_id=job_id, tenant=tenant) if len(job_id) <= 64 else None
+    conn.commit()
+    if job is None:
+        raise InvalidInput(f"no query job {job_id[:64]!r}; list jobs with `rlm jobs`")
+    return job
+
+
+def _age(when: datetime | None, now: datetime) -> str:
+    if when is None:
+        return "-"
+    s = max(0.0, (now - when).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit}"
+    return f"{s:.0f}s"
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def jobs_command(
+    status: Annotated[JobStatus | None, typer.Option("--status", help="Only jobs in this status.")] = None,
+    buffer: Annotated[str | None, typer.Option("--buffer", "-b", help="Only jobs over this buffer.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=200, help="At most this many, newest first.")] = 20,
+    all_: Annotated[bool, typer.Option("--all", help="Also list follow-up (child) jobs.")] = False,
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    tenant: TenantOpt = None,
+) -> None:
+    """The tenant's query jobs, newest first: id, status, stage, mode, age, tokens, cost, query."""
+    from rlm_workers.store.jobs import list_jobs
+
+    from .cli import _db, _print_json
+    from .routes.queries import job_summaries
+    from .schemas import JobList
+
+    tenant = resolve_tenant(tenant)
+    with _db() as (_s, _u, conn):
+        rows = list_jobs(
+            conn,
+            tenant=tenant,
+            status=status.value if status else None,
+            buffer=buffer,
+            roots_only=not all_,
+            limit=limit + 1,
+        )
+        page = rows[:limit]
+        summaries = job_summaries(conn, page)
+    if fmt == Fmt.json:
+        jl = JobList(jobs=summaries, next_cursor=page[-1].id if len(rows) > limit else None)
+        _print_json(json.loads(jl.model_dump_json()))
+        return
+    if not summaries:
+        typer.echo("no query jobs" + (" match" if status or buffer else " yet: ask one with `rlm query`"))
+        return
+    _print_table(summaries)
+
+
+def _print_table(jobs: list[JobSummary]) -> None:
+    now = datetime.now(UTC)
+    typer.echo(f"{'id':<36}  {'status':<9} {'stage':<12} {'mode':<8} {'age':>5} {'tokens':>8} {'cost':>8}  query")
+    for j in jobs:
+        tokens = j.usage.tokens_in + j.usage.tokens_out
+        kid = "  ↳ " if j.parent_id else ""
+        typer.echo(
+            f"{j.job_id:<36}  {j.status:<9} {j.stage[:12]:<12} {j.mode[:8]:<8} {_age(j.created_at, now):>5} "
+            f"{tokens:>8} {'$' + format(j.usage.cost_usd, '.4f'):>8}  {kid}{_one_line(j.query, 60)}"
+        )
+
+
+@job_app.command("show")
+def show(
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job id (`rlm jobs` lists them).")],
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    tenant: TenantOpt = None,
+) -> None:
+    """Everything about one job: stages with timings, batches, LLM calls, child jobs (JSON: the API's JobView)."""
+    from .cli import _db
+    from .routes.queries import job_view
+
+    tenant = resolve_tenant(tenant)
+    with _db() as (_s, _u, conn):
+        view = job_view(conn, _job(conn, job_id, tenant))
+    if fmt == Fmt.json:
+        typer.echo(view.model_dump_json())
+        return
+    _print_view(view)
+
+
+def _print_view(v: JobView) -> None:
+    typer.echo(f"job {v.job_id}  {v.status}  stage {v.stage}")
+    typer.echo(f"  query:    {_one_line(v.query, 200)}")
+    typer.echo(f"  buffers:  {', '.join(v.buffers)}")
+    if v.parent_id:
+        typer.echo(f"  parent:   {v.parent_id} (depth {v.depth})")
+    typer.echo(f"  created:  {v.created_at}   finished: {v.finished_at or '-'}")
+    if v.timings:
+        typer.echo("  stages:   " + "  ".join(f"{t.stage} {t.seconds:.2f}s" for t in v.timings))
+    if v.batches:
+        counts: dict[str, int] = {}
+        for b in v.batches:
+            counts[b.state] = counts.get(b.state, 0) + 1
+        retried = sum(1 for b in v.batches if b.attempts > 1)
+        extra = f", {retried} retried" if retried else ""
+        typer.echo(f"  batches:  {len(v.batches)} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}{extra})")
+        for b in v.batches:
+            if b.error is not None:
+                typer.echo(f"    batch {b.batch_no}: {b.error.type}: {_one_line(b.error.message, 150)}")
+    u = v.usage
+    typer.echo(
+        f"  calls:    {u.llm_calls} LLM calls, {u.tokens_in} tokens in, {u.tokens_out} out "
+        f"({u.cached_tokens} cached), ${u.cost_usd:.4f}"
+    )
+    by_stage: dict[str, list[int]] = {}
+    for c in v.calls:
+        agg = by_stage.setdefault(c.stage, [0, 0, 0])
+        agg[0] += 1
+        agg[1] += c.tokens_in + c.tokens_out
+        agg[2] += c.status != "ok"
+    for stage, (n, tokens, bad) in by_stage.items():
+        typer.echo(f"    {stage:<12} {n} calls, {tokens} tokens" + (f", {bad} not ok" if bad else ""))
+    if v.error is not None:
+        typer.echo(f"  error:    {v.error.type}: {_one_line(v.error.message, 200)}")
+    if v.children:
+        typer.echo("  children:")
+        _print_children(v.children, "    ")
+
+
+def _print_children(kids: list[ChildView], indent: str) -> None:
+    for k in kids:
+        typer.echo(f"{indent}{k.job_id}  {k.status:<9} {k.stage:<10} {_one_line(k.query, 80)}")
+        _print_children(k.children, indent + "  ")
+
+
+@job_app.command("result")
+def result(
+    job_id: Annotated[str, typer.Argument(metavar="ID")],
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    tenant: TenantOpt = None,
+) -> None:
+    """The report of a finished job (JSON: its QueryResult); exit 1 while it is not done."""
+    from rlm_workers.models import QueryResult
+    from rlm_workers.pipeline.report import status_line
+
+    from .cli import _db
+
+    tenant = resolve_tenant(tenant)
+    with _db() as (_s, _u, conn):
+        job = _job(conn, job_id, tenant)
+    if job.status != "done" or not job.result:
+        why = f" ({job.error.get('type')}: {_one_line(str(job.error.get('message')), 150)})" if job.error else ""
+        raise RLMError(f"job {job.id} is {job.status}, stage {job.stage}{why}: no result to print")
+    res = QueryResult.model_validate(job.result)
+    if fmt == Fmt.json:
+        typer.echo(res.model_dump_json())
+        return
+    typer.echo(res.response.rstrip())
+    typer.echo("")
+    typer.echo(status_line(res))
+
+
+@job_app.command("cancel")
+def cancel(job_id: Annotated[str, typer.Argument(metavar="ID")], tenant: TenantOpt = None) -> None:
+    """Cancel a queued or running job (its tasks stop at their next check; queued ones are revoked)."""
+    from rlm_workers.submit import cancel_query
+
+    from .cli import _db
+
+    tenant = resolve_tenant(tenant)
+    with _db() as (_s, _u, conn):
+        job = _job(conn, job_id, tenant)
+        if job.terminal:
+            typer.echo(f"job {job.id} already {job.status}: nothing to cancel")
+            return
+        job = cancel_query(conn, job_id=job.id, tenant=tenant) or job
+        conn.commit()
+    typer.echo(f"job {job.id} {job.status}")
+
+
+chunk_app = new_typer(help="Chunks by id: what a citation [chunk 12, path:10-58] points at.")
+
+
+@chunk_app.command("show")
+def chunk_show(
+    chunk_id: Annotated[int, typer.Argument(metavar="ID", help="The chunk id a citation or `rlm search` names.")],
+    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    tenant: TenantOpt = None,
+) -> None:
+    """Print one chunk: a `buffer path:start-end` header, then its text (JSON: the API's ChunkView)."""
+    from .cli import _db
+    from .routes.chunks import chunk_views
+
+    tenant = resolve_tenant(tenant)
+    with _db() as (_s, _u, conn):
+        found = chunk_views(conn, tenant=tenant, ids=[chunk_id]) if 0 < chunk_id < 2**63 else []
+    if not found:
+        raise InvalidInput(f"no chunk {chunk_id}; chunk ids come from citations and `rlm search`")
+    c = found[0]
+    if fmt == Fmt.json:
+        typer.echo(c.model_dump_json())
+        return
+    typer.echo(f"{c.buffer} {c.path}:{c.start_line}-{c.end_line}  (chunk {c.chunk_id})")
+    typer.echo("")
+    typer.echo(c.text.rstrip("\n"))

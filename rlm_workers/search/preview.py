@@ -1,0 +1,34 @@
+"""The passage of a hit a person should see: the lines of the chunk where the query's words are.
+
+A chunk is up to a few thousand characters; its first lines are often a heading or imports, not what
+matched.  This picks the run of ``width`` consecutive lines with the most query-term hits (the same
+tokenizer as BM25, so ``refund_window`` matches ``refund``), and gives their real line numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preview:
+    #: (line number in the file, text) of each line shown; blank lines are left out
+    lines: list[tuple[int, str]]
+    #: query-term occurrences in those lines (0: nothing matched literally, e.g. a semantic-only hit)
+    hits: int
+
+
+def matched_lines(text: str, query: str, *, start_line: int = 1, width: int = 3) -> Preview:
+    """The ``width`` consecutive non-blank lines of ``text`` holding the most query terms; the first
+    non-blank lines when none holds any.  Among equal runs the earliest that starts on a matching line wins,
+    so the match is the first line shown rather than the last."""
+    from .tokenize import tokenize
+
+    terms = set(tokenize(query))
+    numbered = [(start_line + i, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
+    if not numbered:
+        return Preview(lines=[], hits=0)
+    scores = [sum(t in terms for t in tokenize(ln)) for _, ln in numbered]
+    # a run may be cut short by the chunk's end, so a match on its last line can still be the first shown
+    best = max(range(len(numbered)), key=lambda i: (sum(scores[i : i + width]), scores[i] > 0, -i))
+    return Preview(lines=numbered[best : best + width], hits=sum(scores[best : best + width]))
