@@ -122,7 +122,8 @@ def _one_line(exc: BaseException, *, local: bool) -> str:
     from rlm_workers.errors import BufferNotFound
 
     if isinstance(exc, BufferNotFound):  # the agent's way to the names is a tool, not a command or a route
-        return f"no buffer named {exc.name!r}; the list_buffers tool names them"
+        hint = f"did you mean {exc.suggestion!r}? " if exc.suggestion else ""
+        return f"no buffer named {exc.name!r}; {hint}the list_buffers tool names them"
     if isinstance(exc, RLMError):
         # The CLI's message names CLI commands: right for the local user, not for an HTTP client.
         return (exc.message if local else exc.api_message).splitlines()[0]

@@ -297,11 +297,11 @@ def files(
     after: Annotated[str | None, Query(max_length=1024, description="Last path of the previous page.")] = None,
 ) -> list[FileInfo]:
     """The buffer's files in path order, with their size and chunk count, a page at a time."""
-    from rlm_workers.store.buffers import get_buffer, list_files
+    from rlm_workers.store.buffers import buffer_not_found, get_buffer, list_files
 
     row = get_buffer(conn, tenant=tenant, name=_possible(name))
     if row is None:
-        raise BufferNotFound(name)
+        raise buffer_not_found(conn, tenant=tenant, name=name)
     if after and "\x00" in after:  # PostgreSQL text cannot hold one
         raise InvalidInput("after: contains a NUL character")
     return list_files(conn, buffer_id=row.id, limit=limit, after=after)
@@ -310,8 +310,8 @@ def files(
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses={404: {"description": "no such buffer"}})
 def delete(name: str, conn: ConnDep, tenant: TenantDep) -> Response:
     """Delete the buffer with its chunks and embeddings (jobs that already ran keep their results)."""
-    from rlm_workers.store.buffers import delete_buffer
+    from rlm_workers.store.buffers import buffer_not_found, delete_buffer
 
     if not delete_buffer(conn, tenant=tenant, name=_possible(name)):
-        raise BufferNotFound(name)
+        raise buffer_not_found(conn, tenant=tenant, name=name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
