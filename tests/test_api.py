@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.api import Api, free_port
 from tests.support.workers import ROOT, WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -26,43 +26,6 @@ DOCS = [
         "text": "# Limits\n\nEach account may store at most fifty gigabytes of documents.\n",
     },
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Api:
-    def __init__(self, env: dict[str, str], log_path) -> None:
-        self.port = _free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlm_api.cli", "api", "--port", str(self.port)],
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError(f"API did not start: {log_path.read_text()[-2000:]}")
-
-    def client(self, key: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.Client(base_url=self.base, headers=headers, timeout=60)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=20)
-        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -467,7 +430,7 @@ def test_reconciler_resends_an_upload_whose_message_was_lost(conn, env):
 
 
 def test_readyz_names_the_broker_when_it_is_down(env, tmp_path):
-    dead = Api({**env, "RLM_BROKER_URL": f"redis://127.0.0.1:{_free_port()}/0"}, tmp_path / "dead.log")
+    dead = Api({**env, "RLM_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"}, tmp_path / "dead.log")
     try:
         assert httpx.get(f"{dead.base}/healthz").status_code == 200  # liveness does no I/O
         # the client timeout only keeps a hung check from hanging the test; how fast it answers is no assertion

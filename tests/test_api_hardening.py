@@ -14,8 +14,8 @@ import sys
 import httpx
 import pytest
 
+from tests.support.api import Api
 from tests.support.workers import ROOT
-from tests.test_api import Api
 
 pytestmark = pytest.mark.slow
 

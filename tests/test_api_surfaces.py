@@ -10,9 +10,9 @@ import json
 import httpx
 import pytest
 
+from tests.support.api import Api
 from tests.support.pipeline_model import NEEDLE, QUESTION, write_essays
 from tests.support.workers import running_workers, scripted_env
-from tests.test_api import Api
 from tests.test_cli import run_rlm
 
 pytestmark = pytest.mark.slow

@@ -17,9 +17,9 @@ import sys
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support.api import Api
 from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_message
 from tests.support.workers import running_workers, scripted_env
 
@@ -215,43 +215,6 @@ def test_rlm_chat_reads_questions_from_a_pipe(rlm_env, conn, corpus, tmp_path):
 
 
 # --------------------------------------------------------------------------- the HTTP API
-
-
-class Api:
-    """``rlm api`` in a subprocess (as tests/test_api.py)."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        import socket
-        import time
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlm_api.cli", "api", "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError(f"API did not start: {log_path.read_text()[-2000:]}")
-
-    def client(self, key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=20)
-        self.log.close()
 
 
 def test_api_sessions_create_post_history_tenants_and_bad_input(rlm_env, conn, corpus, tmp_path):

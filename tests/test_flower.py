@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from rlm_api.cli_up import FLOWER_AUTH_FILE, flower_argv
 from rlm_workers.errors import InvalidInput
+from tests.support.api import free_port
 from tests.support.workers import ROOT, WorkerProcess
 
 SECRET_LINE = "The vault combination is kept in the blue ledger on the third shelf."
@@ -25,12 +25,6 @@ def test_flower_credentials_never_go_on_the_command_line():
     for bad in (None, "", "no-colon"):
         with pytest.raises(InvalidInput, match="RLM_FLOWER_BASIC_AUTH"):
             flower_argv("127.0.0.1", 5555, bad)  # loopback too: every local user reaches loopback
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_flower(env: dict[str, str], port: int) -> subprocess.Popen:
@@ -74,7 +68,7 @@ def test_flower_started_by_rlm_always_needs_credentials(rlm_env, tmp_path):
     data_dir = tmp_path / "data"
     env = {**rlm_env, "RLM_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1"}
     env.pop("RLM_FLOWER_BASIC_AUTH", None)
-    port = _free_port()
+    port = free_port()
     flower = _start_flower(env, port)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -132,7 +126,7 @@ def test_flower_lists_the_analyst_tasks_of_a_finished_job(rlm_env, conn, embedde
     conn.commit()
     redis.Redis.from_url(rlm_env["RLM_BROKER_URL"]).flushdb()
     env = {**rlm_env, "HF_HUB_OFFLINE": "1"}
-    port = _free_port()
+    port = free_port()
     flower = _start_flower(env, port)
     workers = [
         WorkerProcess("fctl", queues="rlm.control", env=env, log_dir=tmp_path),

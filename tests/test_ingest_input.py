@@ -219,7 +219,7 @@ def test_rlm_load_refuses_what_it_cannot_load_and_skips_bad_files_in_a_directory
 @pytest.fixture(scope="module")
 def api_client(rlm_env, conn, tmp_path_factory):
     from rlm_api.auth import create_key
-    from tests.test_api import Api
+    from tests.support.api import Api
 
     conn.rollback()  # whatever an earlier test of the module left open
     key, _ = create_key(conn, tenant="acme")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.support.api import free_port
 from tests.support.workers import ROOT, running_workers
 
 pytestmark = pytest.mark.slow
@@ -33,12 +33,6 @@ DOCS = {
     + "\n\nExpress delivery costs twelve euros and arrives the next day.\n",
     "team/oncall.md": "# On call\n\n" + "The on-call engineer answers pages within fifteen minutes. " * 12,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +74,7 @@ def workers(env, corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def http_server(env, keys, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("mcp-http") / "mcp.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -12,11 +12,11 @@ import json
 import httpx
 import pytest
 
+from tests.support.api import Api
 from tests.support.jobs import wait_for
 from tests.support.pipeline_model import CHUNK_COUNT, QUESTION, write_essays
 from tests.support.scripted_llm import fail_first
 from tests.support.workers import running_workers, scripted_env
-from tests.test_api import Api
 
 pytestmark = pytest.mark.slow
 

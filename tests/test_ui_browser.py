@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.api import Api
 from tests.support.workers import WorkerProcess
-from tests.test_api import Api
 
 pytestmark = pytest.mark.slow
 

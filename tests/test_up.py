@@ -13,15 +13,10 @@ import time
 import httpx
 import pytest
 
+from tests.support.api import free_port
 from tests.support.workers import ROOT
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:
@@ -30,7 +25,7 @@ def _listening(port: int) -> bool:
 
 
 def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
-    api_port, flower_port = _free_port(), _free_port()
+    api_port, flower_port = free_port(), free_port()
     out = open(tmp_path / "up.log", "w+")
     proc = subprocess.Popen(
         [
@@ -93,7 +88,7 @@ def test_up_started_with_sigint_ignored_still_stops_on_sigint(rlm_env, tmp_path,
     # a second start: the key exists already, so only its prefix may be printed (service logs keep it)
     key, _ = local_api_key(conn, get_settings().data_dir / "local-api-key")
     conn.commit()
-    api_port = _free_port()
+    api_port = free_port()
     out = open(tmp_path / "up.log", "w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlm_api.cli", "up", "--api-port", str(api_port), "--no-flower", "--analysts", "2"],

@@ -14,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.test_api import Api
+from tests.support.api import Api
 
 pytestmark = pytest.mark.slow
 
