@@ -20,7 +20,7 @@ import typer
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import Mode, Scope, SearchMode
 
-from .cli_types import SearchModeOpt, TenantOpt, click_error_kind, new_typer, resolve_tenant
+from .cli_types import Fmt, SearchModeOpt, TenantOpt, click_error_kind, new_typer, resolve_tenant
 
 if TYPE_CHECKING:
     import psycopg
@@ -77,11 +77,6 @@ def _root(
     ] = False,
 ) -> None:
     """rlm-pipeline: load large text into buffers and ask questions no single prompt can hold."""
-
-
-class Fmt(str, Enum):
-    text = "text"
-    json = "json"
 
 
 class Chunker(str, Enum):
@@ -824,6 +819,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             raise
         if kind[0] in ("usage", "click"):
+            # typer >= 0.25 checks choices with pydantic, whose wording starts "Value error, ": not ours to show
+            if isinstance(getattr(exc, "message", None), str):
+                exc.message = exc.message.replace("Value error, ", "")  # type: ignore[attr-defined]
             exc.show()  # type: ignore[attr-defined]
         return kind[1]
     return 0

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
+from rlm_workers.models import JobStatus
 
-from .cli_types import TenantOpt, new_typer, resolve_tenant
+from .cli_types import Fmt, TenantOpt, new_typer, resolve_tenant
 
 if TYPE_CHECKING:
     import psycopg
@@ -26,19 +26,6 @@ if TYPE_CHECKING:
     from .schemas import ChildView, JobSummary, JobView
 
 job_app = new_typer(help="One query job: show it, print its result, cancel it.")
-
-
-class Fmt(str, Enum):
-    text = "text"
-    json = "json"
-
-
-class JobStatus(str, Enum):
-    queued = "queued"
-    running = "running"
-    done = "done"
-    failed = "failed"
-    cancelled = "cancelled"
 
 
 def _job(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:

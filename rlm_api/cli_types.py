@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
@@ -81,3 +82,10 @@ def click_error_kind(exc: BaseException) -> tuple[str, int] | None:
     if c["ClickException"] and isinstance(exc, c["ClickException"]):
         return "click", int(getattr(exc, "exit_code", 1) or 1)
     return None
+
+
+class Fmt(str, Enum):
+    """``--format`` of the commands that print text for a person or JSON for a program."""
+
+    text = "text"
+    json = "json"

@@ -112,6 +112,8 @@ def test_buffer_rm(cli_env, loaded, tmp_path):
         ([], "Usage: rlm"),
         (["buffer"], "Usage: rlm buffer"),
         (["batch", "submit", "--search-mode", "fuzzy", "-q", "-"], "'--search-mode'"),
+        (["jobs", "--status", "bogus"], "'bogus' is not one of 'queued'"),
+        (["query", "x", "--buffer", "proj", "--mode", "deep"], "'deep' is not one of 'instant'"),
     ],
 )
 def test_usage_error_is_one_message_and_exit_2(cli_env, loaded, args, needle):
@@ -120,7 +122,7 @@ def test_usage_error_is_one_message_and_exit_2(cli_env, loaded, args, needle):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     out = proc.stdout + proc.stderr
     assert needle in out, out
-    assert "Traceback" not in out and "Exception" not in out, out
+    assert "Traceback" not in out and "Exception" not in out and "Value error" not in out, out
     assert run_rlm(cli_env, "buffers", "--format", "json", check=0).stdout == before
 
 
