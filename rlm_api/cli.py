@@ -37,8 +37,6 @@ app = new_typer(
 )
 buffer_app = new_typer(help="Inspect or remove one buffer.")
 services_app = new_typer(help="The embedded PostgreSQL and Valkey servers.")
-app.add_typer(buffer_app, name="buffer")
-app.add_typer(services_app, name="services")
 # Sub-command groups live in their own modules (typer-only imports, so the CLI stays fast to start).
 from .cli_batch import batch_app  # noqa: E402
 from .cli_chat import chat_command  # noqa: E402
@@ -47,18 +45,6 @@ from .cli_jobs import chunk_app, job_app, jobs_command  # noqa: E402
 from .cli_keys import api_command, keys_app  # noqa: E402
 from .cli_mcp import mcp_command  # noqa: E402
 from .cli_up import flower_command, up_command  # noqa: E402
-
-app.add_typer(keys_app, name="keys")
-app.add_typer(batch_app, name="batch")
-app.command("flower")(flower_command)
-app.command("up")(up_command)
-app.command("doctor")(doctor_command)
-app.command("api")(api_command)
-app.add_typer(job_app, name="job")
-app.add_typer(chunk_app, name="chunk")
-app.command("jobs")(jobs_command)
-app.command("chat")(chat_command)
-app.command("mcp")(mcp_command)
 
 
 def _version(value: bool) -> None:
@@ -784,6 +770,22 @@ def _undecodable_arg(argv: list[str]) -> int | None:
         except UnicodeEncodeError:
             return i
     return None
+
+
+# Registered here, after the commands defined above, so `rlm -h` lists them in the order a newcomer uses them.
+app.command("jobs")(jobs_command)
+app.command("chat")(chat_command)
+app.command("mcp")(mcp_command)
+app.command("api")(api_command)
+app.command("up")(up_command)
+app.command("flower")(flower_command)
+app.command("doctor")(doctor_command)
+app.add_typer(buffer_app, name="buffer")
+app.add_typer(job_app, name="job")
+app.add_typer(chunk_app, name="chunk")
+app.add_typer(batch_app, name="batch")
+app.add_typer(keys_app, name="keys")
+app.add_typer(services_app, name="services")
 
 
 def main(argv: list[str] | None = None) -> int:
