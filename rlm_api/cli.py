@@ -444,10 +444,10 @@ def search(
 
     for i, h in enumerate(hits, 1):
         typer.echo(f"{i:>3}. {h.score:.4f}  {h.buffer}:{h.path}:{h.start_line}-{h.end_line}  (chunk {h.chunk_id})")
-        # the lines where the query's words are, numbered; failing any literal hit, the sentences the
-        # semantic arm matched; failing that, the chunk's first lines
+        # the lines where the query's words are, numbered; when they hold only a stray word of it (a
+        # paraphrased question), the sentences the semantic arm matched; failing both, the chunk's first lines
         pv = matched_lines(h.text, query, start_line=h.start_line)
-        shown = " ".join(h.passage.split()) if h.passage and not pv.hits else None
+        shown = " ".join(h.passage.split()) if h.passage and not pv.literal else None
         if shown:
             for j in range(0, min(len(shown), 330), 110):
                 typer.echo(f"       {shown[j : j + 110]}")

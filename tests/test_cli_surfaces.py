@@ -177,9 +177,13 @@ def test_matched_lines_picks_the_run_with_most_query_terms():
 
     text = "import os\n\n# Billing\nx = 1\ny = 2\nREFUND_WINDOW_DAYS = 30  # refund window\nz = 3\n"
     pv = matched_lines(text, "refund window days", start_line=40)
-    assert pv.lines[0] == (45, "REFUND_WINDOW_DAYS = 30  # refund window") and pv.hits > 0
+    assert pv.lines[0] == (45, "REFUND_WINDOW_DAYS = 30  # refund window") and pv.hits > 0 and pv.literal
     none = matched_lines(text, "zyzzyva", start_line=40)
     assert none.hits == 0 and none.lines == [(40, "import os"), (42, "# Billing"), (43, "x = 1")]
+    assert not none.literal
+    # one stray word of a five-word paraphrase is not the passage that matched: the semantic one is shown
+    stray = matched_lines(text, "where did grandpa hide the money billing long ago", start_line=40)
+    assert stray.hits == 1 and stray.found == 1 and not stray.literal
 
 
 # --------------------------------------------------------------------------- version, help, completion

@@ -16,6 +16,14 @@ class Preview:
     lines: list[tuple[int, str]]
     #: query-term occurrences in those lines (0: nothing matched literally, e.g. a semantic-only hit)
     hits: int
+    #: distinct query terms in those lines, and in the query
+    found: int = 0
+    terms: int = 0
+
+    @property
+    def literal(self) -> bool:
+        """The lines hold at least half the query's terms: the words themselves matched, not a stray one."""
+        return self.hits > 0 and 2 * self.found >= self.terms
 
 
 def matched_lines(text: str, query: str, *, start_line: int = 1, width: int = 3) -> Preview:
@@ -27,8 +35,12 @@ def matched_lines(text: str, query: str, *, start_line: int = 1, width: int = 3)
     terms = set(tokenize(query))
     numbered = [(start_line + i, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
     if not numbered:
-        return Preview(lines=[], hits=0)
-    scores = [sum(t in terms for t in tokenize(ln)) for _, ln in numbered]
+        return Preview(lines=[], hits=0, terms=len(terms))
+    tokens = [tokenize(ln) for _, ln in numbered]
+    scores = [sum(t in terms for t in toks) for toks in tokens]
     # a run may be cut short by the chunk's end, so a match on its last line can still be the first shown
     best = max(range(len(numbered)), key=lambda i: (sum(scores[i : i + width]), scores[i] > 0, -i))
-    return Preview(lines=numbered[best : best + width], hits=sum(scores[best : best + width]))
+    found = terms.intersection(t for toks in tokens[best : best + width] for t in toks)
+    return Preview(
+        lines=numbered[best : best + width], hits=sum(scores[best : best + width]), found=len(found), terms=len(terms)
+    )
