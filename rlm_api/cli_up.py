@@ -173,6 +173,8 @@ def up_command(
     }
     if not no_flower:
         procs["flower"] = me + ["flower", "--port", str(f_port)]
+        # the web view links task ids to the Flower this command starts, unless the operator named another
+        env.setdefault("RLM_FLOWER_URL", f"http://{s.flower_host}:{f_port}")
     running: dict[str, subprocess.Popen] = {}
     stopping = False
 
@@ -189,7 +191,7 @@ def up_command(
             running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
         typer.echo(f"database  {'configured' if s.database_url else 'embedded'}  {_redact(db)}")
         typer.echo(f"broker    {'configured' if s.broker_url else 'embedded'}  {_redact(broker)}")
-        typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs)")
+        typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs, web view: /ui)")
         if not no_flower:
             typer.echo(f"flower    http://{s.flower_host}:{f_port}")
         typer.echo(key_banner(key, created, s.data_dir / "local-api-key"))

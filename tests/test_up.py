@@ -62,6 +62,8 @@ def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
         assert f"api       http://127.0.0.1:{api_port}" in printed and f":{flower_port}" in printed
         key = re.search(r"api key\s+(rlm_\S+)", printed).group(1)
         assert httpx.get(f"{base}/v1/buffers", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        # the web view is served, and links task ids to the Flower started here
+        assert f'data-flower="http://127.0.0.1:{flower_port}"' in httpx.get(f"{base}/ui/").text
         # the workers it started answer on every queue
         from rlm_workers.celery_app import app
         from rlm_workers.ephemeral import served_queues
