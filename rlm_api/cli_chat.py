@@ -74,13 +74,15 @@ def chat_command(
                 pass
             typer.echo("Ask a question; /quit or Ctrl-D leaves, Ctrl-C cancels a running answer.", err=True)
         failed = 0
-        with ensure_workers(celery_app):
+        with ensure_workers(celery_app) as ephemeral:
             while (question := _read(interactive)) is not None:
                 if question in QUIT:
                     break
                 if not question:
                     continue
-                failed += not _turn(conn, tenant=tenant, session_id=session_id, question=question, timeout=timeout)
+                failed += not _turn(
+                    conn, tenant=tenant, session_id=session_id, question=question, timeout=timeout, ephemeral=ephemeral
+                )
     finally:
         conn.close()
     if failed and not interactive:
@@ -102,14 +104,16 @@ def _read(interactive: bool) -> str | None:
             typer.echo("")
 
 
-def _turn(conn: psycopg.Connection, *, tenant: str, session_id: str, question: str, timeout: float) -> bool:
+def _turn(
+    conn: psycopg.Connection, *, tenant: str, session_id: str, question: str, timeout: float, ephemeral: bool
+) -> bool:
     """Ask one question and print its answer and status line; False when the turn has no answer."""
     from rlm_workers.errors import RLMError
     from rlm_workers.models import QueryResult
     from rlm_workers.sessions import cited_sources, post_message
     from rlm_workers.submit import cancel_query, wait_for_job
 
-    from .cli import _Interrupted, _sigint_as_flag
+    from .cli import _Interrupted, _sigint_as_flag, _timed_out
 
     try:
         posted = post_message(conn, tenant=tenant, session_id=session_id, content=question)
@@ -133,8 +137,11 @@ def _turn(conn: psycopg.Connection, *, tenant: str, session_id: str, question: s
             conn.commit()
             typer.echo(f"[turn {turn} | job {job_id} | cancelled]", err=True)
             return False
-        except TimeoutError as exc:
-            typer.echo(f"error: {exc}", err=True)
+        except TimeoutError:
+            # as `rlm query`: a job only this command's in-process worker could finish is cancelled, so the
+            # session is not left busy with it after the chat ends
+            _timed_out(conn, job_id, timeout, ephemeral, tenant)
+            conn.commit()
             return False
     result = QueryResult.model_validate(job.result) if job.result else None
     if job.status != "done" or result is None:

@@ -348,3 +348,26 @@ def test_two_turns_through_the_scripted_model_carry_question_answer_and_rewrite(
     # turn 1's cited chunk was read again by the analysts, marked as carried evidence
     analysts = "\n".join(t for m, t in turn2 if m == "analyst-model")
     assert f"### Chunk {corpus['frob.md']}\n" in analysts and CARRIED_MARK in analysts
+
+
+def test_a_turn_that_outlives_the_in_process_worker_is_cancelled_not_left_busy(rlm_env, conn, corpus, tmp_path):
+    """No worker runs, so `rlm chat` starts one in its own process; a turn whose wait runs out is cancelled
+    (as `rlm query` does), since nothing could finish it once the chat ends and the session would stay busy."""
+    from rlm_workers.sessions import session_view
+
+    env = offline_env(rlm_env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "chat", "--buffer", BUFFER, "--timeout", "0.001"],
+        input=f"{TURN1}\n",
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)  # from a pipe: a turn without an answer
+    assert "was cancelled" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    session_id = re.match(r"session ([0-9a-f]{32}) over chatdocs", proc.stdout).group(1)
+    view = session_view(conn, tenant="local", session_id=session_id)
+    conn.commit()
+    assert [t["status"] for t in view["turns"]] == ["cancelled"], view["turns"]
