@@ -64,20 +64,19 @@ def run(ctx: StageContext) -> str:
             top_k=params.top_k,
             threshold=params.threshold,
         )
-        # a chat turn's earlier cited chunks join what the analysts read (docs/contract.md#sessions), after the hits
-        wanted = evidence_ids(spec)
-        present = sizes_of(conn, tenant=job.tenant, chunk_ids=wanted) if wanted else {}
-        carried = [c for c in wanted if c in present]
-        if not ranked and not carried:
+        chosen = [r.chunk_id for r in ranked]
+        if params.max_chunks:
+            chosen = chosen[: params.max_chunks]
+        # a chat turn's earlier cited chunks join what the analysts read (docs/contract.md#sessions), after the
+        # hits; one that is no longer in the tenant's buffers has no size and is left out
+        wanted = [c for c in evidence_ids(spec) if c not in chosen]
+        sizes = sizes_of(conn, tenant=job.tenant, chunk_ids=chosen + wanted)
+        chosen += [c for c in wanted if c in sizes]
+        if not chosen:
             raise NoChunks(
                 f"no chunks matched the query in {', '.join(job.buffers)} "
                 f"(mode {params.search_mode}, threshold {params.threshold})"
             )
-        chosen = [r.chunk_id for r in ranked]
-        if params.max_chunks:
-            chosen = chosen[: params.max_chunks]
-        chosen += [c for c in carried if c not in chosen]
-        sizes = sizes_of(conn, tenant=job.tenant, chunk_ids=chosen)
         if routing.route == Route.direct:
             chosen = fit(chosen, sizes, direct_budget(settings))
     routing = final_routing(routing, [sizes.get(c, 0) for c in chosen], settings)
