@@ -7,8 +7,9 @@
   plus one count over the partial index ``jobs_unfinished``) with ``llm_calls`` at each ``--calls`` size,
   10 calls per synthetic finished job.  For comparison, the aggregate the scrape ran on every request before
   #13 (its SQL is kept below, since it no longer exists in the code) on the same tables.
-* **GET /v1/queries**: ``list_jobs(limit=51)`` + ``job_summaries`` (what the route does for one page) for one
-  tenant holding each ``--jobs`` size (2 llm_calls per job), beside the other tenants' rows of the first part:
+* **GET /v1/queries**: ``job_page``, exactly what the route runs for one page (the cursor's check,
+  ``list_jobs``, ``job_summaries``), for one tenant holding each ``--jobs`` size (2 llm_calls per job), beside
+  the other tenants' rows of the first part:
   the first page, a page 90 % down (``before`` = the id there), and both again with ``status=failed``.
 
 Called in-process against the embedded PostgreSQL and Valkey under bench/_data/surfaces (no HTTP: the
@@ -205,16 +206,16 @@ def bench_metrics(conn: Any, sizes: list[int], repeats: int, old_repeats: int, t
 
 
 def bench_list(conn: Any, sizes: list[int], repeats: int, t0: Any) -> list[dict]:
-    from rlm_api.routes.queries import job_summaries
-    from rlm_workers.store.jobs import list_jobs
+    from rlm_api.routes.queries import job_page
 
     def page(status: str | None = None, before: str | None = None) -> Callable[[], object]:
         def run() -> object:
-            rows = list_jobs(conn, tenant=TENANT, status=status, limit=51, before=before)
+            # what GET /v1/queries runs: the cursor's check, one row past the page, the usage of the page's jobs
+            got = job_page(conn, tenant=TENANT, status=status, limit=50, cursor=before)
             # a filtered page 90 % down may hold fewer than 50 (5 % of the last 10 % of 10k jobs is 50)
-            if not rows or (before is None and len(rows) != 51):
-                raise SystemExit(f"list_jobs returned {len(rows)} rows for status={status} before={before}")
-            return job_summaries(conn, rows[:50])
+            if not got.jobs or (before is None and (len(got.jobs) != 50 or got.next_cursor is None)):
+                raise SystemExit(f"job_page returned {len(got.jobs)} jobs for status={status} before={before}")
+            return got
 
         return run
 
@@ -283,9 +284,10 @@ def report(metrics_rows: list[dict], list_rows: list[dict], args: argparse.Names
         lines.append(f"| {r['calls']:,} | {r['jobs']:,} | {_med(r['new'])} | {_med(r['old'])} |")
     lines += [
         "",
-        "**GET /v1/queries**: `list_jobs(conn, tenant=…, limit=51)` + `job_summaries(conn, rows)` for one tenant "
+        "**GET /v1/queries**: `job_page(conn, tenant=…, limit=50, cursor=…)`, what the route runs for one page, "
+        "for one tenant "
         f"({LIST_CALLS_PER_JOB} llm_calls per job, 5 % failed), the other tenant's rows above still in the table; "
-        '"90 % down" passes `before=` the id of the job 90 % of the way down the tenant\'s history.',
+        '"90 % down" passes `cursor=` the id of the job 90 % of the way down the tenant\'s history.',
         "",
         "| tenant's jobs | all jobs / llm_calls rows | first page ms | 90 % down ms | `status=failed` first page ms "
         "| `status=failed` 90 % down ms |",

@@ -62,28 +62,18 @@ def jobs_command(
     tenant: TenantOpt = None,
 ) -> None:
     """The tenant's query jobs, newest first: id, status, stage, mode, age, tokens, cost, query."""
-    from rlm_workers.store.jobs import list_jobs
-
     from .cli import _db, _print_json
-    from .routes.queries import job_summaries
-    from .schemas import JobList
+    from .routes.queries import job_page
 
     tenant = resolve_tenant(tenant)
     with _db() as (_s, _u, conn):
-        rows = list_jobs(
-            conn,
-            tenant=tenant,
-            status=status.value if status else None,
-            buffer=buffer,
-            roots_only=not all_,
-            limit=limit + 1,
+        page = job_page(
+            conn, tenant=tenant, status=status.value if status else None, buffer=buffer, children=all_, limit=limit
         )
-        page = rows[:limit]
-        summaries = job_summaries(conn, page)
     if fmt == Fmt.json:
-        jl = JobList(jobs=summaries, next_cursor=page[-1].id if len(rows) > limit else None)
-        _print_json(json.loads(jl.model_dump_json()))
+        _print_json(json.loads(page.model_dump_json()))
         return
+    summaries = page.jobs
     if not summaries:
         typer.echo("no query jobs" + (" match" if status or buffer else " yet: ask one with `rlm query`"))
         return
@@ -174,9 +164,8 @@ def result(
 ) -> None:
     """The report of a finished job (JSON: its QueryResult); exit 1 while it is not done."""
     from rlm_workers.models import QueryResult
-    from rlm_workers.pipeline.report import status_line
 
-    from .cli import _db
+    from .cli import _db, _print_result
 
     tenant = resolve_tenant(tenant)
     with _db() as (_s, _u, conn):
@@ -184,13 +173,7 @@ def result(
     if job.status != "done" or not job.result:
         why = f" ({job.error.get('type')}: {_one_line(str(job.error.get('message')), 150)})" if job.error else ""
         raise RLMError(f"job {job.id} is {job.status}, stage {job.stage}{why}: no result to print")
-    res = QueryResult.model_validate(job.result)
-    if fmt == Fmt.json:
-        typer.echo(res.model_dump_json())
-        return
-    typer.echo(res.response.rstrip())
-    typer.echo("")
-    typer.echo(status_line(res))
+    _print_result(QueryResult.model_validate(job.result), fmt)
 
 
 @job_app.command("cancel")
@@ -226,7 +209,7 @@ def chunk_show(
 
     tenant = resolve_tenant(tenant)
     with _db() as (_s, _u, conn):
-        found = chunk_views(conn, tenant=tenant, ids=[chunk_id]) if 0 < chunk_id < 2**63 else []
+        found = chunk_views(conn, tenant=tenant, ids=[chunk_id])
     if not found:
         raise InvalidInput(f"no chunk {chunk_id}; chunk ids come from citations and `rlm search`")
     c = found[0]

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from rlm_api.schemas import JobView
 from rlm_workers.errors import RLMError
+from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import BufferInfo, ChunkView, SearchHit, SearchMode
 
 if TYPE_CHECKING:
@@ -232,8 +233,6 @@ def _submit(tenant: str, question: str, buffers: list[str], mode: str | None, lo
 
 
 def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
-    from rlm_workers.models import QueryResult
-    from rlm_workers.pipeline.report import status_line
     from rlm_workers.store.db import connect
     from rlm_workers.submit import wait_for_job
 
@@ -264,11 +263,14 @@ def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
                 )
     finally:
         conn.close()
-    return _answer(job, QueryResult, status_line)
+    return _answer(job)
 
 
-def _answer(job, result_model, status_line) -> QueryAnswer:
-    result = result_model.model_validate(job.result) if job.result else None
+def _answer(job) -> QueryAnswer:
+    from rlm_workers.models import QueryResult
+    from rlm_workers.pipeline.report import status_line
+
+    result = QueryResult.model_validate(job.result) if job.result else None
     if job.status == "done" and result is not None:
         return QueryAnswer(
             job_id=job.id,
@@ -415,7 +417,7 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
     @server.tool(annotations=read_only)
     async def get_chunks(
         chunk_ids: Annotated[
-            list[Annotated[int, Field(ge=1, le=2**63 - 1)]],
+            list[Annotated[int, Field(ge=1, le=MAX_BIGINT)]],
             Field(min_length=1, max_length=MAX_CHUNK_IDS, description="Chunk ids, e.g. from [chunk 12, …]."),
         ],
         ctx: Context,

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 
 from rlm_workers.errors import InvalidInput
+from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import ChunkView
 
 from ..deps import ConnDep, TenantDep
@@ -18,10 +19,11 @@ MAX_IDS = 200
 
 
 def chunk_views(conn, *, tenant: str, ids: list[int]) -> list[ChunkView]:
-    """The tenant's chunks among ``ids``, in the order asked; unknown ids are left out."""
+    """The tenant's chunks among ``ids``, in the order asked; unknown ids are left out, and so are ids no
+    chunk can have (a bigint is what PostgreSQL would be asked to compare them with)."""
     from rlm_workers.store.buffers import get_chunks
 
-    rows = get_chunks(conn, tenant=tenant, chunk_ids=ids)
+    rows = get_chunks(conn, tenant=tenant, chunk_ids=[i for i in ids if 0 < i <= MAX_BIGINT])
     return [
         ChunkView(
             chunk_id=r.id, buffer=r.buffer, path=r.path, start_line=r.start_line, end_line=r.end_line, text=r.text
@@ -40,7 +42,7 @@ def parse_ids(raw: str) -> list[int]:
         raise InvalidInput("ids: give at least one chunk id")
     if len(ids) > MAX_IDS:
         raise InvalidInput(f"ids: at most {MAX_IDS} chunk ids per request, got {len(ids)}")
-    if any(i < 1 or i > 2**63 - 1 for i in ids):
+    if any(i < 1 or i > MAX_BIGINT for i in ids):
         raise InvalidInput("ids: chunk ids are positive integers")
     return ids
 
@@ -58,7 +60,7 @@ def get_many(
 @router.get("/{chunk_id}", response_model=ChunkView, responses={404: {"description": "no such chunk"}})
 def get_one(chunk_id: int, conn: ConnDep, tenant: TenantDep) -> ChunkView:
     """One chunk's text, buffer, path and lines."""
-    found = chunk_views(conn, tenant=tenant, ids=[chunk_id]) if 0 < chunk_id < 2**63 else []
+    found = chunk_views(conn, tenant=tenant, ids=[chunk_id])
     if not found:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no chunk {chunk_id}")
     return found[0]

@@ -74,7 +74,8 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
     from rlm_workers.store import jobs as store
 
     states = store.batch_states(conn, job_id=job.id)
-    below = store.descendants_rows(conn, job_id=job.id)
+    # the whole tree by its indexed root; _child_tree keeps only what hangs below this job
+    below = store.tree_of(conn, root_id=job.tree)
     return JobView(
         job_id=job.id,
         status=job.status,
@@ -129,6 +130,41 @@ def job_summaries(conn: psycopg.Connection, jobs: list[JobRow]) -> list[JobSumma
         )
         for j in jobs
     ]
+
+
+def job_page(
+    conn: psycopg.Connection,
+    *,
+    tenant: str,
+    status: str | None = None,
+    buffer: str | None = None,
+    text: str | None = None,
+    children: bool = False,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> JobList:
+    """One page of the tenant's jobs, newest first (``GET /v1/queries`` and ``rlm jobs``)."""
+    from rlm_workers.errors import InvalidInput
+    from rlm_workers.store.jobs import get_job, list_jobs
+
+    for name, value in (("buffer", buffer), ("q", text), ("cursor", cursor)):
+        if value and "\x00" in value:  # PostgreSQL text cannot hold one: no job can match
+            raise InvalidInput(f"{name}: contains a NUL character")
+    if cursor is not None and get_job(conn, job_id=cursor, tenant=tenant) is None:
+        raise InvalidInput(f"unknown cursor {cursor[:64]!r}: pass the next_cursor of the previous page")
+    # one row past the page says whether there is a next one
+    rows = list_jobs(
+        conn,
+        tenant=tenant,
+        status=status,
+        buffer=buffer,
+        text=text,
+        roots_only=not children,
+        limit=limit + 1,
+        before=cursor,
+    )
+    page = rows[:limit]
+    return JobList(jobs=job_summaries(conn, page), next_cursor=page[-1].id if len(rows) > limit else None)
 
 
 def _job_or_404(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
@@ -196,26 +232,9 @@ def list_queries(
     cursor: Annotated[str | None, Query(max_length=64, description="``next_cursor`` of the previous page.")] = None,
 ) -> JobList:
     """The tenant's query jobs, newest first, a page at a time."""
-    from rlm_workers.errors import InvalidInput
-    from rlm_workers.store.jobs import get_job, list_jobs
-
-    for name, value in (("buffer", buffer), ("q", q), ("cursor", cursor)):
-        if value and "\x00" in value:  # PostgreSQL text cannot hold one: no job can match
-            raise InvalidInput(f"{name}: contains a NUL character")
-    if cursor is not None and get_job(conn, job_id=cursor, tenant=tenant) is None:
-        raise InvalidInput(f"unknown cursor {cursor[:64]!r}: pass the next_cursor of the previous page")
-    rows = list_jobs(
-        conn,
-        tenant=tenant,
-        status=status,
-        buffer=buffer,
-        text=q,
-        roots_only=not children,
-        limit=limit + 1,
-        before=cursor,
+    return job_page(
+        conn, tenant=tenant, status=status, buffer=buffer, text=q, children=children, limit=limit, cursor=cursor
     )
-    page = rows[:limit]
-    return JobList(jobs=job_summaries(conn, page), next_cursor=page[-1].id if len(rows) > limit else None)
 
 
 @router.get("/{job_id}", response_model=JobView, responses=NOT_FOUND, name="get_query")

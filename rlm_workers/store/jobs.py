@@ -610,17 +610,6 @@ def descendants(conn: psycopg.Connection, *, job_id: str) -> list[str]:
     ]
 
 
-def descendants_rows(conn: psycopg.Connection, *, job_id: str) -> list[JobRow]:
-    """Every job below ``job_id`` (children, theirs…), oldest first."""
-    rows = conn.execute(
-        f"""WITH RECURSIVE d(id) AS (SELECT id FROM jobs WHERE parent_id = %s
-              UNION SELECT j.id FROM jobs j JOIN d ON j.parent_id = d.id)
-            SELECT {_JOB_COLS} FROM jobs WHERE id IN (SELECT id FROM d) ORDER BY depth, created_at, id""",
-        (job_id,),
-    ).fetchall()
-    return [JobRow(*r) for r in rows]
-
-
 def task_ids_of(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> list[str]:
     return [t for r in conn.execute("SELECT task_ids FROM jobs WHERE id = ANY(%s)", (list(job_ids),)) for t in r[0]]
 
