@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rlm_workers.errors import InvalidInput
+from rlm_workers.models import Scope
 
 from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant
 
@@ -128,6 +129,21 @@ def submit(
         typer.Option("--token-budget", help="Stop scheduling new items once this many tokens are spent."),
     ] = None,
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
+    scope: Annotated[
+        Scope | None,
+        typer.Option(
+            "--scope",
+            help="search: the search picks chunks; all: every chunk is analysed (questions over a buffer share "
+            "each read).",
+        ),
+    ] = None,
+    llm_batch: Annotated[
+        bool,
+        typer.Option(
+            "--llm-batch",
+            help="Send the analyst calls through the OpenAI Batch API: half price, results within 24 h.",
+        ),
+    ] = False,
     search_mode: SearchModeOpt = None,
     threshold: Annotated[float | None, typer.Option("--threshold")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
@@ -155,6 +171,7 @@ def submit(
     options = validate_options(
         {
             "skip_plan": skip_plan or None,
+            "scope": scope.value if scope else None,
             "search_mode": search_mode and search_mode.value,
             "threshold": threshold,
             "top_k": top_k,
@@ -174,6 +191,7 @@ def submit(
             priority=priority,
             token_budget=token_budget,
             idempotency_key=idempotency_key,
+            llm_batch=llm_batch,
         )
     typer.echo(batch_id)
     if run_at is not None:

@@ -172,6 +172,31 @@ class Settings(BaseSettings):
         "queries.",
     )
     batch_tick_seconds: float = Field(2.0, gt=0, le=600, description="How often a running batch is advanced.")
+    shared_read_questions: int = Field(
+        8,
+        ge=1,
+        le=50,
+        description="Questions of an overnight batch one analyst call may answer over the same chunk batch "
+        "(shared reads, docs/contract.md#shared-reads); 1 turns sharing off.",
+    )
+    llm_batch_poll_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="How often an overnight batch run through the OpenAI Batch API (--llm-batch) polls the "
+        "provider's batches (docs/contract.md#llm-batch-api).",
+    )
+    llm_batch_max_requests: int = Field(
+        50_000,
+        ge=1,
+        le=50_000,
+        description="Requests per provider batch file (the Batch API takes at most 50,000).",
+    )
+    tenant_weights: str | None = Field(
+        None,
+        description='Shares of RLM_MAX_CONCURRENCY between active tenants, as JSON {"tenant": weight}; a tenant '
+        "not named weighs 1 (docs/contract.md#fair-share).",
+    )
     reconcile_seconds: float = Field(
         60.0,
         gt=0,

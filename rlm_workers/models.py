@@ -393,3 +393,10 @@ class LLMCall(BaseModel):
     status: Literal["ok", "error", "retried"] = "ok"
     error: str | None = None
     batch: int | None = None
+    #: questions that shared this call (a shared read, docs/contract.md#shared-reads): this row holds the job's
+    #: share of the tokens and cost; 1 for a call of the job's own
+    shared: int = 1
+    #: what the job alone would have sent as input (an estimate, for shared calls): tokens with and without sharing
+    solo_tokens_in: int | None = None
+    #: "sync" (an ordinary request) or "batch_api" (a line of an OpenAI Batch API file, priced at its discount)
+    via: Literal["sync", "batch_api"] = "sync"

@@ -44,6 +44,11 @@ class BatchIn(BaseModel):
         None, ge=1, le=MAX_BIGINT, description="Stop scheduling new items once this many tokens are spent."
     )
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
+    llm_batch: bool = Field(
+        False,
+        description="Send the analyst calls through the OpenAI Batch API (half price, results within 24 h); "
+        "docs/contract.md#llm-batch-api.",
+    )
 
     # Names PostgreSQL cannot store (NUL, a lone surrogate) are a 422 here, not a 500 when a buffer is looked up;
     # the queries get the same rule, numbered, from submit_overnight's validate_query.
@@ -72,6 +77,7 @@ class BatchStatus(BaseModel):
     token_budget: int | None
     priority: int
     options: dict[str, Any]
+    llm_batch: bool = False
     run_at: str | None
     created_at: str | None
     started_at: str | None
@@ -122,6 +128,7 @@ def create_batch(
         priority=body.priority,
         token_budget=body.token_budget,
         idempotency_key=idempotency_key,
+        llm_batch=body.llm_batch,
     )
     if not created:
         response.status_code = status.HTTP_200_OK

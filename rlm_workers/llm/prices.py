@@ -41,6 +41,9 @@ BUILTIN_PRICES: dict[str, Price] = {
     "extractive": Price(0.0, 0.0, 0.0),
 }
 
+#: what the OpenAI Batch API charges of the list price, input and output alike (its documented 50% discount)
+BATCH_API_DISCOUNT = 0.5
+
 _FIELDS = ("input", "cached_input", "output")
 
 
@@ -121,15 +124,25 @@ def price_for(model: str, table: dict[str, Price]) -> Price | None:
     return table[best] if best is not None else None
 
 
-def cost_usd(model: str, tokens_in: int, cached_tokens: int, tokens_out: int, table: dict[str, Price]) -> float | None:
+def cost_usd(
+    model: str,
+    tokens_in: int,
+    cached_tokens: int,
+    tokens_out: int,
+    table: dict[str, Price],
+    *,
+    batch_api: bool = False,
+) -> float | None:
     """USD for one call: uncached input, cached input and output each at their own rate; None when the model
-    has no price.  ``cached_tokens`` is part of ``tokens_in`` (as the provider reports it), clipped into it."""
+    has no price.  ``cached_tokens`` is part of ``tokens_in`` (as the provider reports it), clipped into it.
+    ``batch_api``: a line of an OpenAI Batch API file, at ``BATCH_API_DISCOUNT`` of the list price."""
     price = price_for(model, table)
     if price is None:
         return None
     tokens_in, tokens_out = max(0, int(tokens_in)), max(0, int(tokens_out))
     cached = min(max(0, int(cached_tokens)), tokens_in)
-    return ((tokens_in - cached) * price.input + cached * price.cached_input + tokens_out * price.output) / 1e6
+    usd = ((tokens_in - cached) * price.input + cached * price.cached_input + tokens_out * price.output) / 1e6
+    return usd * BATCH_API_DISCOUNT if batch_api else usd
 
 
 @functools.lru_cache(maxsize=16)

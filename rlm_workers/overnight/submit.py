@@ -128,6 +128,7 @@ def submit_overnight(
     priority: int = PRIORITY_DEFAULT,
     token_budget: int | None = None,
     idempotency_key: str | None = None,
+    llm_batch: bool = False,
 ) -> tuple[str, bool]:
     """Validate and store a batch, then send its first tick.  Returns (batch id, created now).
 
@@ -168,6 +169,8 @@ def submit_overnight(
         "priority": priority,
         "token_budget": token_budget,
     }
+    if llm_batch:  # only when set: a replay of a request stored before the field existed keeps its fingerprint
+        request["llm_batch"] = True
     fingerprint = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
     token = uuid.uuid4().hex
     batch_id, created, first = store.create_overnight(
@@ -183,6 +186,7 @@ def submit_overnight(
         tick_token=token,
         idempotency_key=idempotency_key,
         request_fingerprint=fingerprint if idempotency_key else None,
+        llm_batch=bool(llm_batch),
     )
     commit(conn)
     if not created and first is not None and first != fingerprint:  # None: a batch made before fingerprints
@@ -252,6 +256,7 @@ def status_of(conn: psycopg.Connection, batch: store.OvernightRow, settings: Set
         "token_budget": batch.token_budget,
         "priority": batch.priority,
         "options": batch.options,
+        "llm_batch": batch.llm_batch,
         "run_at": _iso(batch.run_at),
         "created_at": _iso(batch.created_at),
         "started_at": _iso(batch.started_at),

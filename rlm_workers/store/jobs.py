@@ -428,8 +428,8 @@ def findings_of(conn: psycopg.Connection, *, job_id: str) -> list[tuple[int, Fin
 def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCall) -> None:
     conn.execute(
         """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms,
-                                  status, error, cached_tokens, cost_usd)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+                                  status, error, cached_tokens, cost_usd, shared, solo_tokens_in, via)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
         (
             job_id,
             call.stage,
@@ -443,6 +443,9 @@ def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCa
             (call.error or None) and call.error[:1000],
             call.cached_tokens,
             call.cost_usd,
+            call.shared,
+            call.solo_tokens_in,
+            call.via,
         ),
     )
 
@@ -648,10 +651,13 @@ def llm_calls_of(conn: psycopg.Connection, *, job_id: str) -> list[LLMCall]:
             error=r[8],
             cached_tokens=r[9],
             cost_usd=r[10],
+            shared=r[11],
+            solo_tokens_in=r[12],
+            via=r[13],
         )
         for r in conn.execute(
             """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error, cached_tokens,
-                      cost_usd FROM llm_calls WHERE job_id = %s ORDER BY id""",
+                      cost_usd, shared, solo_tokens_in, via FROM llm_calls WHERE job_id = %s ORDER BY id""",
             (job_id,),
         )
     ]

@@ -360,6 +360,61 @@ CREATE TABLE session_turns (
 CREATE INDEX session_turns_job ON session_turns (job_id) WHERE job_id IS NOT NULL;
 """
 
+#: overnight at a fraction of the cost (docs/contract.md#shared-reads, #llm-batch-api): a call shared by several
+#: questions is logged on each of their jobs with its share (``shared`` questions, ``solo_tokens_in`` what that
+#: job alone would have read), Batch API calls are marked ``via``; a "read" is one analyst call over one chunk
+#: batch for one or more (job, batch) members; provider_batches are the OpenAI Batch API jobs in flight.
+M015_OVERNIGHT_READS = """
+ALTER TABLE llm_calls ADD COLUMN shared integer NOT NULL DEFAULT 1;
+ALTER TABLE llm_calls ADD COLUMN solo_tokens_in integer;
+ALTER TABLE llm_calls ADD COLUMN via text NOT NULL DEFAULT 'sync';
+ALTER TABLE batches ADD COLUMN llm_batch boolean NOT NULL DEFAULT false;
+
+CREATE TABLE provider_batches (
+    id              text PRIMARY KEY,
+    tenant          text NOT NULL,
+    overnight_id    text REFERENCES batches(id) ON DELETE CASCADE,
+    input_file_id   text NOT NULL,
+    output_file_id  text,
+    error_file_id   text,
+    -- as the provider says: validating | in_progress | finalizing | completed | failed | expired | cancelling
+    -- | cancelled; 'routed' once every line went back to its read
+    status          text NOT NULL,
+    requests        integer NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    checked_at      timestamptz,
+    finished_at     timestamptz,
+    error           jsonb
+);
+CREATE INDEX provider_batches_open ON provider_batches (overnight_id) WHERE finished_at IS NULL;
+
+CREATE TABLE reads (
+    id                bigserial PRIMARY KEY,
+    tenant            text NOT NULL,
+    overnight_id      text REFERENCES batches(id) ON DELETE CASCADE,
+    chunk_ids         bigint[] NOT NULL,
+    -- pending (task sent) | queued (waits for a provider batch) | submitted (in one) | done | failed
+    status            text NOT NULL DEFAULT 'pending',
+    llm_batch         boolean NOT NULL DEFAULT false,
+    provider_batch_id text REFERENCES provider_batches(id) ON DELETE SET NULL,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    finished_at       timestamptz,
+    error             jsonb
+);
+CREATE INDEX reads_queued ON reads (overnight_id) WHERE status = 'queued';
+CREATE INDEX reads_provider_batch ON reads (provider_batch_id) WHERE provider_batch_id IS NOT NULL;
+
+CREATE TABLE read_members (
+    read_id     bigint NOT NULL REFERENCES reads(id) ON DELETE CASCADE,
+    job_id      text NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    batch_no    integer NOT NULL,
+    -- 1-based number of the member's question in the read's prompt
+    question_no integer NOT NULL,
+    PRIMARY KEY (read_id, job_id, batch_no)
+);
+CREATE INDEX read_members_job ON read_members (job_id);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -375,6 +430,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m012_embedding_runtime", M012_EMBEDDING_RUNTIME),
     ("m013_job_trees", M013_JOB_TREES),
     ("m014_sessions", M014_SESSIONS),
+    ("m015_overnight_reads", M015_OVERNIGHT_READS),
 ]
 
 

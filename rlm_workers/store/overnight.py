@@ -42,6 +42,8 @@ class OvernightRow:
     last_tick_at: datetime | None
     tick_token: str | None
     next_tick_at: datetime | None
+    #: its analyst calls go through the OpenAI Batch API (docs/contract.md#llm-batch-api)
+    llm_batch: bool = False
 
     @property
     def open(self) -> bool:
@@ -59,7 +61,7 @@ _OVERNIGHT_COLS = ", ".join(
     _readable(c) if c.endswith("_at") else c
     for c in (
         "id tenant options run_at priority token_budget status idempotency_key created_at "
-        "started_at finished_at last_tick_at tick_token next_tick_at"
+        "started_at finished_at last_tick_at tick_token next_tick_at llm_batch"
     ).split()
 )
 
@@ -104,6 +106,7 @@ def create_overnight(
     tick_token: str,
     idempotency_key: str | None = None,
     request_fingerprint: str | None = None,
+    llm_batch: bool = False,
 ) -> tuple[str, bool, str | None]:
     """Insert the batch and its items (queries outer, buffers inner) in one transaction.
 
@@ -114,8 +117,8 @@ def create_overnight(
     with conn.transaction():
         row = conn.execute(
             """INSERT INTO batches (id, tenant, options, run_at, priority, token_budget, idempotency_key,
-                                    request_fingerprint, tick_token, next_tick_at)
-               VALUES (%s, %s, %s, coalesce(%s, now()), %s, %s, %s, %s, %s, now())
+                                    request_fingerprint, tick_token, next_tick_at, llm_batch)
+               VALUES (%s, %s, %s, coalesce(%s, now()), %s, %s, %s, %s, %s, now(), %s)
                ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                RETURNING id""",
             (
@@ -128,6 +131,7 @@ def create_overnight(
                 idempotency_key,
                 request_fingerprint,
                 tick_token,
+                llm_batch,
             ),
         ).fetchone()
         if row is None:
