@@ -32,6 +32,9 @@ class CompletionRequest:
     json_output: bool = False
     #: OpenAI-format tool specs; only the synthesizer passes them
     tools: list[dict[str, Any]] | None = None
+    #: whose job the call serves: the global in-flight limit is shared between active tenants
+    #: (docs/contract.md#fair-share); None counts as the default tenant
+    tenant: str | None = None
 
 
 @dataclass
