@@ -166,7 +166,18 @@ def main() -> None:
     ap.add_argument("--analyst-concurrency", type=int, default=8, help="threads per analyst worker")
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL and Valkey running")
+    ap.add_argument(
+        "--case", choices=("rpm", "shared"), default="rpm", help="rpm: throughput under RPM; shared: shared reads"
+    )
+    ap.add_argument("--questions", type=int, default=10, help="shared: questions over the one buffer")
+    ap.add_argument("--chunks", type=int, default=500, help="shared: chunks in the buffer")
+    ap.add_argument("--batch-size", type=int, default=10, help="shared: chunks per analyst batch")
     args = ap.parse_args()
+    if args.case == "shared":
+        import _shared_case
+
+        _shared_case.run(args)
+        return
     n_queries = -(-args.items // len(BUFFERS))
     if n_queries < 1 or args.rpm < 1:
         ap.error("--items and --rpm must be >= 1")

@@ -58,6 +58,8 @@ class Model:
         if model == "plan-model":
             return json.dumps({"search_mode": "hybrid", "threshold": -1.0})
         if model == "analyst-model":
+            # a shared read (several questions over the same chunks) wants each entry once per question
+            questions = [int(n) for n in re.findall(r"^### Question (\d+)$", text, re.M)] or [None]
             out = [
                 {
                     "chunk_id": int(cid),
@@ -65,7 +67,9 @@ class Model:
                     "findings": [body.strip().splitlines()[0]],
                     "summary": "notes",
                     "follow_up": [],
+                    **({"question": q} if q is not None else {}),
                 }
+                for q in questions
                 for cid, body in _CHUNK.findall(text)
             ]
             return Reply.text(json.dumps({"findings": out}), delay=self.analyst_delay)
@@ -345,8 +349,10 @@ def test_cli_batch_runs_every_item_with_bounded_parallelism(env, conn, fresh, wo
     assert st["status"] == "done" and st["total"] == 6 and st["counts"]["done"] == 6 and st["eta_seconds"] == 0
     job_ids = [line["result"]["job_id"] for line in lines]
     assert len(set(job_ids)) == 6
+    # a shared read is logged once per question it answered, each row holding its share (docs/contract.md#shared-reads)
     billed = conn.execute(
-        "SELECT sum(tokens_in + tokens_out), count(*) FROM llm_calls WHERE job_id = ANY(%s)", (job_ids,)
+        "SELECT sum(tokens_in + tokens_out), round(sum(1.0 / shared)) FROM llm_calls WHERE job_id = ANY(%s)",
+        (job_ids,),
     ).fetchone()
     conn.commit()
     assert st["tokens_spent"] == billed[0] == fresh.usage["total_tokens"] > 0

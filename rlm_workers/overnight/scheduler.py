@@ -420,10 +420,12 @@ def _schedule(
                 )
             elif slots > 0:
                 candidates.append((no, q, buf, key))
-        # questions over one buffer go together, so their reads can be shared; a group may take more than the
-        # slots left (it starts whole or not at all)
-        for group in _groups(candidates, settings.shared_read_questions, b.llm_batch):
-            if slots <= 0:
+        # questions over one buffer go together, so their reads can be shared; a group starts whole, once the
+        # slots left hold it (it is never larger than RLM_BATCH_PARALLEL)
+        size = min(settings.shared_read_questions, settings.batch_parallel)
+        for group in _groups(candidates, size, b.llm_batch):
+            if len(group) > slots:
+                slots = 0
                 break
             spec = (
                 {"kind": "overnight", "read_group": f"{b.id}:{group[0][0]}"} if len(group) > 1 or b.llm_batch else None
