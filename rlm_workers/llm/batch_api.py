@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LLMError
+from ..errors import ConfigError, LLMError
 from .openai_provider import OpenAIProvider, _cached_tokens, _to_completion, _usage
 from .protocol import Completion, CompletionRequest
 
@@ -116,7 +116,10 @@ class BatchClient:
 
     @property
     def _client(self) -> Any:
-        return self._provider.client
+        try:
+            return self._provider.client
+        except ConfigError as exc:  # no key on this worker: nothing can be batched, the reads go the ordinary way
+            raise LLMError(f"the Batch API needs an API key: {exc.message}", retryable=False) from exc
 
     def _errors(self, what: str) -> _Errors:
         return _Errors(what, self.where)

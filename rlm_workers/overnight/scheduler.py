@@ -141,6 +141,8 @@ class TickResult:
     next_in: float | None = None
     priority: int = PRIORITY_DEFAULT
     actions: list[str] = field(default_factory=list)
+    #: the batch's reads go through the OpenAI Batch API (``llm_batch.advance`` runs after the tick)
+    llm_batch: bool = False
 
 
 def tick_overnight(
@@ -185,7 +187,7 @@ def _tick_locked(
         wait = min((b.run_at - now).total_seconds(), MAX_WAIT_SECONDS)
         return _rearm(conn, b, owner, wait, TickResult("waiting", priority=b.priority))
     store.mark_started(conn, batch_id=b.id)
-    res = TickResult("running", priority=b.priority)
+    res = TickResult("running", priority=b.priority, llm_batch=b.llm_batch)
     _fold(conn, b, res)
     _recover(conn, b, settings, epoch, res)
     spent = store.tokens_spent(conn, batch_id=b.id)
@@ -399,6 +401,11 @@ def run_tick(
         _release(conn, batch_id, unsent)
     if res.next_token is not None:
         send_tick(batch_id, res.next_token, countdown=res.next_in)
+    if res.llm_batch and res.status == "running":
+        # after the re-arm: a failure here must not break the tick chain; the next tick tries again
+        from . import llm_batch
+
+        res.actions += llm_batch.advance(batch_id, settings)
     return res
 
 
