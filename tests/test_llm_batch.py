@@ -141,3 +141,214 @@ def test_parse_line_edge_cases():
     assert line.custom_id == "x" and line.completion is None and "boom" in line.error
     bad = {"custom_id": "y", "response": {"status_code": 200, "body": {"choices": []}}, "error": None}
     assert parse_line(json.dumps(bad), "m").completion is None
+
+
+# --------------------------------------------------------------------------- advance, against fakes of the reads API
+# Until the lead's pipeline/reads.py and store/reads.py land, these stand in for them on the real tables.
+
+
+class FakeReads:
+    """pipeline.reads: the request of a read, applying an answer, falling back to an ordinary call."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, str, str]] = []
+        self.sent: list[int] = []
+
+    def request_for(self, conn, read_id: int) -> CompletionRequest | None:
+        chunks = conn.execute("SELECT chunk_ids FROM reads WHERE id = %s", (read_id,)).fetchone()[0]
+        if not chunks:
+            return None
+        return _request(f"read {read_id} chunks {chunks}")
+
+    def apply_completion(self, read_id: int, completion, *, via: str = "sync") -> str:
+        from rlm_workers.store.db import connection
+
+        self.applied.append((read_id, completion.text, via))
+        with connection() as c:
+            c.execute("UPDATE reads SET status = 'done', finished_at = now() WHERE id = %s", (read_id,))
+        return "done"
+
+    def send_read(self, read_id: int) -> None:
+        from rlm_workers.store.db import connection
+
+        self.sent.append(read_id)
+        with connection() as c:
+            c.execute("UPDATE reads SET status = 'pending' WHERE id = %s", (read_id,))
+
+
+class FakeReadStore:
+    @staticmethod
+    def queued_reads(conn, *, overnight_id: str, limit: int) -> list[int]:
+        rows = conn.execute(
+            "SELECT id FROM reads WHERE overnight_id = %s AND status = 'queued' ORDER BY id LIMIT %s",
+            (overnight_id, limit),
+        )
+        return [r[0] for r in rows]
+
+    @staticmethod
+    def mark_submitted(conn, *, read_ids, provider_batch_id: str) -> None:
+        conn.execute(
+            "UPDATE reads SET status = 'submitted', provider_batch_id = %s WHERE id = ANY(%s) AND status = 'queued'",
+            (provider_batch_id, list(read_ids)),
+        )
+
+    @staticmethod
+    def reads_of_provider_batch(conn, *, provider_batch_id: str) -> list[tuple[int, str]]:
+        rows = conn.execute(
+            "SELECT id, status FROM reads WHERE provider_batch_id = %s ORDER BY id", (provider_batch_id,)
+        )
+        return [(r[0], r[1]) for r in rows]
+
+
+@pytest.fixture()
+def fakes(monkeypatch):
+    from rlm_workers.overnight import llm_batch
+
+    reads = FakeReads()
+    monkeypatch.setattr(llm_batch, "_reads", lambda: reads)
+    monkeypatch.setattr(llm_batch, "_read_store", lambda: FakeReadStore)
+    return reads
+
+
+def _overnight(n_reads: int, *, texts: dict[int, str] | None = None) -> tuple[str, list[int], list[str]]:
+    """An overnight batch with one job per read, each read queued over chunks [1, 2]."""
+    import uuid
+
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store import overnight as ostore
+    from rlm_workers.store.db import connection
+
+    batch_id = uuid.uuid4().hex
+    with connection() as c:
+        ostore.create_overnight(
+            c,
+            batch_id=batch_id,
+            tenant="t1",
+            queries=["q"],
+            buffers=["b"],
+            options={},
+            run_at=None,
+            priority=3,
+            token_budget=None,
+            tick_token="x",
+            llm_batch=True,
+        )
+        jobs, reads = [], []
+        for _ in range(n_reads):
+            job_id = uuid.uuid4().hex
+            job_store.create_job(c, job_id=job_id, tenant="t1", query="q", buffers=["b"], options={})
+            rid = c.execute(
+                "INSERT INTO reads (tenant, overnight_id, chunk_ids, status, llm_batch) "
+                "VALUES ('t1', %s, '{1,2}', 'queued', true) RETURNING id",
+                (batch_id,),
+            ).fetchone()[0]
+            c.execute("INSERT INTO read_members VALUES (%s, %s, 0, 1)", (rid, job_id))
+            jobs.append(job_id)
+            reads.append(rid)
+    return batch_id, reads, jobs
+
+
+def _db(sql: str, params: tuple = ()) -> list[tuple]:
+    from rlm_workers.store.db import connection
+
+    with connection() as c:
+        return c.execute(sql, params).fetchall()
+
+
+def _until_routed(batch_id: str, settings, timeout: float = 30.0) -> list[str]:
+    from rlm_workers.overnight import llm_batch
+
+    actions: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        actions += llm_batch.advance(batch_id, settings)
+        if not _db("SELECT 1 FROM provider_batches WHERE overnight_id = %s AND finished_at IS NULL", (batch_id,)):
+            return actions
+        time.sleep(0.05)
+    raise AssertionError(f"provider batches of {batch_id} not routed: {actions}")
+
+
+def _fail_read(srv: ScriptedLLM, read_id: int) -> None:
+    srv.responder = lambda req: (
+        Reply.http_error(500, "scripted line failure")
+        if f"read {read_id} " in last_user_message(req)
+        else _responder(req)
+    )
+
+
+def test_advance_submits_once_keeps_jobs_alive_and_routes_lines(rlm_env, fakes):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlm_workers.config import Settings
+    from rlm_workers.overnight import llm_batch
+
+    batch_id, reads, jobs = _overnight(3)
+    with ScriptedLLM(_responder) as srv:
+        settings = Settings(api_key="sk-test", base_url=srv.base_url, llm_batch_poll_seconds=0.01)
+        _fail_read(srv, reads[1])
+        srv.hold_batches()
+        _db("UPDATE jobs SET stage_at = now() - interval '1 hour' WHERE id = ANY(%s) RETURNING id", (jobs,))
+        # two advances at once (a redelivered tick): the reads go out in one provider batch, once
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda _: llm_batch.advance(batch_id, settings), range(2)))
+        assert len(srv.batches) == 1, results
+        pb = srv.batches[0]
+        assert pb["metadata"] == {"rlm_overnight": batch_id}
+        assert (
+            _db("SELECT status, provider_batch_id FROM reads WHERE id = ANY(%s)", (reads,))
+            == [("submitted", pb["id"])] * 3
+        )
+        assert _db("SELECT requests, status FROM provider_batches WHERE id = %s", (pb["id"],))[0][0] == 3
+        # held in_progress: polled, nothing routed, the waiting jobs marked alive
+        time.sleep(0.1)
+        llm_batch.advance(batch_id, settings)
+        idle = _db("SELECT max(extract(epoch FROM now() - stage_at)) FROM jobs WHERE id = ANY(%s)", (jobs,))[0][0]
+        assert idle < 60 and fakes.applied == [] and fakes.sent == []
+        srv.release_batches()
+        _until_routed(batch_id, settings)
+    assert sorted(r for r, _, _ in fakes.applied) == [reads[0], reads[2]]
+    assert {via for _, _, via in fakes.applied} == {"batch_api"} and fakes.sent == [reads[1]]
+    assert _db("SELECT status FROM provider_batches WHERE id = %s", (pb["id"],)) == [("routed",)]
+
+
+def test_expired_batch_falls_back_and_nothing_left_to_ask_is_closed(rlm_env, fakes):
+    from rlm_workers.config import Settings
+
+    batch_id, reads, _ = _overnight(4)
+    _db("UPDATE reads SET chunk_ids = '{}' WHERE id = %s RETURNING id", (reads[3],))  # request_for → None
+    with ScriptedLLM(_responder) as srv:
+        srv.expire_after = 1
+        settings = Settings(api_key="sk-test", base_url=srv.base_url, llm_batch_poll_seconds=0.01)
+        _until_routed(batch_id, settings)
+        assert srv.stats()["batch_calls"] == 1 and len(srv.batches) == 1
+    assert [r for r, _, _ in fakes.applied] == [reads[0]] and fakes.sent == reads[1:3]
+    assert _db("SELECT status FROM reads WHERE id = %s", (reads[3],)) == [("done",)]
+    err = _db("SELECT error FROM provider_batches WHERE overnight_id = %s", (batch_id,))[0][0]
+    assert err["type"] == "expired"
+
+
+def test_batch_created_but_never_recorded_is_adopted(rlm_env, fakes):
+    from rlm_workers.config import Settings
+    from rlm_workers.llm.batch_api import BatchClient
+
+    batch_id, reads, _ = _overnight(2)
+    with ScriptedLLM(_responder) as srv:
+        settings = Settings(api_key="sk-test", base_url=srv.base_url, llm_batch_poll_seconds=0.01)
+        client = BatchClient(settings)
+        # what a worker killed between the provider's accept and our commit leaves behind
+        orphan = client.submit([client.line(f"read-{reads[0]}", _request("x"))], metadata={"rlm_overnight": batch_id})
+        _until_routed(batch_id, settings)
+        ids = [b["id"] for b in srv.batches]
+    assert ids[0] == orphan.id and len(ids) == 2  # the orphan took read 0; only read 1 went out again
+    assert sorted(r for r, _, _ in fakes.applied) == reads and fakes.sent == []
+
+
+def test_endpoint_without_batch_api_sends_reads_as_ordinary_calls(rlm_env, fakes):
+    from rlm_workers.config import Settings
+    from rlm_workers.overnight import llm_batch
+
+    batch_id, reads, _ = _overnight(2)
+    with ScriptedLLM(_responder) as srv:
+        settings = Settings(api_key="sk-test", base_url=srv.base_url + "/nothing-here")
+        actions = llm_batch.advance(batch_id, settings)
+    assert fakes.sent == reads and any("ordinary calls" in a for a in actions)
