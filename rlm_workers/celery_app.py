@@ -54,6 +54,7 @@ def celery_config(settings) -> dict:
         "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in ALL_QUEUES],
         "task_routes": {
             "rlm.analyst": {"queue": QUEUE_ANALYST},
+            "rlm.read": {"queue": QUEUE_ANALYST},
             "rlm.ingest": {"queue": QUEUE_INGEST},
             "rlm.embed": {"queue": QUEUE_INGEST},
             "rlm.*": {"queue": QUEUE_CONTROL},

@@ -74,6 +74,11 @@ class BatchStatus(BaseModel):
     counts: dict[str, int] = Field(description="Items by state: pending, running, done, failed, cancelled, skipped.")
     from_cache: int
     tokens_spent: int
+    analyst_tokens_in: int = Field(0, description="Input tokens of the analyst calls, as billed.")
+    analyst_tokens_in_unshared: int = Field(
+        0, description="What the analysts would have read had every question read its chunks alone."
+    )
+    analyst_cached_tokens: int = Field(0, description="Of analyst_tokens_in, those served from the prompt cache.")
     token_budget: int | None
     priority: int
     options: dict[str, Any]

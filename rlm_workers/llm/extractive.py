@@ -44,7 +44,7 @@ MAX_QUOTE_CHARS = 400
 MAX_REPORT_PASSAGES = 8
 
 _QUERY = re.compile(
-    r"## Query\n\n(.*?)(?:\n\n## (?:Dataset|Focus topics|Records|Asked already|Findings|Chunks)\n|\Z)", re.S
+    r"## Query\n\n(.*?)(?:\n\n## (?:Dataset|Focus topics|Records|Asked already|Findings|Chunks|Reply)\n|\Z)", re.S
 )
 #: the section a job that totals records adds to the analyst's (or the direct answer's) message
 _RECORDS_SECTION = re.compile(r"\n\n## Records\n\n")
@@ -75,8 +75,14 @@ def _user_text(request: CompletionRequest) -> str:
     return ""
 
 
+#: a fenced block of untrusted text (chunks, an earlier conversation): never read for the message's own sections
+_FENCED = re.compile(r"<content>\n.*?\n</content>", re.S)
+
+
 def _query_of(text: str) -> str:
-    m = _QUERY.search(text)
+    # the chunks come before the query (docs/contract.md#prompt-caching): a chunk spelling "## Query" must not
+    # pose as it
+    m = _QUERY.search(_FENCED.sub("", text))
     return unescape_content(m.group(1).strip()) if m else ""
 
 
@@ -456,6 +462,32 @@ def analyst_reply(user_text: str) -> list[dict]:
     return entries
 
 
+_QUESTIONS_HEAD = "\n\n## Questions\n\n"
+_QUESTION = re.compile(r"### Question (\d+)\n\n(.*?)(?=\n\n### Question \d+\n\n|\n\n## Reply\n|\Z)", re.S)
+
+
+def is_shared_read(user_text: str) -> bool:
+    return _QUESTIONS_HEAD in _FENCED.sub("", user_text)
+
+
+def shared_analyst_reply(user_text: str) -> list[dict]:
+    """A shared read (docs/contract.md#shared-reads): each numbered question answered over the same chunks, as
+    if it were a read of its own, every entry tagged with its question's number."""
+    outside = _FENCED.sub("", user_text)
+    section = outside.rpartition(_QUESTIONS_HEAD)[2]
+    blocks = "\n\n".join(
+        f"### Chunk {cid}\n\nsource: {source}\n\n<content>\n{body}\n</content>"
+        for cid, source, body in _CHUNK.findall(user_text)
+    )
+    out: list[dict] = []
+    for n, body in _QUESTION.findall(section):
+        query = body.split("\n\nFocus topics: ", 1)[0].split("\n\n(records wanted)", 1)[0]
+        records = "\n\n## Records\n\n" if "(records wanted)" in body else ""
+        for entry in analyst_reply(f"## Chunks\n\n{blocks}{records}\n\n## Query\n\n{query}"):
+            out.append({**entry, "question": int(n)})
+    return out
+
+
 # --------------------------------------------------------------------------- direct answer
 
 
@@ -616,7 +648,8 @@ class ExtractiveProvider:
         if request.role == "plan":
             out = json.dumps(plan_by_rules(_query_of(text)))
         elif request.role == "analyst":
-            out = json.dumps(analyst_reply(text), ensure_ascii=False)
+            reply = shared_analyst_reply(text) if is_shared_read(text) else analyst_reply(text)
+            out = json.dumps(reply, ensure_ascii=False)
         elif request.role == "check":
             out = json.dumps(check_by_rules(text), ensure_ascii=False)
         elif request.role == "direct":

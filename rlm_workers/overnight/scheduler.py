@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, get_settings
 from ..models import JobStatus
+from ..pipeline.reads import Launch, send_launch
 from ..store import jobs as job_store
 from ..store import overnight as store
 from ..store.db import commit
@@ -141,7 +142,9 @@ class TickResult:
     next_in: float | None = None
     priority: int = PRIORITY_DEFAULT
     actions: list[str] = field(default_factory=list)
-    #: the batch's reads go through the OpenAI Batch API (``llm_batch.advance`` runs after the tick)
+    #: shared reads created this tick (``pipeline/reads.py``), sent once the transaction committed
+    launches: list[Launch] = field(default_factory=list)
+    #: the batch sends its analyst calls through the OpenAI Batch API (``llm_batch.advance`` runs after the tick)
     llm_batch: bool = False
 
 
@@ -190,6 +193,7 @@ def _tick_locked(
     res = TickResult("running", priority=b.priority, llm_batch=b.llm_batch)
     _fold(conn, b, res)
     _recover(conn, b, settings, epoch, res)
+    _launch_reads(conn, b, settings, res)
     spent = store.tokens_spent(conn, batch_id=b.id)
     within_budget = b.token_budget is None or spent < b.token_budget
     # cache hits cost nothing: they are served even once the budget is spent
@@ -304,6 +308,55 @@ def _recover(
         res.actions.append(line)
 
 
+def _launch_reads(conn: psycopg.Connection, b: store.OvernightRow, settings: Settings, res: TickResult) -> None:
+    """Launch the shared reads of every read group whose jobs have all searched (docs/contract.md#shared-reads);
+    a group still waiting for one of its jobs keeps its parked jobs fresh, so no sweep takes them for stuck."""
+    from ..pipeline.flow import Stage, position
+    from ..pipeline.reads import launch_group
+    from ..store import reads as read_store
+
+    groups: dict[str, list[read_store.ParkedJob]] = {}
+    for p in read_store.parked_jobs(conn, overnight_id=b.id):
+        groups.setdefault(p.group, []).append(p)
+    for key, members in groups.items():
+        parked = [p for p in members if p.stage == Stage.fan_out and not p.launched and p.status == "running"]
+        if not parked:
+            continue
+        searching = [
+            p for p in members if p.status in ("queued", "running") and position(p.stage) < position(Stage.answer)
+        ]
+        if searching:
+            for p in parked:
+                job_store.touch_job(conn, job_id=p.job_id)
+            continue
+        jobs = [j for p in parked if (j := job_store.get_job(conn, job_id=p.job_id)) is not None]
+        launch = launch_group(
+            conn, tenant=b.tenant, overnight_id=b.id, jobs=jobs, llm_batch=b.llm_batch, settings=settings
+        )
+        res.launches.append(launch)
+        line = f"batch {b.id} group {key}: {len(jobs)} questions share {len(launch.reads) or 'their'} reads"
+        log.info(line)
+        res.actions.append(line)
+
+
+def _groups(
+    candidates: list[tuple[int, str, str, str]], size: int, llm_batch: bool
+) -> list[list[tuple[int, str, str, str]]]:
+    """Pending items (no, query, buffer, cache key) as submission groups: up to ``size`` questions over one
+    buffer read together; alone (no group) when sharing is off and the batch does not use the Batch API."""
+    if size <= 1 and not llm_batch:
+        return [[c] for c in candidates]
+    by_buffer: dict[str, list[list[tuple[int, str, str, str]]]] = {}
+    out: list[list[tuple[int, str, str, str]]] = []
+    for c in candidates:
+        groups = by_buffer.setdefault(c[2], [])
+        if not groups or len(groups[-1]) >= max(1, size):
+            groups.append([])
+            out.append(groups[-1])
+        groups[-1].append(c)
+    return out
+
+
 def _schedule(
     conn: psycopg.Connection,
     b: store.OvernightRow,
@@ -342,6 +395,7 @@ def _schedule(
             if buf in contents
         }
         hits = store.cache_get(conn, tenant=b.tenant, keys=list(keys.values()))
+        candidates: list[tuple[int, str, str, str]] = []
         for no, q, buf in window:
             key = keys.get(no)
             if key is None:
@@ -365,11 +419,23 @@ def _schedule(
                     cache_key=key,
                 )
             elif slots > 0:
+                candidates.append((no, q, buf, key))
+        # questions over one buffer go together, so their reads can be shared; a group may take more than the
+        # slots left (it starts whole or not at all)
+        for group in _groups(candidates, settings.shared_read_questions, b.llm_batch):
+            if slots <= 0:
+                break
+            spec = (
+                {"kind": "overnight", "read_group": f"{b.id}:{group[0][0]}"} if len(group) > 1 or b.llm_batch else None
+            )
+            for no, q, buf, key in group:
                 job_id = uuid.uuid4().hex
-                job_store.create_job(conn, job_id=job_id, tenant=b.tenant, query=q, buffers=[buf], options=b.options)
+                job_store.create_job(
+                    conn, job_id=job_id, tenant=b.tenant, query=q, buffers=[buf], options=b.options, spec=spec
+                )
                 store.mark_submitted(conn, batch_id=b.id, item_no=no, job_id=job_id, cache_key=key, broker_epoch=epoch)
                 res.to_send.append((job_id, no))
-                slots -= 1
+            slots -= len(group)
         if slots <= 0 and not hits:
             return  # nothing more this tick: the rest waits for a free slot
 
@@ -399,6 +465,11 @@ def run_tick(
             break
     if unsent:
         _release(conn, batch_id, unsent)
+    for launch in res.launches:
+        try:
+            send_launch(launch, priority=broker_priority(res.priority))
+        except Exception as exc:  # the reads are stored: their jobs' watchdog or the reconciler salvages them
+            log.warning("batch %s: could not send its shared reads (%s)", batch_id, exc)
     if res.next_token is not None:
         send_tick(batch_id, res.next_token, countdown=res.next_in)
     if res.llm_batch and res.status == "running":

@@ -24,6 +24,7 @@ from ..models import JobStatus
 from ..store import jobs as job_store
 from ..store import overnight as store
 from ..store.db import commit
+from ..store.reads import read_tokens
 from .scheduler import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, send_tick
 
 if TYPE_CHECKING:
@@ -245,6 +246,7 @@ def status_of(conn: psycopg.Connection, batch: store.OvernightRow, settings: Set
     if batch.run_at is None:
         log.warning("batch %s: its stored run_at is out of range and cannot be read; shown without one", batch.id)
     p = store.progress(conn, batch_id=batch.id)
+    billed, unshared, cached = read_tokens(conn, overnight_id=batch.id)
     remaining = p.counts["pending"] + p.counts["running"]
     eta: float | None = None
     if remaining == 0:
@@ -260,6 +262,10 @@ def status_of(conn: psycopg.Connection, batch: store.OvernightRow, settings: Set
         "counts": p.counts,
         "from_cache": p.from_cache,
         "tokens_spent": store.tokens_spent(conn, batch_id=batch.id),
+        # shared reads (docs/contract.md#shared-reads): what the analysts read, and would have read one by one
+        "analyst_tokens_in": billed,
+        "analyst_tokens_in_unshared": unshared,
+        "analyst_cached_tokens": cached,
         "token_budget": batch.token_budget,
         "priority": batch.priority,
         "options": batch.options,

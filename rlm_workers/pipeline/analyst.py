@@ -79,6 +79,14 @@ class ChunkForPrompt:
 CARRIED_MARK = "\n\n(carried evidence: cited by an earlier answer in this conversation)"
 
 
+def _chunk_blocks(chunks: Sequence[ChunkForPrompt], carried: Collection[int] = ()) -> str:
+    return "## Chunks\n\n" + "\n\n".join(
+        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
+        f"{content_block(c.text)}" + (CARRIED_MARK if c.chunk_id in carried else "")
+        for c in chunks
+    )
+
+
 def build_messages(
     system_prompt: str,
     query: str,
@@ -91,21 +99,54 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """``records_wanted``: the job totals typed records (``--scope all``), so every entry is asked for them.
     ``conversation``: a chat turn's earlier turns (quoted, before the query); ``carried``: chunks an earlier
-    answer of the conversation cited, marked as such after their block (docs/contract.md#sessions)."""
+    answer of the conversation cited, marked as such after their block (docs/contract.md#sessions).
+
+    What repeats between calls comes first and what varies last (docs/contract.md#prompt-caching): the system
+    prompt, the chunks (read again by a retry, a follow-up or another question), the records instruction, and
+    only then the conversation, the query and its focus topics."""
     # The query is the user's own words, but it must not open or close a content block either; the
     # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
-    parts = [f"{conversation}## Query\n\n{escape_content(query)}"]
-    if focus_topics:
-        parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
+    parts = [_chunk_blocks(chunks, carried)]
     if records_wanted:
         parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
-    blocks = [
-        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
-        f"{content_block(c.text)}" + (CARRIED_MARK if c.chunk_id in carried else "")
-        for c in chunks
-    ]
-    parts.append("## Chunks\n\n" + "\n\n".join(blocks))
-    parts.append(f"Reply with a JSON array of exactly {len(chunks)} entries, one per chunk id above.")
+    parts.append(f"{conversation}## Query\n\n{escape_content(query)}")
+    if focus_topics:
+        parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
+    parts.append(f"## Reply\n\nReply with a JSON array of exactly {len(chunks)} entries, one per chunk id above.")
+    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question of a shared read (docs/contract.md#shared-reads), numbered from 1 in the message."""
+
+    query: str
+    focus_topics: tuple[str, ...] = ()
+    records_wanted: bool = False
+
+
+def build_shared_messages(
+    system_prompt: str, questions: Sequence[Question], chunks: Sequence[ChunkForPrompt]
+) -> list[dict[str, str]]:
+    """One read of a chunk batch for several questions: the chunks first (the part every question shares, and
+    the prefix a provider's prompt cache keeps), then the questions, numbered, each quoted like a single
+    analyst's query."""
+    parts = [_chunk_blocks(chunks)]
+    if any(q.records_wanted for q in questions):
+        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
+    lines = []
+    for n, q in enumerate(questions, 1):
+        block = f"### Question {n}\n\n{escape_content(q.query)}"
+        if q.focus_topics:
+            block += "\n\nFocus topics: " + ", ".join(quote_field(t) for t in q.focus_topics)
+        if q.records_wanted:
+            block += "\n\n(records wanted)"
+        lines.append(block)
+    parts.append("## Questions\n\n" + "\n\n".join(lines))
+    parts.append(
+        f"## Reply\n\nReply with a JSON array of exactly {len(chunks) * len(questions)} entries: one per chunk id "
+        f'above for each of the {len(questions)} questions, each with "question" set to the question\'s number.'
+    )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -158,8 +199,8 @@ def _chunk_id(raw: Any) -> int | None:
     return None
 
 
-def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
-    """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits)."""
+def reply_entries(text: str) -> list[dict]:
+    """The entries of an analyst's reply; ``ParseError`` when it holds none at all."""
     entries = next((e for v in json_candidates(text or "") if (e := _entries(v)) is not None), None)
     if entries is None:
         # an array cut off mid-way (max_tokens, a proxy): keep the entries it finished; the caller asks
@@ -167,6 +208,20 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
         entries = leading_objects(text or "") or None
     if entries is None:
         raise ParseError(f"the analyst reply is not a JSON findings array: {(text or '')[:120]!r}")
+    return entries
+
+
+def question_no(entry: dict) -> int | None:
+    """The question number a shared read's entry answers (``question``, or ``question_no``)."""
+    return _chunk_id(entry.get("question", entry.get("question_no")))
+
+
+def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
+    """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits)."""
+    return findings_from_entries(reply_entries(text), batch_chunk_ids=batch_chunk_ids)
+
+
+def findings_from_entries(entries: Sequence[dict], *, batch_chunk_ids: Sequence[int]) -> list[Finding]:
     allowed = set(batch_chunk_ids)
     merged: dict[int, Finding] = {}
     budget = MAX_FINDINGS_PER_BATCH

@@ -18,7 +18,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-PROMPT_NAMES = ("primary", "subcall", "synthesizer", "check", "direct", "rewrite")
+PROMPT_NAMES = ("primary", "subcall", "synthesizer", "check", "direct", "rewrite", "shared")
 #: a prompt file larger than this is a mistake, not a prompt
 MAX_PROMPT_BYTES = 256 * 1024
 

@@ -87,14 +87,15 @@ def create_job(
     buffers: Sequence[str],
     options: dict[str, Any],
     idempotency_key: str | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> tuple[str, bool]:
     """Insert a queued job; with an idempotency key already used, return the existing job instead."""
     row = conn.execute(
-        """INSERT INTO jobs (id, tenant, query, buffers, options, idempotency_key, root_id)
-           VALUES (%s, %s, %s, %s, %s, %s, %s)
+        """INSERT INTO jobs (id, tenant, query, buffers, options, idempotency_key, root_id, spec)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
            RETURNING id""",
-        (job_id, tenant, query, list(buffers), Jsonb(options), idempotency_key, job_id),
+        (job_id, tenant, query, list(buffers), Jsonb(options), idempotency_key, job_id, Jsonb(spec) if spec else None),
     ).fetchone()
     if row:
         return row[0], True

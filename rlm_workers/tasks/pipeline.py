@@ -11,6 +11,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from ..pipeline import analyst as analyst_stage
+from ..pipeline import reads as reads_stage
 from ..pipeline import salvage as salvage_stage
 from ..pipeline.flow import Stage, run_stage
 from .base import DurableTask
@@ -49,6 +50,11 @@ def fan_out(self: DurableTask, job_id: str) -> str:
 @shared_task(name="rlm.analyst", base=DurableTask, bind=True)
 def analyst(self: DurableTask, job_id: str, batch_no: int) -> dict:
     return analyst_stage.run(job_id, batch_no)
+
+
+@shared_task(name="rlm.read", base=DurableTask, bind=True)
+def read(self: DurableTask, read_id: int) -> dict:
+    return reads_stage.run(read_id)
 
 
 @shared_task(name="rlm.collect", base=DurableTask, bind=True)
