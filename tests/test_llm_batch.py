@@ -7,6 +7,9 @@ First the scripted server's /v1/files and /v1/batches through the real ``openai`
 from __future__ import annotations
 
 import json
+import os
+import re
+import threading
 import time
 
 import pytest
@@ -352,3 +355,231 @@ def test_endpoint_without_batch_api_sends_reads_as_ordinary_calls(rlm_env, fakes
         settings = Settings(api_key="sk-test", base_url=srv.base_url + "/nothing-here")
         actions = llm_batch.advance(batch_id, settings)
     assert fakes.sent == reads and any("ordinary calls" in a for a in actions)
+
+
+# --------------------------------------------------------------------------- end to end: a 3 × 2 overnight batch
+
+E2E_QUERIES = [
+    "What do practitioners of falconry disagree about?",
+    "How old is the history of canal locks?",
+    "Which instruments are used for sundials today?",
+]
+_CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
+_QUESTION = re.compile(r"^### Question (\d+)$", re.M)
+#: what the scripted analyst bills per call, so the test can price it
+ANALYST_USAGE = {"prompt_tokens": 1200, "completion_tokens": 300, "cached_tokens": 200}
+PRICES = {"analyst-model": {"input": 1.0, "cached_input": 0.5, "output": 4.0}}
+
+
+class E2EModel:
+    """Planner: hybrid search keeping everything.  Analyst: a finding per (question, chunk); its first call fails
+    (a Batch API line, since batches are the first analyst calls) and later ones answer.  Synthesizer: echoes."""
+
+    def __init__(self) -> None:
+        self.analyst_calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, req: dict) -> Reply | str:
+        model, text = req.get("model"), last_user_message(req)
+        if model == "plan-model":
+            return json.dumps({"search_mode": "hybrid", "threshold": -1.0})
+        if model == "analyst-model":
+            with self.lock:
+                self.analyst_calls += 1
+                first = self.analyst_calls == 1
+            if first:
+                return Reply.http_error(500, "scripted: this line fails")
+            questions = [int(q) for q in _QUESTION.findall(text)] or [None]
+            out = [
+                {
+                    "chunk_id": int(cid),
+                    "relevance": "medium",
+                    "findings": [body.strip().splitlines()[0]],
+                    "summary": "notes",
+                    "follow_up": [],
+                    **({"question": q} if q is not None else {}),
+                }
+                for q in questions
+                for cid, body in _CHUNK.findall(text)
+            ]
+            return Reply.text(json.dumps(out), **ANALYST_USAGE)
+        query = re.search(r"## Query\n\n(.*?)\n\n", text, re.S)
+        return f"## Answer\n\nScripted answer to: {query.group(1) if query else '?'}"
+
+
+def _essay(topic: str) -> str:
+    return (
+        f"# Notes on {topic}\n\nPeople who study {topic} keep careful records. The history of {topic} goes "
+        f"back several centuries. Practitioners of {topic} often disagree about methods.\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def e2e_llm():
+    with ScriptedLLM(E2EModel()) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def e2e_env(rlm_env, e2e_llm):
+    from tests.support.workers import scripted_env
+
+    with scripted_env(
+        rlm_env,
+        e2e_llm,
+        RLM_LLM_RETRIES="1",
+        RLM_BATCH_PARALLEL="6",
+        RLM_BATCH_TICK_SECONDS="0.5",
+        RLM_LLM_BATCH_POLL_SECONDS="0.5",
+        RLM_RECONCILE_SECONDS="1",
+        # short, so the provider batch is held longer than a job may sit idle: only the touch keeps them alive
+        RLM_JOB_TIMEOUT="8",
+        RLM_VISIBILITY_TIMEOUT="8",
+        RLM_PRICES=json.dumps(PRICES),
+    ) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def e2e_workers(e2e_env, conn, embedder, tmp_path_factory):
+    from rlm_workers.ingest.loader import load_paths
+    from tests.support.workers import running_workers
+
+    root = tmp_path_factory.mktemp("llmbatch-corpus")
+    for name, topics in (("alpha", ["falconry", "canal locks"]), ("beta", ["sundials", "windmills"])):
+        d = root / name
+        d.mkdir()
+        for i, topic in enumerate(topics):
+            (d / f"{i}-{topic.replace(' ', '-')}.md").write_text(_essay(topic))
+        load_paths(conn, buffer=name, paths=[d], embedder=embedder)
+        conn.commit()
+    logs = tmp_path_factory.mktemp("llmbatch-logs")
+    with running_workers(e2e_env, logs, {"lbctl": ("rlm.control", 4), "lban": ("rlm.analyst", 4)}) as ws:
+        yield ws
+
+
+def _rows(conn, sql: str, params: tuple = ()) -> list[tuple]:
+    rows = conn.execute(sql, params).fetchall()
+    conn.commit()
+    return rows
+
+
+def _wait_for(what: str, check, workers, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    tails = "\n".join(f"--- {n}\n{w.tail(40)}" for n, w in workers.items())
+    raise AssertionError(f"timed out waiting for {what}\n{tails}")
+
+
+def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_restart(
+    e2e_env, e2e_llm, e2e_workers, conn, tmp_path
+):
+    import subprocess
+    import sys
+
+    from rlm_workers.llm.prices import cost_usd, parse_prices
+    from rlm_workers.store import overnight as ostore
+    from tests.support.workers import ROOT
+
+    srv, ctl = e2e_llm, e2e_workers["lbctl"]
+    srv.hold_batches()
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("\n".join(E2E_QUERIES) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "batch", "submit", "--queries", str(qfile)]
+        + ["--buffer", "alpha", "--buffer", "beta", "--llm-batch"],
+        cwd=ROOT,
+        env={**os.environ, **e2e_env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    batch_id = proc.stdout.strip()
+
+    def all_submitted() -> bool:
+        jobs = _rows(
+            conn,
+            "SELECT count(DISTINCT m.job_id) FROM reads r JOIN read_members m ON m.read_id = r.id "
+            "WHERE r.overnight_id = %s",
+            (batch_id,),
+        )[0][0]
+        queued = _rows(conn, "SELECT count(*) FROM reads WHERE overnight_id = %s AND status = 'queued'", (batch_id,))
+        return jobs == 6 and queued[0][0] == 0
+
+    _wait_for("every read in a provider batch", all_submitted, e2e_workers)
+    held_since = time.monotonic()
+    n_reads = _rows(conn, "SELECT count(*) FROM reads WHERE overnight_id = %s", (batch_id,))[0][0]
+    assert srv.batches and all(b["metadata"] == {"rlm_overnight": batch_id} for b in srv.batches)
+
+    # the control worker dies while the provider batch is in flight, and comes back
+    ctl.kill()
+    ctl.start()
+    # held longer than RLM_JOB_TIMEOUT (and the batch's stall check): the waiting jobs are kept alive
+    time.sleep(max(0.0, 12 - (time.monotonic() - held_since)))
+    assert [b["status"] for b in srv.batches] == ["in_progress"] * len(srv.batches)
+    items = _rows(conn, "SELECT status, attempts FROM batch_items WHERE batch_id = %s", (batch_id,))
+    assert items == [("running", 0)] * 6, items
+    assert srv.stats()["batch_calls"] == 0 and not any(r.body.get("model") == "analyst-model" for r in srv.requests)
+
+    srv.release_batches()
+
+    def finished():
+        b = ostore.get_overnight(conn, batch_id=batch_id)
+        conn.commit()
+        return b if b.status in ("done", "cancelled") else None
+
+    b = _wait_for("the overnight batch to finish", finished, e2e_workers, timeout=120)
+    assert b.status == "done"
+    items = _rows(conn, "SELECT status, attempts, result FROM batch_items WHERE batch_id = %s", (batch_id,))
+    assert [(s, a) for s, a, _ in items] == [("done", 0)] * 6
+    assert all("Scripted answer to" in json.dumps(r) for _, _, r in items)
+    # each read went out once through the Batch API; the one failed line fell back to one ordinary call
+    assert srv.stats()["batch_calls"] == n_reads
+    assert sum(1 for r in srv.requests if r.body.get("model") == "analyst-model") == 1
+    assert _rows(conn, "SELECT DISTINCT status FROM provider_batches WHERE overnight_id = %s", (batch_id,)) == [
+        ("routed",)
+    ]
+    assert _rows(conn, "SELECT DISTINCT status FROM reads WHERE overnight_id = %s", (batch_id,)) == [("done",)]
+    # exact usage from the output lines, priced at half; the fallback at the full price
+    calls = _rows(
+        conn,
+        "SELECT c.via, c.status, sum(c.tokens_in), sum(c.cached_tokens), sum(c.tokens_out), sum(c.cost_usd), "
+        "count(*) FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
+        "WHERE i.batch_id = %s AND c.stage = 'analyst' GROUP BY c.via, c.status ORDER BY c.via",
+        (batch_id,),
+    )
+    by_via = {via: row for via, status, *row in calls if status == "ok"}
+    assert set(by_via) == {"batch_api", "sync"}, calls
+    table = parse_prices(json.dumps(PRICES))
+    for via, (tin, cached, tout, cost, _n) in by_via.items():
+        assert tin % ANALYST_USAGE["prompt_tokens"] == 0 and cached > 0
+        full = cost_usd("analyst-model", tin, cached, tout, table)
+        assert cost == pytest.approx(full * (0.5 if via == "batch_api" else 1.0), rel=1e-6)
+    assert by_via["batch_api"][0] == (n_reads - 1) * ANALYST_USAGE["prompt_tokens"]
+
+
+def test_llm_batch_is_refused_without_an_api_key(rlm_env, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support.workers import ROOT
+
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("a question\n")
+    env = {k: v for k, v in {**os.environ, **rlm_env}.items() if k not in ("OPENAI_API_KEY", "RLM_API_KEY")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "batch", "submit", "--queries", str(qfile), "--buffer", "x"]
+        + ["--llm-batch", "--no-check-workers"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "--llm-batch needs an OpenAI API key" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
