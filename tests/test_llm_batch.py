@@ -147,7 +147,8 @@ def test_parse_line_edge_cases():
 
 
 # --------------------------------------------------------------------------- advance, against fakes of the reads API
-# Until the lead's pipeline/reads.py and store/reads.py land, these stand in for them on the real tables.
+# Stand-ins for pipeline/reads.py and store/reads.py on the real tables: they keep these tests about submitting,
+# polling and routing apart from the analyst's parsing (the end-to-end test below runs the real ones).
 
 
 class FakeReads:
