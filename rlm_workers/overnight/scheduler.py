@@ -144,7 +144,7 @@ class TickResult:
     actions: list[str] = field(default_factory=list)
     #: shared reads created this tick (``pipeline/reads.py``), sent once the transaction committed
     launches: list[Launch] = field(default_factory=list)
-    #: the batch sends its analyst calls through the OpenAI Batch API
+    #: the batch sends its analyst calls through the OpenAI Batch API (``llm_batch.advance`` runs after the tick)
     llm_batch: bool = False
 
 
@@ -474,6 +474,11 @@ def run_tick(
             log.warning("batch %s: could not send its shared reads (%s)", batch_id, exc)
     if res.next_token is not None:
         send_tick(batch_id, res.next_token, countdown=res.next_in)
+    if res.llm_batch and res.status == "running":
+        # after the re-arm: a failure here must not break the tick chain; the next tick tries again
+        from . import llm_batch
+
+        res.actions += llm_batch.advance(batch_id, settings)
     return res
 
 

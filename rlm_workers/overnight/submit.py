@@ -142,6 +142,13 @@ def submit_overnight(
     clean_queries = list(dict.fromkeys(_numbered(validate_query, n, q) for n, q in enumerate(queries, 1)))
     if not clean_queries:
         raise InvalidInput("give at least one query")
+    if llm_batch and get_settings().offline:
+        raise InvalidInput(
+            "--llm-batch needs an OpenAI API key (OPENAI_API_KEY or RLM_API_KEY): the offline extractive provider "
+            "makes no calls to batch",
+            api_message="llm_batch needs an OpenAI API key on the server: the offline extractive provider makes no "
+            "calls to batch",
+        )
     names = resolve_buffers(conn, tenant=tenant, names=buffers, glob=buffers_glob)
     clean = validate_options(dict(options or {}))
     n_items = len(clean_queries) * len(names)

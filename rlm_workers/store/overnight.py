@@ -362,11 +362,12 @@ class InFlight:
 
 
 def in_flight(conn: psycopg.Connection, *, batch_id: str) -> list[InFlight]:
-    """Running items whose job has not ended (or vanished), with how long the job has been idle."""
+    """Running items whose job has not ended (or vanished), with how long the job has been idle (``stage_at``
+    counts: a job whose reads wait in an OpenAI batch is touched by overnight/llm_batch.py)."""
     rows = conn.execute(
         """SELECT i.item_no, i.job_id, j.status, i.broker_epoch, i.attempts,
                   extract(epoch FROM now() - greatest(
-                      j.created_at, j.started_at,
+                      j.created_at, j.started_at, j.stage_at,
                       (SELECT max(greatest(b.started_at, b.finished_at)) FROM job_batches b WHERE b.job_id = j.id),
                       (SELECT max(c.created_at) FROM llm_calls c WHERE c.job_id = j.id))),
                   coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0)

@@ -17,6 +17,15 @@ prints ``listening on http://127.0.0.1:PORT/v1`` and serves ``GET /_stats``
 A responder maps the request JSON to a ``Reply`` (or a plain string); the
 helpers below cover fixed latency, failing the first N calls, always failing,
 malformed output and rules keyed on the last user message.
+
+The Batch API is served too: ``POST /v1/files`` (multipart, purpose ``batch``), ``GET /v1/files/{id}``,
+``GET /v1/files/{id}/content``, ``POST /v1/batches``, ``GET /v1/batches`` (newest first), ``GET
+/v1/batches/{id}`` and ``POST /v1/batches/{id}/cancel``.  Each line of a batch goes through the same responder
+as a chat completion (in a background thread), so scripted replies, errors and usage counts are the same; a
+line answered with status >= 400 goes to the error file, as OpenAI does.  Knobs: ``hold_batches()`` keeps
+batches ``in_progress`` until ``release_batches()``; ``expire_after = N`` ends the next batches ``expired``
+after answering N lines each (the rest never answered).  Batch lines are recorded apart
+(``batch_requests``, ``/_stats`` ``batch_calls``) from synchronous calls (``requests``, ``calls``).
 """
 
 from __future__ import annotations
@@ -27,8 +36,11 @@ import itertools
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from email.parser import BytesParser
+from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -262,6 +274,8 @@ class _Stats:
 
     def reset(self) -> None:
         self.requests: list[RecordedRequest] = []
+        #: lines of Batch API files, as answered (path "/v1/batches/<id>", the line's body)
+        self.batch_requests: list[RecordedRequest] = []
         self.in_flight = 0
         self.max_concurrency = 0
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
@@ -271,6 +285,7 @@ class _Stats:
         with self.lock:
             return {
                 "calls": len(self.requests),
+                "batch_calls": len(self.batch_requests),
                 "max_concurrency": self.max_concurrency,
                 "in_flight": self.in_flight,
                 "usage": dict(self.usage),
@@ -301,6 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
                     ],
                 },
             )
+        elif path.startswith("/v1/files/") or path.startswith("/v1/batches"):
+            self._batch_api_get(path)
         elif path == "/_stats":
             self._json(200, self.server.stats.snapshot())
         elif path == "/_requests":
@@ -317,6 +334,12 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.stats.lock:
                 self.server.stats.reset()
             self._json(200, {"ok": True})
+            return
+        if path == "/v1/files":
+            self._upload(raw)
+            return
+        if path.startswith("/v1/batches"):
+            self._batch_api_post(path, raw)
             return
         if path != "/v1/chat/completions":
             self._json(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
@@ -360,6 +383,81 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, reply.raw_body, "application/json", reply.headers)
         else:
             self._json(status, payload, reply.headers)
+
+    # --- Batch API -----------------------------------------------------------
+
+    def _not_found(self, what: str) -> None:
+        self._json(404, {"error": {"message": f"no such {what}", "type": "invalid_request_error", "code": None}})
+
+    def _upload(self, raw: bytes) -> None:
+        ctype = self.headers.get("Content-Type") or ""
+        msg = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + raw)
+        fields: dict[str, tuple[str | None, bytes]] = {}
+        for part in msg.iter_parts() if msg.is_multipart() else ():
+            name = part.get_param("name", header="content-disposition")
+            if name:
+                fields[name] = (part.get_filename(), part.get_payload(decode=True) or b"")
+        if "file" not in fields:
+            self._json(
+                400, {"error": {"message": "a multipart field 'file' is required", "type": "invalid_request_error"}}
+            )
+            return
+        purpose = fields.get("purpose", (None, b"batch"))[1].decode()
+        filename, data = fields["file"]
+        self._json(200, self.server.batch_api.add_file(data, purpose=purpose, filename=filename or "upload.jsonl"))
+
+    def _batch_api_get(self, path: str) -> None:
+        api = self.server.batch_api
+        parts = path.strip("/").split("/")  # v1, files|batches, id, [content]
+        with api.lock:
+            if parts[1] == "files" and len(parts) == 4 and parts[3] == "content":
+                f = api.files.get(parts[2])
+                if f is None:
+                    return self._not_found("file")
+                data = f["data"]
+            elif parts[1] == "files" and len(parts) == 3:
+                f = api.files.get(parts[2])
+                if f is None:
+                    return self._not_found("file")
+                return self._json(200, f["object"])
+            elif parts[1] == "batches" and len(parts) == 2:
+                rows = [dict(b) for b in reversed(api.batches.values())]
+                return self._json(200, {"object": "list", "data": rows, "has_more": False})
+            elif parts[1] == "batches" and len(parts) == 3:
+                b = api.batches.get(parts[2])
+                if b is None:
+                    return self._not_found("batch")
+                return self._json(200, dict(b))
+            else:
+                return self._not_found("route")
+        self._send(200, data, "application/octet-stream", {})
+
+    def _batch_api_post(self, path: str, raw: bytes) -> None:
+        api = self.server.batch_api
+        parts = path.strip("/").split("/")
+        if len(parts) == 4 and parts[3] == "cancel":
+            with api.lock:
+                b = api.batches.get(parts[2])
+                if b is None:
+                    return self._not_found("batch")
+                if b["status"] in ("validating", "in_progress"):
+                    b["status"], b["cancelling_at"] = "cancelling", int(time.time())
+                out = dict(b)
+            api.gate.set()  # a held batch notices its cancellation at once
+            return self._json(200, out)
+        if len(parts) != 2:
+            return self._not_found("route")
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            return self._json(400, {"error": {"message": "request body is not JSON", "type": "invalid_request_error"}})
+        with api.lock:
+            f = api.files.get(body.get("input_file_id") or "")
+        if f is None:
+            return self._json(
+                400, {"error": {"message": "input_file_id: no such file", "type": "invalid_request_error"}}
+            )
+        self._json(200, api.create_batch(self.server, body))
 
     def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(payload).encode(), "application/json", headers or {})
@@ -434,6 +532,138 @@ def _render(reply: Reply, req: dict[str, Any], call_id: int) -> tuple[int, dict[
     return 200, payload, counted if reply.include_usage else None
 
 
+class _BatchAPI:
+    """Files and batches held in memory; each batch runs in its own thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.files: dict[str, dict[str, Any]] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        #: cleared: batches stay in_progress (hold_batches); set: they run
+        self.gate = threading.Event()
+        self.gate.set()
+        #: not None: a batch answers this many lines, then ends expired
+        self.expire_after: int | None = None
+
+    def add_file(self, data: bytes, *, purpose: str, filename: str) -> dict[str, Any]:
+        fid = f"file-{uuid.uuid4().hex[:24]}"
+        obj = {
+            "id": fid,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+        }
+        with self.lock:
+            self.files[fid] = {"object": obj, "data": data}
+        return obj
+
+    def create_batch(self, server: _Server, body: dict[str, Any]) -> dict[str, Any]:
+        bid = f"batch_{uuid.uuid4().hex[:24]}"
+        now = int(time.time())
+        batch = {
+            "id": bid,
+            "object": "batch",
+            "endpoint": body.get("endpoint") or "/v1/chat/completions",
+            "errors": None,
+            "input_file_id": body["input_file_id"],
+            "completion_window": body.get("completion_window") or "24h",
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + 86400,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": body.get("metadata"),
+        }
+        with self.lock:
+            self.batches[bid] = batch
+            expire_after = self.expire_after
+        threading.Thread(target=self._run, args=(server, bid, expire_after), name=f"batch-{bid}", daemon=True).start()
+        return dict(batch)
+
+    def _run(self, server: _Server, bid: str, expire_after: int | None) -> None:
+        with self.lock:
+            batch = self.batches[bid]
+            text = self.files[batch["input_file_id"]]["data"].decode()
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+        with self.lock:
+            batch["status"], batch["in_progress_at"] = "in_progress", int(time.time())
+            batch["request_counts"]["total"] = len(lines)
+        out: list[dict[str, Any]] = []
+        err: list[dict[str, Any]] = []
+        ended = "completed"
+        for n, line in enumerate(lines):
+            while not self.gate.wait(0.05):
+                pass
+            with self.lock:
+                if batch["status"] == "cancelling":
+                    ended = "cancelled"
+            if ended == "cancelled":
+                break
+            if expire_after is not None and n >= expire_after:
+                ended = "expired"
+                break
+            status, payload = self._answer(server, bid, line)
+            row = {
+                "id": f"batch_req_{uuid.uuid4().hex[:24]}",
+                "custom_id": line.get("custom_id"),
+                "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": payload},
+                "error": None,
+            }
+            (out if status < 400 else err).append(row)
+            with self.lock:
+                batch["request_counts"]["completed" if status < 400 else "failed"] += 1
+        while not self.gate.wait(0.05):  # held: stays in_progress even once every line is answered
+            pass
+        with self.lock:
+            if batch["status"] == "cancelling":
+                ended = "cancelled"
+            batch["finalizing_at"] = int(time.time())
+        for key, rows in (("output_file_id", out), ("error_file_id", err)):
+            if rows:
+                data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+                batch_file = self.add_file(data, purpose="batch_output", filename=f"{bid}_{key}.jsonl")
+                with self.lock:
+                    batch[key] = batch_file["id"]
+        with self.lock:
+            batch["status"] = ended
+            batch[{"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[ended]] = int(
+                time.time()
+            )
+
+    @staticmethod
+    def _answer(server: _Server, bid: str, line: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        stats = server.stats
+        body = line.get("body") or {}
+        with stats.lock:
+            stats.batch_requests.append(RecordedRequest(f"/v1/batches/{bid}", body, time.time(), {}))
+            call_id = next(stats.ids)
+        usage: dict[str, int] | None = None
+        try:
+            reply = _as_reply(server.responder(body))
+            if reply.delay > 0:
+                time.sleep(reply.delay)
+            if reply.raw_body is not None:  # no gateway sits inside a batch: a broken body is the provider's 500
+                return 500, {"error": {"message": "malformed upstream body", "type": "server_error"}}
+            status, payload, usage = _render(reply, body, call_id)
+        except Exception as exc:
+            return 500, {"error": {"message": f"responder failed: {exc!r}", "type": "server_error"}}
+        with stats.lock:
+            for k in stats.usage if usage else ():
+                stats.usage[k] += usage[k]
+        return status, payload
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     # The default backlog of 5 makes a burst of parallel clients wait on SYN retries (~1 s each).
@@ -444,6 +674,7 @@ class _Server(ThreadingHTTPServer):
         self.responder = responder
         self.model_name = model_name
         self.stats = _Stats()
+        self.batch_api = _BatchAPI()
 
 
 class ScriptedLLM:
@@ -523,6 +754,36 @@ class ScriptedLLM:
     def reset(self) -> None:
         with self._server.stats.lock:
             self._server.stats.reset()
+
+    # --- Batch API knobs -----------------------------------------------------
+
+    @property
+    def batch_requests(self) -> list[RecordedRequest]:
+        with self._server.stats.lock:
+            return list(self._server.stats.batch_requests)
+
+    @property
+    def batches(self) -> list[dict[str, Any]]:
+        """Every batch created, oldest first, as GET /v1/batches/{id} shows it."""
+        api = self._server.batch_api
+        with api.lock:
+            return [json.loads(json.dumps(b)) for b in api.batches.values()]
+
+    def hold_batches(self) -> None:
+        """Batches stay ``in_progress`` (lines wait) until ``release_batches``."""
+        self._server.batch_api.gate.clear()
+
+    def release_batches(self) -> None:
+        self._server.batch_api.gate.set()
+
+    @property
+    def expire_after(self) -> int | None:
+        return self._server.batch_api.expire_after
+
+    @expire_after.setter
+    def expire_after(self, value: int | None) -> None:
+        """Batches created from now answer ``value`` lines, then end ``expired`` (None: they complete)."""
+        self._server.batch_api.expire_after = value
 
 
 # --- standalone process ----------------------------------------------------

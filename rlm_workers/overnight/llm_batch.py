@@ -1,0 +1,258 @@
+"""Overnight reads through the OpenAI Batch API (docs/contract.md#llm-batch-api).
+
+An overnight batch submitted with ``--llm-batch`` creates its reads ``queued`` instead of sending them.
+``advance``, run by the batch's tick once its transaction committed, then:
+
+1. polls the batch's open provider batches, at most every ``RLM_LLM_BATCH_POLL_SECONDS``; once one is
+   terminal, routes each line back to its read: an answer (status 200) is applied like an ordinary reply but
+   priced at the Batch API discount; an error line, or no line at all (the batch expired, failed or was
+   cancelled), sends the read as an ordinary call;
+2. submits the queued reads, at most ``RLM_LLM_BATCH_MAX_REQUESTS`` per file, custom_id ``read-<id>``;
+3. marks the jobs of reads still queued or submitted alive, so neither the reconciler nor the tick's stall
+   check takes them for lost while the provider works (their items stay running, so the overnight batch
+   cannot finish meanwhile).
+
+One advance at a time per overnight batch (a session advisory lock: a second one returns at once). A provider
+batch is recorded in the same transaction that marks its reads submitted, after the provider accepted it; a
+crash in between leaves a batch we never recorded, tagged with metadata ``rlm_overnight``: the next advance
+finds it among the account's newest batches and adopts it (its reads, still queued, go into it) instead of
+sending them again.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from ..config import Settings, get_settings
+from ..errors import LLMError
+from ..store import provider_batches as store
+from ..store.db import release_session_lock, session_lock_key, try_session_lock
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..llm.batch_api import BatchClient, BatchState
+
+log = logging.getLogger("rlm.overnight")
+
+_LOCK_SPACE = 0x524C4D42  # "RLMB": one overnight batch's Batch API work
+METADATA_KEY = "rlm_overnight"
+CUSTOM_PREFIX = "read-"
+#: input files submitted per advance: the rest waits for the next tick
+MAX_FILES_PER_ADVANCE = 4
+#: how many of the account's newest batches are searched for one we created but never recorded
+ADOPT_WINDOW = 100
+
+
+def _reads() -> ModuleType:
+    from ..pipeline import reads
+
+    return reads
+
+
+def _read_store() -> ModuleType:
+    from ..store import reads
+
+    return reads
+
+
+def advance(batch_id: str, settings: Settings | None = None) -> list[str]:
+    """Poll, route and submit the Batch API work of one overnight batch; one line per action, each logged.
+
+    A provider error is logged and left for the next tick (a retryable one) or sends the reads concerned as
+    ordinary calls (one that waiting will not fix); a database outage is raised.
+    """
+    from ..llm.batch_api import BatchClient
+    from ..store.db import connection
+
+    settings = settings or get_settings()
+    actions: list[str] = []
+    with connection(settings) as conn:
+        key = session_lock_key(_LOCK_SPACE, batch_id)
+        if not try_session_lock(conn, key):
+            return actions  # another advance of this batch is at it
+        try:
+            head = store.overnight_of(conn, overnight_id=batch_id)
+            if head is None:
+                return actions
+            tenant = head[0]
+            client = BatchClient(settings)
+            _poll(conn, client, batch_id, settings, actions)
+            _submit(conn, client, batch_id, tenant, settings, actions)
+            store.touch_waiting_jobs(conn, overnight_id=batch_id)
+        finally:
+            release_session_lock(conn, key)
+    for line in actions:
+        log.info("llm batch: %s", line)
+    return actions
+
+
+# --------------------------------------------------------------------------- polling and routing
+
+
+def _poll(conn: psycopg.Connection, client: BatchClient, batch_id: str, settings: Settings, actions: list[str]) -> None:
+    for pb in store.claim_due(conn, overnight_id=batch_id, poll_seconds=settings.llm_batch_poll_seconds):
+        try:
+            state = client.retrieve(pb.id)
+        except LLMError as exc:
+            if exc.retryable:
+                actions.append(f"batch {batch_id}: provider batch {pb.id} not readable now ({exc.message}); next poll")
+                continue
+            # the provider no longer knows it: nothing will come back, every read falls back
+            actions.append(f"batch {batch_id}: provider batch {pb.id} is gone ({exc.message})")
+            _route(conn, client, batch_id, pb.id, None, actions, error={"type": "gone", "message": exc.message})
+            continue
+        if not state.terminal:
+            if state.status != pb.status:
+                store.mark_checked(conn, batch_id=pb.id, status=state.status, output_file_id=None, error_file_id=None)
+                actions.append(f"batch {batch_id}: provider batch {pb.id} {state.status} {_counts(state)}")
+            continue
+        store.mark_checked(
+            conn,
+            batch_id=pb.id,
+            status=state.status,
+            output_file_id=state.output_file_id,
+            error_file_id=state.error_file_id,
+        )
+        error = None
+        if state.status != "completed":
+            error = {"type": state.status, "message": state.error or f"the provider batch ended {state.status}"}
+        _route(conn, client, batch_id, pb.id, state, actions, error=error, settings=settings)
+
+
+def _route(
+    conn: psycopg.Connection,
+    client: BatchClient,
+    batch_id: str,
+    provider_batch_id: str,
+    state: BatchState | None,
+    actions: list[str],
+    *,
+    error: dict[str, str] | None,
+    settings: Settings | None = None,
+) -> None:
+    lines = {}
+    if state is not None:
+        try:
+            lines = client.results(state, (settings or client.settings).subcall_model)
+        except LLMError as exc:
+            if exc.retryable:  # the answers exist: fetch them at the next poll rather than pay again
+                actions.append(f"batch {batch_id}: results of {provider_batch_id} not readable now ({exc.message})")
+                return
+            actions.append(f"batch {batch_id}: results of {provider_batch_id} unreadable ({exc.message})")
+    reads = _reads()
+    applied = fallen_back = 0
+    # Only reads still submitted to this batch: a route cut short by a crash resumes without doing a read twice.
+    for read_id, status in _read_store().reads_of_provider_batch(conn, provider_batch_id=provider_batch_id):
+        if status != "submitted":
+            continue
+        line = lines.get(f"{CUSTOM_PREFIX}{read_id}")
+        if line is not None and line.completion is not None:
+            reads.apply_completion(read_id, line.completion, via="batch_api")
+            applied += 1
+        else:
+            why = line.error if line is not None else "no answer in the provider batch"
+            log.warning("batch %s: read %d falls back to an ordinary call: %s", batch_id, read_id, why)
+            reads.send_read(read_id)
+            fallen_back += 1
+    store.mark_routed(conn, batch_id=provider_batch_id, error=error)
+    ended = state.status if state is not None else "gone"
+    actions.append(
+        f"batch {batch_id}: provider batch {provider_batch_id} {ended}: {applied} reads answered, "
+        f"{fallen_back} sent as ordinary calls"
+    )
+
+
+def _counts(state: BatchState) -> str:
+    c = state.counts
+    return f"({c.get('completed', 0)}+{c.get('failed', 0)} failed of {c.get('total', 0)})"
+
+
+# --------------------------------------------------------------------------- submitting
+
+
+def _submit(
+    conn: psycopg.Connection, client: BatchClient, batch_id: str, tenant: str, settings: Settings, actions: list[str]
+) -> None:
+    rs = _read_store()
+    adopted = False
+    for _ in range(MAX_FILES_PER_ADVANCE):
+        read_ids = rs.queued_reads(conn, overnight_id=batch_id, limit=settings.llm_batch_max_requests)
+        if not read_ids:
+            return
+        if not adopted:
+            adopted = True
+            if _adopt(conn, client, batch_id, tenant, actions):
+                continue  # some queued reads were in it: look again
+        lines, done = [], []
+        for read_id in read_ids:
+            request = _reads().request_for(conn, read_id)
+            if request is None:
+                done.append(read_id)
+            else:
+                lines.append(client.line(f"{CUSTOM_PREFIX}{read_id}", request))
+        if done:
+            store.close_reads(conn, read_ids=done)
+            actions.append(f"batch {batch_id}: {len(done)} queued reads had nothing left to ask")
+        if not lines:
+            continue
+        ids = [int(line["custom_id"][len(CUSTOM_PREFIX) :]) for line in lines]
+        try:
+            state = client.submit(lines, metadata={METADATA_KEY: batch_id})
+        except LLMError as exc:
+            if exc.retryable:
+                actions.append(f"batch {batch_id}: {len(ids)} reads not submitted ({exc.message}); next tick")
+                return
+            # the endpoint cannot take batches (no Batch API behind OPENAI_BASE_URL): ordinary calls instead
+            for read_id in ids:
+                _reads().send_read(read_id)
+            actions.append(
+                f"batch {batch_id}: Batch API refused ({exc.message}); {len(ids)} reads sent as ordinary calls"
+            )
+            continue
+        _record(conn, state.id, tenant, batch_id, state.input_file_id, state.status, ids)
+        actions.append(f"batch {batch_id}: {len(ids)} reads submitted in provider batch {state.id}")
+
+
+def _record(
+    conn: psycopg.Connection,
+    provider_batch_id: str,
+    tenant: str,
+    batch_id: str,
+    input_file_id: str,
+    status: str,
+    read_ids: list[int],
+) -> None:
+    with conn.transaction():
+        store.insert(
+            conn,
+            batch_id=provider_batch_id,
+            tenant=tenant,
+            overnight_id=batch_id,
+            input_file_id=input_file_id,
+            status=status,
+            requests=len(read_ids),
+        )
+        _read_store().mark_submitted(conn, read_ids=read_ids, provider_batch_id=provider_batch_id)
+
+
+def _adopt(conn: psycopg.Connection, client: BatchClient, batch_id: str, tenant: str, actions: list[str]) -> bool:
+    """Record the provider batches of this overnight batch that a crash kept us from recording; True if one
+    took some queued reads."""
+    try:
+        mine = [s for s in client.recent(ADOPT_WINDOW) if s.metadata.get(METADATA_KEY) == batch_id]
+        orphans = [s for s in mine if s.id not in store.known(conn, ids=[s.id for s in mine])]
+        took = False
+        for s in orphans:
+            custom = [c for c in client.custom_ids(s.input_file_id) if c.startswith(CUSTOM_PREFIX)]
+            ids = store.still_queued(conn, read_ids=[int(c[len(CUSTOM_PREFIX) :]) for c in custom])
+            # reads it holds that are no longer queued were sent again meanwhile: their lines are never routed
+            _record(conn, s.id, tenant, batch_id, s.input_file_id, s.status, ids)
+            actions.append(f"batch {batch_id}: adopted provider batch {s.id} left unrecorded ({len(ids)} reads)")
+            took = took or bool(ids)
+        return took
+    except LLMError as exc:  # listing is a safeguard: without it we may pay a rare duplicate, never lose work
+        actions.append(f"batch {batch_id}: could not list provider batches to adopt ({exc.message})")
+        return False
