@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from ..llm import fair
 from ..pipeline import analyst as analyst_stage
 from ..pipeline import salvage as salvage_stage
 from ..pipeline.flow import Stage, run_stage
@@ -47,7 +48,10 @@ def fan_out(self: DurableTask, job_id: str) -> str:
 
 
 @shared_task(name="rlm.analyst", base=DurableTask, bind=True)
-def analyst(self: DurableTask, job_id: str, batch_no: int) -> dict:
+def analyst(self: DurableTask, job_id: str, batch_no: int, deferrals: int = 0) -> dict:
+    # a tenant over its share steps aside (to the queue's tail) so another's tasks get a thread: fair share
+    if (wait := fair.defer_seconds(fair.tenant_of(job_id), deferrals)) is not None:
+        raise self.retry(countdown=wait, kwargs={"deferrals": deferrals + 1})
     return analyst_stage.run(job_id, batch_no)
 
 
