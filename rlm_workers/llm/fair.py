@@ -4,7 +4,7 @@ The limiter (``limiter.ConcurrencyLimiter``) gives a free slot to a tenant below
 alone does not help a tenant whose tasks wait in the Redis queue behind another tenant's hundreds: every
 worker thread would pick the big job's tasks and block on the limiter.  So a task whose tenant already holds
 its share while another active tenant waits below its own steps aside: ``defer_seconds`` says for how long,
-and the task adapter re-queues it (``self.retry(countdown=…)``) to the tail, behind the other tenant's tasks.
+and ``in_turn`` re-queues the task (``self.retry(countdown=…)``) to the tail, behind the other tenant's tasks.
 
 A fan-out counts its tasks as queued (``note_queued``), so a tenant whose tasks have not reached a thread yet
 already counts as waiting; ``defer_seconds`` counts a task that goes ahead as started.  Every function here
@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .. import metrics
 from ..errors import ServiceUnavailable
 from .limiter import ConcurrencyLimiter
 
 log = logging.getLogger("rlm.fair")
+
+T = TypeVar("T")
 
 #: After this many deferrals a task waits on the limiter like any other: a task re-queued forever is lost work
 #: (and each deferral is one of ``DurableTask``'s retries).
@@ -93,3 +97,13 @@ def defer_seconds(tenant: str | None, deferrals: int = 0) -> float | None:
     except ServiceUnavailable as exc:
         log.warning("fair share unknown (%s); the task goes ahead", exc)
     return None
+
+
+def in_turn(task: Any, tenant: str | None, deferrals: int, run: Callable[[], T]) -> T:
+    """``run()`` now, or re-queue ``task`` (a bound Celery task taking a ``deferrals`` keyword) to the queue's
+    tail when ``defer_seconds`` says its tenant should step aside: the task adapter's one line."""
+    wait = defer_seconds(tenant, deferrals)
+    if wait is not None:
+        # a retry keeps the task id, so a chord counts the task once, when it finally runs
+        raise task.retry(countdown=wait, kwargs={**(task.request.kwargs or {}), "deferrals": deferrals + 1})
+    return run()

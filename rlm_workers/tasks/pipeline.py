@@ -49,10 +49,7 @@ def fan_out(self: DurableTask, job_id: str) -> str:
 
 @shared_task(name="rlm.analyst", base=DurableTask, bind=True)
 def analyst(self: DurableTask, job_id: str, batch_no: int, deferrals: int = 0) -> dict:
-    # a tenant over its share steps aside (to the queue's tail) so another's tasks get a thread: fair share
-    if (wait := fair.defer_seconds(fair.tenant_of(job_id), deferrals)) is not None:
-        raise self.retry(countdown=wait, kwargs={"deferrals": deferrals + 1})
-    return analyst_stage.run(job_id, batch_no)
+    return fair.in_turn(self, fair.tenant_of(job_id), deferrals, lambda: analyst_stage.run(job_id, batch_no))
 
 
 @shared_task(name="rlm.collect", base=DurableTask, bind=True)
