@@ -56,6 +56,10 @@ COUNTER_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
         "LLM tokens as the provider reported them: in, out, cached (of in).",
     ),
     "rlm_llm_cost_usd_total": (("model",), "LLM cost in USD, priced from RLM_PRICES when the call was logged."),
+    "rlm_fair_deferrals_total": (
+        (),
+        "Tasks re-queued because their tenant held its share of the LLM slots while another tenant waited.",
+    ),
 }
 HISTOGRAM_FAMILIES: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
     "rlm_stage_seconds": (("stage",), STAGE_BUCKETS, "Wall time of each pipeline stage run (the job's timings)."),
@@ -151,6 +155,11 @@ def llm_calls(model: str, calls: Sequence[LLMCall]) -> None:
 
 def limiter_waited(seconds: float) -> None:
     _update(lambda p: _observe(p, "rlm_limiter_wait_seconds", [], max(0.0, seconds)))
+
+
+def fair_deferred() -> None:
+    """A task stepped aside for another tenant's (docs/contract.md#fair-share)."""
+    _update(lambda p: p.hincrby(COUNTERS_KEY, _field("rlm_fair_deferrals_total", []), 1))
 
 
 # --------------------------------------------------------------------------- the collector (reader)

@@ -5,7 +5,8 @@ calls (``RLM_MAX_CONCURRENCY``) and the provider's RPM/TPM budget live here:
 
 * ``ConcurrencyLimiter``: a lease-based semaphore.  Each holder owns a member
   of a sorted set scored by its expiry; a worker that dies simply stops
-  renewing and its slot comes back after ``lease_seconds``.
+  renewing and its slot comes back after ``lease_seconds``.  The slots are
+  shared fairly between the tenants using them (docs/contract.md#fair-share).
 * ``RateBudget``: sliding-window request and token budgets.  Tokens are
   charged with an estimate before the call and corrected with real usage.
 * ``Limits``: both behind one ``with limits.call(estimate) as record:``.
@@ -16,6 +17,7 @@ clocks still agree on when a lease or a window entry expires.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import constants, metrics
-from ..errors import ServiceUnavailable
+from ..errors import ConfigError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -48,33 +50,135 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS[1] lease zset; ARGV: limit, lease_ms, lease id.  1 = acquired.
+# Fair share (docs/contract.md#fair-share).  Beside the lease zset K, keys in K's cluster slot ("{K}:…"):
+#   {K}:t:<tenant>  that tenant's leases (the same members and expiries as in K)
+#   {K}:active      tenant -> until when it counts as active (holding, waiting, or with tasks queued)
+#   {K}:wait        tenant -> until when it counts as waiting (a refused attempt, a task about to ask)
+#   {K}:pend:<t>    the tenant's queued tasks not started yet (a fan-out adds, a starting task takes one off)
+# A tenant's share is limit * w / (sum of the active tenants' w), at least 1.  It "crowds" the others when it
+# holds its share or more while another active tenant waits below its own share: then it gets no new slot
+# (and its queued tasks step aside, llm/fair.py).  Otherwise any free slot is its own: alone, a tenant uses
+# the whole limit.  ARGV of every script below starts: limit, lease_ms, tenant, weights JSON.
+_FAIR_LUA = """
+local key, limit, lease_ms, tenant = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local pre = '{' .. key .. '}:'
+local ok_w, weights = pcall(cjson.decode, ARGV[4])
+if not ok_w or type(weights) ~= 'table' then weights = {} end
+local function weight(t)
+  local w = tonumber(weights[t])
+  if w and w > 0 then return w end
+  return 1
+end
+local function mark(zkey, t, until_ms, ttl_ms)
+  local old = tonumber(redis.call('ZSCORE', zkey, t) or '0')
+  if old < until_ms then redis.call('ZADD', zkey, until_ms, t) end
+  if redis.call('PTTL', zkey) < ttl_ms then redis.call('PEXPIRE', zkey, ttl_ms) end
+end
+local function held(t)
+  local tk = pre .. 't:' .. t
+  redis.call('ZREMRANGEBYSCORE', tk, '-inf', now)
+  return redis.call('ZCARD', tk)
+end
+local function waiting(t)
+  if tonumber(redis.call('ZSCORE', pre .. 'wait', t) or '0') > now then return true end
+  return tonumber(redis.call('GET', pre .. 'pend:' .. t) or '0') > 0
+end
+-- whether `tenant` holds its share or more while another active tenant waits below its own
+local function crowding()
+  redis.call('ZREMRANGEBYSCORE', pre .. 'active', '-inf', now)
+  local total_w, others = weight(tenant), {}
+  for _, t in ipairs(redis.call('ZRANGE', pre .. 'active', 0, -1)) do
+    if t ~= tenant then
+      total_w = total_w + weight(t)
+      others[#others + 1] = t
+    end
+  end
+  if #others == 0 then return false end
+  if held(tenant) < math.max(1, limit * weight(tenant) / total_w) then return false end
+  for _, t in ipairs(others) do
+    if waiting(t) and held(t) < math.max(1, limit * weight(t) / total_w) then return true end
+  end
+  return false
+end
+"""
+
+# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, lease id, wait_ms.  1 = acquired.
 _ACQUIRE_LUA = (
     _LUA_NOW_MS
+    + _FAIR_LUA
     + """
-local key, limit, lease_ms = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local wait_ms = tonumber(ARGV[6])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-if redis.call('ZCARD', key) >= limit then return 0 end
-redis.call('ZADD', key, now + lease_ms, ARGV[3])
--- the whole key vanishes if every holder dies, without shortening live leases
-if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
+if redis.call('ZCARD', key) >= limit or crowding() then
+  mark(pre .. 'active', tenant, now + wait_ms, lease_ms * 2)
+  mark(pre .. 'wait', tenant, now + wait_ms, lease_ms * 2)
+  return 0
+end
+local tk = pre .. 't:' .. tenant
+redis.call('ZADD', key, now + lease_ms, ARGV[5])
+redis.call('ZADD', tk, now + lease_ms, ARGV[5])
+mark(pre .. 'active', tenant, now + lease_ms, lease_ms * 2)
+-- the keys vanish if every holder dies, without shortening live leases
+for _, k in ipairs({key, tk}) do
+  if redis.call('PTTL', k) < lease_ms * 2 then redis.call('PEXPIRE', k, lease_ms * 2) end
+end
 return 1
 """
 )
 
 # A lease that already expired is not revived: another holder may have its slot.
+# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, lease id.
 _RENEW_LUA = (
     _LUA_NOW_MS
+    + _FAIR_LUA
     + """
-local key, lease_ms = KEYS[1], tonumber(ARGV[1])
-local score = redis.call('ZSCORE', key, ARGV[2])
+local tk = pre .. 't:' .. tenant
+local score = redis.call('ZSCORE', key, ARGV[5])
 if not score or tonumber(score) <= now then
-  redis.call('ZREM', key, ARGV[2])
+  redis.call('ZREM', key, ARGV[5])
+  redis.call('ZREM', tk, ARGV[5])
   return 0
 end
-redis.call('ZADD', key, 'XX', now + lease_ms, ARGV[2])
-if redis.call('PTTL', key) < lease_ms * 2 then redis.call('PEXPIRE', key, lease_ms * 2) end
+redis.call('ZADD', key, 'XX', now + lease_ms, ARGV[5])
+redis.call('ZADD', tk, now + lease_ms, ARGV[5])
+mark(pre .. 'active', tenant, now + lease_ms, lease_ms * 2)
+for _, k in ipairs({key, tk}) do
+  if redis.call('PTTL', k) < lease_ms * 2 then redis.call('PEXPIRE', k, lease_ms * 2) end
+end
 return 1
+"""
+)
+
+# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, lease id.
+_RELEASE_LUA = """
+redis.call('ZREM', KEYS[1], ARGV[5])
+redis.call('ZREM', '{' .. KEYS[1] .. '}:t:' .. ARGV[3], ARGV[5])
+return 1
+"""
+
+# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights.  1 = the tenant crowds another one out.
+_CROWDING_LUA = _LUA_NOW_MS + _FAIR_LUA + "return crowding() and 1 or 0\n"
+
+# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, tasks (+n queued, -1 started), pending_ms, wait_ms.
+# A task that starts is about to ask for a slot: it counts as waiting until it does.
+_PENDING_LUA = (
+    _LUA_NOW_MS
+    + _FAIR_LUA
+    + """
+local n, pending_ms, wait_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local pk = pre .. 'pend:' .. tenant
+local left = redis.call('INCRBY', pk, n)
+if left <= 0 then
+  redis.call('DEL', pk)
+else
+  redis.call('PEXPIRE', pk, pending_ms)
+  mark(pre .. 'active', tenant, now + pending_ms, pending_ms)
+end
+if n < 0 then
+  mark(pre .. 'active', tenant, now + wait_ms, lease_ms * 2)
+  mark(pre .. 'wait', tenant, now + wait_ms, lease_ms * 2)
+end
+return math.max(left, 0)
 """
 )
 
@@ -82,6 +186,15 @@ return 1
 #: Short, because the keeper renews live leases every third of it: a dead worker's slots come back
 #: within this many seconds instead of blocking every other worker for the length of a call.
 LEASE_SECONDS = 20.0
+#: How long a refused attempt (or a task about to ask) marks its tenant as waiting: several polls long, so a
+#: waiter that keeps polling never drops out, and one that gave up stops holding the others to their share soon.
+WAIT_SECONDS = 1.0
+#: How long a fan-out's count of queued tasks marks its tenant as waiting with no task of it starting: long
+#: enough for tasks queued behind another tenant's to reach a thread, short enough that a lost task does not
+#: hold the others to their share for long.
+PENDING_SECONDS = 120.0
+#: whose call a lease serves when the caller names no tenant (docs/contract.md#fair-share)
+DEFAULT_TENANT = "local"
 
 
 def _owner_tag() -> str:
@@ -102,10 +215,28 @@ def _redis_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 class Lease:
     id: str
     key: str
+    tenant: str = DEFAULT_TENANT
+
+
+def parse_weights(raw: str | None) -> dict[str, float]:
+    """``RLM_TENANT_WEIGHTS`` (JSON ``{"tenant": weight}``) as a dict; a tenant not named weighs 1."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"invalid setting RLM_TENANT_WEIGHTS: not JSON ({exc.msg})") from None
+    bad = not isinstance(value, dict) or any(
+        isinstance(w, bool) or not isinstance(w, int | float) or not w > 0 for w in value.values()
+    )
+    if bad:
+        raise ConfigError('invalid setting RLM_TENANT_WEIGHTS: expected {"tenant": weight > 0, ...}')
+    return {str(t): float(w) for t, w in value.items()}
 
 
 class ConcurrencyLimiter:
-    """At most ``limit`` leases on ``key`` at once, across every process sharing the Redis."""
+    """At most ``limit`` leases on ``key`` at once, across every process sharing the Redis, shared between the
+    tenants asking for them by ``weights`` (docs/contract.md#fair-share)."""
 
     def __init__(
         self,
@@ -114,33 +245,47 @@ class ConcurrencyLimiter:
         limit: int,
         key: str = constants.LIMITER_KEY_PREFIX + "inflight",
         lease_seconds: float = LEASE_SECONDS,
+        weights: dict[str, float] | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError("limit must be >= 1")
         if lease_seconds <= 0:
             raise ValueError("lease_seconds must be > 0")
+        if "{" in key or "}" in key:
+            raise ValueError("the key must hold no braces: its fair-share keys are tagged with it")
         self.redis = redis_client
         self.limit = limit
         self.key = key
         self.lease_seconds = lease_seconds
+        self.weights = dict(weights or {})
+        self._weights_json = json.dumps(self.weights)
         self._acquire = redis_client.register_script(_ACQUIRE_LUA)
         self._renew = redis_client.register_script(_RENEW_LUA)
+        self._release = redis_client.register_script(_RELEASE_LUA)
+        self._crowding = redis_client.register_script(_CROWDING_LUA)
+        self._pending = redis_client.register_script(_PENDING_LUA)
 
     @property
     def _lease_ms(self) -> int:
         return max(1, int(self.lease_seconds * 1000))
 
-    def try_acquire(self) -> Lease | None:
-        """One atomic attempt: a lease, or None when all ``limit`` slots are held."""
-        lease_id = _owner_tag()
-        got = _redis_call(self._acquire, keys=[self.key], args=[self.limit, self._lease_ms, lease_id])
-        return Lease(lease_id, self.key) if int(got) == 1 else None
+    def _args(self, tenant: str, *more: Any) -> list[Any]:
+        return [self.limit, self._lease_ms, tenant, self._weights_json, *more]
 
-    def acquire(self, timeout: float | None = None) -> Lease:
+    def try_acquire(self, tenant: str | None = None) -> Lease | None:
+        """One atomic attempt: a lease, or None when all ``limit`` slots are held or ``tenant`` holds its share
+        while another tenant waits below its own."""
+        tenant = tenant or DEFAULT_TENANT
+        lease_id = _owner_tag()
+        args = self._args(tenant, lease_id, int(WAIT_SECONDS * 1000))
+        got = _redis_call(self._acquire, keys=[self.key], args=args)
+        return Lease(lease_id, self.key, tenant) if int(got) == 1 else None
+
+    def acquire(self, timeout: float | None = None, tenant: str | None = None) -> Lease:
         """Block until a slot is free; ``TimeoutError`` after ``timeout`` seconds (None: wait forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            lease = self.try_acquire()
+            lease = self.try_acquire(tenant)
             if lease is not None:
                 return lease
             pause = random.uniform(_POLL_MIN, _POLL_MAX)
@@ -152,11 +297,29 @@ class ConcurrencyLimiter:
             time.sleep(pause)
 
     def release(self, lease: Lease) -> None:
-        _redis_call(self.redis.zrem, lease.key, lease.id)
+        _redis_call(self._release, keys=[lease.key], args=self._args(lease.tenant, lease.id))
 
     def renew(self, lease: Lease) -> bool:
         """Push the lease's expiry ``lease_seconds`` ahead; False if it had already expired."""
-        return int(_redis_call(self._renew, keys=[lease.key], args=[self._lease_ms, lease.id])) == 1
+        return int(_redis_call(self._renew, keys=[lease.key], args=self._args(lease.tenant, lease.id))) == 1
+
+    def crowding(self, tenant: str | None) -> bool:
+        """Whether ``tenant`` holds its share or more while another active tenant waits below its own: a task
+        of it should step aside rather than take a worker thread to wait in (llm/fair.py)."""
+        return int(_redis_call(self._crowding, keys=[self.key], args=self._args(tenant or DEFAULT_TENANT))) == 1
+
+    def queued(self, tenant: str | None, n: int) -> int:
+        """Count ``n`` tasks of ``tenant`` queued (a fan-out), or ``-1`` for one that starts; the tenant counts as
+        waiting while any are queued.  Returns how many are still queued."""
+        args = self._args(tenant or DEFAULT_TENANT, int(n), int(PENDING_SECONDS * 1000), int(WAIT_SECONDS * 1000))
+        return int(_redis_call(self._pending, keys=[self.key], args=args))
+
+    def held_by(self, tenant: str | None) -> int:
+        """Live leases of ``tenant`` right now."""
+        now_s, now_us = _redis_call(self.redis.time)
+        now_ms = int(now_s) * 1000 + int(now_us) // 1000
+        tk = f"{{{self.key}}}:t:{tenant or DEFAULT_TENANT}"
+        return int(_redis_call(self.redis.zcount, tk, f"({now_ms}", "+inf"))
 
     def held(self) -> int:
         """Live leases right now (expired ones not yet swept are excluded)."""
@@ -165,9 +328,9 @@ class ConcurrencyLimiter:
         return int(_redis_call(self.redis.zcount, self.key, f"({now_ms}", "+inf"))
 
     @contextmanager
-    def slot(self, timeout: float | None = None) -> Iterator[Lease]:
+    def slot(self, timeout: float | None = None, tenant: str | None = None) -> Iterator[Lease]:
         """Hold one slot for the block, renewing it in the background so slow calls keep it."""
-        lease = self.acquire(timeout)
+        lease = self.acquire(timeout, tenant)
         keeper = _LeaseKeeper(self, lease)
         keeper.start()
         try:
@@ -218,8 +381,10 @@ class _LeaseKeeper:
 
 
 def limiter_from_settings(settings: Settings, redis_client: Any) -> ConcurrencyLimiter:
-    """The process-wide ceiling ``RLM_MAX_CONCURRENCY`` on in-flight LLM calls."""
-    return ConcurrencyLimiter(redis_client, limit=settings.max_concurrency)
+    """The process-wide ceiling ``RLM_MAX_CONCURRENCY`` on in-flight LLM calls, shared by ``RLM_TENANT_WEIGHTS``."""
+    return ConcurrencyLimiter(
+        redis_client, limit=settings.max_concurrency, weights=parse_weights(settings.tenant_weights)
+    )
 
 
 # KEYS: log zset (entry id -> time), tokens hash (entry id -> tokens), running token total.
@@ -377,8 +542,9 @@ class Limits:
         return cls(limiter_from_settings(settings, redis_client), budget, acquire_timeout=wait_bound(settings))
 
     @contextmanager
-    def call(self, estimated_tokens: int) -> Iterator[Callable[[int], None]]:
-        """Hold a slot and a budget charge for one request; call the yielded ``record(actual_tokens)``.
+    def call(self, estimated_tokens: int, tenant: str | None = None) -> Iterator[Callable[[int], None]]:
+        """Hold a slot (``tenant``'s, docs/contract.md#fair-share) and a budget charge for one request; call the
+        yielded ``record(actual_tokens)``.
 
         The slot is taken first and the budget charged right before the request
         goes out, so the window sees the request when the provider does; a call
@@ -388,7 +554,7 @@ class Limits:
         start = time.monotonic()
         deadline = None if self.acquire_timeout is None else start + self.acquire_timeout
         slot: AbstractContextManager[Any] = (
-            self.concurrency.slot(self.acquire_timeout) if self.concurrency else nullcontext()
+            self.concurrency.slot(self.acquire_timeout, tenant) if self.concurrency else nullcontext()
         )
         with slot:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

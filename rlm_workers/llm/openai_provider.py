@@ -117,7 +117,7 @@ class OpenAIProvider:
             cached = 0
             response = None
             try:
-                response = self._send(client, params, estimate_tokens(request))
+                response = self._send(client, params, estimate_tokens(request), request.tenant)
                 usage = _usage(response)
                 cached = _cached_tokens(response, usage[0])
                 completion = _to_completion(response, request.model, usage)
@@ -168,11 +168,13 @@ class OpenAIProvider:
             params["tools"] = request.tools
         return params
 
-    def _send(self, client: openai.OpenAI, params: dict[str, Any], estimated_tokens: int) -> Any:
+    def _send(
+        self, client: openai.OpenAI, params: dict[str, Any], estimated_tokens: int, tenant: str | None = None
+    ) -> Any:
         if self.limits is None:
             return client.chat.completions.create(**params)
         try:
-            with self.limits.call(estimated_tokens) as record:
+            with self.limits.call(estimated_tokens, tenant) as record:
                 response = client.chat.completions.create(**params)
                 try:
                     record(sum(_usage(response)))

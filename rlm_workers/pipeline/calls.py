@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import metrics
 from ..errors import LLMError
+from ..llm import fair
 from ..llm.protocol import Completion, CompletionRequest
 from ..models import LLMCall
 from ..resources import provider
@@ -49,6 +51,9 @@ def call_llm(
     table = prices(get_settings())
     if check_open:
         _still_open(conn, job_id)
+    if request.tenant is None and not p.local:
+        # the slot is the tenant's share of the global limit (docs/contract.md#fair-share); read once per job
+        request = replace(request, tenant=fair.tenant_of(job_id))
     ledger = ledger_for_job(job_id)
     if ledger is not None:
         ledger.reserve()

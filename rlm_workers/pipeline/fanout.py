@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from celery import chord
 
+from ..llm import fair
 from ..store import jobs as job_store
 from .flow import TASK, Stage, StageContext
 from .salvage import watchdog_countdown
@@ -47,6 +48,7 @@ def _launch(ctx: StageContext, job: JobRow) -> str:
     ]
     body = app.signature(TASK[Stage.collect], (job.id,), immutable=True).set(argsrepr=f"job={job.id}")
     body.link_error(app.signature("rlm.salvage", (job.id,), immutable=True).set(argsrepr=f"job={job.id}"))
+    fair.note_queued(job.tenant, n)  # its tasks may queue behind another tenant's: docs/contract.md#fair-share
     result = chord(header, app=app)(body)
     ids = [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]
     job_store.add_task_ids(ctx.conn, job_id=job.id, task_ids=ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from ..llm import fair
 from ..pipeline import analyst as analyst_stage
 from ..pipeline import reads as reads_stage
 from ..pipeline import salvage as salvage_stage
@@ -48,8 +49,8 @@ def fan_out(self: DurableTask, job_id: str) -> str:
 
 
 @shared_task(name="rlm.analyst", base=DurableTask, bind=True)
-def analyst(self: DurableTask, job_id: str, batch_no: int) -> dict:
-    return analyst_stage.run(job_id, batch_no)
+def analyst(self: DurableTask, job_id: str, batch_no: int, deferrals: int = 0) -> dict:
+    return fair.in_turn(self, fair.tenant_of(job_id), deferrals, lambda: analyst_stage.run(job_id, batch_no))
 
 
 @shared_task(name="rlm.read", base=DurableTask, bind=True)
