@@ -4,6 +4,9 @@ keeping the old version, a redelivered group never duplicating, a lost group re-
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -94,6 +97,20 @@ def test_two_ingest_workers_load_a_split_upload_as_one_new_version(env, conn, tm
             assert time.monotonic() < deadline, (up, ws["ing1"].tail(), ws["ing2"].tail())
             time.sleep(0.3)
         conn.commit()
+        # `rlm load --queue --wait` stages a directory the same way and follows its groups to the end
+        root = tmp_path_factory.mktemp("cli-corpus") / "manuals"
+        root.mkdir()
+        for path, data in CORPUS[:3]:
+            (root / path.split("/")[-1]).write_bytes(data)
+        cli = subprocess.run(
+            [sys.executable, "-m", "rlm_api.cli", "load", str(root), "-b", "manuals", "--queue", "--wait"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert cli.returncode == 0, (cli.stdout, cli.stderr, ws["ing1"].tail(), ws["ing2"].tail())
+        assert "groups 3/3" in cli.stderr and "buffer manuals v1: 3 files loaded" in cli.stdout, cli
         logs = ws["ing1"].tail(4000) + ws["ing2"].tail(4000)
     assert up.status == "done", (up, logs)
     assert up.groups == len(CORPUS) and up.groups_done == len(CORPUS)
