@@ -1,6 +1,7 @@
 """Ingest throughput (issue #15): `rlm load` on each encoder runtime against plain SentenceTransformer.encode.
 
     .venv/bin/python bench/ingest.py [--quick] [--mb MB] [--no-write] [--keep-servers] [--wait-quiet S]
+    .venv/bin/python bench/ingest.py --spread [--mb MB] [--no-write]   # issue #14: 2 ingest workers vs 1
 
 One corpus for every row: the .py sources of the installed celery package
 (1.69 MB), copied to a temp dir.
@@ -483,6 +484,96 @@ def report(a: dict) -> str:
     return "\n".join(lines)
 
 
+SPREAD_TARGET = 1.8
+SPREAD_GROUPS = 16  # groups per load: enough that two workers finish within a small group of each other
+
+
+def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: float) -> dict:
+    """`rlm load --queue --wait` of the corpus with ``workers`` ingest worker processes (-c 1, prefork), each
+    encoding on one thread (RLM_ENCODE_THREADS=1, OMP/MKL 1); the workers are warmed by a small load first, so
+    the timed load measures embedding spread over them, not their model loads."""
+    sys.path.insert(0, str(_util.REPO))
+    from tests.support.workers import WorkerProcess
+
+    fresh_database(data_dir)
+    env = child_env(
+        RLM_ENCODE_THREADS="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        RLM_INGEST_GROUP_BYTES=str(max(1024, n_bytes // SPREAD_GROUPS)),
+    )
+    logs = data_dir / "spread-logs"
+    logs.mkdir(exist_ok=True)
+    ws = [
+        WorkerProcess(f"ing{i}", queues="rlm.ingest", env=env, log_dir=logs, concurrency=1, pool="prefork")
+        for i in range(workers)
+    ]
+    try:
+        for w in ws:
+            w.start()
+        warm = corpus.parent / "warm"
+        shutil.rmtree(warm, ignore_errors=True)
+        warm.mkdir()
+        for i, src in enumerate(sorted(corpus.rglob("*.py"))[: 4 * workers]):
+            (warm / f"w{i}.py").write_bytes(src.read_bytes()[:4000] + b"\n" * 2000)
+        timed_child(rlm_cmd("load", str(warm), "-b", "warm", "--queue", "--wait", "--format", "json"), env)
+        busy = _util.wait_for_quiet(wait)
+        out, wall, cpu, others = timed_child(
+            rlm_cmd("load", str(corpus), "-b", f"spread{workers}", "--queue", "--wait", "--format", "json"), env
+        )
+    finally:
+        for w in ws:
+            w.stop()
+    res = last_json(out)
+    if res["status"] != "done" or res["report"]["bytes_loaded"] != n_bytes:
+        raise SystemExit(f"the {workers}-worker load did not load the corpus: {res}")
+    return {"workers": workers, "wall": wall, "report": res["report"], "busy": busy}
+
+
+def spread_report(runs: dict[int, dict], n_bytes: int, n_files: int) -> str:
+    one, two = runs[1], runs[2]
+    ratio = one["wall"] / two["wall"]
+    rows = "\n".join(
+        f"| {w} | {r['wall']:.1f} | {n_bytes / 1e3 / r['wall']:.0f} | {r['report']['groups']} | "
+        f"{r['report']['chunks_written']} | {r['report']['commit_seconds']:.2f} |"
+        for w, r in sorted(runs.items())
+    )
+    return f"""## Ingest spread over workers (issue #14)
+
+`python bench/ingest.py --spread`, {time.strftime("%Y-%m-%d")}: `rlm load --queue --wait` of {n_bytes / 1e6:.2f} MB
+({n_files} .py files of {PACKAGE}) into a fresh embedded PostgreSQL, split into file groups of
+RLM_INGEST_GROUP_BYTES = corpus / {SPREAD_GROUPS}; each `rlm worker -Q rlm.ingest -c 1 -P prefork` process encodes
+on one thread (RLM_ENCODE_THREADS=1, OMP_NUM_THREADS=1; default runtime). Wall seconds of the whole CLI
+process (stage, fan out, embed, commit), the workers warmed by a small load first. The commit (moving the
+staged rows into the buffer and building its HNSW graph) runs once, on the last group's worker.
+
+| ingest workers | wall s | KB/s | groups | chunks | commit s |
+|---:|---:|---:|---:|---:|---:|
+{rows}
+
+2 workers vs 1: **{ratio:.2f}×** (target ≥ {SPREAD_TARGET}×: {"met" if ratio >= SPREAD_TARGET else "NOT met"})."""
+
+
+def spread_main(args: argparse.Namespace) -> None:
+    data_dir = _util.isolated_env("ingest-spread")
+    for var in ("RLM_EMBEDDING_RUNTIME", "RLM_ENCODE_THREADS", "RLM_ENCODER_DIR", "RLM_EMBED_BATCH_SIZE"):
+        os.environ.pop(var, None)
+    machine = _util.machine_markdown()
+    with tempfile.TemporaryDirectory(prefix="rlm-bench-spread-") as tmp:
+        corpus = Path(tmp) / "corpus"
+        n_files, n_bytes = build_corpus(corpus, None if args.mb is None else int(args.mb * 1_000_000))
+        print(f"corpus: {n_bytes / 1e6:.2f} MB in {n_files} files", flush=True)
+        runs = {}
+        try:
+            for workers in (1, 2):
+                runs[workers] = spread_load(corpus, data_dir, n_bytes, workers, args.wait_quiet)
+                print(f"{workers} worker(s): {runs[workers]['wall']:.1f} s", flush=True)
+        finally:
+            if not args.keep_servers:
+                _util.stop_servers(data_dir)
+    _util.publish("ingest-spread", spread_report(runs, n_bytes, n_files), machine, write=not args.no_write)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a ~150 KB corpus to check the code; implies --no-write")
@@ -503,7 +594,11 @@ def main() -> None:
         metavar="SECONDS",
         help="wait up to this long for other processes to leave the CPU idle before each timed phase",
     )
+    ap.add_argument("--spread", action="store_true", help="only the 2-ingest-workers-vs-1 case (issue #14)")
     args = ap.parse_args()
+    if args.spread:
+        spread_main(args)
+        return
     if args.quick:
         args.mb, args.sample_kb, args.no_write = args.mb or 0.15, min(args.sample_kb, 50), True
     searches = 1 if args.quick else 3

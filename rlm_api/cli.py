@@ -189,6 +189,17 @@ def load(
     chunk_size: Annotated[int, typer.Option(help="Maximum characters per chunk.")] = 3000,
     overlap: Annotated[int, typer.Option(help="Characters shared by consecutive chunks.")] = 500,
     fmt: Annotated[Fmt, typer.Option("--format", help="Output format.")] = Fmt.text,
+    queue: Annotated[
+        bool,
+        typer.Option(
+            "--queue",
+            help="Stage the files in PostgreSQL and let the ingest workers load them (split into file groups "
+            "embedded at once when larger than RLM_INGEST_GROUP_BYTES); prints the upload id and returns.",
+        ),
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="With --queue: follow the upload (groups done) until it ends.")
+    ] = False,
     tenant: TenantOpt = None,
 ) -> None:
     """Load files into a buffer: unchanged files are skipped, changed ones replaced, in one transaction."""
@@ -209,6 +220,12 @@ def load(
     for p in paths:
         if not p.exists():
             raise InvalidInput(f"path not found: {p}")
+    if queue:
+        opts = {"chunker": chunker.value, "chunk_size": chunk_size, "overlap": overlap}
+        _load_queued(paths, buffer, opts, tenant, fmt, wait)
+        return
+    if wait:
+        raise InvalidInput("--wait follows a queued load: give --queue too")
     with _db() as (settings, _url, conn):
         embedder = get_embedder(settings.embedding_model)
         console = Console(stderr=True)
@@ -251,6 +268,70 @@ def load(
         f"{report.files_unchanged} unchanged, {report.files_removed} removed; {report.chunks_written} chunks, "
         f"{report.windows_embedded} windows embedded; skipped: {skipped} ({report.seconds:.1f}s)"
     )
+
+
+def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: str, fmt: Fmt, wait: bool) -> None:
+    """Stage the files as an upload (what a large POST /v1/buffers does) and send it to the ingest workers."""
+    import time
+    import uuid
+
+    from rlm_workers.ingest.files import discover
+    from rlm_workers.ingest.staging import check_names
+    from rlm_workers.store.uploads import create_upload, get_upload
+
+    with _db() as (settings, _url, conn):
+        try:
+            candidates, _ = discover(paths, max_file_bytes=settings.max_file_bytes)
+        except FileNotFoundError as exc:
+            raise InvalidInput(str(exc).strip() or "path not found") from None
+        if not candidates:
+            raise InvalidInput(f"nothing to load: no files found; buffer {buffer!r} was not changed")
+        check_names(c.rel_path for c in candidates)
+        files = [(c.rel_path, c.abs_path.read_bytes()) for c in candidates]
+        upload_id = uuid.uuid4().hex
+        create_upload(conn, upload_id=upload_id, tenant=tenant, buffer=buffer, options=opts, files=files)
+        conn.commit()
+        from rlm_workers.celery_app import app as celery
+
+        try:
+            celery.send_task("rlm.ingest", (upload_id,), argsrepr=f"upload={upload_id}")
+        except Exception as exc:  # stored: the reconciler sends it once the broker is back
+            typer.echo(f"warning: upload stored but not sent ({type(exc).__name__}); the reconciler sends it", err=True)
+        size = sum(len(d) for _, d in files)
+        if not wait:
+            if fmt == Fmt.json:
+                _print_json({"upload_id": upload_id, "buffer": buffer, "files": len(files), "bytes": size})
+            else:
+                typer.echo(
+                    f"queued upload {upload_id}: {len(files)} files ({_human(size)}) into buffer {buffer}; the ingest "
+                    f"workers (rlm worker -Q rlm.ingest) load it; follow it with GET /v1/uploads/{upload_id} or "
+                    "`rlm load --queue --wait`"
+                )
+            return
+        shown = None
+        while True:
+            up = get_upload(conn, upload_id=upload_id)
+            conn.commit()
+            assert up is not None
+            line = f"upload {upload_id}: {up.status}" + (
+                f", groups {up.groups_done}/{up.groups}" if up.groups is not None else ""
+            )
+            if line != shown and fmt != Fmt.json:
+                typer.echo(line, err=True)
+                shown = line
+            if up.terminal:
+                break
+            time.sleep(1.0)
+    if fmt == Fmt.json:
+        _print_json({"upload_id": upload_id, "status": up.status, "report": up.report, "error": up.error})
+    elif up.status == "done" and up.report:
+        r = up.report
+        typer.echo(
+            f"buffer {buffer} v{r['version']}: {r['files_loaded']} files loaded, {r['files_unchanged']} unchanged, "
+            f"{r['files_removed']} removed; {r['chunks_written']} chunks, {r['windows_embedded']} windows embedded"
+        )
+    if up.status != "done":
+        raise RLMError(f"upload {upload_id} failed: {(up.error or {}).get('message', 'no reason recorded')}")
 
 
 def _warm_bm25(conn: psycopg.Connection, settings: Settings, url: str, buffer: str, tenant: str) -> None:

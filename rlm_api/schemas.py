@@ -117,6 +117,10 @@ class UploadView(BaseModel):
     finished_at: datetime | None
     report: dict | None = Field(description="Once done: the loader's report (as `rlm load --format json`).")
     error: ErrorBody | None
+    groups: int | None = Field(
+        None, description="File groups a large upload was split into (null: loaded whole by one worker)."
+    )
+    groups_done: int = Field(0, description="Groups embedded so far; the new version is committed when all are.")
 
 
 class QueryAccepted(BaseModel):

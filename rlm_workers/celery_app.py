@@ -56,6 +56,7 @@ def celery_config(settings) -> dict:
             "rlm.analyst": {"queue": QUEUE_ANALYST},
             "rlm.read": {"queue": QUEUE_ANALYST},
             "rlm.ingest": {"queue": QUEUE_INGEST},
+            "rlm.ingest.group": {"queue": QUEUE_INGEST},
             "rlm.embed": {"queue": QUEUE_INGEST},
             "rlm.*": {"queue": QUEUE_CONTROL},
         },

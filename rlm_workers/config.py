@@ -125,6 +125,12 @@ class Settings(BaseSettings):
     )
     embed_batch_size: int = Field(64, ge=1, le=4096, description="Windows per encoder batch.")
     max_file_bytes: int = Field(50 * 1024 * 1024, ge=1, description="Files larger than this are skipped by `rlm load`.")
+    ingest_group_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="A queued load (`rlm load --queue`, a queued API upload) larger than this is split into file "
+        "groups of about this many bytes, embedded by any ingest workers at once and committed as one new version.",
+    )
 
     # --- operations --------------------------------------------------------
     log_format: Literal["text", "json"] = Field("text", description="Log line format.")

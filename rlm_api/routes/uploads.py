@@ -27,6 +27,8 @@ def upload_view(up: UploadRow) -> UploadView:
         finished_at=up.finished_at,
         report=up.report,
         error=ErrorBody.from_record(up.error),
+        groups=up.groups,
+        groups_done=up.groups_done,
     )
 
 

@@ -1,5 +1,8 @@
 """Load one queued upload into its buffer on an ingest worker (chunk, embed, store): the ``rlm.ingest`` task.
 
+An upload larger than ``RLM_INGEST_GROUP_BYTES`` is not loaded here: it is split into file groups that any
+ingest workers embed at once (ingest/groups.py); what follows is the path of an upload loaded whole.
+
 The API stages the files in PostgreSQL and sends only the upload id.  The load
 runs in one transaction that also marks the upload done, so a worker killed
 half-way leaves the previous buffer and the staged files as they were; the
@@ -17,6 +20,7 @@ from ..config import Settings, get_settings
 from ..errors import RLMError, error_record
 from ..store import uploads as store
 from ..store.db import DB_OUTAGE, connect, connection
+from . import groups
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,6 +41,12 @@ def run_ingest(upload_id: str) -> str:
             log.info("upload %s is being loaded by another delivery", upload_id)
             return "busy"
         conn.commit()
+        planned = store.get_upload(conn, upload_id=upload_id)
+        conn.commit()
+        if planned is not None and planned.groups is not None:
+            # Split already: its groups carry the load; only their commit may be left (its delivery died).
+            conn.autocommit = True
+            return groups.commit(conn, upload_id) or "waiting"
         with connection() as status_conn:
             up = store.start_upload(status_conn, upload_id=upload_id)
             if up is None:
@@ -55,6 +65,11 @@ def run_ingest(upload_id: str) -> str:
                     )
                 log.warning("upload %s failed after %d attempts", upload_id, MAX_ATTEMPTS)
                 return "failed"
+        to_send = groups.plan(conn, up, settings)
+        conn.commit()
+        if to_send is not None:
+            groups.send_groups(upload_id, to_send)
+            return "split"
         log.info(
             "upload %s: loading %d files (%d bytes) into buffer %s (attempt %d)",
             upload_id,

@@ -59,15 +59,34 @@ def reconcile_jobs(conn: psycopg.Connection, *, send: Callable[[str, str], None]
     return actions
 
 
-def reconcile_uploads(conn: psycopg.Connection, *, send: Callable[[str, str], None], idle_seconds: float) -> list[str]:
+def reconcile_uploads(
+    conn: psycopg.Connection,
+    *,
+    send: Callable[[str, str], None],
+    idle_seconds: float,
+    send_group: Callable[[str, int], None] | None = None,
+) -> list[str]:
     """Re-send ``rlm.ingest`` for uploads still open after ``idle_seconds``: a lost message, a dead worker, or
-    a broker that was down when the API stored it.  A delivery that finds the upload being loaded leaves it."""
-    from ..store.uploads import stale_uploads
+    a broker that was down when the API stored it.  A delivery that finds the upload being loaded leaves it.
+    Likewise ``rlm.ingest.group`` for a file group still open (``send_group``: the group sender)."""
+    if send_group is None:
+        from ..ingest.groups import send_groups
+
+        def send_group(upload_id: str, group_no: int) -> None:
+            send_groups(upload_id, [group_no])
+
+    from ..store.uploads import stale_groups, stale_uploads
 
     actions = []
     for upload_id in stale_uploads(conn, idle_seconds=idle_seconds):
         send("rlm.ingest", upload_id)
         line = f"upload {upload_id} still open after {idle_seconds:.0f}s: re-sent rlm.ingest"
+        log.warning("reconciler: %s", line)
+        actions.append(line)
+    # A file group's message lost (or its worker dead) would hold the whole upload open: re-send the group.
+    for upload_id, group_no in stale_groups(conn, idle_seconds=idle_seconds):
+        send_group(upload_id, group_no)
+        line = f"upload {upload_id} group {group_no} still open after {idle_seconds:.0f}s: re-sent rlm.ingest.group"
         log.warning("reconciler: %s", line)
         actions.append(line)
     return actions

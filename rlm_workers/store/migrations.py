@@ -415,6 +415,60 @@ CREATE TABLE read_members (
 CREATE INDEX read_members_job ON read_members (job_id);
 """
 
+M016_INGEST_GROUPS = """
+-- A large upload is loaded as file groups, each embedded by any ingest worker (docs/contract.md#ingest-groups).
+-- groups: how many (NULL: loaded whole by one rlm.ingest); base_version: the buffer's version the groups
+-- compare unchanged files against, so a load that another load overtook fails instead of mixing the two.
+ALTER TABLE uploads ADD COLUMN groups integer, ADD COLUMN groups_done integer NOT NULL DEFAULT 0,
+    ADD COLUMN base_version integer;
+CREATE TABLE ingest_groups (
+    upload_id   text NOT NULL REFERENCES uploads(id) ON DELETE CASCADE,
+    group_no    integer NOT NULL,
+    paths       text[] NOT NULL,
+    bytes       bigint NOT NULL,
+    -- queued | running | done | failed
+    status      text NOT NULL DEFAULT 'queued',
+    attempts    integer NOT NULL DEFAULT 0,
+    -- when its rlm.ingest.group was last sent: the reconciler re-sends a group that sat too long
+    sent_at     timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    report      jsonb,
+    error       jsonb,
+    PRIMARY KEY (upload_id, group_no)
+);
+CREATE INDEX ingest_groups_open ON ingest_groups (sent_at) WHERE status IN ('queued', 'running');
+-- What the groups made, invisible to readers until the last group moves it into the buffer in one transaction.
+-- file_id NULL: the file is unchanged and the buffer's copy is kept.
+CREATE TABLE ingest_staged_files (
+    upload_id    text NOT NULL REFERENCES uploads(id) ON DELETE CASCADE,
+    group_no     integer NOT NULL,
+    path         text NOT NULL,
+    file_id      bigint,
+    content_hash text NOT NULL,
+    size_bytes   bigint NOT NULL,
+    chunk_count  integer NOT NULL,
+    PRIMARY KEY (upload_id, path)
+);
+CREATE INDEX ingest_staged_files_group ON ingest_staged_files (upload_id, group_no);
+CREATE TABLE ingest_staged_chunks (
+    upload_id    text NOT NULL REFERENCES uploads(id) ON DELETE CASCADE,
+    group_no     integer NOT NULL,
+    id           bigint NOT NULL,
+    file_id      bigint NOT NULL,
+    seq          integer NOT NULL,
+    path         text NOT NULL,
+    start_line   integer NOT NULL,
+    end_line     integer NOT NULL,
+    start_byte   bigint NOT NULL,
+    end_byte     bigint NOT NULL,
+    text         text NOT NULL,
+    token_count  integer NOT NULL,
+    content_hash text NOT NULL,
+    terms        text NOT NULL
+);
+CREATE INDEX ingest_staged_chunks_group ON ingest_staged_chunks (upload_id, group_no);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -431,6 +485,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m013_job_trees", M013_JOB_TREES),
     ("m014_sessions", M014_SESSIONS),
     ("m015_overnight_reads", M015_OVERNIGHT_READS),
+    ("m016_ingest_groups", M016_INGEST_GROUPS),
 ]
 
 

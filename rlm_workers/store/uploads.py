@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     import psycopg
 
 _COLS = (
-    "id, tenant, buffer, options, status, report, error, files, bytes, attempts, created_at, started_at, finished_at"
+    "id, tenant, buffer, options, status, report, error, files, bytes, attempts, created_at, started_at, finished_at, "
+    "groups, groups_done, base_version"
 )
 
 
@@ -39,6 +40,11 @@ class UploadRow:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: file groups it was split into (None: loaded whole by one rlm.ingest) and how many are embedded
+    groups: int | None = None
+    groups_done: int = 0
+    #: the buffer's version the groups compare unchanged files against (0: no buffer yet)
+    base_version: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -139,3 +145,290 @@ def stale_uploads(conn: psycopg.Connection, *, idle_seconds: float, limit: int =
         (idle_seconds, limit),
     ).fetchall()
     return [r[0] for r in rows]
+
+
+# ------------------------------------------------------------------ file groups (docs/contract.md#ingest-groups)
+
+_GROUP_COLS = "upload_id, group_no, paths, bytes, status, attempts, report, error"
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    upload_id: str
+    group_no: int
+    paths: list[str]
+    bytes: int
+    #: queued | running | done | failed
+    status: str
+    attempts: int
+    report: dict[str, Any] | None
+    error: dict[str, Any] | None
+
+
+def staged_sizes(conn: psycopg.Connection, *, upload_id: str) -> list[tuple[str, int]]:
+    """(path, bytes) of the upload's files in path order, without reading them."""
+    rows = conn.execute(
+        "SELECT path, octet_length(data) FROM upload_files WHERE upload_id = %s ORDER BY path", (upload_id,)
+    ).fetchall()
+    return [(r[0], int(r[1])) for r in rows]
+
+
+def staged_files_in(conn: psycopg.Connection, *, upload_id: str, paths: Sequence[str]) -> list[tuple[str, bytes]]:
+    rows = conn.execute(
+        "SELECT path, data FROM upload_files WHERE upload_id = %s AND path = ANY(%s) ORDER BY path",
+        (upload_id, list(paths)),
+    ).fetchall()
+    return [(path, bytes(data)) for path, data in rows]
+
+
+def ensure_staged_vectors(conn: psycopg.Connection) -> None:
+    """The table staged window vectors wait in; made on first use because ``halfvec`` needs pgvector, which a
+    migration cannot assume (the server may gain it after the schema is made)."""
+    if conn.execute("SELECT to_regclass('ingest_staged_vectors')").fetchone()[0] is not None:
+        return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_SPACE << 32,))  # two first uses at once
+        conn.execute(
+            """CREATE TABLE IF NOT EXISTS ingest_staged_vectors (
+                   upload_id text NOT NULL REFERENCES uploads(id) ON DELETE CASCADE,
+                   group_no  integer NOT NULL,
+                   chunk_id  bigint NOT NULL,
+                   win       smallint NOT NULL,
+                   embedding halfvec NOT NULL
+               )"""
+        )
+        conn.execute(
+            "CREATE INDEX IF NOT EXISTS ingest_staged_vectors_group ON ingest_staged_vectors (upload_id, group_no)"
+        )
+
+
+def plan_groups(
+    conn: psycopg.Connection, *, upload_id: str, groups: Sequence[tuple[list[str], int]], base_version: int
+) -> None:
+    """Record the upload's file groups (paths, bytes) in the caller's transaction."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO ingest_groups (upload_id, group_no, paths, bytes) VALUES (%s, %s, %s, %s)",
+            [(upload_id, n, paths, size) for n, (paths, size) in enumerate(groups)],
+        )
+    conn.execute(
+        "UPDATE uploads SET groups = %s, groups_done = 0, base_version = %s WHERE id = %s",
+        (len(groups), base_version, upload_id),
+    )
+
+
+def list_groups(conn: psycopg.Connection, *, upload_id: str) -> list[GroupRow]:
+    rows = conn.execute(
+        f"SELECT {_GROUP_COLS} FROM ingest_groups WHERE upload_id = %s ORDER BY group_no", (upload_id,)
+    ).fetchall()
+    return [GroupRow(*r) for r in rows]
+
+
+def try_lock_group(conn: psycopg.Connection, *, upload_id: str, group_no: int) -> bool:
+    return try_session_lock(conn, session_lock_key(_LOCK_SPACE, f"{upload_id}/{group_no}"))
+
+
+def start_group(conn: psycopg.Connection, *, upload_id: str, group_no: int) -> GroupRow | None:
+    """Mark an open group of a running upload running (one more attempt); None when it or its upload ended."""
+    row = conn.execute(
+        f"""UPDATE ingest_groups g SET status = 'running', attempts = g.attempts + 1, sent_at = now()
+            FROM uploads u
+            WHERE g.upload_id = %s AND g.group_no = %s AND g.status IN ('queued', 'running')
+              AND u.id = g.upload_id AND u.status = 'running'
+            RETURNING {", ".join("g." + c.strip() for c in _GROUP_COLS.split(","))}""",
+        (upload_id, group_no),
+    ).fetchone()
+    return GroupRow(*row) if row else None
+
+
+def note_group_error(conn: psycopg.Connection, *, upload_id: str, group_no: int, error: dict[str, Any]) -> None:
+    conn.execute(
+        """UPDATE ingest_groups SET error = %s
+           WHERE upload_id = %s AND group_no = %s AND status IN ('queued', 'running')""",
+        (Jsonb(error), upload_id, group_no),
+    )
+
+
+def clear_staged(conn: psycopg.Connection, *, upload_id: str, group_no: int | None = None) -> None:
+    """Staged rows of one group (a re-run starts clean, so a redelivery never duplicates) or of the whole upload."""
+    tables = ["ingest_staged_files", "ingest_staged_chunks"]
+    if conn.execute("SELECT to_regclass('ingest_staged_vectors')").fetchone()[0] is not None:
+        tables.append("ingest_staged_vectors")
+    for table in tables:
+        conn.execute(
+            f"DELETE FROM {table} WHERE upload_id = %s AND (%s::int IS NULL OR group_no = %s)",
+            (upload_id, group_no, group_no),
+        )
+
+
+def stage_file(
+    conn: psycopg.Connection,
+    *,
+    upload_id: str,
+    group_no: int,
+    path: str,
+    file_id: int | None,
+    content_hash: str,
+    size_bytes: int,
+    chunk_count: int,
+) -> None:
+    conn.execute(
+        """INSERT INTO ingest_staged_files (upload_id, group_no, path, file_id, content_hash, size_bytes, chunk_count)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+        (upload_id, group_no, path, file_id, content_hash, size_bytes, chunk_count),
+    )
+
+
+#: a staged chunk: (id, file_id, seq, path, start_line, end_line, start_byte, end_byte, text, token_count,
+#: content_hash, terms), the columns of ``chunks`` but the buffer's and the ordinal (given at the commit)
+STAGED_CHUNK_COLS = (
+    "id",
+    "file_id",
+    "seq",
+    "path",
+    "start_line",
+    "end_line",
+    "start_byte",
+    "end_byte",
+    "text",
+    "token_count",
+    "content_hash",
+    "terms",
+)
+_STAGED_CHUNK_TYPES = [
+    "text",
+    "int4",
+    "int8",
+    "int8",
+    "int4",
+    "text",
+    "int4",
+    "int4",
+    "int8",
+    "int8",
+    "text",
+    "int4",
+    "text",
+    "text",
+]
+
+
+def copy_staged_chunks(
+    conn: psycopg.Connection, *, upload_id: str, group_no: int, rows: Sequence[tuple[Any, ...]]
+) -> None:
+    cols = ", ".join(("upload_id", "group_no", *STAGED_CHUNK_COLS))
+    with conn.cursor() as cur, cur.copy(f"COPY ingest_staged_chunks ({cols}) FROM STDIN WITH (FORMAT BINARY)") as cp:
+        cp.set_types(_STAGED_CHUNK_TYPES)
+        for row in rows:
+            cp.write_row((upload_id, group_no, *row))
+
+
+def copy_staged_vectors(
+    conn: psycopg.Connection, *, upload_id: str, group_no: int, rows: Sequence[tuple[int, int, Any]]
+) -> None:
+    """rows: (chunk_id, window, float32 vector), stored as halfvec like the buffer's own table."""
+    from pgvector import HalfVector
+
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            "COPY ingest_staged_vectors (upload_id, group_no, chunk_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)"
+        ) as cp,
+    ):
+        cp.set_types(["text", "int4", "int8", "int2", "halfvec"])
+        for cid, win, vec in rows:
+            cp.write_row((upload_id, group_no, cid, win, HalfVector(vec)))
+
+
+def finish_group(
+    conn: psycopg.Connection, *, upload_id: str, group_no: int, report: dict[str, Any]
+) -> tuple[int, int] | None:
+    """In the group's transaction: the group done and counted; (groups done, groups), or None when the upload
+    is no longer running (failed meanwhile: the caller rolls its rows back).  The upload's row lock orders
+    the groups' counts, so exactly one group sees the last one."""
+    up = conn.execute("SELECT status FROM uploads WHERE id = %s FOR UPDATE", (upload_id,)).fetchone()
+    if up is None or up[0] != "running":
+        return None
+    hit = conn.execute(
+        """UPDATE ingest_groups SET status = 'done', report = %s, error = NULL, finished_at = clock_timestamp()
+           WHERE upload_id = %s AND group_no = %s AND status <> 'done'""",
+        (Jsonb(report), upload_id, group_no),
+    ).rowcount
+    row = conn.execute(
+        "UPDATE uploads SET groups_done = groups_done + %s WHERE id = %s RETURNING groups_done, groups",
+        (hit, upload_id),
+    ).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def lock_running_upload(conn: psycopg.Connection, *, upload_id: str) -> UploadRow | None:
+    """Inside a transaction: the upload, locked, if it is still running."""
+    row = conn.execute(
+        f"SELECT {_COLS} FROM uploads WHERE id = %s AND status = 'running' FOR UPDATE", (upload_id,)
+    ).fetchone()
+    return UploadRow(*row) if row else None
+
+
+def staged_file_list(conn: psycopg.Connection, *, upload_id: str) -> list[tuple[str, int | None]]:
+    """(path, staged file id or None when unchanged) of every file the groups saw, in path order."""
+    rows = conn.execute(
+        "SELECT path, file_id FROM ingest_staged_files WHERE upload_id = %s ORDER BY path", (upload_id,)
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def move_staged(conn: psycopg.Connection, *, upload_id: str, buffer_id: int) -> int:
+    """The groups' files, chunks and vectors into the buffer (the caller deleted the files they replace);
+    returns the chunks moved.  In the commit's transaction: readers see all of it or none."""
+    from .vectors import vector_table
+
+    conn.execute(
+        """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
+           SELECT file_id, %s, path, content_hash, size_bytes, chunk_count FROM ingest_staged_files
+           WHERE upload_id = %s AND file_id IS NOT NULL ORDER BY path""",
+        (buffer_id, upload_id),
+    )
+    cols = ", ".join(STAGED_CHUNK_COLS)
+    moved = conn.execute(
+        f"""INSERT INTO chunks (buffer_id, ordinal, {cols})
+            SELECT %s, 0, {cols} FROM ingest_staged_chunks WHERE upload_id = %s ORDER BY path, seq""",
+        (buffer_id, upload_id),
+    ).rowcount
+    conn.execute(
+        f"""INSERT INTO {vector_table(buffer_id)} (chunk_id, win, embedding)
+            SELECT chunk_id, win, embedding FROM ingest_staged_vectors WHERE upload_id = %s""",
+        (upload_id,),
+    )
+    return moved
+
+
+def group_reports(conn: psycopg.Connection, *, upload_id: str) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        "SELECT report FROM ingest_groups WHERE upload_id = %s ORDER BY group_no", (upload_id,)
+    ).fetchall()
+    return [r[0] or {} for r in rows]
+
+
+def fail_group(conn: psycopg.Connection, *, upload_id: str, group_no: int, error: dict[str, Any]) -> None:
+    """The failing group marked failed with its error (the others stay as they are, for the record)."""
+    conn.execute(
+        """UPDATE ingest_groups SET status = 'failed', error = %s, finished_at = clock_timestamp()
+           WHERE upload_id = %s AND group_no = %s""",
+        (Jsonb(error), upload_id, group_no),
+    )
+
+
+def stale_groups(conn: psycopg.Connection, *, idle_seconds: float, limit: int = 100) -> list[tuple[str, int]]:
+    """Open groups of running uploads whose task was sent ``idle_seconds`` ago or more: claimed for re-sending."""
+    rows = conn.execute(
+        """WITH stale AS (
+               SELECT g.upload_id, g.group_no FROM ingest_groups g JOIN uploads u ON u.id = g.upload_id
+               WHERE g.status IN ('queued', 'running') AND u.status = 'running'
+                 AND g.sent_at < now() - make_interval(secs => %s)
+               ORDER BY g.sent_at LIMIT %s FOR UPDATE OF g SKIP LOCKED)
+           UPDATE ingest_groups g SET sent_at = now() FROM stale
+           WHERE g.upload_id = stale.upload_id AND g.group_no = stale.group_no
+           RETURNING g.upload_id, g.group_no""",
+        (idle_seconds, limit),
+    ).fetchall()
+    return [(r[0], int(r[1])) for r in rows]
