@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -263,6 +264,27 @@ def run(read_id: int) -> dict:
         return {"read": read_id, "status": "failed", "error": error_record(exc)}
 
 
+def _claim(members: list[_Member], lease: float) -> list[_Member]:
+    """Claim the members' batches: one payment per batch.  A batch another delivery holds is waited for (about
+    one lease, as the analyst does) so a holder that died — this very task before a database outage made it
+    retry — is taken over; one still held after that, or finished, is left out of this call."""
+    claimed: list[_Member] = []
+    waiting = list(members)
+    deadline = time.monotonic() + lease * 1.5
+    while True:
+        with connection() as conn:  # none held while sleeping: the pool is shared by every analyst thread
+            still = []
+            for m in waiting:
+                if job_store.claim_batch(conn, job_id=m.job.id, batch_no=m.batch_no, lease_seconds=lease) is not None:
+                    claimed.append(m)
+                elif job_store.batch_held(conn, job_id=m.job.id, batch_no=m.batch_no, lease_seconds=lease):
+                    still.append(m)
+        waiting = still
+        if not waiting or time.monotonic() >= deadline:
+            return sorted(claimed, key=lambda m: m.question_no)
+        time.sleep(lease / 3)
+
+
 def _run(read_id: int) -> dict:
     settings = get_settings()
     lease = batch_lease_seconds(settings)
@@ -272,14 +294,10 @@ def _run(read_id: int) -> dict:
             if read is not None:
                 store.set_status(conn, read_id=read_id, status="done")
             return {"read": read_id, "status": "skipped"}
-        # one payment per batch: a member another delivery holds (or finished) is left out of this call
-        claimed = [
-            m
-            for m in members
-            if job_store.claim_batch(conn, job_id=m.job.id, batch_no=m.batch_no, lease_seconds=lease) is not None
-        ]
-        if not claimed:
-            return {"read": read_id, "status": "skipped"}
+    claimed = _claim(members, lease)
+    if not claimed:
+        return {"read": read_id, "status": "skipped"}
+    with connection() as conn:
         prepared = _prepare(conn, read, claimed, settings)
     if not prepared.chunks:
         err = {"type": "chunk_load", "message": f"none of the read's {len(read.chunk_ids)} chunks could be loaded"}

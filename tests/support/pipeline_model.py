@@ -117,6 +117,15 @@ class Model:
     def analyst(text: str, delay: float) -> Reply | str:
         if "POISON-BATCH" in text:
             return Reply.http_error(500, "scripted analyst outage")
+        # a shared read (docs/contract.md#shared-reads) asks every chunk once per numbered question
+        questions = [int(n) for n in re.findall(r"^### Question (\d+)$", text, re.M)]
+        if questions:
+            reply = Model.analyst(re.sub(r"^### Question \d+$", "", text, flags=re.M), delay)
+            entries = json.loads(reply.content if isinstance(reply, Reply) else reply)
+            if isinstance(entries, dict):
+                entries = next(iter(entries.values()))
+            shared = [{**e, "question": q} for q in questions for e in entries]
+            return Reply.text(json.dumps(shared), delay=delay) if delay else json.dumps(shared)
         out = []
         for cid, body in _CHUNK.findall(text):
             if "NOTHING-RELEVANT" in text:
