@@ -146,4 +146,6 @@ def test_postgres_restarted_during_a_batch_with_readyz_reporting_it(fresh, model
     assert b.status == "done"
     check_nothing_lost_or_billed_twice(batch_id, items, fresh, baseline)
     logs = workers["ctl"].tail(3000) + workers["an"].tail(3000)
-    assert "database unavailable" in logs and "retrying" in logs  # stages waited it out, logged
+    # the workers saw the outage and waited it out: a stage's retry, or (when it fell between tasks, as with a
+    # shared read group waiting on its tick) the pool's reconnect attempts
+    assert ("database unavailable" in logs and "retrying" in logs) or "error connecting in 'rlm'" in logs
