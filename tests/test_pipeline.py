@@ -159,7 +159,8 @@ def test_analyst_requests_follow_the_seed_format_and_are_temperature_zero(conn, 
         body = req.body
         assert body["temperature"] == 0 and body["response_format"] == {"type": "json_object"}
         user = last_user_message(body)
-        assert user.startswith(f"## Query\n\n{QUESTION}\n\n## Chunks\n\n### Chunk ")
+        # the shared part first, the question last (docs/contract.md#prompt-caching)
+        assert user.startswith("## Chunks\n\n### Chunk ") and f"\n\n## Query\n\n{QUESTION}\n\n## Reply\n\n" in user
 
 
 def test_content_breakout_is_escaped(conn, fresh):
