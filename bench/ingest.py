@@ -514,8 +514,11 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
         warm = corpus.parent / "warm"
         shutil.rmtree(warm, ignore_errors=True)
         warm.mkdir()
-        for i, src in enumerate(sorted(corpus.rglob("*.py"))[: 4 * workers]):
-            (warm / f"w{i}.py").write_bytes(src.read_bytes()[:4000] + b"\n" * 2000)
+        # one group per file, several per worker, so each worker loads its model before the timed load
+        group_bytes = int(env["RLM_INGEST_GROUP_BYTES"])
+        for i, src in enumerate(sorted(corpus.rglob("*.py"))[: 3 * workers]):
+            data = src.read_bytes() or b"pass\n"
+            (warm / f"w{i}.py").write_bytes((data * (group_bytes // len(data) + 1))[:group_bytes])
         timed_child(rlm_cmd("load", str(warm), "-b", "warm", "--queue", "--wait", "--format", "json"), env)
         busy = _util.wait_for_quiet(wait)
         out, wall, cpu, others = timed_child(

@@ -116,6 +116,7 @@ def test_two_ingest_workers_load_a_split_upload_as_one_new_version(env, conn, tm
     assert up.groups == len(CORPUS) and up.groups_done == len(CORPUS)
     assert all(g.status == "done" for g in list_groups(conn, upload_id="grouped000001"))
     assert "rlm.ingest.group" in logs
+    assert "deadlock" not in logs and "retry:" not in logs  # groups finishing together wait, never deadlock
     report = up.report
     assert report["files_loaded"] == len(CORPUS) and report["version"] == 1 and report["groups"] == len(CORPUS)
     version, chunks, distinct = _chunks(conn, "fleet")
