@@ -73,7 +73,8 @@ def plan(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> l
     with conn.transaction():
         store.plan_groups(conn, upload_id=up.id, groups=groups, base_version=buf.version if buf else 0)
     log.info("upload %s: %d files (%d bytes) split into %d groups", up.id, up.files, up.bytes, len(groups))
-    return list(range(len(groups)))
+    # largest first: the last groups taken are the small ones, so the workers run out of work nearly together
+    return sorted(range(len(groups)), key=lambda n: -groups[n][1])
 
 
 def send_groups(upload_id: str, group_nos: Sequence[int]) -> None:
