@@ -234,7 +234,7 @@ def test_reconciler_resends_a_group_whose_message_was_lost(env, conn):
         conn, send=lambda *a: None, send_group=lambda u, n: sent.append((u, n)), idle_seconds=600
     )
     conn.commit()
-    assert sorted(sent) == [("lostgroup0001", n) for n in nos] and "rlm.ingest.group" in actions[0]
+    assert sorted(sent) == [("lostgroup0001", n) for n in sorted(nos)] and "rlm.ingest.group" in actions[0]
     assert (
         reconcile_uploads(conn, send=lambda *a: None, send_group=lambda u, n: sent.append((u, n)), idle_seconds=600)
         == []
