@@ -399,6 +399,10 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
         bump=changed or buf.version == 0,
     )
     out = dict(merged.__dict__)
+    if up.started_at is not None:  # the load's wall time, split to commit (the groups' own seconds overlap)
+        from datetime import UTC, datetime
+
+        out["seconds"] = round(max(0.0, (datetime.now(UTC) - up.started_at).total_seconds()), 3)
     out["groups"] = up.groups
     out["commit_seconds"] = round(time.perf_counter() - t0, 3)
     return out
