@@ -321,7 +321,7 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
                 shown = line
             if up.terminal:
                 break
-            time.sleep(1.0)
+            time.sleep(0.5)
     if fmt == Fmt.json:
         _print_json({"upload_id": upload_id, "status": up.status, "report": up.report, "error": up.error})
     elif up.status == "done" and up.report:

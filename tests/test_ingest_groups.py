@@ -111,11 +111,36 @@ def test_two_ingest_workers_load_a_split_upload_as_one_new_version(env, conn, tm
         )
         assert cli.returncode == 0, (cli.stdout, cli.stderr, ws["ing1"].tail(), ws["ing2"].tail())
         assert "groups 3/3" in cli.stderr and "buffer manuals v1: 3 files loaded" in cli.stdout, cli
+        # an API upload takes the same path: multipart, queued, followed through GET /v1/uploads/{id}
+        from rlm_api.auth import create_key
+        from tests.support.api import Api
+
+        key, _ = create_key(conn, tenant="acme")
+        conn.commit()
+        server = Api(env, tmp_path_factory.mktemp("ingest-groups-api") / "api.log")
+        try:
+            with server.client(key) as c:
+                r = c.post(
+                    "/v1/buffers",
+                    params={"wait": "false"},
+                    data={"name": "viaapi"},
+                    files=[("files", (p, d)) for p, d in CORPUS[:3]],
+                )
+                assert r.status_code == 202, r.text
+                deadline = time.monotonic() + 240
+                while (view := c.get(r.json()["status_url"]).json())["status"] not in ("done", "failed"):
+                    assert time.monotonic() < deadline, view
+                    time.sleep(0.3)
+        finally:
+            server.stop()
+        assert view["status"] == "done" and view["groups"] == 3 and view["groups_done"] == 3, view
+        assert view["report"]["files_loaded"] == 3 and view["report"]["version"] == 1
         logs = ws["ing1"].tail(4000) + ws["ing2"].tail(4000)
     assert up.status == "done", (up, logs)
     assert up.groups == len(CORPUS) and up.groups_done == len(CORPUS)
     assert all(g.status == "done" for g in list_groups(conn, upload_id="grouped000001"))
     assert "rlm.ingest.group" in logs
+    assert "deadlock" not in logs and "retry:" not in logs  # groups finishing together wait, never deadlock
     report = up.report
     assert report["files_loaded"] == len(CORPUS) and report["version"] == 1 and report["groups"] == len(CORPUS)
     version, chunks, distinct = _chunks(conn, "fleet")
@@ -233,7 +258,7 @@ def test_reconciler_resends_a_group_whose_message_was_lost(env, conn):
         conn, send=lambda *a: None, send_group=lambda u, n: sent.append((u, n)), idle_seconds=600
     )
     conn.commit()
-    assert sorted(sent) == [("lostgroup0001", n) for n in nos] and "rlm.ingest.group" in actions[0]
+    assert sorted(sent) == [("lostgroup0001", n) for n in sorted(nos)] and "rlm.ingest.group" in actions[0]
     assert (
         reconcile_uploads(conn, send=lambda *a: None, send_group=lambda u, n: sent.append((u, n)), idle_seconds=600)
         == []

@@ -346,7 +346,9 @@ def finish_group(
     """In the group's transaction: the group done and counted; (groups done, groups), or None when the upload
     is no longer running (failed meanwhile: the caller rolls its rows back).  The upload's row lock orders
     the groups' counts, so exactly one group sees the last one."""
-    up = conn.execute("SELECT status FROM uploads WHERE id = %s FOR UPDATE", (upload_id,)).fetchone()
+    # NO KEY UPDATE, not UPDATE: the group's staged rows hold KEY SHARE on this row (their foreign key), and
+    # two groups each holding it while asking for UPDATE would deadlock.
+    up = conn.execute("SELECT status FROM uploads WHERE id = %s FOR NO KEY UPDATE", (upload_id,)).fetchone()
     if up is None or up[0] != "running":
         return None
     hit = conn.execute(
@@ -362,9 +364,10 @@ def finish_group(
 
 
 def lock_running_upload(conn: psycopg.Connection, *, upload_id: str) -> UploadRow | None:
-    """Inside a transaction: the upload, locked, if it is still running."""
+    """Inside a transaction: the upload, locked against the groups' counts (not against their staged rows'
+    foreign keys: a running group's transaction must not hold the commit or a failure up), if still running."""
     row = conn.execute(
-        f"SELECT {_COLS} FROM uploads WHERE id = %s AND status = 'running' FOR UPDATE", (upload_id,)
+        f"SELECT {_COLS} FROM uploads WHERE id = %s AND status = 'running' FOR NO KEY UPDATE", (upload_id,)
     ).fetchone()
     return UploadRow(*row) if row else None
 
