@@ -16,7 +16,6 @@ any group or of ``rlm.ingest`` (the reconciler re-sends both).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 import time
@@ -26,14 +25,23 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, get_settings
 from ..errors import InvalidInput, RLMError, error_record
-from ..search.tokenize import tokenize
 from ..store import buffers as bstore
 from ..store import uploads as store
 from ..store import vectors
 from ..store.db import DB_OUTAGE, connect, connection
 from .chunkers import chunk_text
 from .files import discover, read_text
-from .loader import ENCODE_GROUP_BATCHES, LoadReport, _Ids, _nothing_to_load, _under, _Writer
+from .loader import (
+    ENCODE_GROUP_BATCHES,
+    LoadReport,
+    _Ids,
+    _nothing_to_load,
+    _under,
+    _Writer,
+    chunk_fields,
+    encode_queued,
+    same_cut,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -190,8 +198,7 @@ def _stage(
         buf is not None
         and buf.embedding_dim == embedder.dim
         and vectors.has_table(conn, buffer_id=buf.id)
-        and (buf.chunker, buf.chunk_size, buf.chunk_overlap, buf.embedding_model, buf.embedding_windows, buf.runtime)
-        == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label, embedder.runtime)
+        and same_cut(buf, chunker, chunk_size, overlap, embedder)
     )
     existing = bstore.files_of(conn, buffer_id=buf.id) if buf is not None else {}
     report = LoadReport(buffer=up.buffer)
@@ -201,11 +208,7 @@ def _stage(
         write_files(root, store.staged_files_in(conn, upload_id=up.id, paths=g.paths))
         candidates, disc = discover(sorted(root.iterdir()), max_file_bytes=settings.max_file_bytes)
         report.files_seen = len(candidates)
-        report.skip("too-large", len(disc.skipped_too_large))
-        report.too_large = list(disc.skipped_too_large)
-        report.skip("symlink", disc.skipped_symlinks)
-        report.skip("special", disc.skipped_special)
-        report.skip("bad-name", disc.skipped_bad_names)
+        report.discovered(disc)
         writer = _Writer(conn)
         file_ids, chunk_ids = _Ids(writer, "files_id_seq", 256), _Ids(writer, "chunks_id_seq", 4096)
         windows: list[str] = []
@@ -226,28 +229,10 @@ def _stage(
                 chunks = chunk_text(text, path=cand.rel_path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
                 fid = file_ids.take(1)[0]
                 ids = chunk_ids.take(len(chunks))
-                rows = []
-                for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True)):
-                    terms = tokenize(ch.text)
-                    rows.append(
-                        (
-                            cid,
-                            fid,
-                            seq,
-                            cand.rel_path,
-                            ch.start_line,
-                            ch.end_line,
-                            ch.start_byte,
-                            ch.end_byte,
-                            ch.text,
-                            len(terms),
-                            hashlib.sha256(ch.text.encode()).hexdigest(),
-                            " ".join(terms),
-                        )
-                    )
-                    for w, piece in enumerate(embedder.window_texts(ch.text)):
-                        windows.append(piece)
-                        owners.append((cid, w))
+                rows = [
+                    (cid, fid, seq, cand.rel_path, *chunk_fields(cid, ch, embedder, windows, owners))
+                    for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True))
+                ]
                 _submit_file(writer, up.id, g.group_no, cand.rel_path, fid, digest, len(text.encode()), len(chunks))
                 writer.submit(
                     lambda rows=rows: store.copy_staged_chunks(conn, upload_id=up.id, group_no=g.group_no, rows=rows)
@@ -312,10 +297,7 @@ def _embed(
 ) -> None:
     if n <= 0:
         return
-    batch, who = windows[:n], owners[:n]
-    del windows[:n], owners[:n]
-    vecs = embedder.encode(batch, batch_size=batch_size)
-    rows = [(cid, w, vecs[i]) for i, (cid, w) in enumerate(who)]
+    rows = encode_queued(windows, owners, n, batch_size, embedder)
     writer.submit(lambda: store.copy_staged_vectors(writer.conn, upload_id=upload_id, group_no=group_no, rows=rows))
     report.windows_embedded += n
 

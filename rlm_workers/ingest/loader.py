@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput
 from ..search.tokenize import tokenize
@@ -58,6 +58,15 @@ class LoadReport:
     def skip(self, reason: str, n: int = 1) -> None:
         if n:
             self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    def discovered(self, disc: Any) -> None:
+        """What ``files.discover`` passed over, counted by reason (the too-large files also by name)."""
+        self.skip("too-large", len(disc.skipped_too_large))
+        self.too_large = list(disc.skipped_too_large)
+        self.skip("symlink", disc.skipped_symlinks)
+        self.skip("special", disc.skipped_special)
+        self.skip("bad-name", disc.skipped_bad_names)
+        self.skip("unreadable-dir", disc.unreadable_dirs)
 
 
 class Progress:
@@ -169,12 +178,7 @@ def load_paths(
         raise InvalidInput(str(exc).strip() or "path not found") from None
 
     report = LoadReport(buffer=buffer, files_seen=len(candidates))
-    report.skip("too-large", len(disc.skipped_too_large))
-    report.too_large = list(disc.skipped_too_large)
-    report.skip("symlink", disc.skipped_symlinks)
-    report.skip("special", disc.skipped_special)
-    report.skip("bad-name", disc.skipped_bad_names)
-    report.skip("unreadable-dir", disc.unreadable_dirs)
+    report.discovered(disc)
     if not candidates:  # before the embedder is loaded: there is nothing to encode
         raise InvalidInput(_nothing_to_load(report, buffer))
     if embedder is None:
@@ -186,15 +190,7 @@ def load_paths(
     with conn.transaction():
         buf = store.lock_or_create_buffer(conn, tenant=tenant, name=buffer)
         new_table = vectors.ensure_table(conn, buffer_id=buf.id, dim=embedder.dim)
-        # a file whose text is unchanged is still re-embedded if it was cut or embedded differently
-        same_params = not new_table and (
-            buf.chunker,
-            buf.chunk_size,
-            buf.chunk_overlap,
-            buf.embedding_model,
-            buf.embedding_windows,
-            buf.runtime,
-        ) == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label, embedder.runtime)
+        same_params = not new_table and same_cut(buf, chunker, chunk_size, overlap, embedder)
         existing = store.files_of(conn, buffer_id=buf.id)
         seen: set[str] = set()
         changed = False
@@ -311,30 +307,10 @@ def _queue_file(
     chunks = chunk_text(text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
     file_id = file_ids.take(1)[0]
     ids = chunk_ids.take(len(chunks))
-    rows = []
-    for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True)):
-        terms = tokenize(ch.text)
-        rows.append(
-            (
-                cid,
-                buffer_id,
-                file_id,
-                0,
-                seq,
-                path,
-                ch.start_line,
-                ch.end_line,
-                ch.start_byte,
-                ch.end_byte,
-                ch.text,
-                len(terms),
-                hashlib.sha256(ch.text.encode()).hexdigest(),
-                " ".join(terms),
-            )
-        )
-        for w, piece in enumerate(embedder.window_texts(ch.text)):
-            windows.append(piece)
-            owners.append((cid, w))
+    rows = [
+        (cid, buffer_id, file_id, 0, seq, path, *chunk_fields(cid, ch, embedder, windows, owners))
+        for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True))
+    ]
     size = len(text.encode())
 
     def write() -> None:
@@ -355,6 +331,48 @@ def _queue_file(
     return len(chunks)
 
 
+def same_cut(buf: Any, chunker: str, chunk_size: int, overlap: int, embedder: Any) -> bool:
+    """Was the buffer cut and embedded as this load would?  A file whose text is unchanged is still re-embedded
+    if it was cut or embedded differently."""
+    return (
+        buf.chunker,
+        buf.chunk_size,
+        buf.chunk_overlap,
+        buf.embedding_model,
+        buf.embedding_windows,
+        buf.runtime,
+    ) == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label, embedder.runtime)
+
+
+def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: list[tuple[int, int]]) -> tuple:
+    """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms), and its
+    windows queued for encoding under ``cid``."""
+    terms = tokenize(ch.text)
+    for w, piece in enumerate(embedder.window_texts(ch.text)):
+        windows.append(piece)
+        owners.append((cid, w))
+    return (
+        ch.start_line,
+        ch.end_line,
+        ch.start_byte,
+        ch.end_byte,
+        ch.text,
+        len(terms),
+        hashlib.sha256(ch.text.encode()).hexdigest(),
+        " ".join(terms),
+    )
+
+
+def encode_queued(
+    windows: list[str], owners: list[tuple[int, int]], n: int, batch_size: int, embedder: Any
+) -> list[tuple[int, int, Any]]:
+    """Encode the first ``n`` queued windows (taken off the queue) as (chunk id, window, vector) rows."""
+    batch, who = windows[:n], owners[:n]
+    del windows[:n], owners[:n]
+    vecs = embedder.encode(batch, batch_size=batch_size)
+    return [(cid, w, vecs[i]) for i, (cid, w) in enumerate(who)]
+
+
 def _embed(
     writer: _Writer,
     windows: list[str],
@@ -369,10 +387,7 @@ def _embed(
     """Encode the first ``n`` queued windows and hand their rows to the writer."""
     if n <= 0:
         return
-    batch, who = windows[:n], owners[:n]
-    del windows[:n], owners[:n]
-    vecs = embedder.encode(batch, batch_size=batch_size)
-    rows = [(cid, w, vecs[i]) for i, (cid, w) in enumerate(who)]
+    rows = encode_queued(windows, owners, n, batch_size, embedder)
     writer.submit(lambda: vectors.copy(writer.conn, buffer_id=buffer_id, rows=rows))
     report.windows_embedded += n
     progress.windows_embedded(n)

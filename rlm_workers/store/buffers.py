@@ -266,7 +266,7 @@ CHUNK_COPY_COLS = (
     "content_hash",
     "terms",
 )
-_CHUNK_TYPES = [
+CHUNK_COPY_TYPES = [
     "int8",
     "int8",
     "int8",
@@ -289,7 +289,7 @@ def copy_chunks(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]]) -> No
         conn.cursor() as cur,
         cur.copy(f"COPY chunks ({', '.join(CHUNK_COPY_COLS)}) FROM STDIN WITH (FORMAT BINARY)") as copy,
     ):
-        copy.set_types(_CHUNK_TYPES)
+        copy.set_types(CHUNK_COPY_TYPES)
         for row in rows:
             copy.write_row(row)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from .buffers import CHUNK_COPY_COLS, CHUNK_COPY_TYPES
 from .db import session_lock_key, try_session_lock
 
 if TYPE_CHECKING:
@@ -279,37 +280,14 @@ def stage_file(
     )
 
 
-#: a staged chunk: (id, file_id, seq, path, start_line, end_line, start_byte, end_byte, text, token_count,
-#: content_hash, terms), the columns of ``chunks`` but the buffer's and the ordinal (given at the commit)
-STAGED_CHUNK_COLS = (
-    "id",
-    "file_id",
-    "seq",
-    "path",
-    "start_line",
-    "end_line",
-    "start_byte",
-    "end_byte",
-    "text",
-    "token_count",
-    "content_hash",
-    "terms",
-)
-_STAGED_CHUNK_TYPES = [
-    "text",
-    "int4",
-    "int8",
-    "int8",
-    "int4",
-    "text",
-    "int4",
-    "int4",
-    "int8",
-    "int8",
-    "text",
-    "int4",
-    "text",
-    "text",
+#: a staged chunk has the columns of ``chunks`` (``buffers.CHUNK_COPY_COLS``) but the buffer's and the ordinal,
+#: given at the commit: (id, file_id, seq, path, start_line, end_line, start_byte, end_byte, text, token_count,
+#: content_hash, terms)
+_GIVEN_AT_COMMIT = ("buffer_id", "ordinal")
+STAGED_CHUNK_COLS = tuple(c for c in CHUNK_COPY_COLS if c not in _GIVEN_AT_COMMIT)
+#: upload id and group number first, then the chunk's own columns as ``chunks`` types them
+_STAGED_CHUNK_TYPES = ["text", "int4"] + [
+    t for c, t in zip(CHUNK_COPY_COLS, CHUNK_COPY_TYPES, strict=True) if c not in _GIVEN_AT_COMMIT
 ]
 
 
