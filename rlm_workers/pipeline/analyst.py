@@ -345,35 +345,15 @@ def _analyse(job_id: str, batch_no: int) -> dict:
 
 
 def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: list[int], settings: Settings) -> dict:
-    counting = job.route == "exhaustive"
     with connection() as conn:
-        if counting:
-            # an exact count reads each line once: the lines a chunk shares with the one before are left out
-            counted = chunks_for_counting(conn, tenant=job.tenant, chunk_ids=ids)
-            rows = {cid: cc.row for cid, cc in counted.items()}
-        else:
-            rows = get_chunks(conn, tenant=job.tenant, chunk_ids=ids)
-        if missing := [cid for cid in ids if cid not in rows]:
-            job_store.add_chunk_load_failures(conn, job_id=job_id, n=len(missing))
-        if not rows:
+        chunks = prompt_chunks(conn, tenant=job.tenant, ids=ids, counting=job.route == "exhaustive")
+        present = [c.chunk_id for c in chunks]
+        if missing := len(ids) - len(present):
+            job_store.add_chunk_load_failures(conn, job_id=job_id, n=missing)
+        if not chunks:
             err = {"type": "chunk_load", "message": f"none of the batch's {len(ids)} chunks could be loaded"}
             job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
             return {"batch": batch_no, "status": "failed", "error": err}
-    chunks = [
-        ChunkForPrompt(
-            chunk_id=c.id,
-            buffer=c.buffer,
-            path=c.path,
-            start_line=c.start_line,
-            end_line=c.end_line,
-            text=c.text,
-        )
-        for cid in ids
-        if (c := rows.get(cid))
-    ]
-    if counting:
-        chunks = [_owned(c, counted[c.chunk_id]) for c in chunks]
-    present = [c.chunk_id for c in chunks]
     params = job.params or {}
     messages = build_messages(
         load_prompt("subcall", prompt_dir=settings.prompt_dir),
@@ -419,6 +399,36 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
     return {"batch": batch_no, "status": "ok", "findings": len(findings), "unanswered": len(unanswered)}
 
 
+def prompt_chunks(conn: Any, *, tenant: str, ids: Sequence[int], counting: bool) -> list[ChunkForPrompt]:
+    """The batch's chunks as a prompt shows them, in batch order; a chunk that could not be loaded is left out.
+    ``counting``: an exact count reads each line once, so the lines a chunk shares with the one before are left
+    out (``_owned``)."""
+    if counting:
+        counted = chunks_for_counting(conn, tenant=tenant, chunk_ids=ids)
+        rows = {cid: cc.row for cid, cc in counted.items()}
+    else:
+        rows = get_chunks(conn, tenant=tenant, chunk_ids=ids)
+    chunks = [
+        ChunkForPrompt(c.id, c.buffer, c.path, c.start_line, c.end_line, c.text) for cid in ids if (c := rows.get(cid))
+    ]
+    return [_owned(c, counted[c.chunk_id]) for c in chunks] if counting else chunks
+
+
+def analyst_request(
+    messages: list[dict[str, str]], settings: Settings, *, tenant: str | None = None
+) -> CompletionRequest:
+    """An analyst call: the subcall model, deterministic, a JSON reply."""
+    return CompletionRequest(
+        role="analyst",
+        model=settings.subcall_model,
+        messages=messages,
+        max_tokens=ANALYST_MAX_TOKENS,
+        temperature=0.0,
+        json_output=True,
+        tenant=tenant,
+    )
+
+
 def _owned(chunk: ChunkForPrompt, counted: Any) -> ChunkForPrompt:
     from dataclasses import replace
 
@@ -451,14 +461,7 @@ def _ask(
     answered: dict[int, Finding] = {}
     wanted = list(present)
     for attempt in range(PARSE_RETRIES + 1):
-        request = CompletionRequest(
-            role="analyst",
-            model=settings.subcall_model,
-            messages=messages,
-            max_tokens=ANALYST_MAX_TOKENS,
-            temperature=0.0,
-            json_output=True,
-        )
+        request = analyst_request(messages, settings)
         completion = call_llm(
             None, job_id=job_id, stage="analyst", batch=batch_no, request=request, check_open=check_open or attempt > 0
         )

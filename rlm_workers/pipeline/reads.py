@@ -36,18 +36,17 @@ from ..models import Finding, LLMCall
 from ..resources import provider
 from ..store import jobs as job_store
 from ..store import reads as store
-from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .analyst import (
-    ANALYST_MAX_TOKENS,
     PRIOR_REPLY_CHARS,
     ChunkForPrompt,
     Question,
-    _owned,
+    analyst_request,
     batch_lease_seconds,
     build_messages,
     build_shared_messages,
     findings_from_entries,
+    prompt_chunks,
     question_no,
     reply_entries,
 )
@@ -171,7 +170,6 @@ class _Member:
     job: JobRow
     batch_no: int
     question_no: int
-    chunk_ids: list[int]
 
 
 @dataclass
@@ -186,17 +184,7 @@ class _Prepared:
 
 def _prepare(conn: psycopg.Connection, read: store.ReadRow, members: list[_Member], settings: Settings) -> _Prepared:
     counting = any(m.job.route == "exhaustive" for m in members)
-    ids = read.chunk_ids
-    if counting:
-        counted = chunks_for_counting(conn, tenant=read.tenant, chunk_ids=ids)
-        rows = {cid: cc.row for cid, cc in counted.items()}
-    else:
-        rows = get_chunks(conn, tenant=read.tenant, chunk_ids=ids)
-    chunks = [
-        ChunkForPrompt(c.id, c.buffer, c.path, c.start_line, c.end_line, c.text) for cid in ids if (c := rows.get(cid))
-    ]
-    if counting:
-        chunks = [_owned(c, counted[c.chunk_id]) for c in chunks]
+    chunks = prompt_chunks(conn, tenant=read.tenant, ids=read.chunk_ids, counting=counting)
     system = load_prompt("subcall", prompt_dir=settings.prompt_dir)
     questions = [
         Question(
@@ -216,15 +204,7 @@ def _prepare(conn: psycopg.Connection, read: store.ReadRow, members: list[_Membe
             system + "\n\n" + load_prompt(SHARED_PROMPT, prompt_dir=settings.prompt_dir), questions, chunks
         )
     size = len(json.dumps(messages, ensure_ascii=False)) or 1
-    request = CompletionRequest(
-        role="analyst",
-        model=settings.subcall_model,
-        messages=messages,
-        max_tokens=ANALYST_MAX_TOKENS,
-        temperature=0.0,
-        json_output=True,
-        tenant=read.tenant,
-    )
+    request = analyst_request(messages, settings, tenant=read.tenant)
     return _Prepared(read, members, chunks, request, [len(json.dumps(s, ensure_ascii=False)) / size for s in solos])
 
 
@@ -234,13 +214,10 @@ def _open_members(conn: psycopg.Connection, read_id: int) -> tuple[store.ReadRow
     if read is None:
         return None, []
     out = []
-    for m in store.members_of(conn, read_id=read_id):
+    for m in store.pending_members(conn, read_id=read_id):
         job = job_store.get_job(conn, job_id=m.job_id)
-        if job is None or job.terminal:
-            continue
-        batch = next((b for b in job_store.batches(conn, job_id=m.job_id) if b.batch_no == m.batch_no), None)
-        if batch is not None and batch.status == "pending":
-            out.append(_Member(job, m.batch_no, m.question_no, batch.chunk_ids))
+        if job is not None and not job.terminal:
+            out.append(_Member(job, m.batch_no, m.question_no))
     return read, out
 
 
@@ -506,10 +483,15 @@ def _store(prepared: _Prepared, answered: dict[int, dict[int, Finding]], *, erro
     """Each member's findings (or the error) under its own (job, batch); then the read is done and every member
     job whose batches are all finished moves on to collect."""
     ids = [c.chunk_id for c in prepared.chunks]
+    if missing := len(prepared.read.chunk_ids) - len(ids):
+        # chunks that could not be loaded count as the analyst counts them, never as read or as unanswered
+        with connection() as conn:
+            for m in prepared.members:
+                job_store.add_chunk_load_failures(conn, job_id=m.job.id, n=missing)
     stored = 0
     for m in prepared.members:
         found = answered.get(m.question_no, {})
-        unanswered = [cid for cid in m.chunk_ids if cid not in found] if error is None else []
+        unanswered = [cid for cid in ids if cid not in found] if error is None else []
         if unanswered and error is None:
             log.warning(
                 "read %s: job %s batch %s has no answer for chunks %s; reported as unanswered",

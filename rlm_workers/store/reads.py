@@ -85,6 +85,19 @@ def members_of(conn: psycopg.Connection, *, read_id: int) -> list[Member]:
     ]
 
 
+def pending_members(conn: psycopg.Connection, *, read_id: int) -> list[Member]:
+    """The members whose batch is still pending (not answered, failed or salvaged since the read was made)."""
+    return [
+        Member(r[0], r[1], r[2])
+        for r in conn.execute(
+            """SELECT m.job_id, m.batch_no, m.question_no FROM read_members m
+               JOIN job_batches b ON b.job_id = m.job_id AND b.batch_no = m.batch_no
+               WHERE m.read_id = %s AND b.status = 'pending' ORDER BY m.question_no""",
+            (read_id,),
+        )
+    ]
+
+
 def set_status(conn: psycopg.Connection, *, read_id: int, status: str, error: dict[str, Any] | None = None) -> None:
     final = status in ("done", "failed")
     conn.execute(
