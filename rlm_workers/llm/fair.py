@@ -27,6 +27,10 @@ log = logging.getLogger("rlm.fair")
 
 T = TypeVar("T")
 
+#: The broker priority step a job's analyst tasks go at past its first ``RLM_MAX_CONCURRENCY`` (kombu's Redis
+#: transport pops 0 before 3 before 6 before 9; an overnight batch's jobs already start at 3 or lower).
+TAIL_PRIORITY = 3
+
 #: After this many deferrals a task waits on the limiter like any other: a task re-queued forever is lost work
 #: (and each deferral is one of ``DurableTask``'s retries).
 MAX_DEFERRALS = 8
@@ -80,6 +84,30 @@ def note_queued(tenant: str | None, tasks: int) -> None:
         limiter.queued(tenant, tasks)
     except ServiceUnavailable as exc:
         log.warning("could not count %d queued tasks of tenant %s for the fair share: %s", tasks, tenant, exc)
+
+
+def header_priorities(n: int, *, own: int | None, head: int) -> list[int]:
+    """Broker priorities for a fan-out's ``n`` analyst tasks: the first ``head`` at the job's own priority
+    (``own``: 0 for an interactive query, an overnight job's lower step), the rest at ``TAIL_PRIORITY`` or the
+    job's own if lower.  A fan-out of hundreds of tasks otherwise fills the queue ahead of every query sent
+    after it, and stepping aside (``in_turn``) can only move the big job's tasks one re-queue at a time: with
+    its tail a step down, another tenant's small fan-out sent later is popped before it, while the head keeps
+    every slot the job may hold busy.  docs/contract.md#fair-share"""
+    base = max(0, int(own or 0))
+    tail = max(base, TAIL_PRIORITY)
+    return [base if k < head else tail for k in range(n)]
+
+
+def current_priority() -> int:
+    """The broker priority of the task running now (0 outside a task, or when it was sent without one)."""
+    from celery import current_task
+
+    request = getattr(current_task, "request", None)
+    info = getattr(request, "delivery_info", None) or {}
+    try:
+        return max(0, int(info.get("priority") or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def defer_seconds(tenant: str | None, deferrals: int = 0) -> float | None:

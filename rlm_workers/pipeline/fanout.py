@@ -42,12 +42,18 @@ def _launch(ctx: StageContext, job: JobRow) -> str:
     from ..celery_app import app
 
     n = job.batches_total
+    own = fair.current_priority()
+    # a big job's tail goes a priority step down, so a later small query is not queued behind all of it
+    priorities = fair.header_priorities(n, own=own, head=ctx.settings.max_concurrency)
     header = [
-        app.signature("rlm.analyst", (job.id, k), immutable=True).set(argsrepr=f"job={job.id} batch={k + 1}/{n}")
+        app.signature("rlm.analyst", (job.id, k), immutable=True).set(
+            argsrepr=f"job={job.id} batch={k + 1}/{n}", priority=priorities[k]
+        )
         for k in range(n)
     ]
-    body = app.signature(TASK[Stage.collect], (job.id,), immutable=True).set(argsrepr=f"job={job.id}")
-    body.link_error(app.signature("rlm.salvage", (job.id,), immutable=True).set(argsrepr=f"job={job.id}"))
+    # the callback is sent by whichever analyst ends last: named here, its priority is the job's, not the tail's
+    body = app.signature(TASK[Stage.collect], (job.id,), immutable=True).set(argsrepr=f"job={job.id}", priority=own)
+    body.link_error(app.signature("rlm.salvage", (job.id,), immutable=True).set(argsrepr=f"job={job.id}", priority=own))
     fair.note_queued(job.tenant, n)  # its tasks may queue behind another tenant's: docs/contract.md#fair-share
     result = chord(header, app=app)(body)
     ids = [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .. import metrics
 from ..config import Settings, get_settings
 from ..errors import LLMError, ParseError, error_record
+from ..llm import fair
 from ..llm.protocol import Completion, CompletionRequest
 from ..models import Finding, LLMCall
 from ..resources import provider
@@ -78,6 +79,8 @@ class Launch:
     collect: list[str] = dataclasses.field(default_factory=list)
     #: jobs whose fan-out is now watched (``rlm.watchdog``)
     watch: list[str] = dataclasses.field(default_factory=list)
+    #: whose reads these are: the fair share counts them as queued (docs/contract.md#fair-share)
+    tenant: str | None = None
 
 
 def launch_group(
@@ -90,7 +93,7 @@ def launch_group(
     settings: Settings,
 ) -> Launch:
     """Create the reads of jobs parked at fan_out (in the caller's transaction); sends nothing."""
-    out = Launch()
+    out = Launch(tenant=tenant)
     by_job = {j.id: j for j in jobs}
     groups: dict[tuple[bool, tuple[int, ...]], list[tuple[str, int]]] = {}
     for job_id, batch_no, chunk_ids in store.batches_of_jobs(conn, job_ids=list(by_job)):
@@ -136,6 +139,7 @@ def send_launch(launch: Launch, *, priority: int | None = None) -> None:
     from .salvage import watchdog_countdown
 
     settings = get_settings()
+    fair.note_queued(launch.tenant, len(launch.reads))
     for read_id, task_id in launch.reads:
         opts: dict[str, Any] = {"task_id": task_id, "argsrepr": f"read={read_id}"}
         if priority is not None:
@@ -151,6 +155,13 @@ def send_collect(job_id: str) -> None:
     from ..celery_app import app
 
     app.send_task("rlm.collect", (job_id,), argsrepr=f"job={job_id}")
+
+
+def tenant_of(read_id: int) -> str | None:
+    """The read's tenant (one batch's, so one tenant for all its members); None for an unknown read."""
+    with connection() as conn:
+        read = store.get_read(conn, read_id=read_id)
+    return read.tenant if read is not None else None
 
 
 def send_read(read_id: int) -> None:

@@ -54,8 +54,8 @@ def analyst(self: DurableTask, job_id: str, batch_no: int, deferrals: int = 0) -
 
 
 @shared_task(name="rlm.read", base=DurableTask, bind=True)
-def read(self: DurableTask, read_id: int) -> dict:
-    return reads_stage.run(read_id)
+def read(self: DurableTask, read_id: int, deferrals: int = 0) -> dict:
+    return fair.in_turn(self, reads_stage.tenant_of(read_id), deferrals, lambda: reads_stage.run(read_id))
 
 
 @shared_task(name="rlm.collect", base=DurableTask, bind=True)
