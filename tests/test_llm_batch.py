@@ -315,6 +315,41 @@ def test_advance_submits_once_keeps_jobs_alive_and_routes_lines(rlm_env, fakes):
     assert _db("SELECT status FROM provider_batches WHERE id = %s", (pb["id"],)) == [("routed",)]
 
 
+def test_cancelling_the_overnight_batch_cancels_its_provider_batches(rlm_env, fakes):
+    from rlm_workers.config import Settings
+    from rlm_workers.overnight import llm_batch
+    from rlm_workers.overnight.scheduler import run_tick
+    from rlm_workers.overnight.submit import cancel_overnight
+    from rlm_workers.store.db import connection
+
+    batch_id, reads, _ = _overnight(3)
+    with ScriptedLLM(_responder) as srv:
+        settings = Settings(api_key="sk-test", base_url=srv.base_url, llm_batch_poll_seconds=0.01)
+        srv.hold_batches()
+        llm_batch.advance(batch_id, settings)
+        assert len(srv.batches) == 1
+        pb = srv.batches[0]["id"]
+        # a read queued after the submission: it must never reach the provider
+        late = _db(
+            "INSERT INTO reads (tenant, overnight_id, chunk_ids, status, llm_batch) "
+            "VALUES ('t1', %s, '{3}', 'queued', true) RETURNING id",
+            (batch_id,),
+        )[0][0]
+        with connection() as c:
+            assert cancel_overnight(c, tenant="t1", batch_id=batch_id).status == "cancelled"
+            res = run_tick(c, batch_id, None, settings=settings)  # the tick the cancel sends
+        assert res.status == "cancelled", res
+        assert any(pb in line and "3 reads closed" in line for line in res.actions), res.actions
+        assert srv.batches[0]["status"] in ("cancelling", "cancelled")
+        assert _db("SELECT status, finished_at IS NOT NULL FROM provider_batches WHERE id = %s", (pb,))[0][1]
+        got = dict(_db("SELECT id, status FROM reads WHERE overnight_id = %s", (batch_id,)))
+        assert got == {r: "failed" for r in [*reads, late]}
+        # nothing routed or re-sent as an ordinary call, and no second provider batch
+        assert fakes.applied == [] and fakes.sent == [] and len(srv.batches) == 1
+        with connection() as c:
+            assert run_tick(c, batch_id, None, settings=settings).actions == []  # a later tick: nothing open
+
+
 def test_expired_batch_falls_back_and_nothing_left_to_ask_is_closed(rlm_env, fakes):
     from rlm_workers.config import Settings
 

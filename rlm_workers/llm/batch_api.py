@@ -89,6 +89,11 @@ class BatchClient:
         with self._errors(f"read batch {batch_id}"):
             return _state(self._client.batches.retrieve(batch_id))
 
+    def cancel(self, batch_id: str) -> BatchState:
+        """Ask the provider to stop a batch: lines not yet run are not run (nor billed)."""
+        with self._errors(f"cancel batch {batch_id}"):
+            return _state(self._client.batches.cancel(batch_id))
+
     def recent(self, limit: int = 100) -> list[BatchState]:
         """The newest batches of the account (to adopt one whose creation was never recorded)."""
         with self._errors("list batches"):

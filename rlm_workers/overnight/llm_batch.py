@@ -12,6 +12,9 @@ An overnight batch submitted with ``--llm-batch`` creates its reads ``queued`` i
    check takes them for lost while the provider works (their items stay running, so the overnight batch
    cannot finish meanwhile).
 
+Cancelling the overnight batch cancels its provider batches still running and closes their reads
+(``cancel_open``, run by the first tick after the cancel).
+
 One advance at a time per overnight batch (a session advisory lock: a second one returns at once). A provider
 batch is recorded in the same transaction that marks its reads submitted, after the provider accepted it; a
 crash in between leaves a batch we never recorded, tagged with metadata ``rlm_overnight``: the next advance
@@ -82,6 +85,41 @@ def advance(batch_id: str, settings: Settings | None = None) -> list[str]:
             _poll(conn, client, batch_id, settings, actions)
             _submit(conn, client, batch_id, tenant, settings, actions)
             store.touch_waiting_jobs(conn, overnight_id=batch_id)
+        finally:
+            release_session_lock(conn, key)
+    for line in actions:
+        log.info("llm batch: %s", line)
+    return actions
+
+
+def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str]:
+    """The overnight batch was cancelled: cancel its provider batches still running (lines not run yet are not
+    billed) and close their reads.  Best effort per provider batch: one the provider will not cancel now is
+    closed here all the same (nothing would read its answers), and said so.  One line per action, logged."""
+    from ..llm.batch_api import BatchClient
+    from ..store.db import connection
+
+    settings = settings or get_settings()
+    actions: list[str] = []
+    why = {"type": "cancelled", "message": f"batch {batch_id} was cancelled"}
+    with connection(settings) as conn:
+        key = session_lock_key(_LOCK_SPACE, batch_id)
+        if not try_session_lock(conn, key):
+            return actions  # an advance is at it: the next tick of the closed batch comes back here
+        try:
+            open_ids = store.open_ids(conn, overnight_id=batch_id)
+            client = BatchClient(settings) if open_ids else None
+            for pb in open_ids:
+                try:
+                    state = client.cancel(pb)
+                    status, note = state.status, ""
+                except LLMError as exc:
+                    status, note = "cancel_failed", f" (the provider said: {exc.message})"
+                closed = store.close_cancelled(conn, batch_id=pb, status=status, error=why)
+                actions.append(f"batch {batch_id}: provider batch {pb} {status}{note}; {closed} reads closed")
+            queued = store.close_queued_reads(conn, overnight_id=batch_id, error=why)
+            if queued:
+                actions.append(f"batch {batch_id}: {queued} reads not yet sent to the provider closed")
         finally:
             release_session_lock(conn, key)
     for line in actions:

@@ -175,7 +175,7 @@ def _tick_locked(
     if b is None:
         return TickResult("busy" if store.overnight_exists(conn, batch_id=batch_id) else "missing")
     if not b.open:
-        return TickResult(b.status)
+        return TickResult(b.status, llm_batch=b.llm_batch)
     owner = token is not None and token == b.tick_token
     if b.run_at is None:
         # stored before run_at was bounded (docs/contract.md#http-batches): it can never come, say so and close
@@ -479,6 +479,11 @@ def run_tick(
         from . import llm_batch
 
         res.actions += llm_batch.advance(batch_id, settings)
+    elif res.llm_batch and res.status == "cancelled":
+        # a cancelled batch's provider batches would otherwise run (and bill) to the end: docs/contract.md#llm-batch-api
+        from . import llm_batch
+
+        res.actions += llm_batch.cancel_open(batch_id, settings)
     return res
 
 

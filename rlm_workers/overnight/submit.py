@@ -233,7 +233,10 @@ def cancel_overnight(conn: psycopg.Connection, *, tenant: str, batch_id: str) ->
                 )
             log.info("batch %s cancelled", batch_id)
     commit(conn)
-    return store.get_overnight(conn, batch_id=batch_id, tenant=tenant)
+    row = store.get_overnight(conn, batch_id=batch_id, tenant=tenant)
+    if row is not None and row.llm_batch and status in store.OPEN:
+        send_tick(batch_id, None)  # its provider batches are cancelled by the tick (llm_batch.cancel_open)
+    return row
 
 
 def _iso(ts: datetime | None) -> str | None:

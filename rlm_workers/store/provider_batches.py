@@ -92,6 +92,42 @@ def mark_routed(conn: psycopg.Connection, *, batch_id: str, error: dict[str, Any
     )
 
 
+def open_ids(conn: psycopg.Connection, *, overnight_id: str) -> list[str]:
+    """Provider batches of an overnight batch not routed yet."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "SELECT id FROM provider_batches WHERE overnight_id = %s AND finished_at IS NULL ORDER BY id",
+            (overnight_id,),
+        )
+    ]
+
+
+def close_cancelled(conn: psycopg.Connection, *, batch_id: str, status: str, error: dict[str, Any]) -> int:
+    """An overnight batch was cancelled: its provider batch is finished with ``status`` and every read still
+    waiting on it is closed failed (their jobs were cancelled with the batch).  The reads closed."""
+    n = conn.execute(
+        """UPDATE reads SET status = 'failed', finished_at = now(), error = %s
+           WHERE provider_batch_id = %s AND status IN ('queued', 'submitted')""",
+        (Jsonb(error), batch_id),
+    ).rowcount
+    conn.execute(
+        """UPDATE provider_batches SET status = %s, finished_at = now(), checked_at = now(), error = %s
+           WHERE id = %s AND finished_at IS NULL""",
+        (status, Jsonb(error), batch_id),
+    )
+    return n
+
+
+def close_queued_reads(conn: psycopg.Connection, *, overnight_id: str, error: dict[str, Any]) -> int:
+    """Reads of a cancelled overnight batch never sent to the provider: closed failed, never sent."""
+    return conn.execute(
+        """UPDATE reads SET status = 'failed', finished_at = now(), error = %s
+           WHERE overnight_id = %s AND status = 'queued'""",
+        (Jsonb(error), overnight_id),
+    ).rowcount
+
+
 def open_count(conn: psycopg.Connection, *, overnight_id: str) -> int:
     return int(
         conn.execute(
