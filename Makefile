@@ -63,6 +63,8 @@ bench: install
 	$(PY) bench/overhead.py
 	$(PY) bench/modes.py
 	$(PY) bench/batch.py
+	$(PY) bench/batch.py --case shared
+	$(PY) bench/fairness.py
 	$(PY) bench/load.py
 	$(PY) bench/timings.py
 	$(PY) bench/surfaces.py
