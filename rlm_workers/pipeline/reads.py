@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..config import Settings, get_settings
-from ..errors import LLMError, ParseError, error_record
+from ..errors import LLMError, ParseError, ServiceUnavailable, error_record
 from ..llm import fair
 from ..llm.protocol import Completion, CompletionRequest
 from ..models import Finding, LLMCall
@@ -428,7 +428,28 @@ def _log(prepared: _Prepared, attempts: list[dict[str, Any]], model: str, via: s
                 job_store.record_llm_call(c, job_id=job_id, call=call)
 
     durable_write(None, write, what=f"llm call log of read {prepared.read.id}")
+    _charge(rows, calls=len(attempts))
     metrics.llm_calls(model, whole)
+
+
+def _charge(rows: list[tuple[str, LLMCall]], *, calls: int) -> None:
+    """Each member job's share on its tree's budget (``--max-tokens``, ``--max-cost``; docs/contract.md#budgets),
+    so the job's next call is refused once the share spent it.  Not checked before the read: one job's budget
+    cannot refuse a call that answers the others too."""
+    from .budget import ledger_for_job
+
+    spent: dict[str, list[float]] = {}
+    for job_id, call in rows:
+        t = spent.setdefault(job_id, [0, 0.0])
+        t[0] += call.tokens_in + call.tokens_out
+        t[1] += call.cost_usd or 0.0
+    for job_id, (tokens, cost) in spent.items():
+        try:
+            ledger = ledger_for_job(job_id)
+            if ledger is not None:
+                ledger.charge(int(tokens), cost, extra_calls=calls)
+        except ServiceUnavailable as exc:  # the calls are logged: a ledger seeded again from the log has them
+            log.warning("read: could not charge job %s's budget (%s)", job_id, exc)
 
 
 def _parse(prepared: _Prepared, text: str) -> tuple[dict[int, dict[int, Finding]], str | None]:
