@@ -163,3 +163,30 @@ def test_the_offline_report_is_bounded_however_many_findings_come_in():
     assert len(lines) <= MAX_REPORT_PASSAGES + 15
     assert f"{200 - MAX_REPORT_PASSAGES} more chunks with findings" in report
     assert "[chunk 100, pg:e/0.txt:1-3]" in report
+
+
+def test_shared_read_lists_none_chunks_compactly_and_stores_what_reads_alone_would():
+    """The offline analyst answers a shared read (docs/contract.md#shared-reads) with one compact "none" list per
+    question; parsed per question, it gives the very findings each question's read alone gives."""
+    from rlm_workers.pipeline.analyst import (
+        Question,
+        build_shared_messages,
+        findings_from_entries,
+        question_no,
+        reply_entries,
+    )
+
+    queries = ["What is the best thing to do in San Francisco?", "What do Lisp macros make shorter?"]
+    text = _ask("analyst", build_shared_messages("S", [Question(q) for q in queries], _chunks())).text
+    entries = reply_entries(text)
+    compact = [e for e in entries if "none" in e and "chunk_id" not in e]
+    assert compact and all(e["none"] for e in compact)
+    # no full object is spent on a chunk that has nothing to say
+    assert not [e for e in entries if e.get("relevance") == "none" and not (e.get("findings") or e.get("summary"))]
+    for n, q in enumerate(queries, 1):
+        shared = findings_from_entries([e for e in entries if question_no(e) == n], batch_chunk_ids=[11, 12])
+        alone = parse_findings(
+            _ask("analyst", build_analyst_messages("S", q, _chunks())).text, batch_chunk_ids=[11, 12]
+        )
+        assert sorted(f.model_dump_json() for f in shared) == sorted(f.model_dump_json() for f in alone)
+        assert {f.chunk_id for f in shared} == {11, 12}

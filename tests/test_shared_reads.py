@@ -26,6 +26,16 @@ class Model:
 
     def __init__(self) -> None:
         self.ignore_numbers = False
+        #: a shared read's chunks graded none go into one {"question": n, "none": [...]} object per question
+        self.compact = False
+        #: the none lists also name ids this read never sent (neighbouring chunks, of this buffer or another)
+        self.foreign = False
+        #: question 1's first chunk of every read is left out of both its entries and its none list, every time
+        self.leave_out = False
+        #: the last user message of each retry (a request whose last message is not the one holding the chunks)
+        self.retries: list[str] = []
+        #: what it answered to each shared read
+        self.replies: list[list[dict]] = []
 
     def entries(self, text: str, question: str, no: int | None) -> list[dict]:
         topic = question.split("about ", 1)[-1].rstrip("?")
@@ -35,7 +45,7 @@ class Model:
                 "chunk_id": int(cid),
                 "relevance": "high" if topic in body else "none",
                 "findings": [f"answer to [{question}] from chunk {cid}"] if topic in body else [],
-                "summary": "notes",
+                "summary": "notes" if topic in body else "",
                 "follow_up": [],
             }
             if no is not None and not self.ignore_numbers:
@@ -43,17 +53,35 @@ class Model:
             out.append(e)
         return out
 
+    def shared(self, text: str) -> list[dict]:
+        out = []
+        sent = [int(c) for c, _ in _CHUNK.findall(text)]
+        for n, q in _QUESTION.findall(text):
+            es = self.entries(text, q.split("\n\n")[0].strip(), int(n))
+            if self.leave_out and n == "1":
+                es = es[1:]
+            if self.compact:
+                none = [e["chunk_id"] for e in es if e["relevance"] == "none"]
+                if self.foreign:
+                    none += [i for i in range(min(sent) - 20, max(sent) + 21) if i not in sent]
+                es = [e for e in es if e["relevance"] != "none"] + (
+                    [{"question": int(n), "none": none}] if none else []
+                )
+            out += es
+        return out
+
     def __call__(self, req: dict) -> Reply | str:
-        model, text = req.get("model"), last_user_message(req)
+        model, last = req.get("model"), last_user_message(req)
+        # a retry repeats the read and adds the complaint after it: the chunks are in the first user message
+        text = next((m["content"] for m in req["messages"] if m["role"] == "user"), last)
         if model == "plan-model":
             return json.dumps({"search_mode": "hybrid", "threshold": -1.0})
         if model == "analyst-model":
+            if last != text:
+                self.retries.append(last)
             if "\n## Questions\n" in text:
-                out = [
-                    e
-                    for n, q in _QUESTION.findall(text)
-                    for e in self.entries(text, q.split("\n\n")[0].strip(), int(n))
-                ]
+                out = self.shared(text)
+                self.replies.append(out)
             else:
                 out = self.entries(text, re.search(r"## Query\n\n(.*?)\n\n## ", text, re.S).group(1), None)
             return json.dumps(out)
@@ -89,7 +117,10 @@ def corpus(env, conn, embedder, tmp_path_factory):
         (root / f"{i}-{topic.replace(' ', '-')}.md").write_text(
             f"# Notes on {topic}\n\nPeople who study {topic} keep careful records of {topic}.\n"
         )
-    for name in ("notes", "notes-again", "notes-solo", "notes-plain"):
+    for name in ("notes", "notes-again", "notes-solo", "notes-plain", "notes-full", "notes-compact", "notes-foreign"):
+        load_paths(conn, buffer=name, paths=[root], embedder=embedder)
+        conn.commit()
+    for name in ("notes-gap",):
         load_paths(conn, buffer=name, paths=[root], embedder=embedder)
         conn.commit()
     return root
@@ -221,3 +252,97 @@ def test_a_reply_without_question_numbers_is_reported_unanswered_not_misfiled(co
         batches = job_store.batches(conn, job_id=item.job_id)
         conn.commit()
         assert sum(len(b.unanswered) for b in batches) == len(TOPICS)
+
+
+def _stored(conn, items) -> dict[str, tuple[list, dict]]:
+    """Per query: every stored finding as (file, grade, findings, summary, follow-ups, records), the chunk's id
+    taken out of the text, and the item's counts; comparable across buffers of the same files."""
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.buffers import get_chunks
+
+    out = {}
+    for item in items:
+        rows = [f for _, f in job_store.findings_of(conn, job_id=item.job_id)]
+        paths = {
+            cid: c.path for cid, c in get_chunks(conn, tenant="local", chunk_ids=[f.chunk_id for f in rows]).items()
+        }
+        conn.commit()
+        found = sorted(
+            (
+                paths[f.chunk_id],
+                f.relevance,
+                [x.replace(f"chunk {f.chunk_id}", "chunk ?") for x in f.findings],
+                f.summary,
+                f.follow_up,
+                [r.model_dump() for r in f.records],
+            )
+            for f in rows
+        )
+        counts = {k: v for k, v in item.result.items() if isinstance(v, int) and "token" not in k and "ms" not in k}
+        out[item.query] = (found, counts)
+    return out
+
+
+def test_a_compact_none_list_stores_what_full_none_entries_store(conn, workers, llm, model):
+    full_items, _ = _run(conn, workers, "notes-full")
+    model.compact = True
+    model.replies.clear()
+    try:
+        compact_items, _ = _run(conn, workers, "notes-compact")
+        replies = list(model.replies)
+    finally:
+        model.compact = False
+    assert all(i.status == "done" for i in full_items + compact_items)
+    # the compact form was really used (and no full object graded none was written)
+    assert all(any("none" in e for e in reply) for reply in replies)
+    assert not [e for reply in replies for e in reply if e.get("relevance") == "none"]
+    full, compact = _stored(conn, full_items), _stored(conn, compact_items)
+    assert compact == full
+    for found, _ in compact.values():
+        assert len(found) == len(TOPICS) and sum(f[1] == "none" for f in found) == len(TOPICS) - 1
+
+
+def test_a_none_list_naming_chunks_outside_the_read_is_ignored(conn, workers, llm, model):
+    model.compact = model.foreign = True
+    try:
+        items, _ = _run(conn, workers, "notes-foreign")
+    finally:
+        model.compact = model.foreign = False
+    from rlm_workers.store import jobs as job_store
+
+    for item in items:
+        assert item.status == "done"
+        rows = job_store.findings_of(conn, job_id=item.job_id)
+        batches = job_store.batches(conn, job_id=item.job_id)
+        conn.commit()
+        # each batch holds its own chunks only, once each: the neighbours the lists named were not stored anywhere
+        assert sorted((b, f.chunk_id) for b, f in rows) == sorted((b.batch_no, c) for b in batches for c in b.chunk_ids)
+        assert [f.relevance for _, f in rows].count("high") == 1
+        assert sum(len(b.unanswered) for b in batches) == 0
+
+
+def test_a_pair_in_neither_an_entry_nor_the_none_list_is_asked_again_then_unanswered(conn, workers, llm, model):
+    model.compact = model.leave_out = True
+    model.retries.clear()
+    try:
+        llm.reset()
+        items, _ = _run(conn, workers, "notes-gap")
+        reads = len(_analyst_requests(llm)) - len(model.retries)
+    finally:
+        model.compact = model.leave_out = False
+    from rlm_workers.store import jobs as job_store
+
+    # one retry per read, naming the missing pair and still offering the compact form
+    assert reads == 4 and len(model.retries) == reads
+    assert all("question 1: chunks " in r and '"none"' in r for r in model.retries)
+    unanswered, stored = 0, 0
+    for item in items:
+        assert item.status == "done"
+        batches = job_store.batches(conn, job_id=item.job_id)
+        rows = job_store.findings_of(conn, job_id=item.job_id)
+        conn.commit()
+        gaps = {c for b in batches for c in b.unanswered}
+        assert not gaps & {f.chunk_id for _, f in rows}  # never counted as read
+        unanswered += len(gaps)
+        stored += len(rows)
+    assert unanswered == reads and stored == len(QUERIES) * len(TOPICS) - reads

@@ -261,7 +261,29 @@ def test_shared_read_message_puts_the_chunks_before_the_numbered_questions():
     assert '### Question 1\n\nfirst?\n\nFocus topics: "alpha"' in text
     # a question cannot close a fence or pose as a section of its own
     assert "&lt;/content>" in text and text.count("</content>") == 1
-    assert "exactly 2 entries" in text
+    assert "all 2 (question, chunk id) pairs" in text and '"none": [...]' in text
+
+
+def test_compact_none_list_parses_as_none_entries_an_own_entry_wins_and_foreign_ids_are_ignored():
+    from rlm_workers.pipeline.analyst import findings_from_entries, reply_entries
+
+    full = findings_from_entries(
+        [
+            {"chunk_id": c, "relevance": "none", "findings": [], "summary": "", "follow_up": [], "records": []}
+            for c in (1, 2)
+        ],
+        batch_chunk_ids=[1, 2, 3],
+    )
+    entries = reply_entries(
+        '[{"question": 1, "none": [1, "2", 3, 99]}, '
+        '{"chunk_id": 3, "relevance": "high", "findings": ["x"], "summary": "s", "follow_up": [], "question": 1}]'
+    )
+    found = {f.chunk_id: f for f in findings_from_entries(entries, batch_chunk_ids=[1, 2, 3])}
+    assert set(found) == {1, 2, 3}  # 99 was never sent: not trusted
+    assert [found[1], found[2]] == full
+    assert found[3].relevance == "high" and found[3].findings == ["x"]  # listed as none too, but its entry wins
+    # a lone compact object (not in an array) is still a reply
+    assert [f.chunk_id for f in findings_from_entries(reply_entries('{"none": [2]}'), batch_chunk_ids=[2])] == [2]
 
 
 def test_synthesizer_input_is_bounded():

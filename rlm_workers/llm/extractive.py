@@ -472,7 +472,8 @@ def is_shared_read(user_text: str) -> bool:
 
 def shared_analyst_reply(user_text: str) -> list[dict]:
     """A shared read (docs/contract.md#shared-reads): each numbered question answered over the same chunks, as
-    if it were a read of its own, every entry tagged with its question's number."""
+    if it were a read of its own, every entry tagged with its question's number.  The chunks a question grades
+    none with nothing to say (nor to count) go into that question's one compact ``"none"`` list."""
     outside = _FENCED.sub("", user_text)
     section = outside.rpartition(_QUESTIONS_HEAD)[2]
     blocks = "\n\n".join(
@@ -483,8 +484,15 @@ def shared_analyst_reply(user_text: str) -> list[dict]:
     for n, body in _QUESTION.findall(section):
         query = body.split("\n\nFocus topics: ", 1)[0].split("\n\n(records wanted)", 1)[0]
         records = "\n\n## Records\n\n" if "(records wanted)" in body else ""
+        nothing: list[int] = []
         for entry in analyst_reply(f"## Chunks\n\n{blocks}{records}\n\n## Query\n\n{query}"):
-            out.append({**entry, "question": int(n)})
+            empty = not any(entry.get(k) for k in ("findings", "summary", "follow_up", "records"))
+            if entry["relevance"] == "none" and empty:
+                nothing.append(entry["chunk_id"])
+            else:
+                out.append({**entry, "question": int(n)})
+        if nothing:
+            out.append({"question": int(n), "none": nothing})
     return out
 
 

@@ -144,8 +144,10 @@ def build_shared_messages(
         lines.append(block)
     parts.append("## Questions\n\n" + "\n\n".join(lines))
     parts.append(
-        f"## Reply\n\nReply with a JSON array of exactly {len(chunks) * len(questions)} entries: one per chunk id "
-        f'above for each of the {len(questions)} questions, each with "question" set to the question\'s number.'
+        f"## Reply\n\nReply with a JSON array accounting for all {len(chunks) * len(questions)} (question, chunk id) "
+        f"pairs: for each of the {len(questions)} questions, an entry per chunk id above that bears on it and one "
+        f'{{"question": n, "{NONE_KEY}": [...]}} object listing the chunk ids it grades none; every object has '
+        '"question" set to the question\'s number.'
     )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
 
@@ -180,7 +182,7 @@ def _entries(value: Any) -> list[dict] | None:
             return None
         return [v for v in value if isinstance(v, dict)]
     if isinstance(value, dict):
-        if "chunk_id" in value:
+        if "chunk_id" in value or none_ids(value) is not None:
             return [value]
         lists = [v for v in value.values() if isinstance(v, list)]
         if len(lists) == 1:
@@ -211,6 +213,20 @@ def reply_entries(text: str) -> list[dict]:
     return entries
 
 
+#: the key of a compact reply object listing the chunks graded "none" (docs/contract.md#shared-reads)
+NONE_KEY = "none"
+
+
+def none_ids(entry: dict) -> list[int] | None:
+    """The chunk ids a compact object such as ``{"question": 2, "none": [4, 7]}`` lists as graded none; None for
+    an ordinary entry (one with a ``chunk_id`` is always read as an ordinary entry)."""
+    if "chunk_id" in entry or NONE_KEY not in entry:
+        return None
+    raw = entry[NONE_KEY]
+    items = raw if isinstance(raw, list) else [raw]
+    return [cid for r in items if (cid := _chunk_id(r)) is not None]
+
+
 def question_no(entry: dict) -> int | None:
     """The question number a shared read's entry answers (``question``, or ``question_no``)."""
     return _chunk_id(entry.get("question", entry.get("question_no")))
@@ -222,10 +238,16 @@ def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
 
 
 def findings_from_entries(entries: Sequence[dict], *, batch_chunk_ids: Sequence[int]) -> list[Finding]:
+    """Entries → findings of this batch's chunks.  A chunk a compact object lists under ``"none"`` is stored as an
+    entry graded none with nothing else would be, unless the reply also gave it an entry of its own: that wins."""
     allowed = set(batch_chunk_ids)
     merged: dict[int, Finding] = {}
+    listed_none: list[int] = []
     budget = MAX_FINDINGS_PER_BATCH
     for e in entries:
+        if (ids := none_ids(e)) is not None:
+            listed_none += ids
+            continue
         cid = _chunk_id(e.get("chunk_id"))
         if cid is None or cid not in allowed:
             continue  # an id we never sent: the model invented or misread it
@@ -262,6 +284,9 @@ def findings_from_entries(entries: Sequence[dict], *, batch_chunk_ids: Sequence[
                 records=merge_records(prev.records, finding.records),
             )
         merged[cid] = finding
+    for cid in listed_none:
+        if cid in allowed and cid not in merged:  # an id we never sent is not trusted here either
+            merged[cid] = Finding(chunk_id=cid, relevance=Relevance.none, findings=[], summary="", follow_up=[])
     return list(merged.values())
 
 

@@ -39,6 +39,7 @@ from ..store import jobs as job_store
 from ..store import reads as store
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .analyst import (
+    NONE_KEY,
     PRIOR_REPLY_CHARS,
     ChunkForPrompt,
     Question,
@@ -493,20 +494,30 @@ def _retry_messages(
         gap = next(iter(missing.values()), [c.chunk_id for c in prepared.chunks])
         owed = f"one object per chunk id ({', '.join(map(str, gap))})"
     else:
-        owed = "one object per (question, chunk id) pair: " + "; ".join(
+        owed = "an answer for each (question, chunk id) pair: " + "; ".join(
             f"question {q}: chunks {', '.join(map(str, ids))}" for q, ids in sorted(missing.items())
         )
         if not missing:
-            owed = "one object per chunk id for each question, with its question number"
+            owed = "an answer for every chunk id under each question, with its question number"
     why = problem or "it left entries out"
+    shape = (
+        "each with chunk_id, relevance (high, medium, low or none), findings, summary and follow_up"
+        + (", and question" if len(prepared.members) > 1 else "")
+        + " (and records, if asked for)"
+    )
+    if len(prepared.members) > 1:
+        # the compact form stays allowed: a retry that had to write every none pair out would cost the most
+        shape += (
+            f'; the chunks a question grades none may instead be listed in one {{"question": n, "{NONE_KEY}": '
+            "[chunk ids]} object for that question"
+        )
     return [
         *prepared.request.messages,
         {"role": "assistant", "content": shown},
         {
             "role": "user",
             "content": f"Your previous reply could not be used in full: {why}. Reply again with only a JSON array "
-            f"holding {owed}, each with chunk_id, relevance (high, medium, low or none), findings, summary and "
-            "follow_up" + (", and question" if len(prepared.members) > 1 else "") + " (and records, if asked for).",
+            f"holding {owed}, {shape}.",
         },
     ]
 
