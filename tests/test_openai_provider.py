@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -394,3 +395,21 @@ def test_standalone_server_process(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=5)
+
+
+def test_scripted_prompt_cache_reports_a_shared_prefix_like_openai():
+    """The scripted server's optional prompt caching (off by default): a prompt sharing at least 1,024 tokens of
+    prefix with an earlier one of the same model reports that prefix, in whole steps of 128 tokens, as cached."""
+    long = "x" * 6000  # with the JSON around it, 11 steps of 512 characters (128 tokens) are shared
+    with ScriptedLLM(fixed("ok"), prompt_cache=True) as cached_srv:
+        p = OpenAIProvider(_settings(cached_srv))
+        assert p.complete(_request(long + "A")).cached_tokens == 0  # nothing seen yet
+        c = p.complete(_request(long + "B"))
+        assert c.cached_tokens == 11 * 128 and c.tokens_in > c.cached_tokens
+        assert p.complete(dataclasses.replace(_request(long + "C"), model="other")).cached_tokens == 0
+        assert p.complete(_request("x" * 3000 + "D")).cached_tokens == 0  # 5 steps shared: under 1,024 tokens
+        cached_srv.reset()  # forgets what it saw
+        assert p.complete(_request(long + "E")).cached_tokens == 0
+    with ScriptedLLM(fixed("ok")) as plain:  # off unless asked for
+        p = OpenAIProvider(_settings(plain))
+        assert [p.complete(_request(long)).cached_tokens for _ in range(2)] == [0, 0]

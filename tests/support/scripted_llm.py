@@ -31,6 +31,7 @@ after answering N lines each (the rest never answered).  Batch lines are recorde
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import itertools
 import json
@@ -265,11 +266,49 @@ class RecordedRequest:
     headers: dict[str, str]
 
 
+#: OpenAI's automatic prompt caching: a prefix shared with an earlier prompt counts once it is this long ...
+CACHE_MIN_TOKENS = 1024
+#: ... in steps of this many tokens
+CACHE_STEP_TOKENS = 128
+
+
+class _PromptCache:
+    """Prompt prefixes seen per model, to report ``cached_tokens`` as OpenAI's automatic caching would: the prefix a
+    prompt shares with an earlier one of the same model, cut to whole steps of 128 tokens, once it reaches 1,024.
+
+    A prompt is its ``messages`` as JSON, counted at ~4 characters a token like the rest of the usage, so a step
+    is 512 characters: each prompt leaves the digest of every whole-step prefix, and a later prompt's cached part
+    is its longest prefix found there.  A prompt counts as seen as soon as it is answered (the provider's cache
+    also needs the first request processed before a second one hits; near-simultaneous ones are not told apart)."""
+
+    STEP_CHARS = CACHE_STEP_TOKENS * 4
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[bytes]] = {}
+
+    def cached_tokens(self, model: str, prompt: str) -> int:
+        import hashlib
+
+        known = self.seen.setdefault(model, set())
+        h = hashlib.sha256()
+        steps, hit = len(prompt) // self.STEP_CHARS, 0
+        for k in range(steps):
+            h.update(prompt[k * self.STEP_CHARS : (k + 1) * self.STEP_CHARS].encode())
+            digest = h.copy().digest()
+            if hit == k and digest in known:  # prefixes only: the first miss ends the cached part
+                hit = k + 1
+            known.add(digest)
+        tokens = hit * CACHE_STEP_TOKENS
+        return tokens if tokens >= CACHE_MIN_TOKENS else 0
+
+
 class _Stats:
     """Everything a test asserts on, behind one lock (handlers run on many threads)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        #: report prompt caching (``ScriptedLLM(prompt_cache=True)``); off, no usage carries cache details
+        self.prompt_cache = False
         self.reset()
 
     def reset(self) -> None:
@@ -280,6 +319,16 @@ class _Stats:
         self.max_concurrency = 0
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
         self.ids = itertools.count(1)
+        self.cache = _PromptCache()
+
+    def cached_tokens(self, reply: Reply, req: dict[str, Any]) -> Reply:
+        """The reply with ``cached_tokens`` from the prompt cache, when it is on and the script set none."""
+        if not self.prompt_cache or reply.cached_tokens is not None or reply.prompt_tokens is not None:
+            return reply
+        prompt = json.dumps(req.get("messages"))
+        with self.lock:
+            cached = self.cache.cached_tokens(str(req.get("model")), prompt)
+        return dataclasses.replace(reply, cached_tokens=min(cached, _estimate(prompt)))
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -362,7 +411,7 @@ class _Handler(BaseHTTPRequestHandler):
             call_id = next(stats.ids)
         usage: dict[str, int] | None = None
         try:
-            reply = _as_reply(self.server.responder(body))
+            reply = stats.cached_tokens(_as_reply(self.server.responder(body)), body)
             if reply.delay > 0:
                 time.sleep(reply.delay)
             status, payload, usage = _render(reply, body, call_id)
@@ -650,7 +699,7 @@ class _BatchAPI:
             call_id = next(stats.ids)
         usage: dict[str, int] | None = None
         try:
-            reply = _as_reply(server.responder(body))
+            reply = stats.cached_tokens(_as_reply(server.responder(body)), body)
             if reply.delay > 0:
                 time.sleep(reply.delay)
             if reply.raw_body is not None:  # no gateway sits inside a batch: a broken body is the provider's 500
@@ -687,8 +736,12 @@ class ScriptedLLM:
         host: str = "127.0.0.1",
         port: int = 0,
         model_name: str = "scripted-model",
+        prompt_cache: bool = False,
     ) -> None:
+        """``prompt_cache``: report ``usage.prompt_tokens_details.cached_tokens`` like OpenAI's automatic prompt
+        caching (``_PromptCache``) for replies that set no token counts of their own; ``reset`` forgets it."""
         self._server = _Server((host, port), responder or fixed(), model_name)
+        self._server.stats.prompt_cache = prompt_cache
         self._thread: threading.Thread | None = None
 
     @property
