@@ -22,20 +22,39 @@ from pathlib import Path
 import _util
 
 PRICE = [0.25, 0.025, 2.0]  # gpt-5-mini list prices, USD per 1M tokens: input, cached input, output
-_CHUNK = re.compile(r"### Chunk (\d+)\n\n")
-_QUESTION = re.compile(r"^### Question (\d+)$", re.M)
+_CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
+_QUESTION = re.compile(r"### Question (\d+)\n\n(.*?)(?=\n\n### Question |\n\n## Reply)", re.S)
+_QUERY = re.compile(r"## Query\n\n(.*?)\n\n## ", re.S)
+_TOPIC = re.compile(r"about (\w+?)s\?")
+WORDS = "tide marsh clock kelp glacier lantern orchard quarry harbour meadow".split()
+#: the analyst models the bench runs: graded by content (the goal is measured under it), and the worst case
+MODELS = ("content-graded", "every pair relevant")
 
 
 class Model:
-    """Analyst: one short entry per (question, chunk); synthesizer: a fixed answer."""
+    """Analyst and synthesizer of the bench.
+
+    ``content-graded`` (the default) behaves like a model following the prompt it was given: a chunk bears on a
+    question when its text mentions the question's topic word (high when the note is that topic's survey, medium
+    when it only names it), with a quoted finding and a one-line summary; the other chunks are graded none,
+    listed in the compact ``"none"`` object when the system prompt offers one (a shared read's), else written
+    out as full empty entries (a read alone).  ``every pair relevant`` is the earlier bench's model, the worst
+    case for sharing: one short "low" entry for every (question, chunk) pair."""
+
+    def __init__(self) -> None:
+        self.mode = MODELS[0]
 
     def __call__(self, req: dict):
         from tests.support.scripted_llm import last_user_message
 
         text = last_user_message(req)
-        if req.get("model") == "analyst-model":
-            ids = [int(c) for c in _CHUNK.findall(text)]
-            qs = [int(q) for q in _QUESTION.findall(text)] or [None]
+        if req.get("model") != "analyst-model":
+            return "## Answer\n\nA scripted answer [chunk 1]."
+        chunks = [(int(c), body) for c, body in _CHUNK.findall(text)]
+        questions = [(int(n), q.split("\n\n")[0]) for n, q in _QUESTION.findall(text)]
+        if not questions:
+            questions = [(None, m.group(1) if (m := _QUERY.search(text)) else "")]
+        if self.mode == "every pair relevant":
             out = [
                 {
                     "chunk_id": c,
@@ -46,11 +65,48 @@ class Model:
                     "records": [],
                 }
                 | ({"question": q} if q else {})
-                for q in qs
-                for c in ids
+                for q, _ in questions
+                for c, _ in chunks
             ]
             return json.dumps(out)
-        return "## Answer\n\nA scripted answer [chunk 1]."
+        system = next((m.get("content") or "" for m in req.get("messages", []) if m.get("role") == "system"), "")
+        compact = '"none": [' in system  # only a prompt that offers the compact form gets it
+        extra = {"records": []} if "\n## Records\n" in text else {}
+        out = []
+        for q, query in questions:
+            tag = {"question": q} if q else {}
+            topic = m.group(1) if (m := _TOPIC.search(query)) else query
+            none = []
+            for c, body in chunks:
+                line = next((ln for ln in body.split("\n") if topic in ln), None)
+                if line is None:
+                    if compact:
+                        none.append(c)
+                    else:
+                        out.append(
+                            {"chunk_id": c, "relevance": "none", "findings": [], "summary": "", "follow_up": []}
+                            | extra
+                            | tag
+                        )
+                    continue
+                n = m.group(1) if (m := re.search(r"recorded (\d+) findings", line)) else "?"
+                main = f"The {topic} survey" in line
+                out.append(
+                    {
+                        "chunk_id": c,
+                        "relevance": "high" if main else "medium",
+                        "findings": [f'"{line.strip()[:200]}"'],
+                        "summary": f"A {topic} survey note, {n} findings recorded."
+                        if main
+                        else f"A survey of another subject that also names {topic}s.",
+                        "follow_up": [],
+                    }
+                    | extra
+                    | tag
+                )
+            if none:
+                out.append({**tag, "none": none})
+        return json.dumps(out)
 
 
 def _corpus(root: Path, chunks: int) -> Path:
@@ -71,7 +127,8 @@ def run(args) -> None:
     from tests.support.scripted_llm import ScriptedLLM
     from tests.support.workers import WorkerProcess
 
-    srv = ScriptedLLM(Model()).start()
+    model = Model()
+    srv = ScriptedLLM(model).start()
     q = args.questions
     os.environ.update(
         {
@@ -105,11 +162,13 @@ def run(args) -> None:
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
     nonce = time.strftime("%H%M%S")
-    queries = [f"Run {nonce}: which notes mention finding number {i}?" for i in range(q)]
+    # one topic word of the corpus each (a note names two of them): about a fifth of the chunks bear on a question
+    queries = [f"Run {nonce}, question {i}: what do the notes say about {WORDS[i % len(WORDS)]}s?" for i in range(q)]
     results = {}
     an = WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=8).start()
     try:
-        for label, per_read in (("shared", q), ("one by one", 1)):
+        for mode, (label, per_read) in ((m, r) for m in MODELS for r in (("shared", q), ("one by one", 1))):
+            model.mode = mode
             conn.execute("DELETE FROM result_cache")
             redis.Redis.from_url(broker_url(settings)).flushdb()
             ctl = WorkerProcess(
@@ -131,39 +190,66 @@ def run(args) -> None:
                 )
                 while store.get_overnight(conn, batch_id=batch_id).status != "done":
                     if time.time() - t0 > 3600:
-                        raise RuntimeError(f"{label}: batch {batch_id} not done after an hour")
+                        raise RuntimeError(f"{mode}, {label}: batch {batch_id} not done after an hour")
                     time.sleep(0.5)
                 elapsed = time.time() - t0
             finally:
                 ctl.stop()
             row = conn.execute(
                 """SELECT sum(c.tokens_in) FILTER (WHERE c.stage = 'analyst'),
+                          sum(c.tokens_out) FILTER (WHERE c.stage = 'analyst'),
                           sum(c.cached_tokens) FILTER (WHERE c.stage = 'analyst'),
                           sum(c.tokens_in + c.tokens_out), sum(c.cost_usd), round(sum(1.0 / c.shared)),
                           count(DISTINCT i.item_no) FILTER (WHERE i.status = 'done')
                    FROM batch_items i JOIN llm_calls c ON c.job_id = i.job_id WHERE i.batch_id = %s""",
                 (batch_id,),
             ).fetchone()
-            results[label] = {
+            grades = dict(
+                conn.execute(
+                    """SELECT f.relevance::text, count(*) FROM batch_items i JOIN job_findings f ON f.job_id = i.job_id
+                       WHERE i.batch_id = %s GROUP BY 1""",
+                    (batch_id,),
+                ).fetchall()
+            )
+            unanswered = conn.execute(
+                """SELECT coalesce(sum(cardinality(b.unanswered)), 0) FROM batch_items i
+                   JOIN job_batches b ON b.job_id = i.job_id WHERE i.batch_id = %s""",
+                (batch_id,),
+            ).fetchone()[0]
+            results[mode, label] = {
+                "grades": "/".join(str(grades.get(g, 0)) for g in ("high", "medium", "low", "none"))
+                + f" ({unanswered})",
                 "analyst_in": int(row[0] or 0),
-                "cached": int(row[1] or 0),
-                "tokens": int(row[2] or 0),
-                "cost": float(row[3] or 0.0),
-                "calls": int(row[4] or 0),
-                "done": int(row[5] or 0),
+                "analyst_out": int(row[1] or 0),
+                "cached": int(row[2] or 0),
+                "tokens": int(row[3] or 0),
+                "cost": float(row[4] or 0.0),
+                "calls": int(row[5] or 0),
+                "done": int(row[6] or 0),
                 "seconds": elapsed,
             }
-            print(label, results[label], flush=True)
+            print(mode, label, results[mode, label], flush=True)
     finally:
         an.stop()
         conn.close()
         srv.stop()
         if not args.keep_servers:
             _util.stop_servers(data_dir)
-    sh, solo = results["shared"], results["one by one"]
-    ratio = sh["analyst_in"] / solo["analyst_in"] if solo["analyst_in"] else float("nan")
-    overnight = sh["cost"] * 0.5  # the Batch API bills the same tokens at half the list price
-    cost_ratio = overnight / solo["cost"] if solo["cost"] else float("nan")
+    runs = [results[m, label] for m in MODELS for label in ("shared", "one by one")]
+
+    def row(name: str, cell) -> str:
+        return f"| {name} | " + " | ".join(cell(r) for r in runs) + " |"
+
+    readings = []
+    for m in MODELS:
+        sh, solo = results[m, "shared"], results[m, "one by one"]
+        ratio = sh["analyst_in"] / solo["analyst_in"] if solo["analyst_in"] else float("nan")
+        # the Batch API bills the same tokens at half the list price
+        cost_ratio = sh["cost"] * 0.5 / solo["cost"] if solo["cost"] else float("nan")
+        readings.append(
+            f"- {m}: analyst input with sharing / one by one **{ratio:.2f}×** (goal ≤ 0.25×); overnight cost "
+            f"(shared, Batch API) / the items one by one interactively **{cost_ratio:.2f}×** (goal ≤ 0.3×)."
+        )
     md = "\n".join(
         [
             "## Shared reads across a batch's questions (`bench/batch.py --case shared`)",
@@ -173,25 +259,30 @@ def run(args) -> None:
             _util.machine_markdown(),
             "",
             f"Setup: one overnight batch of {q} questions × 1 buffer of {args.chunks} chunks, `--scope all`, "
-            f"`batch_size` {args.batch_size}, `skip_plan`; scripted OpenAI-protocol server (its usage counts ~4 "
-            "characters a token and reports no prompt caching); the scripted models priced as gpt-5-mini "
-            f"({PRICE[0]} / {PRICE[1]} / {PRICE[2]} USD per 1M tokens). Run twice on real workers: "
-            f"`RLM_SHARED_READ_QUESTIONS={q}` and `=1`, result cache emptied between.",
+            f"`batch_size` {args.batch_size}, `skip_plan`; each question asks about one topic word of the corpus "
+            "(each note names two of the ten words, so about a fifth of the chunks bear on a question). Scripted "
+            "OpenAI-protocol server (its usage counts ~4 characters a token and reports no prompt caching); the "
+            f"scripted models priced as gpt-5-mini ({PRICE[0]} / {PRICE[1]} / {PRICE[2]} USD per 1M tokens). Two "
+            "analyst models: *content-graded* grades a chunk by whether its text names the question's topic, writes "
+            "a quoted finding for those and, where the prompt offers it (shared reads), lists the rest in the "
+            "compact `none` object, else (one by one) writes them as full empty entries; *every pair relevant* is "
+            "the earlier bench's model, one short entry for every pair, the worst case for sharing. Each model "
+            f"run on real workers with `RLM_SHARED_READ_QUESTIONS={q}` and `=1`, result cache emptied between.",
             "",
-            "| | shared | one by one |",
-            "| --- | --- | --- |",
-            f"| items done | {sh['done']} | {solo['done']} |",
-            f"| LLM calls (HTTP) | {sh['calls']} | {solo['calls']} |",
-            f"| analyst input tokens | {sh['analyst_in']:,} | {solo['analyst_in']:,} |",
-            f"| cached-token share of analyst input | {sh['cached'] / max(1, sh['analyst_in']):.0%} | "
-            f"{solo['cached'] / max(1, solo['analyst_in']):.0%} |",
-            f"| all tokens | {sh['tokens']:,} | {solo['tokens']:,} |",
-            f"| cost, interactive prices | ${sh['cost']:.4f} | ${solo['cost']:.4f} |",
-            f"| cost through the Batch API (50 %) | ${overnight:.4f} | ${solo['cost'] * 0.5:.4f} |",
-            f"| wall time | {sh['seconds']:.0f} s | {solo['seconds']:.0f} s |",
+            "| | " + " | ".join(f"{m}, {label}" for m in MODELS for label in ("shared", "one by one")) + " |",
+            "| --- |" + " --- |" * len(runs),
+            row("items done", lambda r: str(r["done"])),
+            row("LLM calls (HTTP)", lambda r: str(r["calls"])),
+            row("pairs stored high/medium/low/none (unanswered)", lambda r: r["grades"]),
+            row("analyst input tokens", lambda r: f"{r['analyst_in']:,}"),
+            row("analyst output tokens", lambda r: f"{r['analyst_out']:,}"),
+            row("cached-token share of analyst input", lambda r: f"{r['cached'] / max(1, r['analyst_in']):.0%}"),
+            row("all tokens", lambda r: f"{r['tokens']:,}"),
+            row("cost, interactive prices", lambda r: f"${r['cost']:.4f}"),
+            row("cost through the Batch API (50 %)", lambda r: f"${r['cost'] * 0.5:.4f}"),
+            row("wall time", lambda r: f"{r['seconds']:.0f} s"),
             "",
-            f"Analyst input with sharing / one by one: **{ratio:.2f}×** (goal ≤ 0.25×). Overnight cost (shared, "
-            f"Batch API) / the items one by one interactively: **{cost_ratio:.2f}×** (goal ≤ 0.3×).",
+            *readings,
         ]
     )
     _util.publish("shared-reads", md, _util.machine_markdown(), write=not args.no_write)
