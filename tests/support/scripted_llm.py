@@ -753,6 +753,14 @@ class ScriptedLLM:
         self._server.responder = value
 
     @property
+    def prompt_cache(self) -> bool:
+        return self._server.stats.prompt_cache
+
+    @prompt_cache.setter
+    def prompt_cache(self, on: bool) -> None:
+        self._server.stats.prompt_cache = on
+
+    @property
     def port(self) -> int:
         return self._server.server_address[1]
 
