@@ -117,7 +117,16 @@ def corpus(env, conn, embedder, tmp_path_factory):
         (root / f"{i}-{topic.replace(' ', '-')}.md").write_text(
             f"# Notes on {topic}\n\nPeople who study {topic} keep careful records of {topic}.\n"
         )
-    for name in ("notes", "notes-again", "notes-solo", "notes-plain", "notes-full", "notes-compact", "notes-foreign"):
+    for name in (
+        "notes",
+        "notes-again",
+        "notes-solo",
+        "notes-plain",
+        "notes-full",
+        "notes-compact",
+        "notes-foreign",
+        "notes-budget",
+    ):
         load_paths(conn, buffer=name, paths=[root], embedder=embedder)
         conn.commit()
     for name in ("notes-gap",):
@@ -133,7 +142,7 @@ def workers(env, corpus, tmp_path_factory):
         yield ws
 
 
-def _run(conn, workers, buffer, *, llm_batch=False, timeout=120.0):
+def _run(conn, workers, buffer, *, llm_batch=False, timeout=120.0, options=None):
     from rlm_workers.overnight.submit import status_of, submit_overnight
     from rlm_workers.store import overnight as store
 
@@ -142,7 +151,7 @@ def _run(conn, workers, buffer, *, llm_batch=False, timeout=120.0):
         tenant="local",
         queries=QUERIES,
         buffers=[buffer],
-        options={"scope": "all", "batch_size": 2, "skip_plan": True},
+        options={"scope": "all", "batch_size": 2, "skip_plan": True, **(options or {})},
         llm_batch=llm_batch,
     )
     deadline = time.monotonic() + timeout
@@ -346,3 +355,17 @@ def test_a_pair_in_neither_an_entry_nor_the_none_list_is_asked_again_then_unansw
         unanswered += len(gaps)
         stored += len(rows)
     assert unanswered == reads and stored == len(QUERIES) * len(TOPICS) - reads
+
+
+def test_a_shared_reads_share_is_charged_to_each_jobs_budget(conn, workers, llm):
+    """--max-tokens per job: the shared reads spend it, so each job's synthesis is refused (not called)."""
+    llm.reset()
+    items, _ = _run(conn, workers, "notes-budget", options={"max_tokens": 50})
+    assert [i.status for i in items] == ["done"] * len(QUERIES)
+    assert len(_analyst_requests(llm)) == 4  # the reads went out, shared, once each
+    assert not [r for r in llm.requests if r.body.get("model") != "analyst-model"]  # no synthesis was paid for
+    for item in items:
+        budget = item.result["budget"]
+        assert budget["exhausted"] == "max_tokens", budget
+        assert budget["used_tokens"] > 50 and budget["used_llm_calls"] == 4
+        assert item.result["sources"]  # the evidence the reads paid for is still reported
