@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 #: memory for building one buffer's graph in one pass (a 100k-window graph of 384-d vectors needs ~200 MB);
 #: a larger build spills to disk and runs slower, never fails
 BUILD_MEMORY = "512MB"
+#: a table from this size up gets a parallel graph build (PostgreSQL's own gate, min_parallel_table_scan_size,
+#: is 8 MB, sized for scans: a graph costs far more per page, so a 1 MB table, ~1,200 384-d windows, already
+#: builds faster with a helper; measured 1.36 s alone vs 1.06 s with one on 6,000 windows)
+PARALLEL_BUILD_FROM = "1MB"
 #: pgvector's ceiling on hnsw.ef_search
 MAX_EF_SEARCH = 1000
 
@@ -88,7 +92,11 @@ def ensure_index(conn: psycopg.Connection, *, buffer_id: int, staging: bool = Fa
     if conn.execute("SELECT to_regclass(%s)", (f"{table}_hnsw",)).fetchone()[0] is not None:
         return
     conn.execute(f"SET LOCAL maintenance_work_mem = '{BUILD_MEMORY}'")
+    # pgvector builds the graph with max_parallel_maintenance_workers helpers; the server's setting caps them
+    conn.execute(f"SET LOCAL min_parallel_table_scan_size = '{PARALLEL_BUILD_FROM}'")
     conn.execute(f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding halfvec_cosine_ops)")
+    # the rest of the caller's transaction plans its queries as the server would
+    conn.execute("SET LOCAL min_parallel_table_scan_size TO DEFAULT")
 
 
 def drop_table(conn: psycopg.Connection, *, buffer_id: int) -> None:
