@@ -525,15 +525,22 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
         out, wall, cli_cpu, _ = timed_child(
             rlm_cmd("load", str(corpus), "-b", f"spread{workers}", "--queue", "--wait", "--format", "json"), env
         )
-        own = cli_cpu + _tree_cpu(ws) - cpu0 + _util.postgres_cpu(data_dir) - pg0
-        others = meter.share(own)
+        workers_cpu, pg_cpu = _tree_cpu(ws) - cpu0, _util.postgres_cpu(data_dir) - pg0
+        others = meter.share(cli_cpu + workers_cpu + pg_cpu)
     finally:
         for w in ws:
             w.stop()
     res = last_json(out)
     if res["status"] != "done" or res["report"]["bytes_loaded"] != n_bytes:
         raise SystemExit(f"the {workers}-worker load did not load the corpus: {res}")
-    return {"workers": workers, "wall": wall, "report": res["report"], "busy": busy, "others": others}
+    return {
+        "workers": workers,
+        "wall": wall,
+        "report": res["report"],
+        "busy": busy,
+        "others": others,
+        "cpu": {"cli": cli_cpu, "workers": workers_cpu, "postgres": pg_cpu},
+    }
 
 
 def _tree_cpu(ws: list) -> float:
@@ -559,10 +566,19 @@ def _tree_cpu(ws: list) -> float:
 def spread_report(runs: dict[int, dict], n_bytes: int, n_files: int) -> str:
     one, two = runs[1], runs[2]
     ratio = one["wall"] / two["wall"]
-    rows = "\n".join(
-        f"| {w} | {r['wall']:.1f} | {n_bytes / 1e3 / r['wall']:.0f} | {r['report']['groups']} | "
-        f"{r['report']['chunks_written']} | {r['report']['commit_seconds']:.2f} | {r['others']:.0%} |"
-        for w, r in sorted(runs.items())
+
+    def row(w: int, r: dict) -> str:
+        rep, cpu = r["report"], r["cpu"]
+        return (
+            f"| {w} | {r['wall']:.1f} | {n_bytes / 1e3 / r['wall']:.0f} | {rep['groups']} | {rep['chunks_written']} | "
+            f"{rep['windows_embedded']} | {rep['commit_seconds']:.2f} | {rep.get('graph_seconds', float('nan')):.2f} | "
+            f"{cpu['workers']:.1f} | {cpu['postgres']:.1f} | {r['others']:.0%} |"
+        )
+
+    rows = "\n".join(row(w, r) for w, r in sorted(runs.items()))
+    header = (
+        "| ingest workers | wall s | KB/s | groups | chunks | windows | commit s | of it graph s | workers' CPU s "
+        "| PostgreSQL CPU s | other processes' CPU meanwhile |\n|" + "---:|" * 11
     )
     return f"""## Ingest spread over workers (issue #14)
 
@@ -571,12 +587,13 @@ def spread_report(runs: dict[int, dict], n_bytes: int, n_files: int) -> str:
 RLM_INGEST_GROUP_BYTES = corpus / {SPREAD_GROUPS}; each `rlm worker -Q rlm.ingest -c 1 -P prefork` process encodes
 on one thread (RLM_ENCODE_THREADS=1, OMP_NUM_THREADS=1; default runtime). Wall seconds of the whole CLI
 process (stage, fan out, embed, commit), the workers warmed by a small load first. The commit (moving the
-staged rows into the buffer and building its HNSW graph) runs once, on the last group's worker. The last
-column is the share of the CPU other processes took during the load (2 cores: work of other jobs on the
-machine leaves the two workers less than two cores and lowers the ratio).
+staged rows into the buffer and building its HNSW graph) runs once, on the last group's worker; "graph s"
+is the bulk build of the graph over every window (pgvector builds it with a parallel helper, so it already
+takes both cores in either row). CPU seconds of the worker processes and of PostgreSQL (its backends and
+their parallel helpers) during the load; the last column is the share of the CPU other processes took
+(2 cores: work of other jobs on the machine leaves the two workers less than two cores and lowers the ratio).
 
-| ingest workers | wall s | KB/s | groups | chunks | commit s | other processes' CPU meanwhile |
-|---:|---:|---:|---:|---:|---:|---:|
+{header}
 {rows}
 
 2 workers vs 1: **{ratio:.2f}×** (target ≥ {SPREAD_TARGET}×: {"met" if ratio >= SPREAD_TARGET else "NOT met"}).
@@ -597,7 +614,9 @@ def spread_main(args: argparse.Namespace) -> None:
         try:
             for workers in (1, 2):
                 runs[workers] = spread_load(corpus, data_dir, n_bytes, workers, args.wait_quiet)
-                print(f"{workers} worker(s): {runs[workers]['wall']:.1f} s", flush=True)
+                r = runs[workers]
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu"].items())
+                print(f"{workers} worker(s): {r['wall']:.1f} s (CPU s: {cpu}; others {r['others']:.0%})", flush=True)
         finally:
             if not args.keep_servers:
                 _util.stop_servers(data_dir)

@@ -14,3 +14,5 @@ RATE_KEY_PREFIX = "rlm:rate:"
 RECONCILE_LOCK_KEY = "rlm:reconcile:lock"
 #: PostgreSQL NOTIFY channel: the id of every job that just ended (waiters wake without polling)
 JOB_ENDED_CHANNEL = "rlm_job_ended"
+#: PostgreSQL NOTIFY channel: the id of every upload that just ended (`rlm load --queue --wait` wakes at once)
+UPLOAD_ENDED_CHANNEL = "rlm_upload_ended"

@@ -196,6 +196,30 @@ def test_readers_see_the_old_version_until_the_last_group_commits(env, conn):
     assert _staged(conn, "secondload001") == 0
 
 
+def test_the_upload_end_wakes_a_listener(env, conn):
+    """`rlm load --queue --wait` sleeps on the upload-ended channel: the commit of the last group wakes it, the
+    groups before it do not."""
+    from rlm_workers.ingest.groups import run_group
+    from rlm_workers.store.db import connect
+    from rlm_workers.store.uploads import listen_upload_ended
+
+    _stage(conn, "listened00001", [(p, d + b"Heard version.\n") for p, d in CORPUS], "heard")
+    nos = _plan(conn, "listened00001")
+    listener = connect()
+    try:
+        listen_upload_ended(listener)
+        listener.commit()
+        for n in nos[:-1]:
+            assert run_group("listened00001", n) == "done"
+        # those groups committed already: a notification of theirs would be waiting on the socket now
+        assert "listened00001" not in [n.payload for n in listener.notifies(timeout=0.5)]
+        assert run_group("listened00001", nos[-1]) == "done"
+        heard = next((n.payload for n in listener.notifies(timeout=30) if n.payload == "listened00001"), None)
+    finally:
+        listener.close()
+    assert heard == "listened00001"
+
+
 def test_a_failing_group_fails_the_load_and_keeps_the_old_version(env, conn):
     from rlm_workers.ingest.groups import run_group
     from rlm_workers.store.uploads import get_upload, list_groups

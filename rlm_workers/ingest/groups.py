@@ -367,7 +367,9 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
     changed = bool(replaced or gone or merged.files_loaded)
     if changed:
         bstore.renumber_ordinals(conn, buffer_id=buf.id)
+    t_graph = time.perf_counter()
     vectors.ensure_index(conn, buffer_id=buf.id)
+    graph_seconds = time.perf_counter() - t_graph
     merged.version = bstore.update_buffer_meta(
         conn,
         buffer_id=buf.id,
@@ -387,6 +389,9 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
         out["seconds"] = round(max(0.0, (datetime.now(UTC) - up.started_at).total_seconds()), 3)
     out["groups"] = up.groups
     out["commit_seconds"] = round(time.perf_counter() - t0, 3)
+    # the share of the commit that built the buffer's HNSW graph in bulk (a new table's): nearly all of it, as
+    # measured for bench/RESULTS.md; a buffer that has a graph already grows it while the rows move
+    out["graph_seconds"] = round(graph_seconds, 3)
     return out
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from ..constants import UPLOAD_ENDED_CHANNEL
 from .buffers import CHUNK_COPY_COLS, CHUNK_COPY_TYPES
 from .db import session_lock_key, try_session_lock
 
@@ -125,6 +126,13 @@ def finish_upload(
         (status, Jsonb(report) if report else None, Jsonb(error) if error else None, upload_id),
     )
     conn.execute("DELETE FROM upload_files WHERE upload_id = %s", (upload_id,))
+    # delivered at commit: a waiting `rlm load --queue --wait` wakes at once instead of at its next poll
+    conn.execute("SELECT pg_notify(%s, %s)", (UPLOAD_ENDED_CHANNEL, upload_id))
+
+
+def listen_upload_ended(conn: psycopg.Connection, *, listen: bool = True) -> None:
+    """Start (or stop) hearing ``finish_upload``'s notifications on this connection; takes effect at commit."""
+    conn.execute(f"{'LISTEN' if listen else 'UNLISTEN'} {UPLOAD_ENDED_CHANNEL}")
 
 
 def note_error(conn: psycopg.Connection, *, upload_id: str, error: dict[str, Any]) -> None:

@@ -32,9 +32,19 @@ if TYPE_CHECKING:
     import numpy as np
     import psycopg
 
-#: memory for building one buffer's graph in one pass (a 100k-window graph of 384-d vectors needs ~200 MB);
+#: most memory for building one buffer's graph in one pass (a 100k-window graph of 384-d vectors needs ~200 MB);
 #: a larger build spills to disk and runs slower, never fails
 BUILD_MEMORY = "512MB"
+#: a build asks for this many times its table's size, at least BUILD_MEMORY_MIN_MB, at most BUILD_MEMORY: a
+#: parallel build reserves all of maintenance_work_mem as shared memory up front, and 512 MB of it cost 0.15 s
+#: (2,000 windows: 0.35 s at 512 MB, 0.20 s at 64 MB; 20,000 windows: 2.9 s vs 2.6 s).  The graph takes about
+#: 2.5 times the table for 384-d halfvec (more for narrower vectors, less for wider).
+BUILD_MEMORY_PER_TABLE_BYTE = 3
+BUILD_MEMORY_MIN_MB = 64
+#: a table from this size up gets a parallel graph build (PostgreSQL's own gate, min_parallel_table_scan_size,
+#: is 8 MB, sized for scans: a graph costs far more per page, so a 1 MB table, ~1,200 384-d windows, already
+#: builds faster with a helper; measured 1.36 s alone vs 1.06 s with one on 6,000 windows)
+PARALLEL_BUILD_FROM = "1MB"
 #: pgvector's ceiling on hnsw.ef_search
 MAX_EF_SEARCH = 1000
 
@@ -87,8 +97,16 @@ def ensure_index(conn: psycopg.Connection, *, buffer_id: int, staging: bool = Fa
     table = vector_table(buffer_id, staging=staging)
     if conn.execute("SELECT to_regclass(%s)", (f"{table}_hnsw",)).fetchone()[0] is not None:
         return
-    conn.execute(f"SET LOCAL maintenance_work_mem = '{BUILD_MEMORY}'")
+    conn.execute(
+        "SELECT set_config('maintenance_work_mem', least(greatest(%s * pg_relation_size(%s::regclass) / 1048576, %s),"
+        " pg_size_bytes(%s) / 1048576)::bigint || 'MB', true)",
+        (BUILD_MEMORY_PER_TABLE_BYTE, table, BUILD_MEMORY_MIN_MB, BUILD_MEMORY),
+    )
+    # pgvector builds the graph with max_parallel_maintenance_workers helpers; the server's setting caps them
+    conn.execute(f"SET LOCAL min_parallel_table_scan_size = '{PARALLEL_BUILD_FROM}'")
     conn.execute(f"CREATE INDEX {table}_hnsw ON {table} USING hnsw (embedding halfvec_cosine_ops)")
+    # the rest of the caller's transaction plans its queries as the server would
+    conn.execute("SET LOCAL min_parallel_table_scan_size TO DEFAULT")
 
 
 def drop_table(conn: psycopg.Connection, *, buffer_id: int) -> None:
