@@ -30,6 +30,7 @@ from ..store import uploads as store
 from ..store import vectors
 from ..store.db import DB_OUTAGE, connect, connection
 from .chunkers import chunk_text
+from .failures import final_error, gave_up, internal_error
 from .files import discover, read_text
 from .loader import (
     ENCODE_GROUP_BATCHES,
@@ -107,41 +108,25 @@ def run_group(upload_id: str, group_no: int) -> str:
             # may be left to do, if the delivery that made the count whole died before it.
             return commit(conn, upload_id) or "skipped"
         if g.attempts > MAX_GROUP_ATTEMPTS:
-            last = (g.error or {}).get("message", "no error recorded")
-            fail(
-                conn,
-                upload_id,
-                group_no,
-                {"type": "gave_up", "message": f"not loaded after {MAX_GROUP_ATTEMPTS} attempts; last: {last}"},
-            )
+            fail(conn, upload_id, group_no, gave_up(MAX_GROUP_ATTEMPTS, g.error))
             return "failed"
         up = store.get_upload(conn, upload_id=upload_id)
         assert up is not None
         conn.autocommit = False
         try:
             counted = _stage(conn, up, g, settings)
-        except RLMError as exc:
-            conn.rollback()
-            conn.autocommit = True
-            if exc.retryable:
-                raise
-            fail(conn, upload_id, group_no, error_record(exc))
-            return "failed"
-        except DB_OUTAGE:
-            conn.rollback()
-            raise
         except Exception as exc:
             conn.rollback()
+            error = final_error(exc)
+            if error is None:  # another attempt may succeed
+                if not isinstance(exc, (RLMError, *DB_OUTAGE)):  # those say what they wait for themselves
+                    log.warning("upload %s group %d: attempt %d failed: %r", upload_id, group_no, g.attempts, exc)
+                    with connection() as sc:
+                        store.note_group_error(sc, upload_id=upload_id, group_no=group_no, error=internal_error(exc))
+                raise
             conn.autocommit = True
-            from .uploads import _BAD_DATA, _bad_data, _internal_error
-
-            if _bad_data(exc):
-                fail(conn, upload_id, group_no, _BAD_DATA)
-                return "failed"
-            log.warning("upload %s group %d: attempt %d failed: %r", upload_id, group_no, g.attempts, exc)
-            with connection() as sc:
-                store.note_group_error(sc, upload_id=upload_id, group_no=group_no, error=_internal_error(exc))
-            raise
+            fail(conn, upload_id, group_no, error)
+            return "failed"
         conn.autocommit = True
         if counted is None:
             return "skipped"  # the upload failed meanwhile: this group's rows were rolled back

@@ -17,10 +17,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, get_settings
-from ..errors import RLMError, error_record
+from ..errors import RLMError
 from ..store import uploads as store
 from ..store.db import DB_OUTAGE, connect, connection
 from . import groups
+from .failures import final_error, gave_up, internal_error
 
 if TYPE_CHECKING:
     import psycopg
@@ -52,16 +53,9 @@ def run_ingest(upload_id: str) -> str:
             if up is None:
                 return "skipped"
             if up.attempts > MAX_ATTEMPTS:
-                last = (up.error or {}).get("message", "no error recorded")
                 with status_conn.transaction():
                     store.finish_upload(
-                        status_conn,
-                        upload_id=upload_id,
-                        status="failed",
-                        error={
-                            "type": "gave_up",
-                            "message": f"not loaded after {MAX_ATTEMPTS} attempts; last: {last}",
-                        },
+                        status_conn, upload_id=upload_id, status="failed", error=gave_up(MAX_ATTEMPTS, up.error)
                     )
                 log.warning("upload %s failed after %d attempts", upload_id, MAX_ATTEMPTS)
                 return "failed"
@@ -80,31 +74,20 @@ def run_ingest(upload_id: str) -> str:
         )
         try:
             report = _load(conn, up, settings)
-        except RLMError as exc:
-            conn.rollback()
-            if exc.retryable:
-                raise
-            # Bad input stays bad: end the upload with the loader's one-line reason.
-            store.finish_upload(conn, upload_id=upload_id, status="failed", error=error_record(exc))
-            conn.commit()
-            log.warning("upload %s failed: %s", upload_id, exc)
-            return "failed"
-        except DB_OUTAGE:
-            conn.rollback()
-            raise
         except Exception as exc:
             conn.rollback()
-            if _bad_data(exc):  # the same bytes fail the same way on every attempt: end it now
-                store.finish_upload(conn, upload_id=upload_id, status="failed", error=_BAD_DATA)
-                conn.commit()
-                log.warning("upload %s failed: data the database refuses: %s", upload_id, exc)
-                return "failed"
-            # The client sees the upload's error: never the exception text, which can carry SQL, the data
-            # and the server's temporary paths.  The full error goes to the worker log.
-            log.warning("upload %s: attempt %d failed: %r", upload_id, up.attempts, exc)
-            with connection() as status_conn:
-                store.note_error(status_conn, upload_id=upload_id, error=_internal_error(exc))
-            raise
+            error = final_error(exc)
+            if error is None:  # another attempt may succeed
+                if not isinstance(exc, (RLMError, *DB_OUTAGE)):  # those say what they wait for themselves
+                    log.warning("upload %s: attempt %d failed: %r", upload_id, up.attempts, exc)
+                    with connection() as status_conn:
+                        store.note_error(status_conn, upload_id=upload_id, error=internal_error(exc))
+                raise
+            # Bad input stays bad: end the upload now, with its one-line reason.
+            store.finish_upload(conn, upload_id=upload_id, status="failed", error=error)
+            conn.commit()
+            log.warning("upload %s failed: %s (%r)", upload_id, error["message"], exc)
+            return "failed"
         log.info(
             "upload %s done: %d files loaded, %d unchanged, %d chunks",
             upload_id,
@@ -115,27 +98,6 @@ def run_ingest(upload_id: str) -> str:
         return "done"
     finally:
         conn.close()  # also releases the advisory lock
-
-
-_BAD_DATA = {
-    "type": "invalid_input",
-    "message": "the upload holds text the database cannot store (such as a NUL character); "
-    "fix the file and upload it again",
-}
-
-
-def _bad_data(exc: BaseException) -> bool:
-    import psycopg
-
-    # SQLSTATE class 22 (data exception): the values themselves are refused, whatever the server's state.
-    return isinstance(exc, psycopg.errors.DataError)
-
-
-def _internal_error(exc: BaseException) -> dict[str, str]:
-    return {
-        "type": "internal_error",
-        "message": f"the ingest worker could not load the upload ({type(exc).__name__}); its log has the details",
-    }
 
 
 def _load(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> dict[str, Any]:
