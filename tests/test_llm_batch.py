@@ -320,7 +320,7 @@ def test_cancelling_the_overnight_batch_cancels_its_provider_batches(rlm_env, fa
     from rlm_workers.overnight import llm_batch
     from rlm_workers.overnight.scheduler import run_tick
     from rlm_workers.overnight.submit import cancel_overnight
-    from rlm_workers.store.db import connection
+    from rlm_workers.store.db import connection, release_session_lock, session_lock_key, try_session_lock
 
     batch_id, reads, _ = _overnight(3)
     with ScriptedLLM(_responder) as srv:
@@ -337,7 +337,17 @@ def test_cancelling_the_overnight_batch_cancels_its_provider_batches(rlm_env, fa
         )[0][0]
         with connection() as c:
             assert cancel_overnight(c, tenant="t1", batch_id=batch_id).status == "cancelled"
-            res = run_tick(c, batch_id, None, settings=settings)  # the tick the cancel sends
+        # an advance begun before the cancel still holds the batch: the tick leaves it be (and comes back later)
+        with connection() as holder:
+            key = session_lock_key(llm_batch._LOCK_SPACE, batch_id)
+            assert try_session_lock(holder, key)
+            with connection() as c:
+                held = run_tick(c, batch_id, None, settings=settings).actions
+            assert held == [f"batch {batch_id}: held by an advance; cancelling its provider batches in 2.0 s"]
+            assert srv.batches[0]["status"] == "in_progress"
+            release_session_lock(holder, key)
+        with connection() as c:
+            res = run_tick(c, batch_id, None, settings=settings)  # the tick that comes back
         assert res.status == "cancelled", res
         assert any(pb in line and "3 reads closed" in line for line in res.actions), res.actions
         assert srv.batches[0]["status"] in ("cancelling", "cancelled")

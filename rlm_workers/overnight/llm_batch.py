@@ -92,10 +92,11 @@ def advance(batch_id: str, settings: Settings | None = None) -> list[str]:
     return actions
 
 
-def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str]:
+def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str] | None:
     """The overnight batch was cancelled: cancel its provider batches still running (lines not run yet are not
     billed) and close their reads.  Best effort per provider batch: one the provider will not cancel now is
-    closed here all the same (nothing would read its answers), and said so.  One line per action, logged."""
+    closed here all the same (nothing would read its answers), and said so.  One line per action, logged;
+    None when an advance holds the batch (the caller comes back later)."""
     from ..llm.batch_api import BatchClient
     from ..store.db import connection
 
@@ -105,7 +106,7 @@ def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str]:
     with connection(settings) as conn:
         key = session_lock_key(_LOCK_SPACE, batch_id)
         if not try_session_lock(conn, key):
-            return actions  # an advance is at it: the next tick of the closed batch comes back here
+            return None
         try:
             open_ids = store.open_ids(conn, overnight_id=batch_id)
             client = BatchClient(settings) if open_ids else None

@@ -483,7 +483,15 @@ def run_tick(
         # a cancelled batch's provider batches would otherwise run (and bill) to the end: docs/contract.md#llm-batch-api
         from . import llm_batch
 
-        res.actions += llm_batch.cancel_open(batch_id, settings)
+        cancelled = llm_batch.cancel_open(batch_id, settings)
+        if cancelled is None:
+            # an advance begun before the cancel still holds the batch (and may submit one more provider batch):
+            # this closed batch has no tick chain left, so come back once it has let go
+            wait = (settings or get_settings()).batch_tick_seconds
+            send_tick(batch_id, None, countdown=wait)
+            res.actions.append(f"batch {batch_id}: held by an advance; cancelling its provider batches in {wait} s")
+        else:
+            res.actions += cancelled
     return res
 
 
