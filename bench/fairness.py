@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -37,8 +38,6 @@ LIMIT = 4
 
 class Model:
     def __call__(self, req: dict):
-        import re
-
         from tests.support.scripted_llm import Reply, last_user_message
 
         if req.get("model") == "analyst-model":
