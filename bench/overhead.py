@@ -819,9 +819,11 @@ def main() -> None:
     try:
         import redis
 
-        from rlm_workers.celery_app import app
+        from rlm_workers.celery_app import get_app
         from rlm_workers.local_servers import broker_url, database_url
         from rlm_workers.store.db import connect
+
+        app = get_app()
 
         conn = connect(settings)
         chunks = ensure_buffer(conn, build_corpus(data_dir))

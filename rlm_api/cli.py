@@ -290,7 +290,9 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
         upload_id = uuid.uuid4().hex
         create_upload(conn, upload_id=upload_id, tenant=tenant, buffer=buffer, options=opts, files=files)
         conn.commit()
-        from rlm_workers.celery_app import app as celery
+        from rlm_workers.celery_app import get_app
+
+        celery = get_app()
 
         try:
             celery.send_task("rlm.ingest", (upload_id,), argsrepr=f"upload={upload_id}")
@@ -440,7 +442,9 @@ def buffer_reembed(
     with _db() as (settings, url, conn):
         (row,) = require_buffers(conn, tenant=tenant, names=[name])
         if queue:
-            from rlm_workers.celery_app import app as celery
+            from rlm_workers.celery_app import get_app
+
+            celery = get_app()
 
             celery.send_task("rlm.embed", (row.id,), argsrepr=f"buffer={row.id}")
             typer.echo(
@@ -597,12 +601,14 @@ def query(
     """Ask a question: plan, search, fan out to analysts, collect, synthesize (docs/contract.md#modes)."""
     from rich.console import Console
 
-    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.ephemeral import ensure_workers
     from rlm_workers.errors import NoChunks
     from rlm_workers.models import QueryResult
     from rlm_workers.search.service import validate_query
     from rlm_workers.submit import cancel_query, submit_query, validate_options, wait_for_job
+
+    celery_app = get_app()
 
     tenant = resolve_tenant(tenant)
     validate_query(text)

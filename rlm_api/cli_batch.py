@@ -89,9 +89,11 @@ def read_queries(path: str) -> list[str]:
 
 
 def _warn_if_no_worker() -> None:
-    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
     from rlm_workers.ephemeral import served_queues
+
+    celery_app = get_app()
 
     missing = [q for q in (QUEUE_CONTROL, QUEUE_ANALYST) if q not in served_queues(celery_app, timeout=1.0)]
     if missing:

@@ -40,11 +40,13 @@ def chat_command(
     timeout: Annotated[float, typer.Option(help="Give up waiting for one answer after this many seconds.")] = 3600.0,
 ) -> None:
     """Chat with your buffers: each question may follow up on the earlier ones (docs/contract.md#sessions)."""
-    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.config import get_settings
     from rlm_workers.ephemeral import ensure_workers
     from rlm_workers.sessions import create_session, session_view
     from rlm_workers.store.db import connect, resolve_url
+
+    celery_app = get_app()
 
     settings = get_settings()
     tenant = resolve_tenant(tenant)

@@ -43,7 +43,9 @@ def doctor_command(
     try:
         broker = running_broker_url(s)
         if broker:
-            from rlm_workers.celery_app import app as celery_app
+            from rlm_workers.celery_app import get_app
+
+            celery_app = get_app()
 
             checks += check_broker(s, broker)
             checks += check_workers(celery_app, required=require_workers)

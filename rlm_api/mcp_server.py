@@ -205,9 +205,11 @@ def _search(tenant: str, query: str, buffers: list[str], mode: str, top_k: int, 
 
 
 def _workers_missing() -> list[str]:
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
     from rlm_workers.ephemeral import served_queues
+
+    app = get_app()
 
     served = served_queues(app, timeout=1.0)
     return [q for q in (QUEUE_CONTROL, QUEUE_ANALYST) if q not in served]

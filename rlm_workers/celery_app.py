@@ -2,26 +2,28 @@
 
 Configuration is applied lazily (``on_configure``) so importing this module
 starts no server: the broker URL may name the embedded Valkey, which is only
-started when a worker or a submitting client first needs it.
+started when a worker or a submitting client first needs it.  Workers run
+``app``; everything that sends a task or asks the workers something goes
+through ``get_app()`` (docs/architecture.md#resources).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from .config import Settings, get_settings, share_cores
 from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
 
 #: the thin task adapters, by area; the logic they call lives in pipeline/, overnight/ and ingest/
 TASK_MODULES = ["rlm_workers.tasks.pipeline", "rlm_workers.tasks.overnight", "rlm_workers.tasks.ingest"]
 
-app = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)
 
-
-def celery_config(settings) -> dict:
+def celery_config(settings: Settings) -> dict:
     from .local_servers import broker_url, result_backend_url
 
     broker = broker_url(settings)
@@ -69,16 +71,18 @@ def celery_config(settings) -> dict:
 
 
 class _LazyConfig(Mapping):
-    """Celery reads this mapping only when it first needs its configuration."""
+    """Celery reads this mapping only when it first needs its configuration: building an app starts nothing,
+    and resolving an embedded broker's URL (which starts it) waits until a task is sent or a worker runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings
         self._data: dict | None = None
 
     def _load(self) -> dict:
         if self._data is None:
-            from .config import get_settings
-
-            self._data = celery_config(get_settings())
+            if self.settings is None:
+                self.settings = get_settings()
+            self._data = celery_config(self.settings)
         return self._data
 
     def __getitem__(self, key: str):
@@ -91,40 +95,51 @@ class _LazyConfig(Mapping):
         return len(self._load())
 
 
-app.config_from_object(_LazyConfig())
+def build_app(settings: Settings | None = None) -> Celery:
+    """A new app with rlm's tasks, queues and routes, configured from ``settings`` (default: the process's
+    settings as they are when Celery first reads its configuration)."""
+    return _new_app(_LazyConfig(settings))
 
 
-def reconfigure() -> None:
-    """Re-read Settings into the app after ``reset_settings()`` (tests switch databases and brokers).
+def _new_app(config: _LazyConfig) -> Celery:
+    new = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)
+    new.config_from_object(config)
+    return new
 
-    Without this a process keeps publishing to the broker of the first configuration it saw.
+
+_APP_CONFIG = _LazyConfig()
+#: The workers' app: ``celery -A rlm_workers.celery_app``, ``rlm worker`` and Flower run it.  Code that sends
+#: tasks or inspects workers asks ``get_app()``, which is this app unless the settings were switched since.
+app = _new_app(_APP_CONFIG)
+
+
+def _celery_key(settings: Settings) -> tuple:
+    """What ``celery_config`` reads from the settings: another value needs another app."""
+    return (settings.broker_url, settings.result_backend, settings.visibility_timeout, settings.data_dir)
+
+
+_switch_lock = threading.Lock()
+_switched: tuple[tuple, Celery] | None = None
+
+
+def get_app() -> Celery:
+    """The app this process sends tasks and inspects workers with.
+
+    ``app`` while the settings still name what it was configured from.  A process whose settings were switched
+    (``reset_settings()`` after tests or benchmarks point the environment at another broker) gets an app built
+    from the new settings: Celery keeps an app's configuration and its worker's queue selection for the app's
+    life, so a new app is how to reach another broker without touching Celery's internals.
     """
-    if app._conf is None:  # never configured: the lazy mapping will read the new settings
-        return
-    from .config import get_settings
-    from .local_servers import embedded_valkey_running
-
+    global _switched
     settings = get_settings()
-    if (
-        settings.broker_url is None
-        and settings.result_backend is None
-        and not embedded_valkey_running(settings.data_dir)
-    ):
-        # Resolving the embedded broker's URL would start it: a settings reset (a test restoring the defaults
-        # at teardown) must not start a Valkey under the user's data dir.  The app keeps its configuration
-        # until a reset with a broker to use (Celery cannot go back to unconfigured: app.amqp needs a conf).
-        return
-    app.conf.update(celery_config(settings))
-    # Dropped, not closed: kombu's process-wide producer registry may still hand out pools built on it
-    # (keyed by broker URL), and closing it would break the next publish to an unchanged broker.
-    app._pool = None
-    # cached helpers that hold producer pools or connections to the old broker
-    for attr in ("amqp", "control", "events"):
-        app.__dict__.pop(attr, None)
-    # the result backend is cached per app (thread-safe backends) or per thread
-    app._backend_cache = None
-    if app._local is not None:
-        app._local.__dict__.pop("backend", None)
+    key = _celery_key(settings)
+    configured = _APP_CONFIG.settings
+    if configured is None or _celery_key(configured) == key:
+        return app
+    with _switch_lock:
+        if _switched is None or _switched[0] != key:
+            _switched = (key, build_app(settings))
+        return _switched[1]
 
 
 def _patch_kombu_redis_reconnect() -> None:
@@ -160,10 +175,6 @@ _patch_kombu_redis_reconnect()
 
 def _connect_worker_signals() -> None:
     """Every worker runs the reconciler (one of them sweeps per interval) while it serves."""
-    import threading
-
-    from celery import signals
-
     stop = threading.Event()
 
     @signals.worker_ready.connect(weak=False)
@@ -179,16 +190,13 @@ def _connect_worker_signals() -> None:
     @signals.celeryd_after_setup.connect(weak=False)
     def _share_cores(instance: object = None, **_kw: object) -> None:
         """Prefork children encode side by side: each gets its share of the cores for its encoder threads, so
-        ``-c N`` does not start N × cores threads (docs/architecture.md#encoder-runtimes).  Runs before the fork."""
-        import os
-
-        from .config import get_settings, reset_settings
-
+        ``-c N`` does not start N × cores threads (docs/architecture.md#encoder-runtimes).  Runs before the fork,
+        so the children inherit it.  The settings and the app are left as they are: the worker has already
+        chosen its queues (-Q) on this app."""
         procs = int(getattr(instance, "concurrency", 1) or 1)
         pool = str(getattr(instance, "pool_cls", ""))
-        if procs > 1 and "prefork" in pool.lower() and "RLM_ENCODE_THREADS" not in os.environ:
-            os.environ["RLM_ENCODE_THREADS"] = str(max(1, get_settings().resolved_encode_threads // procs))
-            reset_settings()
+        if "prefork" in pool.lower():
+            share_cores(procs)
 
 
 class _CancelIsNotAnError(logging.Filter):

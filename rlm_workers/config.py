@@ -9,6 +9,7 @@ typo in an env var reads as a sentence, not a pydantic traceback.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +23,19 @@ def _default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("rlm-pipeline", appauthor=False))
+
+
+#: processes of this host encoding side by side (a prefork worker's children), set once before they fork
+_core_sharers = 1
+
+
+def share_cores(processes: int) -> None:
+    """This process's children split the cores between their encoders (see ``resolved_encode_threads``).
+
+    Kept outside ``Settings`` on purpose: a worker must not re-read its settings after it started, and the
+    share is a fact of the worker process, not configuration."""
+    global _core_sharers
+    _core_sharers = max(1, processes)
 
 
 class Settings(BaseSettings):
@@ -264,15 +278,14 @@ class Settings(BaseSettings):
 
     @property
     def resolved_encode_threads(self) -> int:
-        """RLM_ENCODE_THREADS, else the cores this process may run on."""
-        import os
-
+        """RLM_ENCODE_THREADS, else this process's share of the cores it may run on (``share_cores``)."""
         if self.encode_threads:
             return self.encode_threads
         try:
-            return max(1, len(os.sched_getaffinity(0)))
+            cores = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
-            return os.cpu_count() or 1
+            cores = os.cpu_count() or 1
+        return max(1, cores // _core_sharers)
 
 
 def _env_name(loc: tuple) -> str:
@@ -299,12 +312,11 @@ def get_settings() -> Settings:
 
 
 def reset_settings() -> None:
-    import sys
+    """Re-read the environment (tests and benchmarks switch databases and brokers within one process).
 
+    The next use builds a provider and Redis client from the new settings, and ``celery_app.get_app()`` an app
+    for a new broker; Celery's own app is never reconfigured (a worker's -Q choice lives in it)."""
     get_settings.cache_clear()
     from . import resources
 
-    resources.reset()  # the next use builds a provider and Redis client from the new settings
-    celery_app = sys.modules.get("rlm_workers.celery_app")
-    if celery_app is not None:
-        celery_app.reconfigure()
+    resources.reset()

@@ -78,7 +78,9 @@ def submit_query(
     a chat turn attaches its session context there (docs/contract.md#sessions); raising in it stores nothing."""
     # Sent by name through our app: shared tasks would bind to Celery's default app in a process
     # (CLI, API, tests) that never made ours current.
-    from .celery_app import app
+    from .celery_app import get_app
+
+    app = get_app()
 
     query = validate_query(query)
     if not buffers:
@@ -184,7 +186,9 @@ def revoke_tasks(task_ids: Sequence[str]) -> None:
     """Best effort: tasks check the job's status before doing work, so a missed revoke only costs a dequeue."""
     import logging
 
-    from .celery_app import app
+    from .celery_app import get_app
+
+    app = get_app()
 
     try:
         # kombu retries a broadcast forever while the broker is down: connect once with a bound, then publish.

@@ -95,10 +95,10 @@ def job_of(conn, job_id):
 
 
 def test_offline_query_with_no_worker_runs_in_process_and_prints_the_status_line(env, conn, corpus):
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.ephemeral import served_queues
 
-    assert served_queues(app) == set()  # nobody serves the queues: only the CLI's own worker can run the job
+    assert served_queues(get_app()) == set()  # nobody serves the queues: only the CLI's own worker can run the job
     proc = run_query(env)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     [started] = JOB_LINE.finditer(proc.stderr)
@@ -138,7 +138,7 @@ def test_offline_query_with_no_worker_runs_in_process_and_prints_the_status_line
         result.total_tokens,
     )
     assert m["time"] == f"{result.elapsed.seconds:.1f}"
-    assert served_queues(app) == set()  # the in-process worker left with the CLI
+    assert served_queues(get_app()) == set()  # the in-process worker left with the CLI
 
 
 @pytest.fixture(scope="module")

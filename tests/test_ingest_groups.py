@@ -84,13 +84,13 @@ def test_split_keeps_path_order_and_the_byte_budget():
 
 
 def test_two_ingest_workers_load_a_split_upload_as_one_new_version(env, conn, tmp_path_factory):
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.store.uploads import get_upload, list_groups
 
     pools = {"ing1": ("rlm.ingest", 1), "ing2": ("rlm.ingest", 1)}
     with running_workers(env, tmp_path_factory.mktemp("ingest-groups-w"), pools) as ws:
         _stage(conn, "grouped000001", CORPUS, "fleet")
-        app.send_task("rlm.ingest", ("grouped000001",))
+        get_app().send_task("rlm.ingest", ("grouped000001",))
         deadline = time.monotonic() + 240
         while (up := get_upload(conn, upload_id="grouped000001")).status not in ("done", "failed"):
             conn.commit()

@@ -183,7 +183,7 @@ def test_chunks_still_missing_after_the_retry_are_reported_unanswered(conn, fres
 
 
 def test_a_second_delivery_of_a_batch_in_flight_does_not_call_the_model(conn, fresh, model):
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.submit import wait_for_job
 
     model.gate.clear()  # analyst calls wait at the server
@@ -194,7 +194,7 @@ def test_a_second_delivery_of_a_batch_in_flight_does_not_call_the_model(conn, fr
             assert time.monotonic() < deadline, "the analyst call never arrived"
             time.sleep(0.2)
         # Redis redelivers a message whose worker looks gone; here, the same batch's message once more
-        duplicate = app.send_task("rlm.analyst", (job_id, 0), argsrepr=f"job={job_id} batch=1/1 (duplicate)")
+        duplicate = get_app().send_task("rlm.analyst", (job_id, 0), argsrepr=f"job={job_id} batch=1/1 (duplicate)")
         outcome = duplicate.get(timeout=120)
     finally:
         model.gate.set()

@@ -130,7 +130,7 @@ def test_bad_setting_is_one_clear_line(tmp_path):
 
 def test_a_settings_reset_starts_no_embedded_broker(tmp_path, monkeypatch):
     """Restoring default settings (a test's teardown) once started a Valkey under the user's data dir."""
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.config import reset_settings
 
     monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path))
@@ -138,10 +138,38 @@ def test_a_settings_reset_starts_no_embedded_broker(tmp_path, monkeypatch):
     monkeypatch.delenv("RLM_RESULT_BACKEND", raising=False)
     reset_settings()
     try:
-        assert app.conf.broker_url == "redis://127.0.0.1:1/0"
+        assert get_app().conf.broker_url == "redis://127.0.0.1:1/0"
         monkeypatch.delenv("RLM_BROKER_URL")
         reset_settings()
+        get_app()  # the app for the embedded broker is built; only sending a task would start the broker
         assert not (tmp_path / services.VALKEY_DIRNAME).exists()
+    finally:
+        monkeypatch.undo()
+        reset_settings()
+
+
+def test_a_settings_switch_reaches_the_senders_but_never_the_workers_app(tmp_path, monkeypatch):
+    """The workers' app keeps the configuration (and a worker's -Q choice) it started with; what sends tasks
+    follows the settings."""
+    from rlm_workers.celery_app import app, build_app, get_app
+    from rlm_workers.config import get_settings, reset_settings
+
+    monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("RLM_BROKER_URL", "redis://127.0.0.1:1/0")
+    reset_settings()
+    try:
+        first = get_app()
+        assert first.conf.broker_url == "redis://127.0.0.1:1/0"
+        monkeypatch.setenv("RLM_BROKER_URL", "redis://127.0.0.1:2/0")
+        reset_settings()
+        assert get_app().conf.broker_url == "redis://127.0.0.1:2/0"
+        assert get_app() is get_app()  # one app per configuration, not one per send
+        if first is app:  # the workers' app was configured here: it stays as it was
+            assert app.conf.broker_url == "redis://127.0.0.1:1/0"
+        other = build_app(get_settings())
+        assert other is not app and other.conf.broker_url == "redis://127.0.0.1:2/0"
+        other.loader.import_default_modules()
+        assert "rlm.analyst" in other.tasks  # a new app has the shared tasks too
     finally:
         monkeypatch.undo()
         reset_settings()

@@ -157,7 +157,7 @@ def test_tool_calls_are_bounded_per_turn_and_recorded_on_the_result(conn, fresh,
 
 
 def test_a_cancel_is_logged_as_one_info_line_not_a_chord_error(conn, fresh, model, workers):
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.store import jobs as job_store
 
     marks = log_marks(workers)
@@ -170,7 +170,7 @@ def test_a_cancel_is_logged_as_one_info_line_not_a_chord_error(conn, fresh, mode
         assert job.status == "cancelled"
         # what DELETE /v1/queries/{id} does; waiting for the workers' replies means the revoke has reached
         # them before the held calls return
-        replies = app.control.revoke(job.task_ids, reply=True, timeout=10)
+        replies = get_app().control.revoke(job.task_ids, reply=True, timeout=10)
         assert replies, "no worker acknowledged the revoke"
     finally:
         model.gate.set()

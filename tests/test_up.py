@@ -65,17 +65,17 @@ def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
         # the web view is served, and links task ids to the Flower started here
         assert f'data-flower="http://127.0.0.1:{flower_port}"' in httpx.get(f"{base}/ui/").text
         # the workers it started answer on every queue
-        from rlm_workers.celery_app import app
+        from rlm_workers.celery_app import get_app
         from rlm_workers.ephemeral import served_queues
 
         deadline = time.monotonic() + 60
-        while served_queues(app, timeout=1.0) < {"rlm.control", "rlm.analyst", "rlm.ingest"}:
+        while served_queues(get_app(), timeout=1.0) < {"rlm.control", "rlm.analyst", "rlm.ingest"}:
             assert time.monotonic() < deadline, "not every queue got a worker"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 0
         assert "stopped" in (tmp_path / "up.log").read_text()
         assert not _listening(api_port) and not _listening(flower_port)
-        assert served_queues(app, timeout=1.0) == set()
+        assert served_queues(get_app(), timeout=1.0) == set()
     finally:
         if proc.poll() is None:
             proc.kill()

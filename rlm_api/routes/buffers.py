@@ -158,11 +158,13 @@ _MULTIPART_SCHEMA = {
 
 def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> UploadAccepted:
     """Stage the files in PostgreSQL and send their id to the ingest queue (the API never embeds)."""
-    from rlm_workers.celery_app import app
+    from rlm_workers.celery_app import get_app
     from rlm_workers.ingest.staging import check_names
     from rlm_workers.store.buffers import validate_buffer_name
     from rlm_workers.store.db import connection
     from rlm_workers.store.uploads import create_upload
+
+    app = get_app()
 
     validate_buffer_name(opts.name)
     check_names(name for name, _ in files)

@@ -87,7 +87,9 @@ def plan(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> l
 
 
 def send_groups(upload_id: str, group_nos: Sequence[int]) -> None:
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     for n in group_nos:
         app.send_task("rlm.ingest.group", (upload_id, n), argsrepr=f"upload={upload_id} group={n}")

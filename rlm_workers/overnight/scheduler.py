@@ -107,7 +107,9 @@ def _send(
     name: str, args: tuple, *, countdown: float | None = None, priority: int | None = None, argsrepr: str
 ) -> None:
     """Send by name through our app (shared tasks bind to Celery's default app outside workers)."""
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     opts: dict[str, Any] = {
         "argsrepr": argsrepr,

@@ -39,7 +39,9 @@ def run(ctx: StageContext) -> str:
 
 
 def _launch(ctx: StageContext, job: JobRow) -> str:
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     n = job.batches_total
     own = fair.current_priority()

@@ -136,8 +136,10 @@ def _parts(members: list[tuple[str, int]], size: int) -> list[list[tuple[str, in
 
 def send_launch(launch: Launch, *, priority: int | None = None) -> None:
     """Send what ``launch_group`` decided (after its transaction committed)."""
-    from ..celery_app import app
+    from ..celery_app import get_app
     from .salvage import watchdog_countdown
+
+    app = get_app()
 
     settings = get_settings()
     fair.note_queued(launch.tenant, len(launch.reads))
@@ -153,7 +155,9 @@ def send_launch(launch: Launch, *, priority: int | None = None) -> None:
 
 
 def send_collect(job_id: str) -> None:
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     app.send_task("rlm.collect", (job_id,), argsrepr=f"job={job_id}")
 
@@ -167,7 +171,9 @@ def tenant_of(read_id: int) -> str | None:
 
 def send_read(read_id: int) -> None:
     """An ordinary call for a read (a Batch API line that failed or expired falls back to this)."""
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     with connection() as conn:
         store.set_status(conn, read_id=read_id, status="pending")

@@ -94,9 +94,11 @@ def reconcile_uploads(
 
 def sweep_once(settings: Settings | None = None) -> list[str]:
     """Sweep if no other worker did within the interval; [] when another holds the turn."""
-    from ..celery_app import app
+    from ..celery_app import get_app
     from ..overnight.scheduler import reconcile_overnight
     from ..resources import redis_client
+
+    app = get_app()
 
     settings = settings or get_settings()
     if not redis_client().set(RECONCILE_LOCK_KEY, "1", nx=True, ex=max(1, int(settings.reconcile_seconds))):

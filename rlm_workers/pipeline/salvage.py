@@ -81,7 +81,9 @@ def salvage(job_id: str) -> str:
 
 
 def watchdog(job_id: str, rearms: int = 0) -> str:
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     settings = get_settings()
     with connection() as conn:

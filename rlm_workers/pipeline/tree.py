@@ -155,7 +155,9 @@ def _start_children(
     already there, or it would wake the parent too early.  A child whose message is lost sits in ``queued``
     until the reconciler resends it.
     """
-    from ..celery_app import app
+    from ..celery_app import get_app
+
+    app = get_app()
 
     ids = []
     options = {"scope": "search"}
@@ -190,7 +192,9 @@ def notify_parent_if_ended(job_id: str) -> None:
                 return
             if any(not k.terminal for k in job_store.children_of(conn, job_id=parent.id)):
                 return
-        from ..celery_app import app
+        from ..celery_app import get_app
+
+        app = get_app()
 
         app.send_task("rlm.merge", (parent.id,), argsrepr=f"job={parent.id}")
     except Exception:  # the reconciler sends the merge when this did not
