@@ -263,6 +263,17 @@ class Settings(BaseSettings):
             self.result_backend = self.broker_url
         return self
 
+    @model_validator(mode="after")
+    def _job_timeout_below_redelivery(self) -> Settings:
+        """A stuck job's watchdog is an ETA task, which Redis redelivers after the visibility timeout like any
+        other: a job timeout at or above it cannot be honoured, so it is refused rather than cut short."""
+        if self.job_timeout >= self.visibility_timeout:
+            raise ValueError(
+                f"RLM_JOB_TIMEOUT ({self.job_timeout}) must be below RLM_VISIBILITY_TIMEOUT "
+                f"({self.visibility_timeout}): Redis would redeliver a stuck job's tasks before it is pushed on"
+            )
+        return self
+
     @property
     def offline(self) -> bool:
         """No key: the LLM stages use the extractive provider."""
@@ -303,6 +314,8 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if not err["loc"]:  # a rule between settings: its message names them
+            raise ConfigError(f"invalid settings: {msg}") from None
         raise ConfigError(f"invalid setting {_env_name(err['loc'])}: {msg}") from None
 
 

@@ -479,7 +479,7 @@ def e2e_env(rlm_env, e2e_llm):
         RLM_LLM_BATCH_POLL_SECONDS="0.5",
         RLM_RECONCILE_SECONDS="1",
         # short, so the provider batch is held longer than a job may sit idle: only the touch keeps them alive
-        RLM_JOB_TIMEOUT="8",
+        RLM_JOB_TIMEOUT="7",
         RLM_VISIBILITY_TIMEOUT="8",
         RLM_PRICES=json.dumps(PRICES),
     ) as env:

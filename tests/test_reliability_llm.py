@@ -92,7 +92,9 @@ def test_a_call_that_gets_no_limiter_slot_in_time_ends_rate_limiter_busy_without
     client = redis.Redis.from_url(rlm_env["RLM_BROKER_URL"])
     with ScriptedLLM() as srv:
         # every limiter wait is bounded by a third of the visibility timeout: 2 s here
-        settings = Settings(api_key="sk-test", base_url=srv.base_url, max_concurrency=1, visibility_timeout=6)
+        settings = Settings(
+            api_key="sk-test", base_url=srv.base_url, max_concurrency=1, visibility_timeout=6, job_timeout=5
+        )
         provider = build_provider(settings, lambda: client)
         holder = ConcurrencyLimiter(client, limit=1)
         with holder.slot():  # the only global slot stays taken (renewed) for the whole test

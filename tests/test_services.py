@@ -128,6 +128,21 @@ def test_bad_setting_is_one_clear_line(tmp_path):
     )
 
 
+@pytest.mark.parametrize("command", [["buffers"], ["worker", "-Q", "rlm.control"]])
+def test_a_job_timeout_not_below_the_visibility_timeout_is_refused_at_start_up(tmp_path, command):
+    """It was cut to the visibility timeout in the watchdog without a word."""
+    env = {**os.environ, "RLM_JOB_TIMEOUT": "3600", "RLM_VISIBILITY_TIMEOUT": "3600", "RLM_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", *command], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "error: invalid settings: RLM_JOB_TIMEOUT (3600) must be below RLM_VISIBILITY_TIMEOUT (3600): "
+        "Redis would redeliver a stuck job's tasks before it is pushed on"
+    )
+    assert list(tmp_path.iterdir()) == []  # refused before any embedded server started
+
+
 def test_a_settings_reset_starts_no_embedded_broker(tmp_path, monkeypatch):
     """Restoring default settings (a test's teardown) once started a Valkey under the user's data dir."""
     from rlm_workers.celery_app import get_app

@@ -34,7 +34,8 @@ MAX_REARMS = 3
 
 def watchdog_countdown(settings: Settings) -> float:
     """When a fan-out's watchdog looks: after ``job_timeout``, but before Redis would redeliver it (an ETA
-    task counts against ``visibility_timeout``)."""
+    task counts against ``visibility_timeout``).  Settings refuse a ``job_timeout`` not below the visibility
+    timeout, so only the last 5 s of margin can shorten it here."""
     return min(settings.job_timeout, max(5, settings.visibility_timeout - 5))
 
 
