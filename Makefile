@@ -65,6 +65,7 @@ bench: install
 	$(PY) bench/batch.py
 	$(PY) bench/batch.py --case shared
 	$(PY) bench/fairness.py
+	$(PY) bench/budget.py
 	$(PY) bench/load.py
 	$(PY) bench/timings.py
 	$(PY) bench/surfaces.py

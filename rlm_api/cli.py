@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
-from rlm_workers.models import Mode, Scope, SearchMode
+from rlm_workers.models import Mode, Scope, SearchMode, allowed_values
 
 from .cli_types import Fmt, SearchModeOpt, TenantOpt, click_error_kind, new_typer, resolve_tenant
 
@@ -560,22 +560,47 @@ def _print_result(result: QueryResult, fmt: Fmt) -> None:
     typer.echo(status_line(result))
 
 
+def _range(option: str) -> str:
+    """An option's accepted values for its help text, read from the same type that checks them."""
+    return allowed_values(option).removeprefix("must be ")
+
+
 @app.command()
 def query(
     text: Annotated[str, typer.Argument(metavar="QUERY", help="The question.")],
     buffer: Annotated[list[str], typer.Option("--buffer", "-b", help="Buffer(s) to query; repeatable.")],
     skip_plan: Annotated[bool, typer.Option("--skip-plan", help="Do not ask the planner LLM.")] = False,
     search_mode: SearchModeOpt = None,
-    threshold: Annotated[float | None, typer.Option("--threshold")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
-    max_chunks: Annotated[int | None, typer.Option("--max-chunks")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size")] = None,
-    num_agents: Annotated[int | None, typer.Option("--num-agents", help="Split chunks evenly over N analysts.")] = None,
-    fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            help=f"Similarity cut of the semantic arm, {_range('threshold')} (default: the plan, else RLM_THRESHOLD).",
+        ),
+    ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option("--top-k", help=f"Chunks the search keeps, {_range('top_k')} (default: plan, scaling tier)."),
+    ] = None,
+    max_chunks: Annotated[
+        int | None,
+        typer.Option("--max-chunks", help=f"Most chunks analysed, {_range('max_chunks')} (default: plan, tier)."),
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help=f"Chunks per analyst call, {_range('batch_size')} (default: plan, tier)."),
+    ] = None,
+    num_agents: Annotated[
+        int | None,
+        typer.Option("--num-agents", help=f"Split chunks evenly over N analysts, {_range('num_agents')}."),
+    ] = None,
+    fmt: Annotated[
+        Fmt, typer.Option("--format", help="text: the report and a status line; json: the QueryResult.")
+    ] = Fmt.text,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show plan, parameters, timings and LLM calls.")
     ] = False,
-    timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds.")] = 3600.0,
+    timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds, a number above 0.")] = 3600.0,
     mode: Annotated[
         Mode | None,
         typer.Option(
@@ -583,18 +608,30 @@ def query(
         ),
     ] = None,
     depth: Annotated[
-        int | None, typer.Option("--depth", help="Most rounds of child jobs (0-5; default RLM_MAX_DEPTH).")
+        int | None,
+        typer.Option("--depth", help=f"Most rounds of child jobs, {_range('depth')} (default RLM_MAX_DEPTH)."),
     ] = None,
     scope: Annotated[
         Scope | None, typer.Option("--scope", help="search: the search picks chunks; all: every chunk is analysed.")
     ] = None,
     max_llm_calls: Annotated[
-        int | None, typer.Option("--max-llm-calls", help="Budget: most LLM calls for the whole tree.")
+        int | None,
+        typer.Option(
+            "--max-llm-calls",
+            help=f"Budget: most LLM calls (HTTP attempts) for the whole tree, {_range('max_llm_calls')}.",
+        ),
     ] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Budget: most tokens (in + out).")] = None,
-    max_cost: Annotated[float | None, typer.Option("--max-cost", help="Budget: most USD (RLM_PRICES).")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help=f"Budget: most tokens (in + out), {_range('max_tokens')}.")
+    ] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help=f"Budget: most USD (RLM_PRICES), {_range('max_cost')}.")
+    ] = None,
     deadline: Annotated[
-        float | None, typer.Option("--deadline", help="Budget: seconds after submission; no call starts later.")
+        float | None,
+        typer.Option(
+            "--deadline", help=f"Budget: seconds after submission, {_range('deadline')}; no call starts later."
+        ),
     ] = None,
     tenant: TenantOpt = None,
 ) -> None:
@@ -612,6 +649,8 @@ def query(
 
     tenant = resolve_tenant(tenant)
     validate_query(text)
+    if not timeout > 0:  # a wait that ends before it starts would cancel the job it just submitted
+        raise InvalidInput(f"invalid value for timeout: {timeout:g} (must be a number above 0)")
     options = validate_options(
         {
             "skip_plan": skip_plan or None,

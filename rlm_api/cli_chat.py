@@ -154,6 +154,6 @@ def _turn(
     cited = [str(c["chunk_id"]) for c in cited_sources(job.result)]
     typer.echo(
         f"[turn {turn} | job {job_id} | {job.status} | cites {', '.join(cited) or 'nothing'} | "
-        f"{result.llm_calls} LLM calls | {result.total_tokens} tokens | {result.elapsed.seconds:.1f}s]"
+        f"{result.llm_calls} LLM calls | {result.total_tokens} tokens | {result.elapsed:.1f}s]"
     )
     return True

@@ -155,9 +155,25 @@ class BudgetExhausted(RLMError):
     def __init__(self, reason: str, detail: str = "") -> None:
         self.reason = reason
         super().__init__(f"budget exhausted ({reason}){': ' + detail if detail else ''}; no new LLM call was started")
+        self.detail = detail
+        #: HTTP attempts the call had already sent when its retry was refused (as LLMError.attempts);
+        #: [] when the refusal came before the first one, so nothing was sent
+        self.attempts: list[dict] = []
+
+    def after_attempts(self, attempts: list[dict]) -> None:
+        """The refusal came at a retry: ``attempts`` were sent (and failed) first, so the call did run."""
+        self.attempts = attempts
+        tail = f": {self.detail}" if self.detail else ""
+        self.message = self.api_message = (
+            f"budget exhausted ({self.reason}){tail}; the call failed after {len(attempts)} HTTP attempt(s) "
+            f"and its retry was not sent"
+        )
+        self.args = (self.message,)
 
     def to_dict(self) -> dict[str, str]:
-        return {**super().to_dict(), "reason": self.reason}
+        # "sent": the batch's call ran and failed (a failure); without it the batch never ran (not run)
+        sent = {"sent": str(len(self.attempts))} if self.attempts else {}
+        return {**super().to_dict(), "reason": self.reason, **sent}
 
 
 class JobCancelled(RLMError):

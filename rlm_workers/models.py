@@ -9,9 +9,9 @@ and plan parsing alike.
 from __future__ import annotations
 
 from enum import Enum, StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class SearchMode(StrEnum):
@@ -124,6 +124,43 @@ class QueryOptions(BaseModel):
     def stored(self) -> dict:
         """The options as kept on a job: only what was given."""
         return self.model_dump(exclude_none=True)
+
+
+def allowed_values(key: str) -> str:
+    """What a query option accepts, read from its type in QueryOptions ("an integer from 0 to 5", "one of
+    instant, auto, thinking"), so an error names the range the type enforces; "" for an unknown option."""
+    field = QueryOptions.model_fields.get(key)
+    if field is None:
+        return ""
+    for arg in get_args(field.annotation):
+        if isinstance(arg, type) and issubclass(arg, Enum):
+            return "one of " + ", ".join(str(m.value) for m in arg)
+        if get_origin(arg) is not Annotated:
+            continue
+        base = get_args(arg)[0]
+        bounds = {
+            name: getattr(m, name)
+            for info in arg.__metadata__
+            for m in getattr(info, "metadata", [])
+            for name in ("ge", "gt", "le", "lt")
+            if hasattr(m, name)
+        }
+        kind = {int: "an integer", float: "a number", bool: "true or false"}.get(base, "a value")
+        if base is bool:
+            return "must be true or false"
+        low = (
+            f"from {_num(bounds['ge'])}" if "ge" in bounds else f"above {_num(bounds['gt'])}" if "gt" in bounds else ""
+        )
+        high = f"{_num(bounds['le'])}" if "le" in bounds else ""
+        if low and high:
+            return f"must be {kind} {low} {'to' if low.startswith('from') else 'and at most'} {high}"
+        if low or high:
+            return f"must be {kind} {low or 'at most ' + high}"
+    return ""
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 class JobStatus(str, Enum):
@@ -248,20 +285,6 @@ class Source(BaseModel):
     snippet: str
 
 
-class Elapsed(BaseModel):
-    secs: int
-    nanos: int
-
-    @classmethod
-    def from_seconds(cls, seconds: float) -> Elapsed:
-        secs = int(seconds)
-        return cls(secs=secs, nanos=int(round((seconds - secs) * 1e9)))
-
-    @property
-    def seconds(self) -> float:
-        return self.secs + self.nanos / 1e9
-
-
 class BatchError(BaseModel):
     batch: int
     type: str
@@ -331,7 +354,10 @@ class QueryResult(BaseModel):
     unanswered_chunk_ids: list[int] = Field(default_factory=list)
     chunks_available: int = 0
     batches_processed: int = 0
+    #: batches that ended in an error after running; those the budget stopped before they ran are not_run
     batches_failed: int = 0
+    #: batches never run because the tree's budget was spent (docs/contract.md#budgets); not failures
+    batches_not_run: int = 0
     chunk_load_failures: int = 0
     batch_errors: list[BatchError] = Field(default_factory=list)
     sources: list[Source] = Field(default_factory=list)
@@ -339,7 +365,8 @@ class QueryResult(BaseModel):
     total_tokens: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
-    elapsed: Elapsed = Field(default_factory=lambda: Elapsed(secs=0, nanos=0))
+    #: wall time of the job in seconds
+    elapsed: float = 0.0
     #: the synthesizer's tool calls, in order
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     #: per-job caps that cut what the plan asked for (RLM_MAX_CHUNKS_PER_JOB, RLM_MAX_BATCHES_PER_JOB)
@@ -365,6 +392,14 @@ class QueryResult(BaseModel):
     budget: BudgetReport = Field(default_factory=lambda: BudgetReport())
     #: typed records summed over every chunk analysed (exhaustive scope)
     records: list[AggregateRow] = Field(default_factory=list)
+
+    @field_validator("elapsed", mode="before")
+    @classmethod
+    def _elapsed_seconds(cls, value: Any) -> Any:
+        # results stored before elapsed became seconds hold {"secs", "nanos"}; every reader shows seconds
+        if isinstance(value, dict) and "secs" in value:
+            return float(value["secs"]) + float(value.get("nanos") or 0) / 1e9
+        return value
 
 
 class Usage(BaseModel):

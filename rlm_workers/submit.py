@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from .config import get_settings
 from .errors import IdempotencyKeyReused, InvalidInput, TooManyJobs
-from .models import QueryOptions
+from .models import QueryOptions, allowed_values
 from .search.service import validate_query
 from .store import jobs as job_store
 from .store.buffers import require_buffers
@@ -39,7 +39,10 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
             raise InvalidInput(f"unknown query option {key!r}") from None
         if not key:  # a model-level rule
             raise InvalidInput(str(err.get("msg", "invalid options")).removeprefix("Value error, ")) from None
-        raise InvalidInput(f"invalid value for {key.replace('_', '-')}: {given.get(key)!r}") from None
+        allowed = allowed_values(key)
+        raise InvalidInput(
+            f"invalid value for {key.replace('_', '-')}: {given.get(key)!r}" + (f" ({allowed})" if allowed else "")
+        ) from None
     check_job_caps(opts, get_settings())  # the per-job caps are the operator's: checked here, not in the type
     if opts.max_cost is not None:
         check_priced(get_settings())

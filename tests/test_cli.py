@@ -73,6 +73,12 @@ def test_buffers_and_show(cli_env, loaded):
         (["search", "x", "--buffer", "proj", "--top-k", "0"], "--top-k"),
         (["load", ".", "--buffer", "proj", "--overlap", "5000"], "overlap"),
         (["buffer", "show", "ghost"], "no buffer named 'ghost'"),
+        # a bound broken names the bound
+        (["query", "x", "--buffer", "proj", "--depth", "9"], "depth: 9 (must be an integer from 0 to 5)"),
+        (["query", "x", "--buffer", "proj", "--threshold", "2"], "threshold: 2.0 (must be a number from -1 to 1)"),
+        (["query", "x", "--buffer", "proj", "--max-cost", "0"], "max-cost: 0.0 (must be a number above 0 and at"),
+        (["query", "x", "--buffer", "proj", "--top-k", "0"], "top-k: 0 (must be an integer from 1 to 10000)"),
+        (["query", "x", "--buffer", "proj", "--timeout", "-1"], "timeout: -1 (must be a number above 0)"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli_env, loaded, args, needle):
@@ -149,6 +155,25 @@ def test_help_at_80_columns_keeps_every_option_name_and_lists_search_modes():
         [sys.executable, "-m", "rlm_api.cli", "batch", "submit", "--help"], env=env, capture_output=True, text=True
     ).stdout
     assert "--idempotency-key" in out and "--no-check-workers" in out
+
+
+def test_every_query_option_has_help_and_each_numeric_one_its_range():
+    import typer
+
+    from rlm_api.cli import app
+
+    query = typer.main.get_command(app).commands["query"]  # type: ignore[attr-defined]
+    # typer may bring its own click: options are told by kind, not by class
+    options = [p for p in query.params if p.param_type_name == "option" and p.name != "help"]
+    assert len(options) >= 19
+    for opt in options:
+        assert opt.help and opt.help.strip(), f"{opt.opts[0]} has no help"
+    for name in ("--threshold", "--top-k", "--max-chunks", "--batch-size", "--num-agents", "--depth", "--timeout"):
+        [opt] = [o for o in options if name in o.opts]
+        assert " from " in opt.help or " above " in opt.help, (name, opt.help)
+    for name in ("--max-llm-calls", "--max-tokens", "--max-cost", "--deadline"):
+        [opt] = [o for o in options if name in o.opts]
+        assert " from " in opt.help or " above " in opt.help, (name, opt.help)
 
 
 def test_non_utf8_argument_is_one_line_exit_2(cli_env, loaded):

@@ -137,7 +137,7 @@ def test_offline_query_with_no_worker_runs_in_process_and_prints_the_status_line
         result.batches_failed,
         result.total_tokens,
     )
-    assert m["time"] == f"{result.elapsed.seconds:.1f}"
+    assert m["time"] == f"{result.elapsed:.1f}"
     assert served_queues(get_app()) == set()  # the in-process worker left with the CLI
 
 

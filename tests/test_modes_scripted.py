@@ -8,6 +8,7 @@ its own usage, so each token, cached token and cent a tree reports can be recomp
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import threading
@@ -346,6 +347,8 @@ def test_cached_tokens_and_cost_are_exact_over_the_tree(conn, script, llm):
 
 def _budget_checks(conn, llm, job, r, reason: str) -> tuple[list, list]:
     """What every budget stop shares; returns (budget-failed batches, batches that ran)."""
+    from rlm_workers.pipeline.report import status_line
+
     assert job.status == "done", job.error
     assert r.response.strip() and "budget was exhausted" in r.response
     assert r.budget.exhausted == reason
@@ -355,6 +358,9 @@ def _budget_checks(conn, llm, job, r, reason: str) -> tuple[list, list]:
     ran = [b for b in rows if b[1] == "ok"]
     assert spent and ran, [(b[0], b[1]) for b in rows]  # stopped mid-way: some batches ran, some never started
     assert {e.batch for e in r.batch_errors if e.type == "budget"} == {b[0] for b in spent}
+    # batches the budget never ran are "not run", not failures, in the result and in the status line
+    assert (r.batches_not_run, r.batches_failed, r.batches_processed) == (len(spent), 0, len(ran))
+    assert f"Batches: {len(ran)} ok, 0 failed, {len(spent)} not run (budget) |" in status_line(r)
     # a batch the budget stopped made no call: no llm_calls row and no request for its chunk
     billed = {
         n
@@ -452,6 +458,46 @@ def test_max_llm_calls_ends_the_rounds_when_a_child_cannot_start(conn, script, l
     assert err.type == "budget" and err.job_id == child.job_id
     assert "budget was exhausted" in r.response and "Zephyrine" in r.response and "Quokka" not in r.response
     assert len(served(llm, "check-model")) == 1 and not served(llm, "synth-model")
+
+
+def faulty(script: Script) -> Callable[[dict], Reply]:
+    """The script behind a provider failing three requests in ten, by arrival: a 429 with Retry-After, a 503
+    and a 500, each retried by the provider (RLM_LLM_RETRIES=1).  Deterministic in number: the first request
+    fails, so does every tenth after it."""
+    counter = itertools.count()
+    lock = threading.Lock()
+    faults = {
+        0: Reply.http_error(429, "Rate limit reached", type="requests", headers={"Retry-After": "0.1"}),
+        3: Reply.http_error(503, "scripted overload"),
+        6: Reply.http_error(500, "scripted error"),
+    }
+
+    def respond(req: dict) -> Reply:
+        with lock:
+            i = next(counter) % 10
+        return faults[i] if i in faults else script(req)
+
+    return respond
+
+
+@pytest.mark.parametrize(("mode", "limit"), [("auto", 5), ("thinking", 5), ("auto", 25), ("thinking", 25)])
+def test_max_llm_calls_holds_under_provider_faults(conn, script, fresh, mode, limit):
+    """Each HTTP attempt is reserved, retries included: the server never sees more requests than the limit."""
+    fresh.responder = faulty(script)  # the script fixture puts the module's responder back
+    job = run_job(conn, BIG_QUESTION, mode=mode, batch_size=1, max_llm_calls=limit)
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert r.response.strip() and "budget was exhausted" in r.response
+    assert r.budget.exhausted == "max_llm_calls"
+    # every request the server saw, failed ones included, was reserved first
+    assert fresh.calls <= limit
+    calls, *_ = logged(conn, tree_ids(conn, job.id))
+    assert r.budget.used_llm_calls == calls == fresh.calls
+    statuses = [
+        s for (s,) in conn.execute("SELECT status FROM llm_calls WHERE job_id = ANY(%s)", (tree_ids(conn, job.id),))
+    ]
+    conn.commit()
+    assert "ok" in statuses and len(statuses) - statuses.count("ok") >= limit // 5  # the faults were retried
 
 
 # --------------------------------------------------------------------------- 3. cancel

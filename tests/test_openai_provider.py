@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rlm_workers.config import Settings
-from rlm_workers.errors import LLMError, QuotaExhausted, RateLimited
+from rlm_workers.errors import BudgetExhausted, LLMError, QuotaExhausted, RateLimited
 from rlm_workers.llm.openai_provider import OpenAIProvider, parse_retry_after
 from rlm_workers.llm.protocol import CompletionRequest
 from tests.support.scripted_llm import (
@@ -173,6 +173,23 @@ def test_persistent_429_raises_rate_limited_with_every_attempt(srv):
         OpenAIProvider(_settings(srv, llm_retries=2)).complete(_request())
     assert srv.calls == 3 and ei.value.retryable
     assert [a["status"] for a in ei.value.attempts] == ["retried", "retried", "error"]
+
+
+def test_each_retry_asks_before_retry_first_and_a_refusal_sends_nothing_more(srv):
+    srv.responder = fail_first(100, retry_after=0)
+    asked = []
+
+    def before_retry() -> None:
+        asked.append(srv.calls)  # requests the server had seen when the retry asked
+        if len(asked) == 2:
+            raise BudgetExhausted("max_llm_calls", "2 of 2 LLM calls made")
+
+    with pytest.raises(BudgetExhausted) as ei:
+        OpenAIProvider(_settings(srv, llm_retries=5)).complete(_request(), before_retry=before_retry)
+    # the first attempt is the caller's to reserve; the second retry was refused and never sent
+    assert asked == [1, 2] and srv.calls == 2
+    assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
+    assert all("429" in a["error"] for a in ei.value.attempts)
 
 
 def test_persistent_500_is_retryable_after_all_retries(srv):

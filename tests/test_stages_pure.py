@@ -316,3 +316,62 @@ def test_prompt_override_and_fallback(tmp_path):
     assert load_prompt("primary", prompt_dir=tmp_path) == load_prompt("primary")
     with pytest.raises(ValueError):
         load_prompt("../etc/passwd")
+
+
+# --------------------------------------------------------------------------- the result: not run, elapsed
+
+
+def _result_with(batches, elapsed=4.25):
+    from rlm_workers.pipeline.report import build_result
+
+    return build_result(
+        job_id="j",
+        response="r",
+        provider="extractive",
+        tier="small",
+        params={},
+        collected=[],
+        findings_filtered=0,
+        batches=batches,
+        chunks_available=10,
+        chunk_load_failures=0,
+        usage=(3, 0, 0),
+        elapsed_seconds=elapsed,
+    )
+
+
+def test_batches_the_budget_never_ran_are_not_run_not_failed():
+    from rlm_workers.errors import BudgetExhausted, error_record
+    from rlm_workers.pipeline.report import status_line
+    from rlm_workers.store.jobs import BatchRecord
+
+    refused = error_record(BudgetExhausted("max_llm_calls", "3 of 3 LLM calls made"))
+    retry_refused = BudgetExhausted("max_llm_calls", "3 of 3 LLM calls made")
+    retry_refused.after_attempts([{"status": "error", "error": "scripted 503"}])
+    batches = [
+        BatchRecord(0, [1], "ok", None),
+        BatchRecord(1, [2], "ok", None),
+        BatchRecord(2, [3], "failed", {"type": "llm_error", "message": "503"}),
+        # its call was sent and failed; the budget only refused the retry: a failure
+        BatchRecord(3, [4], "failed", error_record(retry_refused)),
+        *(BatchRecord(n, [n + 1], "failed", refused) for n in range(4, 10)),
+    ]
+    r = _result_with(batches)
+    assert (r.batches_processed, r.batches_failed, r.batches_not_run) == (2, 2, 6)
+    assert len(r.batch_errors) == 8  # every one is still listed, with its type
+    assert "retry was not sent" in r.batch_errors[1].message
+    assert "Batches: 2 ok, 2 failed, 6 not run (budget) |" in status_line(r)
+    # nothing the budget stopped: the line is as before
+    assert "Batches: 2 ok, 1 failed |" in status_line(_result_with(batches[:3]))
+
+
+def test_elapsed_is_seconds_as_a_number_and_old_results_still_read():
+    from rlm_workers.models import QueryResult
+    from rlm_workers.pipeline.report import status_line
+
+    r = _result_with([], elapsed=4.2504)
+    data = json.loads(r.model_dump_json())
+    assert data["elapsed"] == 4.25
+    assert "Time: 4.3s" in status_line(r) or "Time: 4.2s" in status_line(r)
+    old = {**data, "elapsed": {"secs": 4, "nanos": 200_000_000}}  # stored before elapsed became seconds
+    assert QueryResult.model_validate(old).elapsed == pytest.approx(4.2)

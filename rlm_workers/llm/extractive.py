@@ -28,6 +28,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..models import RELEVANCE_RANK, Record
@@ -650,7 +651,7 @@ class ExtractiveProvider:
     name = "extractive"
     local = True
 
-    def complete(self, request: CompletionRequest) -> Completion:
+    def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
         t0 = time.perf_counter()
         text = _user_text(request)
         if request.role == "plan":

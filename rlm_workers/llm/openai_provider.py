@@ -14,10 +14,18 @@ import math
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, LimiterBusy, LLMError, QuotaExhausted, RateLimited, ServiceUnavailable
+from ..errors import (
+    BudgetExhausted,
+    ConfigError,
+    LimiterBusy,
+    LLMError,
+    QuotaExhausted,
+    RateLimited,
+    ServiceUnavailable,
+)
 from .limiter import ConcurrencyLimiter, Limits, wait_bound
 from .protocol import Completion, CompletionRequest, ToolCall
 
@@ -105,12 +113,20 @@ class OpenAIProvider:
 
     # --- one logical call --------------------------------------------------
 
-    def complete(self, request: CompletionRequest) -> Completion:
+    def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
         attempts: list[dict[str, Any]] = []
         retries_left = self.settings.llm_retries
         retry_no = 0
         client = self.client  # built before the clock starts: the first import of openai is slow
         while True:
+            if attempts and before_retry is not None:
+                # after the backoff, right before the send: a budget (or deadline) spent meanwhile stops it here
+                try:
+                    before_retry()
+                except BudgetExhausted as exc:
+                    attempts[-1]["status"] = "error"  # no attempt followed it
+                    exc.after_attempts(attempts)
+                    raise
             params = self._params(request)
             t0 = time.perf_counter()
             usage = (0, 0)

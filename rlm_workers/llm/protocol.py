@@ -7,6 +7,7 @@ pipeline has a single code path whether or not a model is configured.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -62,6 +63,10 @@ class LLMProvider(Protocol):
     #: answers in this process with no endpoint behind it: nothing to rate-limit or share between workers
     local: bool
 
-    def complete(self, request: CompletionRequest) -> Completion:
-        """One call.  Raises ``rlm_workers.errors.LLMError`` (with ``retryable``) on failure."""
+    def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
+        """One call.  Raises ``rlm_workers.errors.LLMError`` (with ``retryable``) on failure.
+
+        ``before_retry`` runs before every HTTP attempt after the first (the caller reserves it on the tree's
+        budget: a retry is a call); whatever it raises ends the call, and a ``BudgetExhausted`` it raises comes
+        back with ``attempts`` set to the attempts made so far.  A provider that never retries ignores it."""
         ...

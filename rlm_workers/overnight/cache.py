@@ -71,5 +71,6 @@ def cache_key(*, tenant: str, query: str, buffer_id: int, content: str, options:
 
 
 def cacheable(result: dict[str, Any] | None) -> bool:
-    """Only clean answers are reused: a result with failed analyst batches would be a degraded answer forever."""
-    return bool(result) and not result.get("batches_failed") and not result.get("chunk_load_failures")
+    """Only clean answers are reused: a result with failed (or unrun) analyst batches would be a degraded answer
+    forever."""
+    return bool(result) and not any(result.get(k) for k in ("batches_failed", "batches_not_run", "chunk_load_failures"))

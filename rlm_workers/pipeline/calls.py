@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .. import metrics
-from ..errors import LLMError
+from ..errors import BudgetExhausted, LLMError
 from ..llm import fair
 from ..llm.protocol import Completion, CompletionRequest
 from ..models import LLMCall
@@ -41,8 +41,9 @@ def call_llm(
     the write when it is None — analysts hold none while the model thinks).
 
     A job that has ended starts no call (``check_open``: a caller that has just claimed work of an open job
-    may skip the round trip).  The tree's budget is checked first (``BudgetExhausted``: no call starts) and
-    charged after, with the cost priced from RLM_PRICES (docs/contract.md#budgets)."""
+    may skip the round trip).  The tree's budget is checked before every HTTP attempt, retries included
+    (``BudgetExhausted``: no call, or no further attempt, starts) and charged after, with the cost priced from
+    RLM_PRICES (docs/contract.md#budgets)."""
     from ..config import get_settings
     from ..llm.prices import cost_usd, prices
     from .budget import ledger_for_job
@@ -57,6 +58,15 @@ def call_llm(
     ledger = ledger_for_job(job_id)
     if ledger is not None:
         ledger.reserve()
+    #: HTTP attempts reserved on the ledger; the charge adds any the provider made without asking
+    reserved = 1
+
+    def reserve_retry() -> None:
+        nonlocal reserved
+        if ledger is not None:
+            ledger.reserve()  # a retry is a call: past the limit it is not sent (docs/contract.md#budgets)
+            reserved += 1
+
     t0 = time.perf_counter()
 
     def attempt(a: dict, status: str, *, model: str = request.model, error: str | None = None) -> LLMCall:
@@ -82,11 +92,19 @@ def call_llm(
             ledger.charge(
                 sum(c.tokens_in + c.tokens_out for c in calls),
                 sum(c.cost_usd or 0.0 for c in calls),
-                extra_calls=len(calls) - 1,
+                extra_calls=len(calls) - reserved,
             )
 
     try:
-        completion = p.complete(request)
+        completion = p.complete(request, before_retry=reserve_retry)
+    except BudgetExhausted as exc:
+        # a retry refused: the attempts already made were sent and may have been billed
+        calls = [attempt(a, "error", error=exc.message) for a in exc.attempts]
+        if calls:
+            _log_calls(conn, job_id, calls)
+            charge(calls)
+            metrics.llm_calls(request.model, calls)
+        raise
     except LLMError as exc:
         calls = [attempt(a, "error", error=exc.message) for a in exc.attempts or [{}]]
         _log_calls(conn, job_id, calls)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..models import AnalysisPlan, BatchError, Elapsed, QueryResult, Source, ToolCallRecord
+from ..models import AnalysisPlan, BatchError, QueryResult, Source, ToolCallRecord
 from ..store.jobs import BatchRecord
 
 if TYPE_CHECKING:
@@ -40,6 +40,11 @@ def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
     return out
 
 
+def not_run_for_budget(error: dict[str, Any] | None) -> bool:
+    """A batch error of a batch the budget refused before it sent anything (a refused retry is a failure)."""
+    return (error or {}).get("type") == "budget" and not (error or {}).get("sent")
+
+
 def build_result(
     *,
     job_id: str,
@@ -63,6 +68,8 @@ def build_result(
     every = [(None, b) for b in batches] + list(child_batches)
     ok = [b for _, b in every if b.status == "ok"]
     failed = [(jid, b) for jid, b in every if b.status == "failed"]
+    # the budget stopped these before their call was sent: not run, which is not a failure (docs/contract.md#budgets)
+    not_run = [b for _, b in failed if not_run_for_budget(b.error)]
     unanswered = sorted({cid for b in ok for cid in b.unanswered})
     # a chunk the analyst never answered for was not analysed, whatever its batch's status says
     analyzed = sorted({cid for b in ok for cid in b.chunk_ids} - set(unanswered))
@@ -82,7 +89,8 @@ def build_result(
         unanswered_chunk_ids=unanswered,
         chunks_available=chunks_available,
         batches_processed=len(ok),
-        batches_failed=len(failed),
+        batches_failed=len(failed) - len(not_run),
+        batches_not_run=len(not_run),
         chunk_load_failures=chunk_load_failures,
         batch_errors=[
             BatchError(
@@ -99,7 +107,7 @@ def build_result(
         total_tokens=tokens_in + tokens_out,
         tokens_in=tokens_in,
         tokens_out=tokens_out,
-        elapsed=Elapsed.from_seconds(elapsed_seconds),
+        elapsed=round(elapsed_seconds, 2),
         tool_calls=[ToolCallRecord(**t) for t in tool_calls],
         caps_applied=list(params.get("caps_applied") or []),
         **tree,
@@ -251,10 +259,11 @@ def result_for(
 def status_line(r: QueryResult) -> str:
     """The summary printed under a text report (docs/contract.md#json-shapes): the scale line, then the modes line."""
     unanswered = f" ({r.chunks_unanswered} unanswered)" if r.chunks_unanswered else ""
+    not_run = f", {r.batches_not_run} not run (budget)" if r.batches_not_run else ""
     scale = (
         f"Scale: {r.scaling_tier} | Chunks: {r.chunks_analyzed}/{r.chunks_available} analyzed{unanswered} | "
-        f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed | "
-        f"Tokens: {r.total_tokens} | Time: {r.elapsed.seconds:.1f}s"
+        f"Findings: {r.findings_count} | Batches: {r.batches_processed} ok, {r.batches_failed} failed{not_run} | "
+        f"Tokens: {r.total_tokens} | Time: {r.elapsed:.1f}s"
     )
     confidence = "n/a" if r.confidence is None else f"{r.confidence:.2f}"
     complete = {True: "yes", False: "no", None: "unknown"}[r.complete]
