@@ -92,6 +92,30 @@ def write_big(root, n: int = 40) -> None:
         (root / f"doc-{i:02d}.md").write_text(f"# Document {i}\n\n" + "\n\n".join(paras) + "\n")
 
 
+def write_code(root) -> None:
+    """A Python package: keyword arguments (``name=None,``) and counting words, but no record to count."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "beat.py").write_text(
+        '''"""The beat scheduler: it wakes up every max_interval seconds to send due periodic tasks."""
+
+DEFAULT_MAX_INTERVAL = 300
+
+
+class Scheduler:
+    def __init__(self, app, schedule=None, max_interval=None,
+                 Producer=None, lazy=False, sync_every=None,
+                 name=None, app_name=None, **kwargs):
+        self.max_interval = max_interval or DEFAULT_MAX_INTERVAL
+
+    def tick(self, event_t=None, min=min, heappop=None,
+             heappush=None, name=None):
+        """Run a tick: the beat wakes up, sends what is due and sleeps until the next entry."""
+        return min(self.max_interval, 1)
+'''
+    )
+    (root / "__init__.py").write_text('"""Distributed task queue."""\n\nfrom .beat import Scheduler\n')
+
+
 @pytest.fixture(scope="module")
 def corpora(env, conn, embedder, tmp_path_factory):
     from rlm_workers.ingest.loader import load_paths
@@ -102,7 +126,8 @@ def corpora(env, conn, embedder, tmp_path_factory):
     write_big(base / "big")
     truth = write_logs(base / "logs")
     orders = write_orders(base / "orders")
-    for name in ("essays", "hops", "big", "logs", "orders"):
+    write_code(base / "code")
+    for name in ("essays", "hops", "big", "logs", "orders", "code"):
         load_paths(conn, buffer=name, paths=[base / name], embedder=embedder)
     # the same logs cut anywhere (the fixed chunker splits lines and trims the blanks at a cut): each line must
     # still be counted once and whole, with overlapping chunks and with none
@@ -232,6 +257,41 @@ def test_an_aggregation_question_routes_exhaustive_and_a_cut_off_search_says_it_
     _, cut = run_job(conn, question, ["logs"], scope="search", max_chunks=10, batch_size=5)
     assert cut.route == "fanout" and cut.coverage < 1.0 and cut.records == []
     assert cut.complete is False and any("--scope all" in g for g in cut.gaps)
+
+
+def test_a_scope_all_answer_with_exact_totals_does_not_open_with_no_findings(conn, workers, corpora):
+    # no passage shares a word with the question, so no finding is kept: the answer is the count itself
+    _, r = run_job(conn, "Tally the levels", ["logs"], scope="all")
+    assert r.findings_count == 0 and r.route == "exhaustive" and r.coverage == 1.0
+    assert r.response.startswith("## Answer") and "No relevant findings" not in r.response
+    assert "--threshold" not in r.response and "## Exact totals" in r.response
+    assert f"| ERROR | {sum(corpora['truth'].values())} |" in r.response
+
+
+@pytest.mark.parametrize(
+    ("question", "buffer", "exhaustive"),
+    [
+        ("How often does the beat scheduler wake up?", "code", False),  # a behaviour's frequency
+        ("How often does the beat scheduler wake up?", "logs", False),
+        ("How many schedulers are there?", "code", False),  # counting words, but source code holds no records
+        ("How many errors of each kind are in the logs?", "logs", True),
+        ("What is the count of each status?", "orders", True),
+    ],
+)
+def test_only_counting_over_records_routes_exhaustive(conn, workers, corpora, question, buffer, exhaustive):
+    _, r = run_job(conn, question, [buffer])
+    assert (r.route == "exhaustive") is exhaustive, r.route_reason
+    if not exhaustive:
+        assert r.records == [] and "Exact totals" not in r.response
+    if buffer == "code" and "how many" in question.lower():
+        assert "no records to count" in r.route_reason
+
+
+def test_scope_all_over_code_counts_no_keyword_arguments(conn, workers, corpora):
+    _, r = run_job(conn, "How often does the beat scheduler wake up?", ["code"], scope="all")
+    assert r.route == "exhaustive" and r.coverage == 1.0
+    assert r.records == [] and "Exact totals" not in r.response, [(x.label, x.value) for x in r.records]
+    assert "wakes up" in r.response
 
 
 # --------------------------------------------------------------------------- bad input

@@ -12,7 +12,7 @@ import pytest
 
 from rlm_workers.llm.extractive import ExtractiveProvider, extract_records
 from rlm_workers.llm.protocol import CompletionRequest
-from rlm_workers.models import AggregateRow, Record
+from rlm_workers.models import AggregateRow, QueryOptions, Record
 from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings
 from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
 from rlm_workers.pipeline.records import (
@@ -20,12 +20,14 @@ from rlm_workers.pipeline.records import (
     RECORDS_INSTRUCTION,
     aggregate,
     aggregation_reason,
+    holds_records,
     is_aggregation_question,
     md_safe,
     merge_records,
     parse_records,
     records_markdown,
 )
+from rlm_workers.pipeline.route import first_routing
 
 # ---------------------------------------------------------------- parsing
 
@@ -253,7 +255,7 @@ def test_markdown_puts_the_labels_the_query_names_first_and_counts_what_is_left_
         ("list every host", "list every"),
         ("what happens every night", "every"),
         ("the number of retries", "number of"),
-        ("How often does it time out?", "how often"),
+        ("How often each error code occurs", "how often"),
         ("total bytes sent", "total"),
         ("tally the votes", "tally"),
         ("distinct user agents", "distinct"),
@@ -269,7 +271,18 @@ def test_aggregation_questions(query, reason):
 
 @pytest.mark.parametrize(
     "query",
-    ["why did the account get locked?", "what is everything about", "describe the counter class", "totally lost", ""],
+    [
+        "why did the account get locked?",
+        "what is everything about",
+        "describe the counter class",
+        "totally lost",
+        "",
+        # the frequency of a behaviour (a schedule, an interval the text states), not a count over records
+        "How often does the beat scheduler wake up?",
+        "how often do workers restart",
+        "How often did it time out?",
+        "how often is the cache flushed",
+    ],
 )
 def test_not_aggregation_questions(query):
     assert not is_aggregation_question(query)
@@ -283,3 +296,91 @@ def test_analyst_message_asks_for_records_only_when_wanted():
     text = build_analyst_messages("S", "q", [chunk], ["t"], records_wanted=True)[1]["content"]
     # the instruction is the same for every call, so it sits with the chunks before the query (prompt caching)
     assert f"</content>\n\n## Records\n\n{RECORDS_INSTRUCTION}\n\n## Query\n\nq\n\n## Focus topics" in text
+
+
+# ---------------------------------------------------------------- routing a counting question by what the buffers hold
+
+#: Celery-like source: keyword arguments (``name=None,``), a level word in a code string, a docstring
+CODE = '''"""The periodic task scheduler."""
+
+import time
+
+DEFAULT_MAX_INTERVAL = 300  # the beat wakes up at least every 5 minutes
+
+
+class Scheduler:
+    def __init__(self, app, schedule=None, max_interval=None,
+                 Producer=None, lazy=False, sync_every=None,
+                 name=None, app_name=None, **kwargs):
+        self.max_interval = (max_interval or DEFAULT_MAX_INTERVAL)
+        logger.debug("DEBUG beat: waking up in %s", self.max_interval)
+
+    def apply_async(self, entry, producer=None, advance=True,
+                    name=None, countdown=None, expires=None):
+        return self.send_task(entry.task, entry.args, name=name,
+                              countdown=countdown, expires=expires)
+'''
+LOGS = "\n".join(
+    f"2026-03-01T10:00:{i:02d}Z {'ERROR' if i % 3 else 'INFO'} [beat] kind=timeout host=web-{i % 4}" for i in range(40)
+)
+CSV = "order_id,region,status\n" + "\n".join(f"{i},north,shipped" for i in range(40))
+PROSE = "# Beat\n\nThe beat wakes up every five minutes.\n\nEach kind of task has its own queue.\n"
+
+
+@pytest.mark.parametrize(
+    ("samples", "holds"),
+    [
+        ([("celery/beat.py", CODE)] * 10, False),
+        ([("docs/beat.md", PROSE)] * 10, False),
+        ([("app.log", LOGS)], True),
+        ([("orders.csv", CSV)], True),
+        ([("app.jsonl", '{"level": "info", "msg": "x"}\n' * 5)], True),
+        ([("celery/beat.py", CODE)] * 8 + [("app.log", LOGS)] * 2, True),  # logs beside the code: counted
+        ([], False),
+    ],
+)
+def test_holds_records_tells_records_from_code_and_prose(samples, holds):
+    assert holds_records(samples) is holds
+
+
+@pytest.mark.parametrize(
+    ("query", "records", "route", "says"),
+    [
+        ("How often does the beat scheduler wake up?", True, "fanout", "default"),
+        ("How often does the beat scheduler wake up?", False, "fanout", "default"),
+        ("How many errors of each kind are there?", True, "exhaustive", "'how many'"),
+        ("How many errors of each kind are there?", False, "fanout", "no records to count"),
+        ("count of each status", True, "exhaustive", "'count'"),
+        ("count of each status", False, "fanout", "no records to count"),
+        ("How often each error code occurs", True, "exhaustive", "'how often'"),
+    ],
+)
+def test_only_a_counting_question_over_records_is_routed_exhaustive(query, records, route, says):
+    asked = []
+
+    def has_records() -> bool:
+        asked.append(query)
+        return records
+
+    r = first_routing(QueryOptions(), None, query, is_child=False, has_records=has_records)
+    assert r.route == route and says in r.reason
+    assert asked == ([query] if is_aggregation_question(query) else [])  # no sample read for other questions
+
+
+def test_scope_search_and_a_planner_route_do_not_read_a_sample():
+    def never() -> bool:
+        raise AssertionError("sampled")
+
+    q = "How many errors are there?"
+    assert first_routing(QueryOptions(scope="search"), None, q, is_child=False, has_records=never).route == "fanout"
+    assert first_routing(QueryOptions(scope="all"), None, q, is_child=False, has_records=never).route == "exhaustive"
+    planned = {"route": "exhaustive", "route_reason": "a full list"}
+    assert first_routing(QueryOptions(), planned, q, is_child=False, has_records=never).route == "exhaustive"
+
+
+def test_code_yields_no_records_of_keyword_arguments_or_levels_in_code_strings():
+    labels = {r["label"] for r in extract_records(CODE, "celery/beat.py")}
+    assert labels == set(), labels
+    counted = {(r["label"], r["value"]): r["count"] for r in extract_records(LOGS, "app.log")}
+    assert counted[("level", "ERROR")] == 26 and counted[("kind", "timeout")] == 40
+    assert counted[("host", "web-0")] == 10

@@ -33,6 +33,13 @@ HOPS = [
 SCRIPT = "<script>alert('chunk')</script>"
 IMG = "<img src=x onerror=alert('img')>"
 EVIL = [{"path": "evil/widget.md", "text": f"# Widget\n\nThe widget template contains {SCRIPT} and {IMG} verbatim.\n"}]
+#: a Python package: its paths hold "__", which markdown would read as emphasis
+CODE = [
+    {
+        "path": "kombu/__init__.py",
+        "text": '"""Messaging library for Python."""\n\nPOOL_LIMIT = 10  # the kombu connection pool limit\n',
+    }
+]
 #: every scripted job: no planner call, every chunk past search, one chunk a batch (a grid of several cells)
 OPTIONS = '{"skip_plan": true, "threshold": -1.0, "batch_size": 1}'
 
@@ -76,7 +83,7 @@ def api(env, keys, tmp_path_factory):
     redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
     server = Api(env, tmp_path_factory.mktemp("ui-api") / "api.log")
     with server.client(keys["a"]) as c:
-        for name, docs in (("handbook", DOCS), ("evil", EVIL), ("hops", HOPS)):
+        for name, docs in (("handbook", DOCS), ("evil", EVIL), ("hops", HOPS), ("code", CODE)):
             r = c.post("/v1/buffers", json={"name": name, "documents": docs})
             assert r.status_code == 201, r.text
     yield server
@@ -226,6 +233,20 @@ def test_untrusted_text_renders_as_text(page, api, keys, analysts):
     assert SCRIPT in text and IMG in text
     assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
     assert page.dialogs == []
+
+
+def test_a_citation_of_a_dunder_path_shows_the_path_and_opens_the_chunk(page, api, keys, analysts):
+    sign_in(page, api, keys["a"])
+    submit(page, api, "Where is the kombu connection pool limit set?", "code")
+    wait_status(page, "done")
+    page.wait_for_selector("#report a.cite")
+    cite = page.locator("#report a.cite", has_text="kombu/__init__.py").first
+    assert re.fullmatch(r"\[chunk \d+, code:kombu/__init__\.py:\d+-\d+\]", cite.text_content())
+    assert page.locator("#report a.cite strong, #report a.cite em").count() == 0
+    cite.click()
+    page.wait_for_selector("#chunk:not([hidden])")
+    page.wait_for_function("() => document.getElementById('chunk-title').textContent.includes('kombu/__init__.py')")
+    assert "POOL_LIMIT = 10" in page.text_content("#chunk-text")
 
 
 def test_a_thinking_jobs_follow_ups_show_as_a_tree(page, api, keys, analysts):

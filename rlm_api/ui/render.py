@@ -1,13 +1,24 @@
 """A report as safe HTML (docs/web-view.md#security): markdown with raw HTML escaped, only http(s) and in-page
-links kept, and each chunk citation turned into a link the page opens."""
+links kept, each chunk citation turned into a link the page opens, and paths shown as written."""
 
 from __future__ import annotations
 
+import html as html_lib
 import re
+import secrets
 
 # A citation as the synthesizer writes it, ``[chunk 12, path/to/file.md:10-58]``, or a direct answer's
-# ``[chunk 12]``; matched on the already escaped HTML text, so what is re-inserted is escaped too.
-_CITE = re.compile(r"\[chunk\s+(\d{1,18})(?:,\s*[^\]<>\n]{1,600})?\]", re.I)
+# ``[chunk 12]``.  Matched on the markdown before it is parsed: a path is literal text, and markdown would
+# read ``kombu/__init__.py`` as emphasis and cut the citation in pieces (a backslash escape such as ``\]`` is
+# kept inside it).
+_CITE = re.compile(r"\[chunk\s+(\d{1,18})(?:,\s*(?:\\[^\n]|[^\]\\\n]){1,600})?\]", re.I)
+# A path-like token outside citations (``kombu/__init__.py``, ``src/*.py``, ``__init__``): it starts after a
+# space or punctuation other than a path's own, so a URL's inner parts stay out, and it ends on a letter, a
+# digit or a dunder's "__", so the markers of ``**bold**`` and ``_emphasis._`` around it stay markdown.
+_PATHISH = re.compile(r"(?<![\w/\\.`-])(?:\*(?=[./])|[\w.])[\w.*/-]*(?:[A-Za-z0-9]|__)")
+_PATH_SHAPE = re.compile(r"/|\w\.\w|__\w+__")
+#: what CommonMark unescapes: a backslash before ASCII punctuation
+_MD_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
 _TAG = re.compile(r"(<[^>]*>)")
 #: text inside these elements is shown as written: a citation in a code span stays code
 _VERBATIM = {"a", "code", "pre"}
@@ -24,25 +35,45 @@ def _parser():
     return md
 
 
+def _is_path(token: str) -> bool:
+    # only a token markdown could mangle is held back: emphasis needs "_" or "*"
+    return bool(_PATH_SHAPE.search(token)) and ("_" in token or "*" in token)
+
+
 def report_html(markdown: str) -> str:
     """``markdown`` (untrusted: a model wrote it from chunk text) as HTML that carries no markup of its own."""
-    html = _parser().render(markdown or "")
+    # Citations and paths are swapped for inert placeholders before parsing and put back, escaped, after.  The
+    # placeholder's random part cannot be guessed by the text, so text cannot forge one.
+    nonce = secrets.token_hex(8)
+    held: list[tuple[str | None, str]] = []  # (chunk id of a citation, text as shown)
+
+    def hold(chunk: str | None, text: str) -> str:
+        held.append((chunk, text))
+        return f"rlmheld{nonce}x{len(held) - 1}x"
+
+    source = _CITE.sub(lambda m: hold(m.group(1), _MD_ESCAPE.sub(r"\1", m.group(0))), markdown or "")
+    source = _PATHISH.sub(lambda m: hold(None, m.group(0)) if _is_path(m.group(0)) else m.group(0), source)
+    placeholder = re.compile(rf"rlmheld{nonce}x(\d+)x")
+
+    def restore(text: str, *, link: bool) -> str:
+        def one(m: re.Match[str]) -> str:
+            chunk, shown = held[int(m.group(1))]
+            shown = html_lib.escape(shown)
+            if chunk is None or not link:
+                return shown
+            return f'<a class="cite" data-chunk="{chunk}" href="#chunk-{chunk}">{shown}</a>'
+
+        return placeholder.sub(one, text)
+
     out, inside = [], 0
-    for part in _TAG.split(html):
+    for part in _TAG.split(_parser().render(source)):
         if part.startswith("<"):
             name = re.match(r"</?([a-zA-Z0-9]+)", part)
             if name and name.group(1).lower() in _VERBATIM:
                 inside += -1 if part.startswith("</") else 1
             if part.startswith('<a href="http'):  # away from the page, without telling it where from
                 part = part[:-1] + ' rel="noopener noreferrer" target="_blank">'
-            out.append(part)
-        elif inside > 0:
-            out.append(part)
+            out.append(restore(part, link=False))  # a placeholder in an attribute (a link's URL) is text
         else:
-            out.append(
-                _CITE.sub(
-                    lambda m: f'<a class="cite" data-chunk="{m.group(1)}" href="#chunk-{m.group(1)}">{m.group(0)}</a>',
-                    part,
-                )
-            )
+            out.append(restore(part, link=inside <= 0))
     return "".join(out)

@@ -33,7 +33,14 @@ from dataclasses import dataclass
 
 from ..models import RELEVANCE_RANK, Record
 from ..pipeline.prompts import unescape_content, unquote_field
-from ..pipeline.records import MAX_RECORDS_PER_CHUNK, aggregate, records_markdown, stem_terms
+from ..pipeline.records import (
+    CODE_LINE,
+    MAX_RECORDS_PER_CHUNK,
+    aggregate,
+    is_record_line,
+    records_markdown,
+    stem_terms,
+)
 from ..search.tokenize import tokenize
 from .protocol import Completion, CompletionRequest
 
@@ -310,10 +317,6 @@ _LOGFMT = re.compile(r'(?:^|(?<=\s))([A-Za-z_@][\w.@-]{0,63})=("(?:[^"\\]|\\.)*"
 _QUOTED_VALUE = re.compile(r'"(?:[^"\\]|\\.)*"')
 _HEADER = re.compile(r"^\s*(?:-\s+)?([A-Za-z][\w \-]{0,39}?)\s*:\s+(\S.*?)\s*$")
 _URL_SCHEMES = frozenset({"http", "https", "ftp", "file", "mailto", "ws", "wss", "ssh", "git"})
-#: a line of code rather than a header: braces, statements, calls, arrows, keywords
-_CODE_LINE = re.compile(
-    r"[{};]|=>|->|\w\(|^\s*(?:def|class|if|elif|else|for|while|case|return|import|from|function|const|let|var)\b"
-)
 MAX_RECORD_VALUE_CHARS = 80
 MAX_HEADER_VALUE_CHARS = 60
 MAX_HEADER_VALUE_WORDS = 6
@@ -354,14 +357,18 @@ def _line_records(line: str) -> list[tuple[str, str]]:
             return _json_records(obj)
     level: str | None = None
     fields: list[tuple[str, str]] = []
-    pairs = _LOGFMT.findall(line)
+    # A line of code is no record: ``name=None, app=None,`` are keyword arguments, and a level word in a code
+    # string (``log.error("ERROR")``) is no log line's level.  A log line that is a record keeps both.
+    record = is_record_line(line)
+    code = not record and bool(CODE_LINE.search(_QUOTED_VALUE.sub('""', line)))
+    pairs = _LOGFMT.findall(line) if record else []
     for key, raw in pairs:
         name, value = _key_name(key), _logfmt_value(raw).strip()
         if name in _LEVEL_KEYS:
             level = level or (value.upper() if value and len(value) <= MAX_RECORD_VALUE_CHARS else None)
         elif name not in _SKIP_KEYS and value and len(value) <= MAX_RECORD_VALUE_CHARS:
             fields.append((key, value))
-    if level is None:
+    if level is None and not code:
         # not inside a quoted value: `msg="got ERROR from upstream"` is no level of its own
         m = _LEVEL_WORD.search(_QUOTED_VALUE.sub(" ", line))
         level = m.group(1) if m else None
@@ -371,7 +378,7 @@ def _line_records(line: str) -> list[tuple[str, str]]:
     if pairs:
         return out  # one lone key=value in a line of prose is no record
     m = _HEADER.match(line)
-    if m and not _CODE_LINE.search(line):
+    if m and not CODE_LINE.search(line):
         key, value = m.group(1).strip(), m.group(2)
         if (
             _key_name(key) not in _SKIP_KEYS

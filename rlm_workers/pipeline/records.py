@@ -297,8 +297,11 @@ def records_markdown(rows: Sequence[AggregateRow], query: str, *, max_labels: in
 
 # --------------------------------------------------------------------------- which questions need them
 
+#: "how often does the beat wake up / do workers restart": the frequency of a behaviour, which the text (a
+#: schedule, an interval) states; not a count over records, so only "how often" that is not asked of a verb is
+_BEHAVIOURAL_VERB = r"(?:does|do|did|is|are|was|were|will|would|should|can|could|must|may|might|has|have|had)"
 _AGGREGATION = re.compile(
-    r"\b(?:how\s+many|how\s+often|number\s+of|list\s+(?:all|every)|counts?|counting|every|totals?|tall(?:y|ies)"
+    rf"\b(?:how\s+many|how\s+often(?!\s+{_BEHAVIOURAL_VERB}\b)|number\s+of|list\s+(?:all|every)|counts?|counting|every|totals?|tall(?:y|ies)"
     r"|distinct|each\s+(?:kind|type)s?|frequenc(?:y|ies))\b",
     re.I,
 )
@@ -314,6 +317,53 @@ def aggregation_reason(query: str) -> str | None:
 def is_aggregation_question(query: str) -> bool:
     """Whether answering ``query`` needs every chunk counted (auto mode's ``exhaustive`` route)."""
     return aggregation_reason(query) is not None
+
+
+#: a line that is one record: it starts with a time or a log level, is a JSON object, holds two logfmt
+#: ``key=value`` fields whose bare values carry no code punctuation (``name=None,`` is a keyword argument), or is
+#: an unindented ``Key: value`` line that is not code
+_RECORD_START = re.compile(
+    r"^\s*[\[(]?(?:\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}:\d{2}|\d{1,2}/\w{3}/\d{4}|[A-Z][a-z]{2}\s+\d{1,2}\s+\d{2}:\d{2}"
+    r"|\d{1,3}(?:\.\d{1,3}){3}\s|(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|CRITICAL|FATAL|SEVERE)\b)"
+)
+_FIELD = re.compile(r'(?:^|(?<=\s))[A-Za-z_@][\w.@-]{0,63}=(?:"(?:[^"\\]|\\.)*"|[^\s"(){}\[\],;]+)(?=\s|$)')
+_KEY_VALUE = re.compile(r"^(?:-\s+)?[A-Za-z][\w .-]{0,39}:\s+\S")
+#: braces, statements, calls, arrows and keywords: a line of code, whatever else it looks like
+CODE_LINE = re.compile(
+    r"[{};]|=>|->|\w\(|^\s*(?:def|class|if|elif|else|for|while|case|return|import|from|function|const|let|var)\b"
+)
+#: a chunk is record-like when this share of its non-blank lines are records; buffers hold countable records
+#: when this share of the chunks sampled from them are record-like
+RECORD_LINE_SHARE = 0.5
+RECORD_CHUNK_SHARE = 0.2
+
+
+def is_record_line(line: str) -> bool:
+    """Whether ``line`` is a structured record (a log line, a JSON object, logfmt fields, a header) rather than
+    code or prose: what an exact count counts."""
+    stripped = line.strip()
+    if not stripped:
+        return False
+    if stripped.startswith("{") and stripped.endswith("}"):
+        try:
+            return isinstance(json.loads(stripped), dict)
+        except (ValueError, RecursionError):
+            pass
+    if _RECORD_START.match(line) or len(_FIELD.findall(line)) >= 2:
+        return True
+    return bool(_KEY_VALUE.match(line)) and not CODE_LINE.search(line)
+
+
+def holds_records(samples: Iterable[tuple[str, str]]) -> bool:
+    """Whether chunks sampled from some buffers, as (path, text), show records to count: a table (CSV, TSV) or
+    chunks most of whose lines are records.  Source code and prose hold none, whatever counting words they use."""
+    total = like = 0
+    for path, text in samples:
+        total += 1
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        if is_table(path) or (lines and sum(map(is_record_line, lines)) >= RECORD_LINE_SHARE * len(lines)):
+            like += 1
+    return total > 0 and like >= RECORD_CHUNK_SHARE * total
 
 
 def own_lines(text: str, start_line: int, end_line: int, prev_end_line: int | None, tail: str = "") -> tuple[int, str]:

@@ -2,7 +2,10 @@
 
 ``--mode`` says how deep the user wants to go; the route is what ran (docs/contract.md#modes).  ``instant``
 is always direct.  ``auto`` takes the planner's word where it gave one, else rules: an aggregation question
-("how many", "list all", "every", "count"…) needs every chunk, so it goes exhaustive; otherwise fan-out, and
+("how many", "list all", "every", "count"…) over buffers that hold records to count (log lines, JSON lines,
+tables: ``records.holds_records`` on a sample) needs every chunk, so it goes exhaustive; the same words over
+source code or prose are searched like any question ("how often does the beat wake up" asks about a behaviour,
+and is no aggregation at all); otherwise fan-out, and
 a fan-out whose selected chunks fit the direct context (``RLM_DIRECT_MAX_TOKENS``, 16K by default: the
 crossover of the Oracle design) is answered by one direct call instead.  ``thinking`` always fans out: its
 completeness check needs findings.  Children of a tree fan out over what their parent gave them.
@@ -11,6 +14,7 @@ The reason for every choice is kept on the job (``--verbose`` prints it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,8 +52,16 @@ def direct_budget(settings: Settings) -> int:
     return settings.direct_max_tokens or INSTANT_TOKENS
 
 
-def first_routing(opts: QueryOptions, plan: dict[str, Any] | None, query: str, *, is_child: bool) -> Routing:
-    """The route before the search: everything but the fit of the selected chunks."""
+def first_routing(
+    opts: QueryOptions,
+    plan: dict[str, Any] | None,
+    query: str,
+    *,
+    is_child: bool,
+    has_records: Callable[[], bool] = lambda: True,
+) -> Routing:
+    """The route before the search: everything but the fit of the selected chunks.  ``has_records`` says whether
+    the buffers hold records to count; it reads a sample of them, so it is asked only of an aggregation question."""
     from .records import aggregation_reason
 
     mode = Mode(opts.mode or Mode.auto)
@@ -64,15 +76,23 @@ def first_routing(opts: QueryOptions, plan: dict[str, Any] | None, query: str, *
     may_widen = opts.scope != Scope.search
     if planned == Route.exhaustive and may_widen:
         return Routing(Route.exhaustive, f"the planner: {why or 'the question needs every chunk'}")
+    searched = ""
     if planned is None and may_widen and (phrase := aggregation_reason(query)):
-        return Routing(Route.exhaustive, f"an aggregation question ({phrase!r}): every chunk is analysed")
+        if has_records():
+            return Routing(Route.exhaustive, f"an aggregation question ({phrase!r}): every chunk is analysed")
+        searched = (
+            f"an aggregation question ({phrase!r}), but the buffers hold no records to count (code or prose): "
+            "searched like any question; --scope all reads every chunk"
+        )
     if mode == Mode.thinking:
         return Routing(Route.fanout, "--mode thinking: fan-out rounds with a completeness check")
     if opts.batch_size is not None or opts.num_agents is not None:
         return Routing(Route.fanout, "--batch-size/--num-agents ask for a fan-out")
     if planned == Route.direct:
         return Routing(Route.fanout, f"the planner: {why or 'a small context'}", may_go_direct=True)
-    return Routing(Route.fanout, "the planner" if planned == Route.fanout else "default", may_go_direct=True)
+    return Routing(
+        Route.fanout, "the planner" if planned == Route.fanout else searched or "default", may_go_direct=True
+    )
 
 
 def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routing:
@@ -82,7 +102,10 @@ def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routi
     limit = settings.direct_max_tokens
     tokens = estimated_tokens(sizes)
     if limit and tokens <= limit:
-        return Routing(Route.direct, f"{len(sizes)} selected chunks (~{tokens} tokens) fit the {limit}-token context")
+        return Routing(
+            Route.direct,
+            f"{first.reason}; {len(sizes)} selected chunks (~{tokens} tokens) fit the {limit}-token context",
+        )
     if limit:
         return Routing(Route.fanout, f"{first.reason}; {len(sizes)} selected chunks (~{tokens} tokens) exceed {limit}")
     return Routing(Route.fanout, f"{first.reason}; direct routing off (RLM_DIRECT_MAX_TOKENS=0)")

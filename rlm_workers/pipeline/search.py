@@ -18,14 +18,18 @@ from ..models import AnalysisPlan, QueryOptions, Route
 from ..search.service import rank
 from ..sessions import evidence_ids
 from ..store import jobs as job_store
-from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sizes_of
+from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sample_chunks, sizes_of
 from .flow import OK, StageContext
 from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
+from .records import holds_records
 from .route import direct_budget, final_routing, first_routing, fit
 from .scale import scaling_profile
 
 if TYPE_CHECKING:
     from ..config import Settings
+
+#: chunks read, spread over the buffers, to tell whether they hold records an aggregation can count
+RECORD_SAMPLE = 40
 
 
 def run(ctx: StageContext) -> str:
@@ -38,7 +42,13 @@ def run(ctx: StageContext) -> str:
     plan = AnalysisPlan(**job.plan) if job.plan else None
     opts = QueryOptions.model_validate(job.options)
     params = resolve_params(opts, plan, profile, settings)
-    routing = first_routing(opts, job.plan, job.query, is_child=job.parent_id is not None)
+    routing = first_routing(
+        opts,
+        job.plan,
+        job.query,
+        is_child=job.parent_id is not None,
+        has_records=lambda: holds_records(sample_chunks(conn, buffer_ids=[r.id for r in rows], limit=RECORD_SAMPLE)),
+    )
     spec = job.spec or {}
     if spec.get("chunk_ids"):
         # a query_subset child reads exactly what its parent chose (those still in the tenant's buffers)

@@ -62,8 +62,22 @@ def build_messages(
     return [system_message(system_prompt), {"role": "user", "content": user}]
 
 
-def canned_no_findings_report(query: str) -> str:
+def canned_no_findings_report(query: str, *, route: str | None = None, counted: bool = False) -> str:
+    """The answer when no analyst kept a finding.  An exhaustive job read every chunk, with no search to widen:
+    it says so instead of suggesting a lower threshold, and where records were counted the answer is the
+    Exact totals added under it, so it does not open by saying nothing was found."""
     shown = query if len(query) <= 200 else query[:200] + "…"
+    if route == "exhaustive" and counted:
+        return (
+            "## Answer\n\n"
+            f"Every chunk was read for “{shown}”. No passage answers it in words; the answer is the count: the "
+            "Exact totals below, summed from what each chunk shows."
+        )
+    if route == "exhaustive":
+        return (
+            "## No relevant findings\n\n"
+            f"Every chunk was read for “{shown}” and none of them held relevant evidence or anything to count."
+        )
     return (
         "## No relevant findings\n\n"
         f"The analysts read the chunks the search selected for “{shown}” and none of them held "
@@ -312,11 +326,16 @@ def budget_fallback_report(job: JobRow, kept: list[dict], settings: Settings, re
 
     stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
     messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
-    body = write_report(messages[-1]["content"]) if kept else canned_no_findings_report(job.query)
+    body = write_report(messages[-1]["content"]) if kept else _canned(job)
     return (
         f"_The budget was exhausted ({reason}) before the report could be written by a model: what follows was "
         f"assembled from the findings without one._\n\n{body}"
     )
+
+
+def _canned(job: JobRow) -> str:
+    counted = any(((job.collected or {}).get("records") or {}).values())
+    return canned_no_findings_report(job.query, route=job.route, counted=counted)
 
 
 def finish_with_report(
@@ -339,7 +358,7 @@ def finish_with_report(
         if job.parent_id is not None:
             response = ""  # a child's findings go to its parent, which writes the one report
         elif not kept and not job.synth_state:
-            response = canned_no_findings_report(job.query)  # no evidence: no LLM call (PaperQA2 style)
+            response = _canned(job)  # no evidence: no LLM call (PaperQA2 style)
         else:
             try:
                 with StageTimer(conn, job.id, Stage.synthesize):

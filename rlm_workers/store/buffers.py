@@ -397,6 +397,22 @@ def chunk_sizes(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> list[
     return [(r[1], int(r[2])) for r in rows]
 
 
+def sample_chunks(
+    conn: psycopg.Connection, *, buffer_ids: Sequence[int], limit: int, chars: int = 4000
+) -> list[tuple[str, str]]:
+    """(path, first ``chars`` of text) of at most ``limit`` chunks spread evenly over the buffers' document order:
+    enough to tell logs and tables from code or prose without reading every chunk."""
+    rows = conn.execute(
+        """SELECT path, left(text, %s) FROM (
+               SELECT path, text, row_number() OVER (ORDER BY buffer_id, ordinal, id) AS k, count(*) OVER () AS n
+               FROM chunks WHERE buffer_id = ANY(%s)) s
+           WHERE (k - 1) %% GREATEST(1, n / %s) = 0
+           ORDER BY k LIMIT %s""",
+        (chars, list(buffer_ids), max(1, limit), max(1, limit)),
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
 def sizes_of(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int]) -> dict[int, int]:
     """Characters of each of the tenant's chunks among ``chunk_ids`` (absent ids are left out)."""
     if not chunk_ids:
