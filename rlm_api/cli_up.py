@@ -17,6 +17,8 @@ from rlm_workers.errors import InvalidInput
 if TYPE_CHECKING:
     import psycopg
 
+    from rlm_workers.config import Settings
+
 FLOWER_AUTH_FILE = "flower-auth"
 
 
@@ -136,12 +138,22 @@ def up_command(
     analyst_concurrency: Annotated[int, typer.Option("--analysts", help="Analyst worker threads.")] = 16,
     no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
 ) -> None:
-    """Run everything in the foreground: database, broker, workers, API and Flower; Ctrl-C stops it all."""
+    """Run everything in the foreground: database, broker, workers, API and Flower; Ctrl-C stops it all.
+
+    Embedded servers it started are stopped too, unless other processes are still connected to them; ones that
+    were already running are left running.
+    """
     from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import broker_url, database_url, stop_embedded
+    from rlm_workers.local_servers import broker_url, database_url, postgres_status, valkey_status
     from rlm_workers.store.db import connect
 
     s = get_settings()
+    # what was running before is someone else's (a separately started `rlm worker`, `rlm api`, a one-shot
+    # command's servers): Ctrl-C here must not pull it from under them
+    started = {
+        "database": not s.database_url and postgres_status(s.data_dir) is None,
+        "broker": not s.broker_url and valkey_status(s.data_dir) is None,
+    }
     db, broker = database_url(s), broker_url(s)
     conn = connect(s, url=db)
     try:
@@ -206,9 +218,47 @@ def up_command(
         pass
     finally:
         _shutdown(running)
-        if not s.database_url or not s.broker_url:
-            stop_embedded(s)
+        for line in _release_embedded(s, started):
+            typer.echo(line)
         typer.echo("stopped")
+
+
+#: how long the backends of the stopped children get to notice their clients are gone before they are counted
+CLIENTS_SETTLE_SECONDS = 5.0
+
+
+def _release_embedded(s: Settings, started: dict[str, bool]) -> list[str]:
+    """Stop the embedded servers this `rlm up` started and nobody else uses; say what happened to each.
+
+    A server another process is still connected to (an `rlm worker` or `rlm api` started beside `rlm up`) is
+    left running: its watcher stops it once it has had no client for RLM_EMBEDDED_IDLE_SECONDS.
+    """
+    from rlm_workers.local_servers import embedded_clients, stop_embedded_postgres, stop_embedded_valkey
+
+    kinds = {"database": ("postgres", stop_embedded_postgres), "broker": ("valkey", stop_embedded_valkey)}
+    lines = []
+    for name, (kind, stop) in kinds.items():
+        if (s.database_url if name == "database" else s.broker_url) is not None:
+            continue  # configured servers are never touched
+        if not started[name]:
+            lines.append(f"{name:<9} embedded, left running (it was running before `rlm up` started)")
+            continue
+        deadline = time.monotonic() + CLIENTS_SETTLE_SECONDS
+        clients = embedded_clients(s.data_dir).get(kind)
+        while clients and time.monotonic() < deadline:
+            time.sleep(0.2)
+            clients = embedded_clients(s.data_dir).get(kind)
+        if clients:
+            when = (
+                f"after {s.embedded_idle_seconds:g} s without clients"
+                if s.embedded_idle_seconds
+                else "only on `rlm services stop` (RLM_EMBEDDED_IDLE_SECONDS=0)"
+            )
+            lines.append(f"{name:<9} embedded, left running: {clients} other client(s) connected; it stops {when}")
+        else:
+            stop(s.data_dir)
+            lines.append(f"{name:<9} embedded, stopped")
+    return lines
 
 
 def _shutdown(running: dict[str, subprocess.Popen], timeout: float = 30.0) -> None:

@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(None, description="Redis broker; unset starts embedded Valkey.")
     result_backend: str | None = Field(None, description="Celery result backend; defaults to the broker URL.")
     data_dir: Path = Field(default_factory=_default_data_dir, description="Embedded services' data and caches.")
+    embedded_idle_seconds: float = Field(
+        1800.0,
+        ge=0,
+        description="An embedded server with no client connected for this long is stopped (the next rlm command "
+        "starts it again); 0: never (docs/contract.md#components).",
+    )
     visibility_timeout: int = Field(
         3600,
         ge=5,

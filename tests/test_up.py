@@ -127,3 +127,98 @@ def test_up_started_with_sigint_ignored_still_stops_on_sigint(rlm_env, tmp_path,
                 proc.kill()
                 proc.wait()
         out.close()
+
+
+# --------------------------------------------------------------------------- embedded servers on exit
+
+
+def _embedded_env(data_dir) -> dict[str, str]:
+    """Nothing configured: `rlm up` uses (or starts) the embedded servers under data_dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_") or k == "RLM_ENCODER_DIR"}
+    return {**env, "RLM_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1"}
+
+
+def _run_up_until_ready_then_ctrl_c(env: dict[str, str], log_path, before_ctrl_c=lambda: None) -> str:
+    api_port = free_port()
+    out = open(log_path, "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm_api.cli", "up", "--api-port", str(api_port), "--no-flower", "--analysts", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        ready = False
+        while time.monotonic() < deadline and not ready and proc.poll() is None:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{api_port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert ready, log_path.read_text()[-3000:]
+        before_ctrl_c()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, log_path.read_text()[-3000:]
+        return log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        out.close()
+
+
+def test_up_leaves_embedded_servers_that_were_running_before_it(tmp_path):
+    """Ctrl-C on `rlm up` stopped the embedded servers a separately started worker and API were using."""
+    from rlm_workers import local_servers
+
+    data_dir = tmp_path / "data"
+    local_servers.embedded_postgres_url(data_dir, idle_seconds=0)
+    local_servers.embedded_valkey_url(data_dir, idle_seconds=0)
+    pg_pid, valkey_pid = local_servers.postgres_status(data_dir)["pid"], local_servers.valkey_status(data_dir).pid
+    try:
+        printed = _run_up_until_ready_then_ctrl_c(_embedded_env(data_dir), tmp_path / "up.log")
+        assert "database  embedded, left running (it was running before `rlm up` started)" in printed
+        assert "broker    embedded, left running (it was running before `rlm up` started)" in printed
+        assert local_servers.postgres_status(data_dir)["pid"] == pg_pid
+        assert local_servers.valkey_status(data_dir).pid == valkey_pid
+    finally:
+        local_servers.stop_embedded_postgres(data_dir)
+        local_servers.stop_embedded_valkey(data_dir)
+
+
+def test_up_stops_the_embedded_servers_it_started_unless_others_are_connected(tmp_path):
+    """What `rlm up` started it stops, except a server another process is still connected to."""
+    import redis
+
+    from rlm_workers import local_servers
+
+    data_dir = tmp_path / "data"
+    clients = []
+
+    def another_process_uses_the_broker() -> None:
+        client = redis.Redis.from_url(local_servers.valkey_status(data_dir).url)
+        client.ping()  # holds its connection open, as a worker started beside `rlm up` does
+        clients.append(client)
+
+    try:
+        printed = _run_up_until_ready_then_ctrl_c(
+            _embedded_env(data_dir), tmp_path / "up.log", another_process_uses_the_broker
+        )
+        assert "database  embedded, stopped" in printed
+        assert re.search(
+            r"broker    embedded, left running: 1 other client\(s\) connected; it stops after 1800 s", printed
+        )
+        assert local_servers.postgres_status(data_dir) is None
+        assert local_servers.valkey_status(data_dir) is not None and clients[0].ping()
+    finally:
+        for client in clients:
+            client.close()
+        local_servers.stop_embedded_postgres(data_dir)
+        local_servers.stop_embedded_valkey(data_dir)

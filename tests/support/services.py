@@ -3,12 +3,15 @@
 ``RLM_TEST_DATABASE_URL`` (PostgreSQL with pgvector) and ``RLM_TEST_BROKER_URL``
 (Redis) point the suite at existing servers; otherwise one embedded PostgreSQL
 and one embedded Valkey are started under a temporary data dir for the whole
-session and stopped at the end.
+session, and stopped and removed at the end.  They never stop for being idle
+(a module may spend longer than any idle time without touching them); a killed
+run's servers are stopped by their watchers once the temp dir is removed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,7 @@ class TestServices:
             services.stop_embedded_valkey(self.data_dir)
         if self.embedded_pg:
             services.stop_embedded_postgres(self.data_dir)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def with_database(url: str, name: str) -> str:
@@ -51,8 +55,8 @@ def start_services(data_dir: Path) -> TestServices:
 
     pg = os.environ.get("RLM_TEST_DATABASE_URL")
     redis_url = os.environ.get("RLM_TEST_BROKER_URL")
-    admin = pg or services.embedded_postgres_url(data_dir)
-    broker = redis_url or services.embedded_valkey_url(data_dir)
+    admin = pg or services.embedded_postgres_url(data_dir, idle_seconds=0)
+    broker = redis_url or services.embedded_valkey_url(data_dir, idle_seconds=0)
     return TestServices(
         data_dir=data_dir,
         admin_url=admin,
