@@ -21,7 +21,7 @@ import typer
 from rlm_workers.errors import InvalidInput
 from rlm_workers.models import Scope
 
-from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant
+from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant, unique_prefix
 
 if TYPE_CHECKING:
     import psycopg
@@ -224,9 +224,12 @@ def submit(
 
 
 def _get(conn: psycopg.Connection, batch_id: str, tenant: str) -> OvernightRow:
-    from rlm_workers.store.overnight import get_overnight
+    from rlm_workers.store.overnight import batch_ids_starting, get_overnight
 
     batch = get_overnight(conn, batch_id=batch_id, tenant=tenant)
+    if batch is None:
+        found = unique_prefix(batch_id, lambda p: batch_ids_starting(conn, tenant=tenant, prefix=p), what="batch")
+        batch = get_overnight(conn, batch_id=found, tenant=tenant) if found else None
     if batch is None:
         raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
     return batch
@@ -273,7 +276,7 @@ def results(
 
     tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        _get(conn, batch_id, tenant)
+        batch_id = _get(conn, batch_id, tenant).id
         out = sys.stdout
         for chunk in (iter_csv if fmt == ResultFmt.csv else iter_jsonl)(conn, batch_id):
             out.write(chunk)
@@ -289,7 +292,7 @@ def cancel(batch_id: str, tenant: TenantOpt = None) -> None:
 
     tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        _get(conn, batch_id, tenant)
+        batch_id = _get(conn, batch_id, tenant).id
         st = status_of(conn, cancel_overnight(conn, tenant=tenant, batch_id=batch_id))
     typer.echo(_status_line(st))
 
