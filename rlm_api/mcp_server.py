@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 # deadlock on psycopg.types.json, or a half-initialised module).  Only `rlm mcp` imports this module.
 import anyio
 import psycopg
-import psycopg.types.json  # noqa: F401  (imported lazily by psycopg's adapters otherwise, in a tool's thread)
 import uvicorn
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
