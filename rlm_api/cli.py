@@ -526,10 +526,10 @@ def search(
     if fmt == Fmt.json:
         _print_json({"results": [h.model_dump() for h in hits]})
         if not hits:
-            raise NoChunks("no chunks matched the query")
+            raise NoChunks("no chunks matched the query", mode_flag="--mode")
         return
     if not hits:
-        raise NoChunks("no chunks matched the query")
+        raise NoChunks("no chunks matched the query", mode_flag="--mode")
     from rlm_workers.search.preview import matched_lines
 
     for i, h in enumerate(hits, 1):

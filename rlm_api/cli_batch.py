@@ -21,7 +21,7 @@ import typer
 from rlm_workers.errors import InvalidInput
 from rlm_workers.models import Scope
 
-from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant
+from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant, unique_prefix
 
 if TYPE_CHECKING:
     import psycopg
@@ -162,10 +162,10 @@ def submit(
     tenant: TenantOpt = None,
 ) -> None:
     """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
-    from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.overnight.submit import start_overnight, store_overnight
     from rlm_workers.submit import validate_options
 
-    from .cli import _db
+    from .cli import _db, _err, _sigint_as_flag
 
     tenant = resolve_tenant(tenant)
     texts = read_queries(queries)
@@ -181,32 +181,57 @@ def submit(
             "batch_size": batch_size,
         }
     )
-    with _db() as (_settings, _url, conn):
-        batch_id, _created = submit_overnight(
-            conn,
-            tenant=tenant,
-            queries=texts,
-            buffers=buffer or [],
-            buffers_glob=buffers_glob,
-            options=options,
-            run_at=run_at,
-            priority=priority,
-            token_budget=token_budget,
-            idempotency_key=idempotency_key,
-            llm_batch=llm_batch,
-        )
-    typer.echo(batch_id)
-    if run_at is not None:
-        # stdout stays the bare id for scripts; the resolved time (a zone-less --at is local) goes to stderr
-        typer.echo(f"starts no earlier than {run_at.astimezone(UTC).isoformat().replace('+00:00', 'Z')}", err=True)
-    if check_workers:
-        _warn_if_no_worker()
+    committed: str | None = None
+    shown = False
+    try:
+        with _db() as (_settings, _url, conn):
+            # Ctrl-C up to the commit closes the connection with the batch's transaction open: nothing is kept.
+            stored = store_overnight(
+                conn,
+                tenant=tenant,
+                queries=texts,
+                buffers=buffer or [],
+                buffers_glob=buffers_glob,
+                options=options,
+                run_at=run_at,
+                priority=priority,
+                token_budget=token_budget,
+                idempotency_key=idempotency_key,
+                llm_batch=llm_batch,
+            )
+            # A Ctrl-C inside the commit would leave it unknown whether the batch was kept: it waits for the end.
+            with _sigint_as_flag() as interrupted:
+                conn.commit()
+                committed = stored.batch_id
+            if interrupted.is_set():
+                raise KeyboardInterrupt
+        start_overnight(stored)
+        typer.echo(stored.batch_id)
+        shown = True
+        if run_at is not None:
+            # stdout stays the bare id for scripts; the resolved time (a zone-less --at is local) goes to stderr
+            when = run_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+            typer.echo(f"starts no earlier than {when}", err=True)
+        if check_workers:
+            _warn_if_no_worker()
+    except KeyboardInterrupt:
+        if committed is None:
+            _err("interrupted; nothing was submitted")
+            raise typer.Exit(130) from None
+        if not shown:
+            typer.echo(committed)
+        # Kept and due to run (the reconciler sends a tick that never left): say so, and how to stop it.
+        _err(f"interrupted, but batch {committed} was stored and will run; stop it with `rlm batch cancel {committed}`")
+        raise typer.Exit(130) from None
 
 
 def _get(conn: psycopg.Connection, batch_id: str, tenant: str) -> OvernightRow:
-    from rlm_workers.store.overnight import get_overnight
+    from rlm_workers.store.overnight import batch_ids_starting, get_overnight
 
     batch = get_overnight(conn, batch_id=batch_id, tenant=tenant)
+    if batch is None:
+        found = unique_prefix(batch_id, lambda p: batch_ids_starting(conn, tenant=tenant, prefix=p), what="batch")
+        batch = get_overnight(conn, batch_id=found, tenant=tenant) if found else None
     if batch is None:
         raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
     return batch
@@ -253,7 +278,7 @@ def results(
 
     tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        _get(conn, batch_id, tenant)
+        batch_id = _get(conn, batch_id, tenant).id
         out = sys.stdout
         for chunk in (iter_csv if fmt == ResultFmt.csv else iter_jsonl)(conn, batch_id):
             out.write(chunk)
@@ -269,7 +294,7 @@ def cancel(batch_id: str, tenant: TenantOpt = None) -> None:
 
     tenant = resolve_tenant(tenant)
     with _db() as (_settings, _url, conn):
-        _get(conn, batch_id, tenant)
+        batch_id = _get(conn, batch_id, tenant).id
         st = status_of(conn, cancel_overnight(conn, tenant=tenant, batch_id=batch_id))
     typer.echo(_status_line(st))
 

@@ -16,7 +16,7 @@ import typer
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import JobStatus
 
-from .cli_types import Fmt, TenantOpt, new_typer, resolve_tenant
+from .cli_types import Fmt, TenantOpt, new_typer, resolve_tenant, unique_prefix
 
 if TYPE_CHECKING:
     import psycopg
@@ -29,9 +29,13 @@ job_app = new_typer(help="One query job: show it, print its result, cancel it.")
 
 
 def _job(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
-    from rlm_workers.store.jobs import get_job
+    """The tenant's job by its id or a unique prefix of it (``1e96c35a``)."""
+    from rlm_workers.store.jobs import get_job, job_ids_starting
 
     job = get_job(conn, job_id=job_id, tenant=tenant) if len(job_id) <= 64 else None
+    if job is None:
+        found = unique_prefix(job_id, lambda p: job_ids_starting(conn, tenant=tenant, prefix=p), what="job")
+        job = get_job(conn, job_id=found, tenant=tenant) if found else None
     conn.commit()
     if job is None:
         raise InvalidInput(f"no query job {job_id[:64]!r}; list jobs with `rlm jobs`")

@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 import importlib
+import re
+from collections.abc import Callable
 from enum import Enum
 from typing import Annotated, Any
 
 import typer
 
+from rlm_workers.errors import InvalidInput
 from rlm_workers.models import SearchMode
 
 #: ``-h`` everywhere; click passes these settings down to every sub-command's context.
@@ -53,6 +56,25 @@ def resolve_tenant(tenant: str | None) -> str:
     from .auth import validate_tenant
 
     return validate_tenant(get_settings().tenant if tenant is None else tenant)
+
+
+#: what may be a job or batch id given short: 4 or more of its hex digits (ids are 32), as git takes commits
+ID_PREFIX = re.compile(r"^[0-9a-f]{4,31}$")
+
+
+def unique_prefix(given: str, starting: Callable[[str], list[str]], *, what: str) -> str | None:
+    """The one id that starts with ``given`` (``starting(prefix)`` lists a few that do); None when none does.
+
+    Several is a one-line error (exit 2): acting on whichever came first could show, or cancel, the wrong one.
+    """
+    prefix = given.lower()
+    if not ID_PREFIX.match(prefix):
+        return None
+    ids = starting(prefix)
+    if len(ids) > 1:
+        shown = ", ".join(ids[:3]) + (", …" if len(ids) > 3 else "")
+        raise InvalidInput(f"{what} id prefix {given!r} is ambiguous: {shown} start with it; give more characters")
+    return ids[0] if ids else None
 
 
 def _classes(*names: str) -> dict[str, tuple[type[BaseException], ...]]:

@@ -13,20 +13,46 @@ question is stored and analysed, nothing is executed.
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-# The SDK reads each tool's signature (the Context parameter, the return model) from this module's globals,
-# so these are imported here; only `rlm mcp` imports this module.
+# Everything a tool needs is imported here, never inside a tool: tools run in worker threads, and the first
+# calls of a fresh server, sent together, imported the same modules from several threads at once (an import
+# deadlock on psycopg.types.json, or a half-initialised module).  Only `rlm mcp` imports this module.
+import anyio
+import psycopg
+import uvicorn
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
-from pydantic import BaseModel, Field
+from mcp.server.stdio import stdio_server
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
 
-from rlm_api.schemas import JobView
-from rlm_workers.errors import RLMError
+from rlm_api.schemas import JobView, describe_errors
+from rlm_workers import __version__ as RLM_VERSION
+from rlm_workers.celery_app import get_app
+from rlm_workers.config import get_settings
+from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
+from rlm_workers.ephemeral import served_queues
+from rlm_workers.errors import BufferNotFound, InvalidInput, RLMError
 from rlm_workers.limits import MAX_BIGINT
-from rlm_workers.models import BufferInfo, ChunkView, SearchHit, SearchMode
+from rlm_workers.models import BufferInfo, ChunkView, QueryResult, SearchHit, SearchMode
+from rlm_workers.pipeline.report import status_line
+from rlm_workers.search.service import search as run_search
+from rlm_workers.search.service import validate_query, validate_search_params
+from rlm_workers.store.buffers import list_buffers as stored_buffers
+from rlm_workers.store.buffers import require_buffers
+from rlm_workers.store.db import connect, connection, resolve_url
+from rlm_workers.store.jobs import get_job as stored_job
+from rlm_workers.submit import submit_query, validate_options, wait_for_job
+
+from .app import KeyFirst
+from .routes.chunks import chunk_views
+from .routes.queries import job_view
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -109,10 +135,6 @@ def tenant_of(ctx: Context, local_tenant: str | None) -> str:
 
 def _one_line(exc: BaseException, *, local: bool) -> str:
     """What a tool error says: one line the agent (or its user) can act on; internals stay in the log."""
-    from pydantic import ValidationError
-
-    from rlm_api.schemas import describe_errors
-
     if isinstance(exc, ValidationError):
         errors = exc.errors()
         detail = describe_errors(list(errors))
@@ -120,16 +142,12 @@ def _one_line(exc: BaseException, *, local: bool) -> str:
         if got is not None and not isinstance(got, dict | list) and errors[0].get("type") != "missing":
             detail += f" (got {str(got)[:80]!r})"
         return "invalid arguments: " + detail
-    from rlm_workers.errors import BufferNotFound
-
     if isinstance(exc, BufferNotFound):  # the agent's way to the names is a tool, not a command or a route
         hint = f"did you mean {exc.suggestion!r}? " if exc.suggestion else ""
         return f"no buffer named {exc.name!r}; {hint}the list_buffers tool names them"
     if isinstance(exc, RLMError):
         # The CLI's message names CLI commands: right for the local user, not for an HTTP client.
         return (exc.message if local else exc.api_message).splitlines()[0]
-    import psycopg
-
     if isinstance(exc, psycopg.OperationalError):
         log.warning("database unavailable: %s", exc)
         return "database unavailable; try again once it is back"
@@ -145,6 +163,9 @@ class RlmMCP(FastMCP):
     local = False
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        if name == "query" and "question" in arguments and "query" not in arguments:
+            # an agent written against the first release, whose argument was `question`: say what it is now
+            raise ToolError("invalid arguments: query: the question goes in `query` (it was called `question`)")
         try:
             return await super().call_tool(name, arguments)
         except ToolError as exc:
@@ -158,29 +179,21 @@ class RlmMCP(FastMCP):
 
 
 def _pooled():
-    from rlm_workers.store.db import connection
-
     return connection()
 
 
 def _list_buffers(tenant: str) -> BufferList:
-    from rlm_workers.store.buffers import list_buffers
-
     with _pooled() as conn:
-        return BufferList(buffers=list_buffers(conn, tenant=tenant))
+        return BufferList(buffers=stored_buffers(conn, tenant=tenant))
 
 
 def _search(tenant: str, query: str, buffers: list[str], mode: str, top_k: int, threshold: float | None):
-    from rlm_workers.config import get_settings
-    from rlm_workers.search.service import search, validate_query, validate_search_params
-    from rlm_workers.store.db import resolve_url
-
     query = validate_query(query)
     validate_search_params(mode, top_k, threshold)
     settings = get_settings()
     with _pooled() as conn:
         # the service `rlm search` uses; like it, no similarity cut unless one is asked for
-        hits = search(
+        hits = run_search(
             conn,
             settings=settings,
             url=resolve_url(settings),
@@ -205,22 +218,11 @@ def _search(tenant: str, query: str, buffers: list[str], mode: str, top_k: int, 
 
 
 def _workers_missing() -> list[str]:
-    from rlm_workers.celery_app import get_app
-    from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
-    from rlm_workers.ephemeral import served_queues
-
-    app = get_app()
-
-    served = served_queues(app, timeout=1.0)
+    served = served_queues(get_app(), timeout=1.0)
     return [q for q in (QUEUE_CONTROL, QUEUE_ANALYST) if q not in served]
 
 
 def _submit(tenant: str, question: str, buffers: list[str], mode: str | None, local: bool) -> str:
-    from rlm_workers.errors import InvalidInput
-    from rlm_workers.search.service import validate_query
-    from rlm_workers.store.buffers import require_buffers
-    from rlm_workers.submit import submit_query, validate_options
-
     validate_query(question)
     options = validate_options({"mode": mode})
     with _pooled() as conn:
@@ -235,9 +237,6 @@ def _submit(tenant: str, question: str, buffers: list[str], mode: str | None, lo
 
 
 def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
-    from rlm_workers.store.db import connect
-    from rlm_workers.submit import wait_for_job
-
     class _Stopped(Exception):
         pass
 
@@ -251,9 +250,7 @@ def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
         try:
             job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
         except (TimeoutError, _Stopped):
-            from rlm_workers.store.jobs import get_job
-
-            job = get_job(conn, job_id=job_id)
+            job = stored_job(conn, job_id=job_id)
             conn.commit()
             if job is not None and not job.terminal:
                 return QueryAnswer(
@@ -269,9 +266,6 @@ def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
 
 
 def _answer(job) -> QueryAnswer:
-    from rlm_workers.models import QueryResult
-    from rlm_workers.pipeline.report import status_line
-
     result = QueryResult.model_validate(job.result) if job.result else None
     if job.status == "done" and result is not None:
         return QueryAnswer(
@@ -288,10 +282,8 @@ def _answer(job) -> QueryAnswer:
 
 
 def _job_status(tenant: str, job_id: str) -> QueryAnswer:
-    from rlm_workers.store.jobs import get_job
-
     with _pooled() as conn:
-        job = get_job(conn, job_id=job_id, tenant=tenant)
+        job = stored_job(conn, job_id=job_id, tenant=tenant)
     assert job is not None  # just submitted by this tenant
     return QueryAnswer(
         job_id=job_id,
@@ -302,13 +294,9 @@ def _job_status(tenant: str, job_id: str) -> QueryAnswer:
 
 
 def _get_job(tenant: str, job_id: str, include_calls: bool) -> JobView:
-    from rlm_workers.store.jobs import get_job
-
-    from .routes.queries import job_view
-
     with _pooled() as conn:
         # Ids that cannot exist are not looked up (PostgreSQL text refuses a NUL); another tenant's is not found.
-        job = get_job(conn, job_id=job_id, tenant=tenant) if "\x00" not in job_id else None
+        job = stored_job(conn, job_id=job_id, tenant=tenant) if "\x00" not in job_id else None
         if job is None:
             raise ToolError(f"no query job {job_id[:64]!r}")
         view = job_view(conn, job)
@@ -318,8 +306,6 @@ def _get_job(tenant: str, job_id: str, include_calls: bool) -> JobView:
 
 
 def _get_chunks(tenant: str, chunk_ids: list[int]) -> ChunkList:
-    from .routes.chunks import chunk_views
-
     with _pooled() as conn:
         found = chunk_views(conn, tenant=tenant, ids=chunk_ids)
     have = {c.chunk_id for c in found}
@@ -328,8 +314,6 @@ def _get_chunks(tenant: str, chunk_ids: list[int]) -> ChunkList:
 
 async def _in_thread(fn, *args, stop: threading.Event | None = None):
     """Run blocking work off the event loop; a cancelled call abandons the thread after telling it to stop."""
-    import anyio
-
     try:
         return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=stop is not None)
     except BaseException:
@@ -343,8 +327,6 @@ async def _in_thread(fn, *args, stop: threading.Event | None = None):
 
 def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int = 8001) -> FastMCP:
     """The MCP server: ``local_tenant`` for stdio (every call is that tenant's), None over HTTP (the key's)."""
-    from mcp.types import ToolAnnotations
-
     server = RlmMCP(
         name="rlm-pipeline",
         instructions=INSTRUCTIONS,
@@ -357,6 +339,9 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
         log_level="WARNING",
     )
     server.local = local_tenant is not None
+    # What `initialize` reports as serverInfo.version: rlm's, not the SDK's.  FastMCP takes no version, so it is
+    # set on the low-level Server it wraps (that class's public `version` attribute, its constructor argument).
+    server._mcp_server.version = RLM_VERSION
     read_only = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
 
     @server.tool(annotations=read_only)
@@ -385,7 +370,7 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
 
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=False))
     async def query(
-        question: Annotated[str, Field(min_length=1, max_length=10_000, description="The question.")],
+        query: Annotated[str, Field(min_length=1, max_length=10_000, description="The question.")],
         buffers: Annotated[Buffers | BufferName, Field(description="A buffer name, or a list of them.")],
         ctx: Context,
         mode: Annotated[
@@ -401,7 +386,7 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
         Returns the report and status lines, or (wait=false, or the wait ran out) the job id for get_job."""
         names = list(dict.fromkeys([buffers] if isinstance(buffers, str) else buffers))
         tenant = tenant_of(ctx, local_tenant)
-        job_id = await _in_thread(_submit, tenant, question, names, mode, local_tenant is not None)
+        job_id = await _in_thread(_submit, tenant, query, names, mode, local_tenant is not None)
         if not wait:
             return await _in_thread(_job_status, tenant, job_id)
         stop = threading.Event()
@@ -433,25 +418,27 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
 # --------------------------------------------------------------------------- transports
 
 
+def ready() -> None:
+    """The one-time set-up every tool shares, done once in this thread before any tool can run: the settings
+    and the connection pool (which also migrates the database and registers pgvector's types)."""
+    get_settings()
+    with connection():
+        pass
+
+
 def http_app(*, host: str, port: int) -> ASGIApp:
     """The streamable HTTP app (``POST /mcp``), every request checked for a key."""
-    from .app import KeyFirst
-
     return KeyFirst(build_server(local_tenant=None, host=host, port=port).streamable_http_app(), prefix=None)
 
 
 def serve_http(*, host: str, port: int) -> None:
-    import uvicorn
-
+    ready()
     uvicorn.run(http_app(host=host, port=port), host=host, port=port, log_level="warning", proxy_headers=False)
 
 
 def take_stdout() -> int:
     """Keep stdout for the protocol alone: returns a new descriptor for it, and from here on whatever else would
     write to fd 1 (a print, a library's progress bar, a C extension, a child process) lands on stderr."""
-    import os
-    import sys
-
     sys.stdout.flush()
     protocol = os.dup(1)
     os.dup2(2, 1)
@@ -460,13 +447,8 @@ def take_stdout() -> int:
 
 def serve_stdio(tenant: str, protocol_fd: int) -> None:
     """Serve one client: requests on stdin, replies on ``protocol_fd`` (``take_stdout()``'s)."""
-    import io
-    import os
-
-    import anyio
-    from mcp.server.stdio import stdio_server
-
     server = build_server(local_tenant=tenant)
+    ready()
 
     async def run() -> None:
         out = anyio.wrap_file(io.TextIOWrapper(os.fdopen(protocol_fd, "wb", buffering=0), encoding="utf-8"))

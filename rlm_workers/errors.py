@@ -71,9 +71,11 @@ class NoChunks(RLMError):
     exit_code = 3
     type = "no_chunks"
 
+    #: ``{mode}`` is the flag of the command that failed: `rlm query` and `rlm batch submit` say --search-mode,
+    #: `rlm search` --mode (a hint must name a flag the command takes)
     HINTS = (
         "lower --threshold (e.g. 0.1)",
-        "switch --search-mode (bm25 for exact identifiers, semantic for paraphrases)",
+        "switch {mode} (bm25 for exact identifiers, semantic for paraphrases)",
         "check the buffer holds what you expect: `rlm buffer show NAME`",
     )
 
@@ -83,8 +85,8 @@ class NoChunks(RLMError):
         "check the buffer holds what you expect: GET /v1/buffers/NAME",
     )
 
-    def __init__(self, detail: str = "no chunks matched the query") -> None:
-        hint, api_hint = "; ".join(self.HINTS), "; ".join(self.API_HINTS)
+    def __init__(self, detail: str = "no chunks matched the query", *, mode_flag: str = "--search-mode") -> None:
+        hint, api_hint = "; ".join(self.HINTS).format(mode=mode_flag), "; ".join(self.API_HINTS)
         super().__init__(f"{detail}. Try: {hint}", api_message=f"{detail}. Try: {api_hint}")
 
 

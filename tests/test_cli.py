@@ -90,10 +90,44 @@ def test_bad_input_exits_2_with_one_line(cli_env, loaded, args, needle):
     assert run_rlm(cli_env, "buffers", "--format", "json", check=0).stdout == before  # nothing lost or added
 
 
+def _options(*command: str) -> set[str]:
+    """Every option string `rlm COMMAND…` accepts."""
+    import typer.main
+
+    from rlm_api.cli import app
+
+    cmd = typer.main.get_command(app)
+    for name in command:
+        cmd = cmd.commands[name]
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+
+
+def _flags(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", text))
+
+
 def test_no_results_exits_3_with_hints(cli_env, loaded):
     proc = run_rlm(cli_env, "search", "zyzzyva", "--buffer", "proj", "--mode", "bm25")
     assert proc.returncode == 3
-    assert "--threshold" in proc.stderr and "--search-mode" in proc.stderr
+    assert "--threshold" in proc.stderr and "switch --mode" in proc.stderr
+
+
+def test_every_flag_a_hint_names_is_an_option_of_its_command(cli_env, loaded):
+    """What `rlm search` prints when nothing matches, and what `rlm query` prints (its exit-3 error, and the
+    report of a job whose analysts found nothing): each --flag named there is one the command takes."""
+    from rlm_workers.errors import NoChunks
+    from rlm_workers.pipeline.synthesize import canned_no_findings_report
+
+    search = run_rlm(cli_env, "search", "zzzqqq", "-b", "proj", "--mode", "bm25")
+    assert search.returncode == 3
+    hints = {
+        ("search",): search.stderr,
+        # `rlm query` re-raises a job's no_chunks error as NoChunks(detail), and prints a job's canned report
+        ("query",): NoChunks("no chunks matched the query").message + canned_no_findings_report("q"),
+    }
+    for command, text in hints.items():
+        assert _flags(text), text
+        assert _flags(text) <= _options(*command), (command, _flags(text) - _options(*command))
 
 
 def test_buffer_rm(cli_env, loaded, tmp_path):

@@ -147,3 +147,109 @@ def test_bad_input_failure_after_the_job_was_stored_exits_1_with_the_job_id(env,
     assert proc.returncode == 1, err  # 2 would say nothing was written, but the job was
     lines = _stderr_lines(err)
     assert len(lines) == 1 and job_id in lines[0] and "doomed" in lines[0], err
+
+
+# --------------------------------------------------------------------------- rlm batch submit
+
+
+@pytest.fixture()
+def black_hole_broker():
+    """A broker URL whose server accepts connections and never answers: sending the first tick hangs there."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    yield f"redis://127.0.0.1:{srv.getsockname()[1]}/0"
+    srv.close()
+
+
+def _start_batch(env, tmp_path, *args, **extra_env):
+    queries = tmp_path / "queries.txt"
+    queries.write_text("What did the essays say about cities?\nWho wrote the letters?\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlm_api.cli", "batch", "submit", "-q", str(queries), "-b", "essays"]
+        + ["--no-check-workers", *args],
+        cwd=ROOT,
+        env={**os.environ, **env, **extra_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _batch_ids(conn) -> set[str]:
+    from rlm_workers.store.overnight import list_overnight
+
+    ids = {b.id for b in list_overnight(conn, tenant="local", limit=500)}
+    conn.commit()
+    return ids
+
+
+def _batch_waits_on_a_lock(conn) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO batches%'"
+    ).fetchone()
+    conn.commit()
+    return row[0] > 0
+
+
+def test_ctrl_c_after_the_batch_is_stored_names_it_and_how_to_cancel_it(env, conn, corpus, black_hole_broker, tmp_path):
+    before = _batch_ids(conn)
+    proc = _start_batch(env, tmp_path, RLM_BROKER_URL=black_hole_broker)
+    try:
+        _until("the batch to be committed", lambda: _batch_ids(conn) - before)
+        (batch_id,) = _batch_ids(conn) - before
+        time.sleep(0.3)  # into the first tick's send, which the broker never answers
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert out == f"{batch_id}\n"
+    assert _stderr_lines(err) == [
+        f"error: interrupted, but batch {batch_id} was stored and will run; stop it with `rlm batch cancel {batch_id}`"
+    ], err
+
+
+def test_ctrl_c_before_the_commit_keeps_nothing(env, conn, corpus, tmp_path):
+    """The CLI's insert waits on another transaction that holds the same idempotency key; Ctrl-C there keeps
+    neither the batch nor its items."""
+    import uuid
+
+    from rlm_workers.store.db import connect
+    from rlm_workers.store.overnight import create_overnight, list_overnight
+
+    before = _batch_ids(conn)
+    key = f"held-{uuid.uuid4().hex}"
+    holder = connect()
+    try:
+        list_overnight(holder, tenant="local", limit=1)  # a transaction is open: the insert below stays in it
+        create_overnight(
+            holder,
+            batch_id=uuid.uuid4().hex,
+            tenant="local",
+            queries=["held"],
+            buffers=["essays"],
+            options={},
+            run_at=None,
+            priority=3,
+            token_budget=None,
+            tick_token="t",
+            idempotency_key=key,
+        )
+        proc = _start_batch(env, tmp_path, "--idempotency-key", key)
+        try:
+            _until("the CLI's insert to wait", lambda: _batch_waits_on_a_lock(conn))
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert proc.returncode == 130, err
+    assert out == "" and _stderr_lines(err) == ["error: interrupted; nothing was submitted"], err
+    assert _batch_ids(conn) == before

@@ -268,6 +268,47 @@ def test_unknown_or_other_tenants_job_is_exit_2(env, done_job, cmd):
     _one_line(run_rlm(env, "job", *cmd, done_job, "--tenant", "acme"), 2, f"no query job '{done_job}'")
 
 
+def test_job_and_batch_ids_are_taken_by_a_unique_prefix(env, conn):
+    """As git takes commits: `1e96c35a` names the job whose id starts so; a prefix two ids share is refused
+    (exit 2), another tenant's ids are not candidates, and under 4 characters nothing is looked up."""
+    from rlm_workers.store.jobs import create_job
+    from rlm_workers.store.overnight import create_overnight
+
+    a, b, acme = ("1e96c35a" + "0" * 24), ("1e96c35b" + "0" * 24), ("1e96dddd" + "0" * 24)
+    for job_id, tenant in ((a, "local"), (b, "local"), (acme, "acme")):
+        create_job(conn, job_id=job_id, tenant=tenant, query="What is the prefix?", buffers=["essays"], options={})
+    x, y = ("beefa" + "1" * 27), ("beefb" + "2" * 27)
+    for batch_id in (x, y):
+        create_overnight(
+            conn,
+            batch_id=batch_id,
+            tenant="local",
+            queries=["q"],
+            buffers=["essays"],
+            options={},
+            run_at=None,
+            priority=3,
+            token_budget=None,
+            tick_token="t",
+        )
+    conn.commit()
+
+    for cmd in (["show"], ["result"], ["cancel"]):
+        _one_line(run_rlm(env, "job", *cmd, "1e96c35"), 2, f"job id prefix '1e96c35' is ambiguous: {a}, {b} start")
+        _one_line(run_rlm(env, "job", *cmd, "1e96dd"), 2, "no query job '1e96dd'")  # acme's, not local's
+        _one_line(run_rlm(env, "job", *cmd, "1e9"), 2, "no query job '1e9'")
+    shown = json.loads(run_rlm(env, "job", "show", "1e96c35a", "--format", "json", check=0).stdout)
+    assert shown["job_id"] == a
+    _one_line(run_rlm(env, "job", "result", "1E96C35B"), 1, f"job {b} is queued")
+    assert run_rlm(env, "job", "cancel", "1e96c35b", check=0).stdout.strip() == f"job {b} cancelled"
+
+    for cmd in (["status"], ["results"], ["cancel"]):
+        _one_line(run_rlm(env, "batch", *cmd, "beef"), 2, f"batch id prefix 'beef' is ambiguous: {x}, {y} start")
+    assert run_rlm(env, "batch", "status", "beefa", check=0).stdout.startswith(f"{x}  ")
+    assert json.loads(run_rlm(env, "batch", "results", "beefa", check=0).stdout)["batch_id"] == x
+    assert run_rlm(env, "batch", "cancel", "beefb", check=0).stdout.startswith(f"{y}  cancelled")
+
+
 def _start_query(env, *args):
     return subprocess.Popen(
         [sys.executable, "-m", "rlm_api.cli", "query", QUESTION, "--buffer", "essays", "--skip-plan", *args],

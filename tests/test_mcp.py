@@ -169,7 +169,7 @@ def test_stdio_tools_answer_for_the_local_tenant(env, corpus, workers):
         hits = ok(await call(s, "search", query="refund window damaged parcels", buffers="docs", top_k=3))
         chunks = ok(await call(s, "get_chunks", chunk_ids=[hits["results"][0]["chunk_id"], 999_999_999]))
         answer = ok(
-            await call(s, "query", question="How long is the refund window for damaged parcels?", buffers=["docs"])
+            await call(s, "query", query="How long is the refund window for damaged parcels?", buffers=["docs"])
         )
         job = ok(await call(s, "get_job", job_id=answer["job_id"], include_calls=True))
         bad = [
@@ -177,7 +177,8 @@ def test_stdio_tools_answer_for_the_local_tenant(env, corpus, workers):
             error(await call(s, "search", query="refund", buffers="nope")),
             error(await call(s, "get_job", job_id="f" * 32)),
             error(await call(s, "get_chunks", chunk_ids=[])),
-            error(await call(s, "query", question="  ", buffers="docs")),
+            error(await call(s, "query", query="  ", buffers="docs")),
+            error(await call(s, "query", question="How long is the refund window?", buffers="docs")),
         ]
         return tools, buffers, hits, chunks, answer, job, bad
 
@@ -196,12 +197,39 @@ def test_stdio_tools_answer_for_the_local_tenant(env, corpus, workers):
     assert job["job_id"] == answer["job_id"] and job["status"] == "done" and job["buffers"] == ["docs"]
     assert job["result"]["response"] == answer["report"] and job["calls"] is not None
 
-    top_k, unknown, no_job, no_ids, empty = bad
+    top_k, unknown, no_job, no_ids, empty, renamed = bad
     assert top_k.startswith("invalid arguments: top_k") and "500" in top_k
     assert unknown == "no buffer named 'nope'; the list_buffers tool names them"
     assert no_job == f"no query job {'f' * 32!r}"
     assert no_ids.startswith("invalid arguments: chunk_ids")
     assert "empty" in empty
+    # the argument is `query`, as in the CLI and the API; the first release's `question` is named in the error
+    assert renamed == "invalid arguments: query: the question goes in `query` (it was called `question`)"
+
+
+@pytest.mark.parametrize("run", range(10))
+def test_tool_calls_sent_together_after_initialize_all_answer(env, corpus, run):
+    """A fresh server's first calls run in threads at once: whatever they need (modules, the pool, settings)
+    is ready before serving, so none fails with an import deadlock or an internal error."""
+
+    async def script(s):
+        results: dict[str, tuple[bool, object]] = {}
+
+        async def one(name, arguments):
+            results[name] = await call(s, name, **arguments)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, "list_buffers", {})
+            tg.start_soon(one, "search", {"query": "refund window damaged parcels", "buffers": "docs", "top_k": 3})
+            tg.start_soon(one, "get_chunks", {"chunk_ids": [1, 2]})
+            tg.start_soon(one, "get_job", {"job_id": "f" * 32})
+        return results
+
+    results = _stdio_run(env, script)
+    assert [b["name"] for b in ok(results["list_buffers"])["buffers"]] == ["docs"]
+    assert ok(results["search"])["results"][0]["buffer"] == "docs"
+    assert "missing" in ok(results["get_chunks"])
+    assert error(results["get_job"]) == f"no query job {'f' * 32!r}"
 
 
 def test_a_query_no_worker_can_run_is_refused_before_it_is_stored(env, conn, corpus, workers):
@@ -213,7 +241,7 @@ def test_a_query_no_worker_can_run_is_refused_before_it_is_stored(env, conn, cor
         return ids
 
     async def script(s):
-        return error(await call(s, "query", question="How long is the refund window?", buffers="docs"))
+        return error(await call(s, "query", query="How long is the refund window?", buffers="docs"))
 
     before = jobs()
     workers["man"].stop()
@@ -292,6 +320,10 @@ def test_stdout_carries_only_the_protocol(env, corpus):
         assert proc.stdout.read() == b""
     finally:
         proc.kill()
+    from rlm_workers import __version__
+
+    # the server reports rlm's version, not the MCP SDK's
+    assert replies[1]["result"]["serverInfo"] == {"name": "rlm-pipeline", "version": __version__}
     assert replies[2]["result"]["structuredContent"]["buffers"][0]["name"] == "docs"
     assert replies[3]["result"]["isError"] is True
 
@@ -344,9 +376,7 @@ def test_http_tools_are_scoped_to_the_keys_tenant(http_server, keys, corpus, wor
     async def acme(s):
         buffers = ok(await call(s, "list_buffers"))
         hits = ok(await call(s, "search", query="express delivery price", buffers=["handbook"], mode="bm25"))
-        submitted = ok(
-            await call(s, "query", question="What does express delivery cost?", buffers="handbook", wait=False)
-        )
+        submitted = ok(await call(s, "query", query="What does express delivery cost?", buffers="handbook", wait=False))
         for _ in range(600):
             job = ok(await call(s, "get_job", job_id=submitted["job_id"]))
             if job["status"] in ("done", "failed", "cancelled"):
@@ -369,7 +399,7 @@ def test_http_tools_are_scoped_to_the_keys_tenant(http_server, keys, corpus, wor
             error(await call(s, "search", query="express delivery", buffers="handbook")),
             error(await call(s, "get_job", job_id=submitted["job_id"])),
             ok(await call(s, "get_chunks", chunk_ids=[chunk_id])),
-            error(await call(s, "query", question="What does express delivery cost?", buffers="handbook")),
+            error(await call(s, "query", query="What does express delivery cost?", buffers="handbook")),
         )
 
     none, search_err, job_err, chunks, query_err = _http_run(http_server, keys["globex"], globex)

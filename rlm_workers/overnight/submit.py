@@ -15,6 +15,7 @@ import logging
 import math
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +118,36 @@ def _numbered(check: Any, n: int, query: str) -> str:
         raise InvalidInput(f"query {n}: {exc.message}") from None
 
 
-def submit_overnight(
+@dataclass(frozen=True)
+class Stored:
+    """A batch ``store_overnight`` wrote (or found under its idempotency key), not yet started."""
+
+    batch_id: str
+    #: written now (False: an earlier submission with the same idempotency key)
+    created: bool
+    #: the first tick's token (``scheduler.py``)
+    tick_token: str
+
+
+def submit_overnight(conn: psycopg.Connection, **request: Any) -> tuple[str, bool]:
+    """Validate and store a batch, commit, then send its first tick.  Returns (batch id, created now).
+
+    Nothing is written when anything is invalid.  A broker that cannot be reached does not fail the
+    submission: the batch is durable and the reconciler starts it once a worker runs.
+    """
+    stored = store_overnight(conn, **request)
+    commit(conn)
+    start_overnight(stored)
+    return stored.batch_id, stored.created
+
+
+def start_overnight(stored: Stored) -> None:
+    """Send a committed batch's first tick (none for a batch found under its idempotency key: it has one)."""
+    if stored.created:
+        send_tick(stored.batch_id, stored.tick_token)
+
+
+def store_overnight(
     conn: psycopg.Connection,
     *,
     tenant: str,
@@ -130,11 +160,11 @@ def submit_overnight(
     token_budget: int | None = None,
     idempotency_key: str | None = None,
     llm_batch: bool = False,
-) -> tuple[str, bool]:
-    """Validate and store a batch, then send its first tick.  Returns (batch id, created now).
+) -> Stored:
+    """Validate a batch and write it and its items in the caller's transaction; nothing is sent.
 
-    Nothing is written when anything is invalid.  A broker that cannot be reached does not fail the
-    submission: the batch is durable and the reconciler starts it once a worker runs.
+    The caller commits, then calls ``start_overnight``: the CLI does so itself, so that Ctrl-C before its
+    commit keeps nothing and one after it can name the batch (``submit_overnight`` does all three).
     """
     from ..search.service import validate_query
     from ..submit import validate_options
@@ -196,7 +226,6 @@ def submit_overnight(
         request_fingerprint=fingerprint if idempotency_key else None,
         llm_batch=bool(llm_batch),
     )
-    commit(conn)
     if not created and first is not None and first != fingerprint:  # None: a batch made before fingerprints
         raise IdempotencyKeyReused(
             f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {batch_id}); "
@@ -213,8 +242,7 @@ def submit_overnight(
             priority,
             token_budget,
         )
-        send_tick(batch_id, token)
-    return batch_id, created
+    return Stored(batch_id=batch_id, created=created, tick_token=token)
 
 
 def cancel_overnight(conn: psycopg.Connection, *, tenant: str, batch_id: str) -> store.OvernightRow | None:

@@ -138,6 +138,14 @@ def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None)
     return JobRow(*row) if row else None
 
 
+def job_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, limit: int = 4) -> list[str]:
+    """Ids of the tenant's jobs that start with ``prefix`` (an id given short, as git takes them), at most ``limit``."""
+    rows = conn.execute(
+        "SELECT id FROM jobs WHERE tenant = %s AND starts_with(id, %s) ORDER BY id LIMIT %s", (tenant, prefix, limit)
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 def is_open(conn: psycopg.Connection, *, job_id: str) -> bool:
     """Queued or running: a call for it may still start (a cancelled or ended job's may not)."""
     row = conn.execute("SELECT status IN ('queued', 'running') FROM jobs WHERE id = %s", (job_id,)).fetchone()

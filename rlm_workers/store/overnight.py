@@ -162,6 +162,15 @@ def get_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str | None
     return OvernightRow(*row) if row else None
 
 
+def batch_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, limit: int = 4) -> list[str]:
+    """Ids of the tenant's batches that start with ``prefix`` (an id given short), at most ``limit``."""
+    rows = conn.execute(
+        "SELECT id FROM batches WHERE tenant = %s AND starts_with(id, %s) ORDER BY id LIMIT %s",
+        (tenant, prefix, limit),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 def list_overnight(conn: psycopg.Connection, *, tenant: str, limit: int = 50) -> list[OvernightRow]:
     rows = conn.execute(
         f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
