@@ -165,7 +165,7 @@ def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]
     return status_of(conn, _batch_or_404(conn, tenant, batch_id))
 
 
-# POST …/cancel is the name the contract and `rlm batch cancel` use; DELETE stays for clients written against it.
+# POST …/cancel is the name the contract and `rlm batch cancel` use; the older delete route stays for existing clients.
 @router.post("/{batch_id}/cancel", response_model=BatchStatus)
 @router.delete("/{batch_id}", response_model=BatchStatus)
 def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
