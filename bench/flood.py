@@ -203,8 +203,8 @@ def main() -> None:
             print(f"buffer docs of {tenant}: {r.json()['chunks_written']} chunks", flush=True)
         for clients in args.clients:
             res = asyncio.run(_flood(base, keys, clients, args.requests))
-            print(clients, dict(res["statuses"]), f"{res['wall']:.1f}s", dict(res["errors"].most_common(3)), flush=True)
             runs.append((clients, args.requests, res))
+            print(_section([runs[-1]], "(partial)"), flush=True)  # a later, larger run may not finish
     finally:
         api.terminate()
         api.wait(timeout=30)
