@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -90,6 +91,53 @@ async def _send_error(send: Send, status: int, kind: str, message: str, headers:
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+#: paths whose requests use the database (the key lookup included) and so pass the admission limit
+ADMITTED_PREFIXES = ("/v1", "/metrics")
+#: how long a request may wait for a database slot before it is answered 429
+ADMISSION_WAIT_SECONDS = 10.0
+
+
+class Admission:
+    """At most ``slots`` requests to /v1 and /metrics at a time, ``queue`` more waiting; the rest answer 429
+    ``overloaded`` with ``Retry-After`` at once, and so does one that waited ``wait`` seconds.
+
+    A sync route takes its pooled connection in one worker thread (the ``get_conn`` dependency) and runs in
+    another, so with more requests than connections every thread could end up waiting for a connection held
+    by a request that waits for a thread: a deadlock that only the pool's 30 s timeout broke, as a 503.  With
+    ``slots`` at half the pool (a request may hold two connections: the key lookup's or a streamed result's
+    beside its own) and well under the 40 threads, a request let in always finds both.  /healthz, /readyz,
+    the docs and the web view's pages never wait here.
+    """
+
+    def __init__(self, app: ASGIApp, *, slots: int, queue: int, wait: float = ADMISSION_WAIT_SECONDS) -> None:
+        self.app, self.slots, self.queue, self.wait = app, slots, queue, wait
+        self._sem: anyio.Semaphore | None = None  # made on first use, inside the server's event loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else None
+        if path is None or not any(path == p or path.startswith(p + "/") for p in ADMITTED_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        if self._sem is None:
+            self._sem = anyio.Semaphore(self.slots)
+        sem = self._sem
+        if sem.value == 0 and sem.statistics().tasks_waiting >= self.queue:
+            await self._refuse(send, "the API is at capacity")
+            return
+        with anyio.move_on_after(self.wait) as waited:
+            await sem.acquire()
+        if waited.cancelled_caught:
+            await self._refuse(send, f"no database slot came free within {self.wait:g} s")
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            sem.release()
+
+    async def _refuse(self, send: Send, why: str) -> None:
+        await _send_error(send, 429, "overloaded", f"{why}: retry after 1 s", {"Retry-After": "1"})
 
 
 class KeyFirst:
@@ -264,6 +312,7 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
 
 def create_app() -> FastAPI:
     from rlm_workers.config import get_settings
+    from rlm_workers.store.db import POOL_MAX_SIZE
 
     from .routes import batches, buffers, chunks, health, queries, search, sessions, uploads
     from .ui import routes as ui_routes
@@ -319,8 +368,11 @@ def create_app() -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
-    # Added last is outermost: the catch-all sees everything, the key is checked before the body is counted.
+    # Added last is outermost: the catch-all sees everything, admission comes before the key check (which
+    # uses the database), the key is checked before the body is counted.
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     app.add_middleware(KeyFirst)
+    # outside KeyFirst: the key lookup takes a pooled connection too
+    app.add_middleware(Admission, slots=max(1, POOL_MAX_SIZE // 2), queue=settings.api_queue)
     app.add_middleware(CatchAll)
     return app

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 
 def get_conn() -> Iterator:
@@ -69,8 +72,28 @@ def found_or_404(fetch: Callable[[str], T | None], some_id: str, what: str) -> T
 OFF_LOOP_JSON_BYTES = 64 * 1024
 
 
+class UnparsableBody(Exception):
+    """A JSON body that is not UTF-8 or is nested too deep (the message says which)."""
+
+
+def loads_json(body: bytes) -> Any:
+    """``json.loads(body)``, with the two failures FastAPI and the MCP SDK do not catch as ``UnparsableBody``.
+
+    Both catch only ``JSONDecodeError``: bytes that are not UTF-8 raise ``UnicodeDecodeError`` (FastAPI's 400
+    "There was an error parsing the body", the SDK's 500) and arrays or objects nested a thousand deep raise
+    ``RecursionError`` (a 500 for both).  A plain syntax error is still ``JSONDecodeError``.
+    """
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise UnparsableBody(f"not UTF-8 text (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
+    except RecursionError:
+        raise UnparsableBody("arrays or objects nested too deep") from None
+
+
 class ParseOffLoop(APIRoute):
-    """A route whose JSON body, when large, is parsed in the thread pool, not on the event loop.
+    """A route whose JSON body is parsed here: in the thread pool when large, and a body that is not UTF-8
+    or nested too deep is a 422 ``invalid_input`` like any other broken JSON.
 
     FastAPI parses a body parameter with ``await request.json()`` on the loop: seconds for tens of
     megabytes, during which no other request (``/healthz`` included) is served.  Starlette's ``Request.json``
@@ -82,13 +105,15 @@ class ParseOffLoop(APIRoute):
 
         async def parse_first(request: Request) -> Response:
             body = await request.body()
-            if len(body) > OFF_LOOP_JSON_BYTES and "json" in request.headers.get("content-type", ""):
-                import json
-
-                from starlette.concurrency import run_in_threadpool
-
+            if body and "json" in request.headers.get("content-type", ""):
                 try:
-                    request._json = await run_in_threadpool(json.loads, body)
+                    if len(body) > OFF_LOOP_JSON_BYTES:
+                        request._json = await run_in_threadpool(loads_json, body)
+                    else:
+                        request._json = loads_json(body)
+                except UnparsableBody as exc:
+                    error = {"type": "json_invalid", "loc": ("body",), "msg": "JSON decode error", "input": {}}
+                    raise RequestValidationError([{**error, "ctx": {"error": str(exc)}}]) from None
                 except ValueError:  # FastAPI parses it again and says where it is broken
                     pass
             return await handler(request)

@@ -14,6 +14,7 @@ question is stored and analysed, nothing is executed.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import sys
@@ -31,7 +32,9 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.stdio import stdio_server
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
+from rlm_api.deps import OFF_LOOP_JSON_BYTES, UnparsableBody, loads_json
 from rlm_api.schemas import JobView, describe_errors
 from rlm_workers import __version__ as RLM_VERSION
 from rlm_workers.celery_app import get_app
@@ -55,7 +58,7 @@ from .routes.chunks import chunk_views
 from .routes.queries import job_view
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("rlm.mcp")
 
@@ -426,9 +429,69 @@ def ready() -> None:
         pass
 
 
+#: JSON-RPC's code for a body that is not JSON, as the SDK answers a syntax error
+PARSE_ERROR = -32700
+
+
+class CheckedBody:
+    """A POST body that is not UTF-8 or is nested too deep is a 400 JSON-RPC parse error, as the SDK answers
+    any other broken JSON; the SDK would raise on it (UnicodeDecodeError, RecursionError) and answer 500.
+
+    The body is read here (at most ``MAX_BODY_BYTES``, the SDK's own bound: past it a 413) and replayed to
+    the SDK, which parses it again.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: nothing to answer
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_BODY_BYTES:
+                await _rpc_error(send, 413, -32600, f"request body over {MAX_BODY_BYTES} bytes")
+                return
+        try:
+            if len(body) > OFF_LOOP_JSON_BYTES:
+                await run_in_threadpool(loads_json, body)
+            else:
+                loads_json(body)
+        except UnparsableBody as exc:
+            await _rpc_error(send, 400, PARSE_ERROR, f"Parse error: {exc}")
+            return
+        except ValueError:  # plain broken JSON: the SDK's own parse error says where
+            pass
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # the disconnect the SDK waits for
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _rpc_error(send: Send, status: int, code: int, message: str) -> None:
+    payload = {"jsonrpc": "2.0", "id": "server-error", "error": {"code": code, "message": message}}
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def http_app(*, host: str, port: int) -> ASGIApp:
-    """The streamable HTTP app (``POST /mcp``), every request checked for a key."""
-    return KeyFirst(build_server(local_tenant=None, host=host, port=port).streamable_http_app(), prefix=None)
+    """The streamable HTTP app (``POST /mcp``), every request checked for a key, then for a parsable body."""
+    sdk_app = build_server(local_tenant=None, host=host, port=port).streamable_http_app()
+    return KeyFirst(CheckedBody(sdk_app), prefix=None)
 
 
 def serve_http(*, host: str, port: int) -> None:

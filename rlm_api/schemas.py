@@ -244,6 +244,7 @@ class BufferOptions(Strict):
 
     name: str = Field(..., min_length=1, max_length=128, description="Buffer to create or update.")
     chunker: Literal["semantic", "fixed", "code"] = "semantic"
+    # Lax here: a multipart form field is always a string ("3000"); the JSON body below is strict.
     chunk_size: int = Field(
         3000, ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE, description="Maximum characters per chunk (as `rlm load`)."
     )
@@ -255,6 +256,15 @@ class BufferOptions(Strict):
 class BufferCreate(BufferOptions):
     """A JSON upload: the documents travel in the body, each under a relative path."""
 
+    # JSON has numbers: "3000", 3000.0 or true is a 422 here, as for every other option of a JSON body.
+    chunk_size: int = Field(
+        3000,
+        strict=True,
+        ge=MIN_CHUNK_SIZE,
+        le=MAX_CHUNK_SIZE,
+        description="Maximum characters per chunk (as `rlm load`).",
+    )
+    overlap: int = Field(500, strict=True, ge=0, le=50_000, description="Characters shared by consecutive chunks.")
     documents: list[Document] = Field(..., min_length=1, max_length=MAX_UPLOAD_FILES)
 
 

@@ -184,6 +184,13 @@ class Settings(BaseSettings):
     flower_host: str = Field("127.0.0.1", description="Address Flower binds to (behind basic auth).")
     flower_port: int = Field(5555, ge=0, le=65535, description="Port of Flower.")
     max_request_bytes: int = Field(50 * 1024 * 1024, ge=1024, description="Largest HTTP request body (413 above).")
+    api_queue: int = Field(
+        500,
+        ge=0,
+        le=100_000,
+        description="Requests to /v1 and /metrics that may wait for one of the API's database slots; past it "
+        "(or after 10 s waiting) the answer is 429 `overloaded` with Retry-After.",
+    )
     max_jobs_in_flight_per_tenant: int = Field(
         50,
         ge=1,

@@ -81,9 +81,9 @@ NumAgents = Annotated[int, Field(strict=True, ge=1, le=10_000)]
 Depth = Annotated[int, Field(strict=True, ge=0, le=5)]
 MaxLLMCalls = Annotated[int, Field(strict=True, ge=1, le=10_000_000)]
 MaxTokens = Annotated[int, Field(strict=True, ge=1, le=10**12)]
-MaxCost = Annotated[float, Field(gt=0, le=1_000_000, allow_inf_nan=False)]
+MaxCost = Annotated[float, Field(strict=True, gt=0, le=1_000_000, allow_inf_nan=False)]
 #: seconds from submission; a week at most (a job cannot wait longer on its budget than an overnight run)
-Deadline = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
+Deadline = Annotated[float, Field(strict=True, gt=0, le=7 * 86400, allow_inf_nan=False)]
 
 
 class QueryOptions(BaseModel):

@@ -388,3 +388,61 @@ def test_the_cli_says_the_same_over_the_cap(rlm_env, conn):
     )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert "RLM_MAX_JOBS_IN_FLIGHT_PER_TENANT" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+#: a body FastAPI's parse did not turn into a 422: not UTF-8, or nested past the parser's recursion limit;
+#: each small (FastAPI's own parse: 400 "There was an error parsing the body") and over 64 KB (the off-loop
+#: parse: a RecursionError escaped as a 500)
+UNPARSABLE = {
+    "deep": b"[" * 5000 + b"]" * 5000,
+    "deep-large": b'{"queries": ["q"], "x": ' + b"[" * 40_000 + b"]" * 40_000 + b"}",
+    "not-utf8": b'{"query": "caf\xe9", "buffers": ["docs"]}',
+    "not-utf8-large": b'{"query": "' + b"a" * 70_000 + b'\xff", "buffers": ["docs"]}',
+}
+
+
+@pytest.mark.parametrize("path", ["/v1/search", "/v1/queries", "/v1/batches", "/v1/sessions"])
+@pytest.mark.parametrize("kind", sorted(UNPARSABLE))
+def test_bodies_not_utf8_or_nested_too_deep_are_422(api, keys, path, kind):
+    with api.client(keys["loads"]) as c:
+        r = c.post(path, content=UNPARSABLE[kind], headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert err["type"] == "invalid_input" and err["message"].startswith("request body is not valid JSON"), err
+        assert ("UTF-8" if "utf8" in kind else "nested too deep") in err["message"], err
+
+
+LAX = [
+    ("/v1/batches", {"queries": ["q"], "buffers": ["docs"], "llm_batch": "yes"}, "llm_batch"),
+    ("/v1/batches", {"queries": ["q"], "buffers": ["docs"], "llm_batch": 1}, "llm_batch"),
+    ("/v1/batches", {"queries": ["q"], "buffers": ["docs"], "priority": "3"}, "priority"),
+    ("/v1/batches", {"queries": ["q"], "buffers": ["docs"], "priority": 3.0}, "priority"),
+    ("/v1/batches", {"queries": ["q"], "buffers": ["docs"], "token_budget": "500"}, "token_budget"),
+    ("/v1/queries", {"query": "q", "buffers": ["docs"], "options": {"max_cost": "5"}}, "options.max_cost"),
+    ("/v1/queries", {"query": "q", "buffers": ["docs"], "options": {"max_cost": True}}, "options.max_cost"),
+    ("/v1/queries", {"query": "q", "buffers": ["docs"], "options": {"deadline": "60"}}, "options.deadline"),
+    ("/v1/buffers", {"name": "lax", "chunk_size": "3000", "documents": [{"path": "a", "text": "t"}]}, "chunk_size"),
+    ("/v1/buffers", {"name": "lax", "overlap": 50.0, "documents": [{"path": "a", "text": "t"}]}, "overlap"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), LAX)
+def test_booleans_and_numbers_of_the_wrong_json_type_are_422(api, keys, conn, path, body, field):
+    before = _jobs(conn, "loads")
+    with api.client(keys["loads"]) as c:
+        r = c.post(path, json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["message"].startswith(f"{field}: "), r.text
+    assert _jobs(conn, "loads") == before
+
+
+def test_a_batch_is_cancelled_by_post_cancel_and_by_delete(api, keys):
+    with api.client(keys["idem"]) as c:
+        made = [c.post("/v1/batches", json={"queries": [q], "buffers": ["docs"]}) for q in "AB"]
+        ids = [m.json()["batch_id"] for m in made]
+        r = c.post(f"/v1/batches/{ids[0]}/cancel")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+        r = c.delete(f"/v1/batches/{ids[1]}")
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+        r = c.post("/v1/batches/no-such-batch/cancel")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found", r.text

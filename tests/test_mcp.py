@@ -363,6 +363,25 @@ def test_http_needs_a_valid_key(http_server, authorization):
     assert r.json()["error"]["type"] == "unauthorized"
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [b"[" * 5000 + b"]" * 5000, b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "\xff"}}'],
+    ids=["nested-too-deep", "not-utf8"],
+)
+def test_http_a_body_that_cannot_be_parsed_is_a_400_parse_error(http_server, keys, raw):
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {keys['acme']}",
+    }
+    r = httpx.post(http_server, headers=headers, content=raw, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == -32700 and r.json()["error"]["message"].startswith("Parse error"), r.text
+    # the server is still there and parses good bodies
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    assert httpx.post(http_server, headers=headers, json=body, timeout=30).status_code == 200
+
+
 def test_http_client_without_a_key_cannot_open_a_session(http_server):
     async def never(_session):
         raise AssertionError("a session opened without a key")

@@ -39,13 +39,17 @@ class BatchIn(BaseModel):
         description="Do not start before this time: ISO 8601 with a zone offset (2026-11-24T02:00:00Z), "
         "at most a year ahead.",
     )
-    priority: int = Field(3, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first.")
+    # Strict like every option: "3", 3.0 or true for a number, "yes" or 1 for a boolean are 422, not coerced.
+    priority: int = Field(
+        3, strict=True, ge=1, le=9, description="1 soonest … 9 latest; interactive queries always go first."
+    )
     token_budget: int | None = Field(
-        None, ge=1, le=MAX_BIGINT, description="Stop scheduling new items once this many tokens are spent."
+        None, strict=True, ge=1, le=MAX_BIGINT, description="Stop scheduling new items once this many tokens are spent."
     )
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options, as for POST /v1/queries.")
     llm_batch: bool = Field(
         False,
+        strict=True,
         description="Send the analyst calls through the OpenAI Batch API (half price, results within 24 h); "
         "docs/contract.md#llm-batch-api.",
     )
@@ -161,6 +165,8 @@ def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]
     return status_of(conn, _batch_or_404(conn, tenant, batch_id))
 
 
+# POST …/cancel is the name the contract and `rlm batch cancel` use; the older delete route stays for existing clients.
+@router.post("/{batch_id}/cancel", response_model=BatchStatus)
 @router.delete("/{batch_id}", response_model=BatchStatus)
 def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
     """Cancel: nothing new starts, running items' jobs are cancelled; finished items keep their results."""

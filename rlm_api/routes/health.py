@@ -15,8 +15,12 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is up (no I/O: a slow database must not get the API restarted)."""
+async def healthz() -> dict[str, str]:
+    """The process is up (no I/O: a slow database must not get the API restarted).
+
+    Async, so it is answered on the event loop: a sync route waits for a worker thread, and under a flood
+    every thread may be busy with database work.
+    """
     return {"status": "ok"}
 
 

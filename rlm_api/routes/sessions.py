@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from ..deps import ConnDep, TenantDep, found_or_404
+from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import MessageAccepted, MessageRequest, SessionCreate, SessionCreated, SessionView
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=ParseOffLoop)
 NOT_FOUND = {404: {"description": "no such session for this tenant"}}
 
 

@@ -28,6 +28,8 @@ _migrated: set[str] = set()
 # re-entrant: connection() creates its pool under the lock and migrates through connect() inside it
 _migrate_lock = threading.RLock()
 _pools: dict[str, ConnectionPool] = {}
+#: connections one process's pool opens at most (the API sizes its admission limit from it: rlm_api/app.py)
+POOL_MAX_SIZE = 20
 
 
 def _prepare(conn: psycopg.Connection, url: str) -> None:
@@ -97,7 +99,7 @@ def connection(settings: Settings | None = None, *, timeout: float | None = None
                 pool = ConnectionPool(
                     url,
                     min_size=1,
-                    max_size=20,
+                    max_size=POOL_MAX_SIZE,
                     open=True,
                     configure=lambda c: _prepare(c, url),
                     # a connection broken by a PostgreSQL restart is replaced at checkout, not handed out

@@ -66,6 +66,7 @@ def _routes(w):
         ("DELETE", f"/v1/queries/{j}"),
         ("GET", f"/v1/batches/{b}"),
         ("DELETE", f"/v1/batches/{b}"),
+        ("POST", f"/v1/batches/{b}/cancel"),
         ("GET", f"/v1/batches/{b}/results"),
         ("GET", f"/v1/uploads/{w['upload']}"),
     ]
