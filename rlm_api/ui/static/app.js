@@ -73,8 +73,9 @@ function statusBadge(status) { return el("span", { class: "status " + status, te
 
 // ---------------------------------------------------------------- sign in
 function signinPage() {
+  // Kept until a key is accepted: two redirects here in a row (a poll's 401 racing a page load) must not
+  // lose the reason on the first.
   const message = sessionStorage.getItem(MESSAGE);
-  sessionStorage.removeItem(MESSAGE);
   if (message) { setText("signin-error", message); show("signin-error", true); }
   $("signin-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -91,6 +92,7 @@ function signinPage() {
       return;
     }
     sessionStorage.setItem(KEY, key);
+    sessionStorage.removeItem(MESSAGE);
     const next = new URLSearchParams(location.search).get("next") || "/ui/";
     // Only a page of this view: never a redirect to another site.
     location.assign(next.startsWith("/ui/") ? next : "/ui/");
