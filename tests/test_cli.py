@@ -123,7 +123,9 @@ def test_every_flag_a_hint_names_is_an_option_of_its_command(cli_env, loaded):
     hints = {
         ("search",): search.stderr,
         # `rlm query` re-raises a job's no_chunks error as NoChunks(detail), and prints a job's canned report
-        ("query",): NoChunks("no chunks matched the query").message + canned_no_findings_report("q"),
+        ("query",): NoChunks("no chunks matched the query").message
+        + canned_no_findings_report("q")
+        + canned_no_findings_report("q", not_run=2),
     }
     for command, text in hints.items():
         assert _flags(text), text

@@ -268,6 +268,23 @@ def test_a_scope_all_answer_with_exact_totals_does_not_open_with_no_findings(con
     assert f"| ERROR | {sum(corpora['truth'].values())} |" in r.response
 
 
+def test_no_findings_with_batches_the_budget_never_ran_points_at_the_budget_not_the_search(conn, workers):
+    # no passage shares a word with the question, so the batches that ran kept nothing; the rest never ran
+    _, r = run_job(
+        conn,
+        "Which quasar orbits the zeppelin?",
+        ["big"],
+        search_mode="semantic",
+        threshold=0.0,
+        batch_size=5,
+        max_llm_calls=3,
+    )
+    assert r.findings_count == 0 and r.batches_not_run > 0 and r.budget.exhausted == "max_llm_calls"
+    assert r.response.startswith("## No relevant findings yet"), r.response
+    assert f"before {r.batches_not_run} batch" in r.response and "--max-llm-calls" in r.response
+    assert "--threshold" not in r.response
+
+
 @pytest.mark.parametrize(
     ("question", "buffer", "exhaustive"),
     [

@@ -20,6 +20,7 @@ from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
 from .prompts import escape_content, findings_blocks, load_prompt, quote_field, system_message
+from .report import not_run_for_budget
 
 if TYPE_CHECKING:
     import psycopg
@@ -62,11 +63,20 @@ def build_messages(
     return [system_message(system_prompt), {"role": "user", "content": user}]
 
 
-def canned_no_findings_report(query: str, *, route: str | None = None, counted: bool = False) -> str:
+def canned_no_findings_report(query: str, *, route: str | None = None, counted: bool = False, not_run: int = 0) -> str:
     """The answer when no analyst kept a finding.  An exhaustive job read every chunk, with no search to widen:
     it says so instead of suggesting a lower threshold, and where records were counted the answer is the
-    Exact totals added under it, so it does not open by saying nothing was found."""
+    Exact totals added under it, so it does not open by saying nothing was found.  ``not_run`` batches were
+    never read (the budget ran out first): then the budget, not the search, is what to change."""
     shown = query if len(query) <= 200 else query[:200] + "…"
+    if not_run:
+        return (
+            "## No relevant findings yet\n\n"
+            f"The budget ran out before {not_run} batch{'es' if not_run != 1 else ''} of the chunks selected for "
+            f"“{shown}” could be read, and the batches that were read held no relevant evidence.\n\n"
+            "Try: a higher `--max-llm-calls`, `--max-tokens` or `--max-cost` (`budget.exhausted` says which "
+            "limit was reached), so that every selected chunk is read."
+        )
     if route == "exhaustive" and counted:
         return (
             "## Answer\n\n"
@@ -320,22 +330,25 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
     return out
 
 
-def budget_fallback_report(job: JobRow, kept: list[dict], settings: Settings, reason: str) -> str:
+def budget_fallback_report(
+    conn: psycopg.Connection, job: JobRow, kept: list[dict], settings: Settings, reason: str
+) -> str:
     """No model call may start: the findings are written up by the offline extractive writer, and it says so."""
     from ..llm.extractive import write_report
 
     stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
     messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
-    body = write_report(messages[-1]["content"]) if kept else _canned(job)
+    body = write_report(messages[-1]["content"]) if kept else _canned(conn, job)
     return (
         f"_The budget was exhausted ({reason}) before the report could be written by a model: what follows was "
         f"assembled from the findings without one._\n\n{body}"
     )
 
 
-def _canned(job: JobRow) -> str:
+def _canned(conn: psycopg.Connection, job: JobRow) -> str:
     counted = any(((job.collected or {}).get("records") or {}).values())
-    return canned_no_findings_report(job.query, route=job.route, counted=counted)
+    not_run = sum(not_run_for_budget(b.error) for b in job_store.batches(conn, job_id=job.id))
+    return canned_no_findings_report(job.query, route=job.route, counted=counted, not_run=not_run)
 
 
 def finish_with_report(
@@ -358,7 +371,7 @@ def finish_with_report(
         if job.parent_id is not None:
             response = ""  # a child's findings go to its parent, which writes the one report
         elif not kept and not job.synth_state:
-            response = _canned(job)  # no evidence: no LLM call (PaperQA2 style)
+            response = _canned(conn, job)  # no evidence: no LLM call (PaperQA2 style)
         else:
             try:
                 with StageTimer(conn, job.id, Stage.synthesize):
@@ -367,7 +380,7 @@ def finish_with_report(
                 log.info("job %s: synthesis waits on query_subset children", job.id)
                 return True
             except BudgetExhausted as exc:
-                response = budget_fallback_report(job, kept, settings, exc.reason)
+                response = budget_fallback_report(conn, job, kept, settings, exc.reason)
             except Exception as exc:  # reported on the job, findings kept
                 log.warning("synthesis failed for job %s: %s", job.id, exc)
                 response, error = "", exc
