@@ -4,8 +4,13 @@ uvicorn in a subprocess, real PostgreSQL and Valkey; the speed figures are in be
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -80,3 +85,35 @@ def test_a_flood_of_requests_gets_answers_or_429_never_503(api, keys):
     # and the API is its normal self afterwards
     with api.client(keys[TENANTS[0]]) as c:
         assert [b["name"] for b in c.get("/v1/buffers").json()] == ["docs"]
+
+
+def test_rlm_api_lifts_its_open_files_limit_and_listens_with_the_backlog_asked(env, tmp_path):
+    # Every client is a socket: a soft limit of 256 would turn the 257th concurrent client away (EMFILE),
+    # and the listen backlog bounds how many can be connecting at once.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard > 256, "the hard limit leaves nothing to lift"
+    low_soft_limit = ("sh", "-c", 'ulimit -Sn 256 && exec "$@"', "sh")
+    server = Api(env, tmp_path / "api.log", args=("--backlog", "300"), launcher=low_soft_limit)
+    try:
+        limits = Path(f"/proc/{server.proc.pid}/limits").read_text()
+        (line,) = [row for row in limits.splitlines() if row.startswith("Max open files")]
+        soft, hard_seen = line.split()[3:5]
+        assert soft == hard_seen != "256", line
+        listening = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert listening[2] == "300", listening  # Send-Q of a listening socket is its backlog
+    finally:
+        server.stop()
+
+
+def test_rlm_api_refuses_a_backlog_of_zero(env):
+    done = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "api", "--backlog", "0"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--backlog" in done.stderr
