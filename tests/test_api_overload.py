@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+import uvicorn
 
-from tests.support.api import Api
+from rlm_api.app import Admission
+from tests.support.api import Api, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +122,55 @@ def test_rlm_api_refuses_a_backlog_of_zero(env):
     )
     assert done.returncode == 2, done.stderr
     assert "--backlog" in done.stderr
+
+
+def test_a_429_sent_before_the_body_is_read_leaves_the_connection_serving():
+    # One of the suspects for a connection the flood saw closed: Admission answers 429 without reading the
+    # body; the server must drop that body and answer the next request on the same keep-alive connection.
+    holding = threading.Event()
+    release = threading.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/v1/hold":
+            holding.set()
+            await anyio.to_thread.run_sync(release.wait, 30)
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(Admission(app, slots=1, queue=0), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        hold = ThreadPoolExecutor(1)
+        holder = hold.submit(httpx.get, f"http://127.0.0.1:{port}/v1/hold", timeout=30)
+        assert holding.wait(10)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            body = b'{"query": "x"}'
+            head = f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            sock.sendall(head)  # the body is not sent yet: the 429 goes out before it could be read
+            refused = sock.recv(65536)
+            assert refused.startswith(b"HTTP/1.1 429"), refused
+            assert b"retry-after: 1" in refused.lower(), refused
+            release.set()
+            assert holder.result().status_code == 200
+            sock.sendall(body + b"GET /v1/next HTTP/1.1\r\nHost: x\r\n\r\n")
+            answered = b""
+            while not answered.endswith(b"ok"):
+                chunk = sock.recv(65536)
+                assert chunk, f"the server closed the connection instead of answering: {answered!r}"
+                answered += chunk
+            assert answered.startswith(b"HTTP/1.1 200"), answered
+        hold.shutdown()
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(timeout=10)
