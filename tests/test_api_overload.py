@@ -157,20 +157,35 @@ def test_a_429_sent_before_the_body_is_read_leaves_the_connection_serving():
             body = b'{"query": "x"}'
             head = f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             sock.sendall(head)  # the body is not sent yet: the 429 goes out before it could be read
-            refused = sock.recv(65536)
+            refused = _read_response(sock)
             assert refused.startswith(b"HTTP/1.1 429"), refused
             assert b"retry-after: 1" in refused.lower(), refused
             release.set()
             assert holder.result().status_code == 200
             sock.sendall(body + b"GET /v1/next HTTP/1.1\r\nHost: x\r\n\r\n")
-            answered = b""
-            while not answered.endswith(b"ok"):
-                chunk = sock.recv(65536)
-                assert chunk, f"the server closed the connection instead of answering: {answered!r}"
-                answered += chunk
-            assert answered.startswith(b"HTTP/1.1 200"), answered
+            answered = _read_response(sock)
+            assert answered.startswith(b"HTTP/1.1 200") and answered.endswith(b"ok"), answered
         hold.shutdown()
     finally:
         release.set()
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body) off a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection instead of answering: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    (length,) = [
+        int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+    ]
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection in the middle of a response: {data!r}"
+        body += chunk
+    assert len(body) == length, f"more than one response came: {head + body!r}"
+    return head + b"\r\n\r\n" + body
