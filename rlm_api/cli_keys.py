@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -93,6 +94,12 @@ def api_command(
     host: Annotated[str | None, typer.Option("--host", help="Bind address (default RLM_API_HOST, 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port (default RLM_API_PORT, 8000).")] = None,
     workers: Annotated[int, typer.Option("--workers", help="uvicorn worker processes.")] = 1,
+    backlog: Annotated[
+        int,
+        typer.Option(
+            "--backlog", min=1, max=65535, help="Connections the kernel may hold unaccepted (capped by somaxconn)."
+        ),
+    ] = 2048,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs)."""
     import uvicorn
@@ -104,12 +111,35 @@ def api_command(
     # Resolve (and start, when embedded) the servers once here, not in every request.
     database_url(s)
     broker_url(s)
+    raise_open_files_limit()
     uvicorn.run(
         "rlm_api.app:create_app",
         factory=True,
         host=host or s.api_host,
         port=port if port is not None else s.api_port,
         workers=workers,
+        backlog=backlog,
         log_level="info",
         proxy_headers=False,
     )
+
+
+#: a ceiling for a hard limit of "unlimited", which the soft limit cannot always be set to
+_OPEN_FILES_CEILING = 1 << 20
+
+
+def raise_open_files_limit() -> int:
+    """Lift this process's soft limit on open files to its hard limit and return the new soft limit.
+
+    Every client connection is a file: at a common soft limit of 1024 the API stops accepting (EMFILE)
+    near a thousand clients while the hard limit, which an unprivileged process may go up to, is far higher.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = _OPEN_FILES_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # a platform that refuses it: keep serving with what there is
+            return soft
+        return target
+    return soft

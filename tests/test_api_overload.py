@@ -4,13 +4,23 @@ uvicorn in a subprocess, real PostgreSQL and Valkey; the speed figures are in be
 
 from __future__ import annotations
 
+import os
+import resource
+import socket
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import anyio
 import httpx
 import pytest
+import uvicorn
 
-from tests.support.api import Api
+from rlm_api.app import Admission
+from tests.support.api import Api, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +90,102 @@ def test_a_flood_of_requests_gets_answers_or_429_never_503(api, keys):
     # and the API is its normal self afterwards
     with api.client(keys[TENANTS[0]]) as c:
         assert [b["name"] for b in c.get("/v1/buffers").json()] == ["docs"]
+
+
+def test_rlm_api_lifts_its_open_files_limit_and_listens_with_the_backlog_asked(env, tmp_path):
+    # Every client is a socket: a soft limit of 256 would turn the 257th concurrent client away (EMFILE),
+    # and the listen backlog bounds how many can be connecting at once.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard > 256, "the hard limit leaves nothing to lift"
+    low_soft_limit = ("sh", "-c", 'ulimit -Sn 256 && exec "$@"', "sh")
+    server = Api(env, tmp_path / "api.log", args=("--backlog", "300"), launcher=low_soft_limit)
+    try:
+        limits = Path(f"/proc/{server.proc.pid}/limits").read_text()
+        (line,) = [row for row in limits.splitlines() if row.startswith("Max open files")]
+        soft, hard_seen = line.split()[3:5]
+        assert soft == hard_seen != "256", line
+        listening = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert listening[2] == "300", listening  # Send-Q of a listening socket is its backlog
+    finally:
+        server.stop()
+
+
+def test_rlm_api_refuses_a_backlog_of_zero(env):
+    done = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "api", "--backlog", "0"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--backlog" in done.stderr
+
+
+def test_a_429_sent_before_the_body_is_read_leaves_the_connection_serving():
+    # One of the suspects for a connection the flood saw closed: Admission answers 429 without reading the
+    # body; the server must drop that body and answer the next request on the same keep-alive connection.
+    holding = threading.Event()
+    release = threading.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/v1/hold":
+            holding.set()
+            await anyio.to_thread.run_sync(release.wait, 30)
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(Admission(app, slots=1, queue=0), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        hold = ThreadPoolExecutor(1)
+        holder = hold.submit(httpx.get, f"http://127.0.0.1:{port}/v1/hold", timeout=30)
+        assert holding.wait(10)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            body = b'{"query": "x"}'
+            head = f"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            sock.sendall(head)  # the body is not sent yet: the 429 goes out before it could be read
+            refused = _read_response(sock)
+            assert refused.startswith(b"HTTP/1.1 429"), refused
+            assert b"retry-after: 1" in refused.lower(), refused
+            release.set()
+            assert holder.result().status_code == 200
+            sock.sendall(body + b"GET /v1/next HTTP/1.1\r\nHost: x\r\n\r\n")
+            answered = _read_response(sock)
+            assert answered.startswith(b"HTTP/1.1 200") and answered.endswith(b"ok"), answered
+        hold.shutdown()
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body) off a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection instead of answering: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    (length,) = [
+        int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")
+    ]
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection in the middle of a response: {data!r}"
+        body += chunk
+    assert len(body) == length, f"more than one response came: {head + body!r}"
+    return head + b"\r\n\r\n" + body

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -21,12 +22,15 @@ def free_port() -> int:
 
 
 class Api:
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, args: Sequence[str] = (), launcher: Sequence[str] = ()
+    ) -> None:
+        """``args`` go after ``rlm api --port N``; ``launcher`` runs before it (``sh -c '…; exec "$@"' sh``)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlm_api.cli", "api", "--port", str(self.port)],
+            [*launcher, sys.executable, "-m", "rlm_api.cli", "api", "--port", str(self.port), *args],
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=self.log,
@@ -38,6 +42,8 @@ class Api:
                 if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
+                if self.proc.poll() is not None:  # it exited (a bad option, a port taken): no use waiting
+                    break
                 time.sleep(0.2)
         raise RuntimeError(f"API did not start: {Path(log_path).read_text()[-2000:]}")
 
