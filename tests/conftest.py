@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,17 @@ os.environ.setdefault("RLM_ENCODER_DIR", str(Path(tempfile.gettempdir()) / "rlm-
 # No test may reach a real LLM by accident.
 for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL"):
     os.environ.pop(_var, None)
+# Nor the user's own data dir: code that runs outside a module's rlm_env (the limiter's metrics, a settings reset
+# at teardown) would start an embedded server there.  This one is removed at the end, and its servers' watchers
+# stop them once it is gone (docs/architecture.md#embedded-servers).
+_FALLBACK_DATA_DIR = tempfile.mkdtemp(prefix="rlm-test-fallback-")
+os.environ.setdefault("RLM_DATA_DIR", _FALLBACK_DATA_DIR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fallback_data_dir_removed():
+    yield
+    shutil.rmtree(_FALLBACK_DATA_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
