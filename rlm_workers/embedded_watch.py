@@ -1,7 +1,7 @@
 """The watcher beside an embedded server: it stops the server once nobody can need it any more.
 
-``python -m rlm_workers.embedded_watch postgres|valkey DATA_DIR SERVER_PID IDLE_SECONDS`` is started, detached,
-by ``local_servers`` beside each embedded PostgreSQL and Valkey it starts (or first finds unwatched).  An
+``python -m rlm_workers.embedded_watch postgres|valkey|llm DATA_DIR SERVER_PID IDLE_SECONDS`` is started, detached,
+by ``local_servers`` beside each embedded PostgreSQL, Valkey and model server it starts (or first finds unwatched).  An
 embedded server outlives the command that started it, so that the next command starts in milliseconds; without
 a watcher it also outlived everything else: a killed test run left its servers running on removed temp dirs.
 
@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 
 from . import local_servers as servers
+from .local_llm import LLM_DIRNAME, is_llama_server
+from .local_llm import clients as llm_clients
+from .local_llm import server_status as llm_status
 
 log = logging.getLogger("rlm.services.watch")
 
@@ -51,10 +54,15 @@ class Watched:
 
     def __init__(self, kind: str, data_dir: Path, pid: int) -> None:
         self.kind, self.data_dir, self.pid = kind, data_dir, pid
-        self.dir = data_dir / (servers.PG_DIRNAME if kind == "postgres" else servers.VALKEY_DIRNAME)
+        self.dir = (
+            data_dir / {"postgres": servers.PG_DIRNAME, "valkey": servers.VALKEY_DIRNAME, "llm": LLM_DIRNAME}[kind]
+        )
         self.identity = _identity(self.dir)
         # read now: once the data dir is gone, its pid and password files are gone with it
-        if kind == "postgres":
+        if kind == "llm":
+            state = llm_status(data_dir)
+            self.port = state.port if state and state.pid == pid else None
+        elif kind == "postgres":
             status = servers.postgres_status(data_dir)
             self.url = status["url"] if status and status["pid"] == pid else None
         else:
@@ -62,24 +70,29 @@ class Watched:
             self.port, self.password = (state.port, state.password) if state and state.pid == pid else (None, None)
 
     def alive(self) -> bool:
-        return servers._is_postgres(self.pid) if self.kind == "postgres" else servers._pid_is_valkey(self.pid)
+        return {"postgres": servers.is_postgres, "valkey": servers.is_valkey, "llm": is_llama_server}[self.kind](
+            self.pid
+        )
 
     def dir_gone(self) -> bool:
         """Removed, or replaced by another dir of the same name (a new test run reusing a temp name)."""
         return self.identity is None or _identity(self.dir) != self.identity
 
     def clients(self) -> int | None:
+        if self.kind == "llm":
+            return llm_clients(self.pid, self.port) if self.port else None
         if self.kind == "postgres":
             return servers.postgres_clients(self.url) if self.url else None
         return servers.valkey_clients(self.port, self.password) if self.port else None
 
     def lock(self):
         if self.kind == "postgres":
-            return servers._start_lock(self.data_dir / ".pg-start.lock")
-        return servers._start_lock(self.dir / ".lock")
+            return servers.start_lock(self.data_dir / ".pg-start.lock")
+        return servers.start_lock(self.dir / ".lock")
 
     def stop(self, *, force: bool) -> None:
         # SIGINT is PostgreSQL's fast shutdown (what `pg_ctl stop -m fast` sends); SIGTERM is Valkey's SHUTDOWN
+        # and ends llama-server
         self._signal(signal.SIGINT if self.kind == "postgres" else signal.SIGTERM)
         if self._wait_gone(SHUTDOWN_GRACE_SECONDS) or not force:
             return
@@ -127,7 +140,7 @@ def watch(server: Watched, idle_seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rlm_workers.embedded_watch", description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["postgres", "valkey"])
+    parser.add_argument("kind", choices=["postgres", "valkey", "llm"])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("pid", type=int)
     parser.add_argument("idle_seconds", type=float)

@@ -43,7 +43,11 @@ VALKEY_DIRNAME = "valkey"
 #: the watcher's connections carry this name, so that they never count as clients keeping a server up
 WATCHER_NAME = "rlm-embedded-watch"
 #: where each server's watcher is recorded: {"pid": watcher, "server_pid": the server it watches}
-WATCH_FILES = {"postgres": Path(".pg-watch.json"), "valkey": Path(VALKEY_DIRNAME) / "watch.json"}
+WATCH_FILES = {
+    "postgres": Path(".pg-watch.json"),
+    "valkey": Path(VALKEY_DIRNAME) / "watch.json",
+    "llm": Path("llm") / "watch.json",
+}
 
 
 #: how long a crashed postmaster's backends get to notice and exit before start-up gives up
@@ -54,7 +58,7 @@ _thread_locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def _start_lock(path: Path) -> Iterator[None]:
+def start_lock(path: Path) -> Iterator[None]:
     """Serialises start-up between threads and processes that race to start the same server.
 
     pgserver's own lock is a per-process fcntl lock, so two threads of one new worker both "held" it and
@@ -94,7 +98,7 @@ def _alive(proc) -> bool:
         return False
 
 
-def _is_postgres(pid: int) -> bool:
+def is_postgres(pid: int) -> bool:
     """Whether pid is a live (not zombie) postgres process; psutil, not /proc, so macOS works too."""
     import psutil
 
@@ -136,7 +140,7 @@ def _clear_stale_postmaster(pgdata: Path) -> None:
         pid = int(pidfile.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return
-    if _is_postgres(pid) and _serves(pid, pgdata):
+    if is_postgres(pid) and _serves(pid, pgdata):
         return
     deadline = time.monotonic() + ORPHAN_WAIT_SECONDS
     # backends notice the dead postmaster within a second or so and exit
@@ -188,7 +192,7 @@ def postgres_status(data_dir: Path) -> dict | None:
         pid = int(lines[0])
     except (IndexError, ValueError):
         return None
-    if not _is_postgres(pid):
+    if not is_postgres(pid):
         return None
     port = int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
     socket_dir = lines[4].strip() if len(lines) > 4 and lines[4].strip() else None
@@ -220,7 +224,7 @@ def embedded_postgres_url(data_dir: Path, *, idle_seconds: float | None = None) 
     pgdata = data_dir / PG_DIRNAME
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     # single-flight across threads and processes: the stale-pid check and the start must not interleave
-    with _start_lock(data_dir / ".pg-start.lock"):
+    with start_lock(data_dir / ".pg-start.lock"):
         _clear_stale_postmaster(pgdata)
         if postgres_status(data_dir) is None:
             # stopped by its watcher or another process: this process's old handle would hand out a dead server
@@ -236,7 +240,7 @@ def embedded_postgres_url(data_dir: Path, *, idle_seconds: float | None = None) 
             ) from exc
         status = postgres_status(data_dir)
         if status:
-            _ensure_watcher("postgres", data_dir, status["pid"], idle_seconds)
+            ensure_watcher("postgres", data_dir, status["pid"], idle_seconds)
         return server.get_uri()
 
 
@@ -331,7 +335,7 @@ def _ping(port: int, password: str | None = None, timeout: float = 0.5) -> str |
     return None
 
 
-def _pid_is_valkey(pid: int) -> bool:
+def is_valkey(pid: int) -> bool:
     import psutil
 
     try:
@@ -367,7 +371,7 @@ def _password(vdir: Path) -> str:
     return password
 
 
-def _free_port(preferred: int | None = None) -> int:
+def free_port(preferred: int | None = None) -> int:
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket() as s:
             # as Valkey itself does: old connections in TIME_WAIT must not push a restart to another port
@@ -377,13 +381,13 @@ def _free_port(preferred: int | None = None) -> int:
             except OSError:
                 continue
             return s.getsockname()[1]
-    raise ServiceUnavailable("no free TCP port on 127.0.0.1 for the embedded Valkey")
+    raise ServiceUnavailable("no free TCP port on 127.0.0.1 for an embedded server")
 
 
 def _running_valkey(vdir: Path) -> ValkeyState | None:
     """The data dir's Valkey if it runs and takes its password (never starts it)."""
     state = _read_state(vdir)
-    if state and state.password and _pid_is_valkey(state.pid) and _ping(state.port, state.password) == "ok":
+    if state and state.password and is_valkey(state.pid) and _ping(state.port, state.password) == "ok":
         return state
     return None
 
@@ -397,7 +401,7 @@ def valkey_status(data_dir: Path) -> ValkeyState | None:
     """The embedded Valkey's pid and port if it runs, password-protected or not yet (never starts it)."""
     vdir = data_dir / VALKEY_DIRNAME
     state = _read_state(vdir)
-    if state is None or not _pid_is_valkey(state.pid):
+    if state is None or not is_valkey(state.pid):
         return None
     return state if _ping(state.port, state.password) else None
 
@@ -411,27 +415,27 @@ def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0, idle_seconds: 
     state = _running_valkey(vdir)
     if state and _watched(data_dir, "valkey", state.pid):
         return state.url
-    with _start_lock(vdir / ".lock"):
+    with start_lock(vdir / ".lock"):
         state = _running_valkey(vdir)  # another process may have won the race
         if state:
-            _ensure_watcher("valkey", data_dir, state.pid, idle_seconds)
+            ensure_watcher("valkey", data_dir, state.pid, idle_seconds)
             return state.url
         password = _password(vdir)
         old = _read_state(vdir)
-        if old and _pid_is_valkey(old.pid) and _ping(old.port, password) == "open":
+        if old and is_valkey(old.pid) and _ping(old.port, password) == "open":
             # a data dir from before passwords: secure the running server in place (its clients reconnect
             # with the new URL) and keep the password for its next start
             _secure_running_valkey(vdir, old.port, password)
-            _ensure_watcher("valkey", data_dir, old.pid, idle_seconds)
+            ensure_watcher("valkey", data_dir, old.pid, idle_seconds)
             return ValkeyState(pid=old.pid, port=old.port, password=password).url
         if old:
             log.info("removing stale Valkey state (pid %s no longer serving)", old.pid)
         for stale in ("server.json", "valkey.pid"):
             (vdir / stale).unlink(missing_ok=True)
-        port = _free_port(old.port if old else None)
+        port = free_port(old.port if old else None)
         state = _start_valkey(vdir, port, password, timeout)
         (vdir / "server.json").write_text(json.dumps({"pid": state.pid, "port": state.port}))
-        _ensure_watcher("valkey", data_dir, state.pid, idle_seconds)
+        ensure_watcher("valkey", data_dir, state.pid, idle_seconds)
         return state.url
 
 
@@ -525,7 +529,7 @@ def stop_embedded_valkey(data_dir: Path) -> bool:
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(port=state.port, password=state.password).shutdown()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _pid_is_valkey(state.pid):
+    while time.monotonic() < deadline and is_valkey(state.pid):
         time.sleep(0.05)
     # server.json stays: the next start prefers the same port, so every client's URL stays valid.
     return True
@@ -621,7 +625,7 @@ def _watched(data_dir: Path, kind: str, server_pid: int) -> bool:
         return False
 
 
-def _ensure_watcher(kind: str, data_dir: Path, server_pid: int, idle_seconds: float | None) -> None:
+def ensure_watcher(kind: str, data_dir: Path, server_pid: int, idle_seconds: float | None) -> None:
     """Start the server's watcher unless one runs (called under the server's start lock: one watcher each).
 
     A server started before watchers existed gets one the first time a process finds it.

@@ -26,6 +26,7 @@ from ..errors import (
     RateLimited,
     ServiceUnavailable,
 )
+from ..local_llm import endpoint as local_llm_endpoint
 from .limiter import ConcurrencyLimiter, Limits, wait_bound
 from .protocol import Completion, CompletionRequest, ToolCall
 
@@ -99,13 +100,17 @@ class OpenAIProvider:
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
-                    if not self.settings.api_key:
+                    base_url, api_key = self.settings.base_url, self.settings.api_key
+                    if self.settings.local_llm and not base_url:
+                        # the model server of this data dir, started if need be (docs/contract.md#local-llm)
+                        base_url, api_key = local_llm_endpoint(self.settings)
+                    if not api_key:
                         raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
                     import openai
 
                     self._client = openai.OpenAI(
-                        api_key=self.settings.api_key,
-                        base_url=self.settings.base_url,
+                        api_key=api_key,
+                        base_url=base_url,
                         timeout=self.settings.llm_timeout,
                         max_retries=0,
                     )
@@ -225,7 +230,7 @@ class OpenAIProvider:
         error is re-raised unless the server had ``answered`` (then it is a response we could not use)."""
         import openai
 
-        where = self.settings.base_url or "api.openai.com"
+        where = self.settings.base_url or ("the local model server" if self.settings.local_llm else "api.openai.com")
         if isinstance(exc, LLMError):
             return exc, None
         if isinstance(exc, openai.APITimeoutError):
