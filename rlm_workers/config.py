@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     tpm: int | None = Field(None, ge=1, description="Optional tokens-per-minute budget shared by all workers.")
     llm_timeout: float = Field(120.0, gt=0, description="Seconds before one LLM HTTP call is abandoned.")
     llm_retries: int = Field(3, ge=0, le=20, description="Retries of a failed LLM call (429/5xx/timeouts).")
+    structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
+        "auto",
+        description=(
+            "How JSON stages ask for JSON (docs/contract.md#structured-outputs): auto tries a JSON Schema, then "
+            "json_object, then none, learning per (base URL, model) what the server accepts; json_schema only; "
+            "json_object only; off sends no response_format."
+        ),
+    )
 
     # --- query defaults ----------------------------------------------------
     batch_size: int = Field(10, ge=1, le=1000, description="Default chunks per analyst batch.")
