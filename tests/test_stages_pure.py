@@ -245,8 +245,8 @@ def test_analyst_message_format():
     assert text.startswith("## Chunks\n\n### Chunk 3\n")
     assert '### Chunk 8\n\nsource: "b:f.py":8-9\n\n<content>\nt8\n</content>\n\n## Query\n\nwhere is X?\n\n' in text
     assert text.endswith(
-        '## Focus topics\n\n- "X"\n\n## Reply\n\nReply with a JSON object {"entries": [...]} holding exactly 2 entries, one '
-        "per chunk id above."
+        '## Focus topics\n\n- "X"\n\n## Reply\n\nReply with a JSON object {"entries": [...]} holding exactly 2 '
+        "entries, one per chunk id above."
     )
 
 
