@@ -779,13 +779,18 @@ def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> N
     for k, verdict in enumerate(job.checks):
         console.print(f"[bold]check {k}[/]: {json.dumps(verdict)}", highlight=False)
     for c in llm_calls_of(conn, job_id=job.id):
-        row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error)
+        row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error, _parsed(c))
         console.print("  llm " + " ".join(str(x) for x in row if x is not None), markup=False, highlight=False)
     for kid in tree_of(conn, root_id=job.id):
         console.print(f"  child {kid.id} depth {kid.depth} {kid.status}: {kid.query[:100]}", markup=False)
         for c in llm_calls_of(conn, job_id=kid.id):
-            row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error)
+            row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error, _parsed(c))
             console.print("    llm " + " ".join(str(x) for x in row if x is not None), markup=False, highlight=False)
+
+
+def _parsed(call: Any) -> str | None:
+    """How the verbose call line shows ``parse_ok`` (docs/contract.md#structured-outputs); None: not parsed."""
+    return None if call.parse_ok is None else ("parsed" if call.parse_ok else "unparsed")
 
 
 # --------------------------------------------------------------------------- workers

@@ -141,12 +141,17 @@ def _print_view(v: JobView) -> None:
     )
     by_stage: dict[str, list[int]] = {}
     for c in v.calls:
-        agg = by_stage.setdefault(c.stage, [0, 0, 0])
+        agg = by_stage.setdefault(c.stage, [0, 0, 0, 0])
         agg[0] += 1
         agg[1] += c.tokens_in + c.tokens_out
         agg[2] += c.status != "ok"
-    for stage, (n, tokens, bad) in by_stage.items():
-        typer.echo(f"    {stage:<12} {n} calls, {tokens} tokens" + (f", {bad} not ok" if bad else ""))
+        agg[3] += c.parse_ok is False  # docs/contract.md#structured-outputs
+    for stage, (n, tokens, bad, unparsed) in by_stage.items():
+        typer.echo(
+            f"    {stage:<12} {n} calls, {tokens} tokens"
+            + (f", {bad} not ok" if bad else "")
+            + (f", {unparsed} replies unusable as they came" if unparsed else "")
+        )
     if v.error is not None:
         typer.echo(f"  error:    {v.error.type}: {_one_line(v.error.message, 200)}")
     if v.children:

@@ -92,6 +92,14 @@ class Settings(BaseSettings):
     local_llm_parallel: int = Field(
         2, ge=1, le=8, description="Requests the local model server runs at once (its slots); small CPUs: 1-2."
     )
+    structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
+        "auto",
+        description=(
+            "How JSON stages ask for JSON (docs/contract.md#structured-outputs): auto tries a JSON Schema, then "
+            "json_object, then none, learning per (base URL, model) what the server accepts; json_schema only; "
+            "json_object only; off sends no response_format."
+        ),
+    )
 
     # --- query defaults ----------------------------------------------------
     batch_size: int = Field(10, ge=1, le=1000, description="Default chunks per analyst batch.")

@@ -56,6 +56,10 @@ COUNTER_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
         "LLM tokens as the provider reported them: in, out, cached (of in).",
     ),
     "rlm_llm_cost_usd_total": (("model",), "LLM cost in USD, priced from RLM_PRICES when the call was logged."),
+    "rlm_llm_parse_failures_total": (
+        ("stage", "model"),
+        "LLM replies the stage could not use as they came (parse_ok false): the stage re-asked or fell back.",
+    ),
     "rlm_fair_deferrals_total": (
         (),
         "Tasks re-queued because their tenant held its share of the LLM slots while another tenant waited.",
@@ -149,6 +153,8 @@ def llm_calls(model: str, calls: Sequence[LLMCall]) -> None:
             if c.cost_usd:
                 p.hincrbyfloat(COUNTERS_KEY, _field("rlm_llm_cost_usd_total", [model]), float(c.cost_usd))
             _observe(p, "rlm_llm_latency_seconds", [model], max(0, c.latency_ms or 0) / 1000)
+            if c.parse_ok is False:
+                p.hincrby(COUNTERS_KEY, _field("rlm_llm_parse_failures_total", [c.stage, model]), 1)
 
     _update(fill)
 

@@ -435,3 +435,7 @@ class LLMCall(BaseModel):
     solo_tokens_in: int | None = None
     #: "sync" (an ordinary request) or "batch_api" (a line of an OpenAI Batch API file, priced at its discount)
     via: Literal["sync", "batch_api"] = "sync"
+    #: whether the stage could use the reply as it came (docs/contract.md#structured-outputs): False when it was
+    #: no JSON of the right shape (the stage then re-asks, in a call of its own, or falls back); None for a call
+    #: whose reply is not parsed (synthesis, direct answers) or that failed
+    parse_ok: bool | None = None

@@ -21,7 +21,11 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from .errors import BudgetExhausted, JobCancelled, RLMError, SessionBusy
+from .llm.structured import REWRITE_SCHEMA, RewriteReply
+from .pipeline.replies import json_candidates
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -286,17 +290,27 @@ def rewrite_messages(spec: dict[str, Any], prompt_dir: str | Path | None = None)
 
     user = (
         f"{conversation_section(spec)}## Follow-up\n\n{escape_content(spec['asked'])}\n\n"
-        "Rewrite the follow-up as one standalone question."
+        'Rewrite the follow-up as one standalone question: reply {"question": "..."}.'
     )
     return [system_message(load_prompt("rewrite", prompt_dir=prompt_dir)), {"role": "user", "content": user}]
 
 
 def parse_rewrite(text: str) -> str | None:
-    """The model's standalone question: its first non-empty line, unquoted and bounded; None when unusable."""
+    """The model's standalone question, bounded; None when unusable.  ``{"question": "..."}`` (the schema it was
+    sent, ``RewriteReply``) or, from a server that enforces no schema, the first non-empty line, unquoted."""
     from .models import check_storable_text
 
-    line = next((ln.strip() for ln in (text or "").splitlines() if ln.strip()), "")
-    line = re.sub(r"^(?:standalone question|question)\s*:\s*", "", line, flags=re.I).strip().strip("\"'“”`").strip()
+    stripped = (text or "").strip()
+    if stripped.startswith(("{", "```")):
+        obj = next((v for v in json_candidates(stripped) if isinstance(v, dict)), None)
+        try:
+            line = RewriteReply.model_validate(obj).question.strip() if obj is not None else ""
+        except ValidationError:
+            line = ""
+    else:
+        line = next((ln.strip() for ln in stripped.splitlines() if ln.strip()), "")
+        line = re.sub(r"^(?:standalone question|question)\s*:\s*", "", line, flags=re.I).strip()
+        line = line.strip("\"'“”`").strip()
     if not line:
         return None
     try:
@@ -334,9 +348,12 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
                     model=settings.primary_model,
                     messages=rewrite_messages(spec, settings.prompt_dir),
                     max_tokens=REWRITE_MAX_TOKENS,
+                    json_output=True,
+                    json_schema=REWRITE_SCHEMA,
                 ),
+                parse=parse_rewrite,
             )
-            parsed = parse_rewrite(completion.text)
+            parsed = completion.parsed
             if parsed:
                 question, how = parsed, "model"
         except JobCancelled:

@@ -11,7 +11,7 @@ import pytest
 
 from rlm_workers.config import Settings
 from rlm_workers.errors import BudgetExhausted, LLMError, QuotaExhausted, RateLimited
-from rlm_workers.llm.openai_provider import OpenAIProvider, parse_retry_after
+from rlm_workers.llm.openai_provider import OpenAIProvider, forget_refusals, parse_retry_after
 from rlm_workers.llm.protocol import CompletionRequest
 from tests.support.scripted_llm import (
     Reply,
@@ -40,6 +40,14 @@ def _request(text: str = "hello", **kw: object) -> CompletionRequest:
 def srv():
     with ScriptedLLM() as s:
         yield s
+
+
+@pytest.fixture(autouse=True)
+def no_learned_refusals():
+    # refusals are remembered per (base URL, model) for the process: a new server may reuse an old one's port
+    forget_refusals()
+    yield
+    forget_refusals()
 
 
 @pytest.fixture(autouse=True)
@@ -430,3 +438,115 @@ def test_scripted_prompt_cache_reports_a_shared_prefix_like_openai():
     with ScriptedLLM(fixed("ok")) as plain:  # off unless asked for
         p = OpenAIProvider(_settings(plain))
         assert [p.complete(_request(long)).cached_tokens for _ in range(2)] == [0, 0]
+
+
+# --------------------------------------------------------------------------- structured outputs
+
+SCHEMA = {
+    "name": "answer",
+    "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    "strict": False,
+}
+
+
+def _refuse_json_schema(req: dict) -> Reply | str:
+    if (req.get("response_format") or {}).get("type") == "json_schema":
+        return Reply.http_error(400, "response_format type json_schema is not supported", type="invalid_request_error")
+    return '{"ok": true}'
+
+
+def test_a_schema_goes_out_as_json_schema(srv):
+    srv.responder = fixed('{"ok": true}')
+    OpenAIProvider(_settings(srv)).complete(_request(json_output=True, json_schema=SCHEMA))
+    assert srv.requests[0].body["response_format"] == {"type": "json_schema", "json_schema": SCHEMA}
+
+
+def test_a_refused_json_schema_falls_back_to_json_object_once_per_server_and_model(srv):
+    srv.responder = _refuse_json_schema
+    first = OpenAIProvider(_settings(srv)).complete(_request(json_output=True, json_schema=SCHEMA))
+    assert first.text == '{"ok": true}' and len(first.failed_attempts) == 1
+    # another job's provider in the same process goes straight to the learned form
+    OpenAIProvider(_settings(srv)).complete(_request(json_output=True, json_schema=SCHEMA))
+    forms = [r.body["response_format"]["type"] for r in srv.requests]
+    assert forms == ["json_schema", "json_object", "json_object"]
+    # learned for that model only
+    OpenAIProvider(_settings(srv)).complete(
+        dataclasses.replace(_request(json_output=True, json_schema=SCHEMA), model="other")
+    )
+    assert srv.requests[-2].body["response_format"]["type"] == "json_schema"
+
+
+def test_json_object_refused_too_sends_no_response_format(srv):
+    srv.responder = lambda req: (
+        Reply.http_error(400, "'response_format' is not supported", type="invalid_request_error")
+        if "response_format" in req
+        else '{"ok": true}'
+    )
+    p = OpenAIProvider(_settings(srv))
+    p.complete(_request(json_output=True, json_schema=SCHEMA))
+    p.complete(_request(json_output=True, json_schema=SCHEMA))
+    forms = [(r.body.get("response_format") or {}).get("type") for r in srv.requests]
+    assert forms == ["json_schema", "json_object", None, None]
+
+
+def test_forced_json_schema_refused_is_a_clear_error(srv):
+    srv.responder = _refuse_json_schema
+    with pytest.raises(LLMError) as ei:
+        OpenAIProvider(_settings(srv, structured_outputs="json_schema")).complete(
+            _request(json_output=True, json_schema=SCHEMA)
+        )
+    assert not ei.value.retryable and "RLM_STRUCTURED_OUTPUTS=json_schema" in ei.value.message
+    assert srv.calls == 1
+
+
+@pytest.mark.parametrize(("mode", "form"), [("json_object", {"type": "json_object"}), ("off", None)])
+def test_structured_outputs_setting(srv, mode, form):
+    srv.responder = fixed('{"ok": true}')
+    OpenAIProvider(_settings(srv, structured_outputs=mode)).complete(_request(json_output=True, json_schema=SCHEMA))
+    assert srv.requests[0].body.get("response_format") == form
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_chunks",
+            "description": "Full text of chunks by id.",
+            "parameters": {"type": "object", "properties": {"chunk_ids": {"type": "array"}}},
+        },
+    }
+]
+
+
+def test_a_server_without_tools_gets_them_in_words_and_its_json_action_becomes_a_call(srv):
+    def responder(req: dict) -> Reply | str:
+        if "tools" in req:
+            return Reply.http_error(400, "tools param requires --jinja flag", type="invalid_request_error")
+        if any(m["role"] == "user" and m["content"].startswith("Result of get_chunks") for m in req["messages"]):
+            return json.dumps({"answer": "## Answer\n\nfound it"})
+        return json.dumps({"action": "get_chunks", "arguments": {"chunk_ids": [3]}})
+
+    srv.responder = responder
+    p = OpenAIProvider(_settings(srv))
+    messages = [{"role": "system", "content": "SYS"}, {"role": "user", "content": "findings"}]
+    c = p.complete(dataclasses.replace(_request(), role="synthesizer", messages=messages, tools=TOOLS))
+    assert [(t.name, json.loads(t.arguments)) for t in c.tool_calls] == [("get_chunks", {"chunk_ids": [3]})]
+    sent = srv.requests[-1].body
+    assert "tools" not in sent and "get_chunks" in sent["messages"][0]["content"]
+    assert sent["response_format"]["type"] == "json_schema"
+    # the next turn: the call and its result as plain messages, and the answer unwrapped
+    turn2 = [*messages, c.raw_message, {"role": "tool", "tool_call_id": c.tool_calls[0].id, "content": "{}"}]
+    final = p.complete(dataclasses.replace(_request(), role="synthesizer", messages=turn2, tools=TOOLS))
+    assert final.text == "## Answer\n\nfound it" and not final.tool_calls
+    roles = [m["role"] for m in srv.requests[-1].body["messages"]]
+    assert roles == ["system", "user", "assistant", "user"] and len(srv.requests) == 3  # one refusal only
+
+
+def test_a_json_action_reply_from_a_model_with_tools_is_read_as_the_call(srv):
+    srv.responder = fixed(json.dumps({"action": "get_chunks", "arguments": {"chunk_ids": [1]}}))
+    c = OpenAIProvider(_settings(srv)).complete(dataclasses.replace(_request(), tools=TOOLS))
+    assert [t.name for t in c.tool_calls] == ["get_chunks"] and "tools" in srv.requests[0].body
+    # an unknown tool name is not a call: the text stays the report
+    srv.responder = fixed(json.dumps({"action": "rm_rf", "arguments": {}}))
+    c = OpenAIProvider(_settings(srv)).complete(dataclasses.replace(_request(), tools=TOOLS))
+    assert not c.tool_calls

@@ -145,9 +145,17 @@ def test_an_unusable_analyst_reply_is_retried_with_what_was_wrong(conn, fresh):
         assert batch["role"] == "user" and "### Chunk" in batch["content"]
         assert prior == {"role": "assistant", "content": "I looked at the chunks and they seem fine."}
         assert correction["role"] == "user" and correction["content"].startswith(RETRY_PREFIX)
-        assert "not a JSON findings array" in correction["content"]
+        assert "not a JSON findings object" in correction["content"]
         ids = re.findall(r"### Chunk (\d+)", batch["content"])
         assert f"({', '.join(ids)})" in correction["content"]  # it names the chunks it must answer for
+    # each first reply is recorded as unusable, its re-ask (a row of its own) as parsed; the job JSON shows both
+    from rlm_api.routes.queries import job_view
+
+    calls = [c for c in job_view(conn, job).calls if c.stage == "analyst"]
+    assert sorted(c.parse_ok for c in calls) == [False] * len(retries) + [True] * len(retries)
+    shown = json.loads(job_view(conn, job).model_dump_json())["calls"]
+    assert [c["parse_ok"] for c in shown if c["stage"] == "analyst"].count(False) == len(retries)
+    assert {c["parse_ok"] for c in shown if c["stage"] == "synthesize"} == {None}
 
 
 def test_analyst_requests_follow_the_seed_format_and_are_temperature_zero(conn, fresh):
@@ -157,10 +165,41 @@ def test_analyst_requests_follow_the_seed_format_and_are_temperature_zero(conn, 
     assert reqs and not requests_for(fresh, "plan-model")  # --skip-plan: no planner call
     for req in reqs:
         body = req.body
-        assert body["temperature"] == 0 and body["response_format"] == {"type": "json_object"}
+        assert body["temperature"] == 0 and body["response_format"]["type"] == "json_schema"
+        assert body["response_format"]["json_schema"]["name"] == "analyst_findings"
         user = last_user_message(body)
         # the shared part first, the question last (docs/contract.md#prompt-caching)
         assert user.startswith("## Chunks\n\n### Chunk ") and f"\n\n## Query\n\n{QUESTION}\n\n## Reply\n\n" in user
+
+
+def test_every_json_stage_sends_the_schema_its_replies_validate_against(conn, fresh, model):
+    """RLM_STRUCTURED_OUTPUTS=auto (the default): plan, analyst and check send response_format json_schema, and
+    what the scripted model answers validates against it (docs/contract.md#structured-outputs)."""
+    import jsonschema
+
+    model.check_reply = json.dumps({"complete": True, "confidence": 0.8, "gaps": [], "follow_ups": []})
+    job = run_job(conn, QUESTION, mode="thinking", depth=0)
+    assert job.status == "done"
+    seen = set()
+    for req in fresh.requests:
+        if req.body.get("model") == "synth-model":
+            continue
+        form = req.body["response_format"]
+        assert form["type"] == "json_schema", req.body.get("model")
+        spec = form["json_schema"]
+        assert spec["schema"]["type"] == "object" and spec["strict"] is False
+        reply = model(req.body)
+        jsonschema.validate(json.loads(reply if isinstance(reply, str) else reply.content), spec["schema"])
+        seen.add(spec["name"])
+    assert seen == {"analysis_plan", "analyst_findings", "check_verdict"}
+    from rlm_workers.store.jobs import llm_calls_of
+
+    assert {c.stage: c.parse_ok for c in llm_calls_of(conn, job_id=job.id)} == {
+        "plan": True,
+        "analyst": True,
+        "check": True,
+        "synthesize": None,
+    }
 
 
 def test_content_breakout_is_escaped(conn, fresh):

@@ -245,7 +245,8 @@ def test_analyst_message_format():
     assert text.startswith("## Chunks\n\n### Chunk 3\n")
     assert '### Chunk 8\n\nsource: "b:f.py":8-9\n\n<content>\nt8\n</content>\n\n## Query\n\nwhere is X?\n\n' in text
     assert text.endswith(
-        '## Focus topics\n\n- "X"\n\n## Reply\n\nReply with a JSON array of exactly 2 entries, one per chunk id above.'
+        '## Focus topics\n\n- "X"\n\n## Reply\n\nReply with a JSON object {"entries": [...]} holding exactly 2 '
+        "entries, one per chunk id above."
     )
 
 
@@ -308,7 +309,7 @@ def test_synthesizer_input_is_bounded():
 
 def test_prompt_override_and_fallback(tmp_path):
     shipped = load_prompt("subcall")
-    assert "JSON array" in shipped and "<content>" in shipped
+    assert '"entries"' in shipped and "<content>" in shipped
     assert load_prompt("subcall", prompt_dir=tmp_path) == shipped
     (tmp_path / "subcall.md").write_text("CUSTOM ANALYST PROMPT\n")
     assert load_prompt("subcall", prompt_dir=tmp_path) == "CUSTOM ANALYST PROMPT"

@@ -665,7 +665,7 @@ class ExtractiveProvider:
             out = json.dumps(plan_by_rules(_query_of(text)))
         elif request.role == "analyst":
             reply = shared_analyst_reply(text) if is_shared_read(text) else analyst_reply(text)
-            out = json.dumps(reply, ensure_ascii=False)
+            out = json.dumps({"entries": reply}, ensure_ascii=False)  # the wire shape (llm/structured.py)
         elif request.role == "check":
             out = json.dumps(check_by_rules(text), ensure_ascii=False)
         elif request.role == "direct":

@@ -31,6 +31,9 @@ class CompletionRequest:
     max_tokens: int
     temperature: float = 0.0
     json_output: bool = False
+    #: the reply's JSON Schema as ``response_format.json_schema`` wants it (``{"name", "schema", "strict"}``,
+    #: built by ``llm/structured.py``); sent when RLM_STRUCTURED_OUTPUTS and the server allow, with ``json_output``
+    json_schema: dict[str, Any] | None = None
     #: OpenAI-format tool specs; only the synthesizer passes them
     tools: list[dict[str, Any]] | None = None
     #: whose job the call serves: the global in-flight limit is shared between active tenants
@@ -55,6 +58,11 @@ class Completion:
     #: why the model stopped, as the server said ("stop", "length", "tool_calls"…); "length" means the reply was
     #: cut at max_tokens, so whatever it holds may be incomplete
     finish_reason: str | None = None
+    #: set by ``pipeline/calls.call_llm`` when the stage passed a parser: whether the reply parsed at the first
+    #: try (None: nothing was parsed), the parsed value, and the ``ParseError`` when it did not parse
+    parse_ok: bool | None = None
+    parsed: Any = None
+    parse_error: Exception | None = None
 
 
 class LLMProvider(Protocol):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from ..constants import LIMITER_KEY_PREFIX
 from ..errors import BudgetExhausted, JobCancelled, LimiterBusy, ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.protocol import CompletionRequest
+from ..llm.structured import ANALYST_SCHEMA, GRADES, NONE_KEY, SHARED_SCHEMA, as_chunk_id, validate_entry
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..resources import provider
 from ..sessions import conversation_section, evidence_ids
@@ -48,19 +48,6 @@ ANALYST_MAX_TOKENS = 16_384
 PARSE_RETRIES = 1
 #: how much of an unusable reply is shown back to the model in the retry
 PRIOR_REPLY_CHARS = 2000
-#: words models use for grades, mapped onto ours
-_GRADES = {
-    "critical": Relevance.high,
-    "high": Relevance.high,
-    "medium": Relevance.medium,
-    "moderate": Relevance.medium,
-    "low": Relevance.low,
-    "minor": Relevance.low,
-    "none": Relevance.none,
-    "irrelevant": Relevance.none,
-    "no": Relevance.none,
-}
-
 
 # --------------------------------------------------------------------------- messages
 
@@ -112,7 +99,10 @@ def build_messages(
     parts.append(f"{conversation}## Query\n\n{escape_content(query)}")
     if focus_topics:
         parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
-    parts.append(f"## Reply\n\nReply with a JSON array of exactly {len(chunks)} entries, one per chunk id above.")
+    parts.append(
+        f'## Reply\n\nReply with a JSON object {{"entries": [...]}} holding exactly {len(chunks)} entries, one per '
+        "chunk id above."
+    )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -144,7 +134,8 @@ def build_shared_messages(
         lines.append(block)
     parts.append("## Questions\n\n" + "\n\n".join(lines))
     parts.append(
-        f"## Reply\n\nReply with a JSON array accounting for all {len(chunks) * len(questions)} (question, chunk id) "
+        f'## Reply\n\nReply with a JSON object {{"entries": [...]}} whose entries account for all '
+        f"{len(chunks) * len(questions)} (question, chunk id) "
         f"pairs: for each of the {len(questions)} questions, an entry per chunk id above that bears on it and one "
         f'{{"question": n, "{NONE_KEY}": [...]}} object listing the chunk ids it grades none; every object has '
         '"question" set to the question\'s number.'
@@ -164,8 +155,9 @@ def retry_messages(
         {
             "role": "user",
             "content": (
-                f"Your previous reply could not be used: {problem}. Reply again with only a JSON array of exactly "
-                f"{len(chunk_ids)} objects, one per chunk id ({', '.join(map(str, chunk_ids))}), each with chunk_id, "
+                f"Your previous reply could not be used: {problem}. Reply again with only a JSON object "
+                f'{{"entries": [...]}} holding exactly {len(chunk_ids)} objects, one per chunk id '
+                f"({', '.join(map(str, chunk_ids))}), each with chunk_id, "
                 "relevance (high, medium, low or none), findings, summary and follow_up (and records, if asked for)."
             ),
         },
@@ -176,7 +168,8 @@ def retry_messages(
 
 
 def _entries(value: Any) -> list[dict] | None:
-    """The findings array itself, an object wrapping it under one key, or a single finding object."""
+    """The findings array wrapped under one key (``{"entries": [...]}``, the shape asked for), the array itself (old
+    servers, scripted tests), or a single finding object."""
     if isinstance(value, list):
         if value and not any(isinstance(v, dict) for v in value):
             return None
@@ -190,17 +183,6 @@ def _entries(value: Any) -> list[dict] | None:
     return None
 
 
-def _chunk_id(raw: Any) -> int | None:
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str):
-        m = re.search(r"\d+", raw)
-        return int(m.group()) if m else None
-    return None
-
-
 def reply_entries(text: str) -> list[dict]:
     """The entries of an analyst's reply; ``ParseError`` when it holds none at all."""
     entries = next((e for v in json_candidates(text or "") if (e := _entries(v)) is not None), None)
@@ -209,12 +191,9 @@ def reply_entries(text: str) -> list[dict]:
         # again for the chunks they leave out
         entries = leading_objects(text or "") or None
     if entries is None:
-        raise ParseError(f"the analyst reply is not a JSON findings array: {(text or '')[:120]!r}")
-    return entries
-
-
-#: the key of a compact reply object listing the chunks graded "none" (docs/contract.md#shared-reads)
-NONE_KEY = "none"
+        raise ParseError(f"the analyst reply is not a JSON findings object: {(text or '')[:120]!r}")
+    # each entry through the model whose schema the analyst was sent; one without a usable chunk id goes
+    return [v for e in entries if (v := validate_entry(e)) is not None]
 
 
 def none_ids(entry: dict) -> list[int] | None:
@@ -224,12 +203,12 @@ def none_ids(entry: dict) -> list[int] | None:
         return None
     raw = entry[NONE_KEY]
     items = raw if isinstance(raw, list) else [raw]
-    return [cid for r in items if (cid := _chunk_id(r)) is not None]
+    return [cid for r in items if (cid := as_chunk_id(r)) is not None]
 
 
 def question_no(entry: dict) -> int | None:
     """The question number a shared read's entry answers (``question``, or ``question_no``)."""
-    return _chunk_id(entry.get("question", entry.get("question_no")))
+    return as_chunk_id(entry.get("question", entry.get("question_no")))
 
 
 def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
@@ -248,10 +227,10 @@ def findings_from_entries(entries: Sequence[dict], *, batch_chunk_ids: Sequence[
         if (ids := none_ids(e)) is not None:
             listed_none += ids
             continue
-        cid = _chunk_id(e.get("chunk_id"))
+        cid = as_chunk_id(e.get("chunk_id"))
         if cid is None or cid not in allowed:
             continue  # an id we never sent: the model invented or misread it
-        grade = _GRADES.get(str(e.get("relevance", "")).strip().lower(), Relevance.low)
+        grade = GRADES.get(str(e.get("relevance", "")).strip().lower(), Relevance.low)
         raw_findings = e.get("findings") or []
         if isinstance(raw_findings, str):
             raw_findings = [raw_findings]
@@ -440,9 +419,10 @@ def prompt_chunks(conn: Any, *, tenant: str, ids: Sequence[int], counting: bool)
 
 
 def analyst_request(
-    messages: list[dict[str, str]], settings: Settings, *, tenant: str | None = None
+    messages: list[dict[str, str]], settings: Settings, *, tenant: str | None = None, shared: bool = False
 ) -> CompletionRequest:
-    """An analyst call: the subcall model, deterministic, a JSON reply."""
+    """An analyst call: the subcall model, deterministic, a JSON reply of the analyst's schema (``shared``: a
+    read for several questions, whose entries carry question numbers and may list none-graded chunks)."""
     return CompletionRequest(
         role="analyst",
         model=settings.subcall_model,
@@ -450,6 +430,7 @@ def analyst_request(
         max_tokens=ANALYST_MAX_TOKENS,
         temperature=0.0,
         json_output=True,
+        json_schema=SHARED_SCHEMA if shared else ANALYST_SCHEMA,
         tenant=tenant,
     )
 
@@ -488,16 +469,20 @@ def _ask(
     for attempt in range(PARSE_RETRIES + 1):
         request = analyst_request(messages, settings)
         completion = call_llm(
-            None, job_id=job_id, stage="analyst", batch=batch_no, request=request, check_open=check_open or attempt > 0
+            None,
+            job_id=job_id,
+            stage="analyst",
+            batch=batch_no,
+            request=request,
+            check_open=check_open or attempt > 0,
+            parse=functools.partial(parse_findings, batch_chunk_ids=wanted),
         )
         cut = completion.finish_reason == "length"
-        try:
-            got = parse_findings(completion.text, batch_chunk_ids=wanted)
-            problem = None
-        except ParseError as exc:
+        got, problem = completion.parsed or [], None
+        if completion.parse_error is not None:
             if attempt == PARSE_RETRIES and not answered:
-                raise
-            got, problem = [], exc.message
+                raise completion.parse_error
+            problem = completion.parse_error.message
         for f in got:
             answered[f.chunk_id] = f
         wanted = [cid for cid in wanted if cid not in answered]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
-from ..errors import BudgetExhausted, LLMError
+from ..errors import BudgetExhausted, LLMError, ParseError
 from ..llm import fair
 from ..llm.protocol import Completion, CompletionRequest
 from ..models import LLMCall
@@ -36,6 +37,7 @@ def call_llm(
     request: CompletionRequest,
     batch: int | None = None,
     check_open: bool = True,
+    parse: Callable[[str], Any] | None = None,
 ) -> Completion:
     """Call the provider; log every attempt on the job (through ``conn``, or a connection checked out for
     the write when it is None — analysts hold none while the model thinks).
@@ -43,7 +45,12 @@ def call_llm(
     A job that has ended starts no call (``check_open``: a caller that has just claimed work of an open job
     may skip the round trip).  The tree's budget is checked before every HTTP attempt, retries included
     (``BudgetExhausted``: no call, or no further attempt, starts) and charged after, with the cost priced from
-    RLM_PRICES (docs/contract.md#budgets)."""
+    RLM_PRICES (docs/contract.md#budgets).
+
+    ``parse``: the stage's parser of the reply text.  It runs before the call is logged, so the row says whether
+    the reply parsed (``parse_ok``, docs/contract.md#structured-outputs); the completion carries the value
+    (``parsed``), or the ``ParseError`` (``parse_error``) for the stage to re-ask or fail as it does.  A parser
+    returning None counts as a failure too."""
     from ..config import get_settings
     from ..llm.prices import cost_usd, prices
     from .budget import ledger_for_job
@@ -111,6 +118,15 @@ def call_llm(
         charge(calls)
         metrics.llm_calls(request.model, calls)
         raise
+    crash: Exception | None = None
+    if parse is not None:
+        try:
+            completion.parsed = parse(completion.text)
+            completion.parse_ok = completion.parsed is not None
+        except ParseError as exc:
+            completion.parse_error, completion.parse_ok = exc, False
+        except Exception as exc:  # a parser's bug: the call is paid for and logged all the same, then it surfaces
+            crash, completion.parse_ok = exc, False
     calls = [attempt(a, "retried") for a in completion.failed_attempts]
     calls.append(
         attempt(
@@ -122,7 +138,7 @@ def call_llm(
             },
             "ok",
             model=completion.model or request.model,
-        )
+        ).model_copy(update={"parse_ok": completion.parse_ok})
     )
     _log_calls(conn, job_id, calls)
     charge(calls)
@@ -138,6 +154,8 @@ def call_llm(
         completion.tokens_out,
         completion.latency_ms,
     )
+    if crash is not None:
+        raise crash
     return completion
 
 

@@ -12,18 +12,17 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from ..errors import BudgetExhausted, BufferNotFound, ParseError
 from ..llm.protocol import CompletionRequest
-from ..models import AnalysisPlan, BatchSize, MaxChunks, SearchMode, Threshold, TopK
+from ..llm.structured import PLAN_SCHEMA, PlanReply
+from ..models import AnalysisPlan
 from ..store import jobs as job_store
 from ..store.buffers import list_buffers
 from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, StageContext
 from .prompts import load_prompt, system_message
-from .replies import clip, json_candidates
+from .replies import json_candidates
 
 if TYPE_CHECKING:
     import psycopg
@@ -33,14 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlm.pipeline.plan")
 
 PLAN_MAX_TOKENS = 1024
-#: what a planner may set, bounded as the user's own options are
-_PLANNED: dict[str, TypeAdapter[Any]] = {
-    "search_mode": TypeAdapter(SearchMode),
-    "threshold": TypeAdapter(Threshold),
-    "top_k": TypeAdapter(TopK),
-    "max_chunks": TypeAdapter(MaxChunks),
-    "batch_size": TypeAdapter(BatchSize),
-}
 
 
 def build_messages(
@@ -62,47 +53,33 @@ def build_messages(
 
 
 def parse_plan(text: str) -> AnalysisPlan:
-    """The planner's reply → a plan holding only the fields it set sensibly (the rest stays unset)."""
+    """The planner's reply → a plan holding only the fields it set sensibly (the rest stays unset): found leniently,
+    then read through ``PlanReply``, the model whose schema the planner was sent."""
+    reply = plan_reply(text)
+    return AnalysisPlan(**reply.model_dump(exclude_unset=True, exclude={"route", "route_reason"}))
+
+
+def parse_route(text: str) -> dict[str, str]:
+    """The planner's route (direct, fanout, exhaustive) and its reason, when it gave a valid one."""
+    try:
+        reply = plan_reply(text)
+    except ParseError:
+        return {}
+    return {"route": reply.route, "route_reason": reply.route_reason or ""} if reply.route else {}
+
+
+def plan_reply(text: str) -> PlanReply:
     obj = next((v for v in json_candidates(text or "") if isinstance(v, dict)), None)
     if obj is None:
         raise ParseError(f"the planner reply is not a JSON object: {(text or '')[:120]!r}")
     if len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
         obj = next(iter(obj.values()))  # {"plan": {...}}
-    fields: dict[str, Any] = {}
-    for name, adapter in _PLANNED.items():
-        value = obj.get(name)
-        if isinstance(value, bool) or value is None:
-            continue
-        if name == "search_mode":
-            value = str(value).lower()
-        elif isinstance(value, int | float | str):
-            try:
-                value = float(value) if name == "threshold" else int(float(value))  # models send "20" or 20.0
-            except (ValueError, OverflowError):
-                continue
-        else:
-            continue
-        try:
-            fields[name] = adapter.validate_python(value)
-        except ValidationError:
-            continue  # out of bounds or not a number: the field stays unset
-    topics = obj.get("focus_topics")
-    if isinstance(topics, list):
-        fields["focus_topics"] = [clip(t, 200) for t in topics if isinstance(t, str) and t.strip()][:10]
-    return AnalysisPlan(**fields)
+    return PlanReply.model_validate(obj)
 
 
-def parse_route(text: str) -> dict[str, str]:
-    """The planner's route (direct, fanout, exhaustive) and its reason, when it gave a valid one."""
-    from ..models import Route
-
-    obj = next((v for v in json_candidates(text or "") if isinstance(v, dict)), None) or {}
-    if len(obj) == 1 and isinstance(next(iter(obj.values())), dict):
-        obj = next(iter(obj.values()))
-    route = str(obj.get("route") or "").strip().lower()
-    if route not in {r.value for r in Route}:
-        return {}
-    return {"route": route, "route_reason": clip(str(obj.get("route_reason") or ""), 300)}
+def planned_fields(text: str) -> dict[str, Any]:
+    """What the planner's reply sets, the route included, as the job stores it."""
+    return parse_plan(text).model_dump(exclude_unset=True) | parse_route(text)
 
 
 def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> tuple[int, int, str | None]:
@@ -160,14 +137,18 @@ def run(ctx: StageContext) -> str:
                 messages=messages,
                 max_tokens=PLAN_MAX_TOKENS,
                 json_output=True,
+                json_schema=PLAN_SCHEMA,
             ),
+            parse=planned_fields,
         )
     except BudgetExhausted:
         # the plan only tunes the search: the job goes on with the defaults and ends with what it can afford
         log.info("job %s: budget exhausted before planning; searching with the defaults", job.id)
         job_store.save_plan(conn, job_id=job.id, plan={})
         return OK
-    planned = parse_plan(completion.text).model_dump(exclude_unset=True) | parse_route(completion.text)
+    if completion.parse_error is not None:
+        raise completion.parse_error
+    planned = completion.parsed
     # paid for: a database blink is waited out rather than answered by a second planner call
     durable_write(conn, lambda c: job_store.save_plan(c, job_id=job.id, plan=planned), what=f"plan of job {job.id}")
     return OK

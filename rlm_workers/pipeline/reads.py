@@ -222,7 +222,7 @@ def _prepare(conn: psycopg.Connection, read: store.ReadRow, members: list[_Membe
             system + "\n\n" + load_prompt(SHARED_PROMPT, prompt_dir=settings.prompt_dir), questions, chunks
         )
     size = len(json.dumps(messages, ensure_ascii=False)) or 1
-    request = analyst_request(messages, settings, tenant=read.tenant)
+    request = analyst_request(messages, settings, tenant=read.tenant, shared=len(members) > 1)
     return _Prepared(read, members, chunks, request, [len(json.dumps(s, ensure_ascii=False)) / size for s in solos])
 
 
@@ -522,8 +522,8 @@ def _retry_messages(
         {"role": "assistant", "content": shown},
         {
             "role": "user",
-            "content": f"Your previous reply could not be used in full: {why}. Reply again with only a JSON array "
-            f"holding {owed}, {shape}.",
+            "content": f"Your previous reply could not be used in full: {why}. Reply again with only a JSON object "
+            f'{{"entries": [...]}} holding {owed}, {shape}.',
         },
     ]
 

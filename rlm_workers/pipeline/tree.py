@@ -98,7 +98,8 @@ def _ask_checker(
     conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int, asked: list[str]
 ) -> dict[str, Any] | None:
     """Round ``rnd``'s verdict (``asked``: the follow-ups asked so far); None when the budget is spent."""
-    from .check import CHECK_MAX_TOKENS, build_messages, parse_check
+    from ..llm.structured import response_schema
+    from .check import CHECK_MAX_TOKENS, CheckVerdict, build_messages, parse_check
     from .prompts import load_prompt
 
     kept = (job.collected or {}).get("kept") or []
@@ -114,9 +115,13 @@ def _ask_checker(
                 messages=messages,
                 max_tokens=CHECK_MAX_TOKENS,
                 json_output=True,
+                json_schema=response_schema("check_verdict", CheckVerdict),
             ),
+            parse=parse_check,
         )
-        return {"round": rnd, **parse_check(completion.text).model_dump()}
+        if completion.parse_error is not None:
+            raise completion.parse_error
+        return {"round": rnd, **completion.parsed.model_dump()}
     except BudgetExhausted:
         return None
     except RLMError as exc:  # a failed check ends the rounds, not the job: the report says what is unknown

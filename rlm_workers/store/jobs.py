@@ -437,8 +437,8 @@ def findings_of(conn: psycopg.Connection, *, job_id: str) -> list[tuple[int, Fin
 def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCall) -> None:
     conn.execute(
         """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms,
-                                  status, error, cached_tokens, cost_usd, shared, solo_tokens_in, via)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+                                  status, error, cached_tokens, cost_usd, shared, solo_tokens_in, via, parse_ok)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
         (
             job_id,
             call.stage,
@@ -455,6 +455,7 @@ def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCa
             call.shared,
             call.solo_tokens_in,
             call.via,
+            call.parse_ok,
         ),
     )
 
@@ -663,10 +664,11 @@ def llm_calls_of(conn: psycopg.Connection, *, job_id: str) -> list[LLMCall]:
             shared=r[11],
             solo_tokens_in=r[12],
             via=r[13],
+            parse_ok=r[14],
         )
         for r in conn.execute(
             """SELECT stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error, cached_tokens,
-                      cost_usd, shared, solo_tokens_in, via FROM llm_calls WHERE job_id = %s ORDER BY id""",
+                      cost_usd, shared, solo_tokens_in, via, parse_ok FROM llm_calls WHERE job_id = %s ORDER BY id""",
             (job_id,),
         )
     ]

@@ -469,6 +469,11 @@ CREATE TABLE ingest_staged_chunks (
 CREATE INDEX ingest_staged_chunks_group ON ingest_staged_chunks (upload_id, group_no);
 """
 
+# Whether a stage could use the reply as it came (docs/contract.md#structured-outputs); NULL: nothing parsed.
+M017_LLM_CALL_PARSE_OK = """
+ALTER TABLE llm_calls ADD COLUMN parse_ok boolean;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -486,6 +491,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m014_sessions", M014_SESSIONS),
     ("m015_overnight_reads", M015_OVERNIGHT_READS),
     ("m016_ingest_groups", M016_INGEST_GROUPS),
+    ("m017_llm_call_parse_ok", M017_LLM_CALL_PARSE_OK),
 ]
 
 

@@ -6,6 +6,7 @@ RLM_SUBCALL_MODEL=analyst-model, RLM_SYNTHESIZER_MODEL=synth-model) and reacts t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -80,6 +81,16 @@ def first_user_message(req: dict) -> str:
     return next((m.get("content") or "" for m in req.get("messages") or [] if m.get("role") == "user"), "")
 
 
+def _as_entries(reply: Reply | str) -> Reply | str:
+    """An analyst reply rewrapped as ``{"entries": [...]}``; an error reply as it is."""
+    content = reply if isinstance(reply, str) else reply.content
+    if isinstance(reply, Reply) and (reply.status != 200 or content is None):
+        return reply
+    body = json.loads(content)
+    wrapped = json.dumps({"entries": body if isinstance(body, list) else next(iter(body.values()))})
+    return wrapped if isinstance(reply, str) else dataclasses.replace(reply, content=wrapped)
+
+
 class Model:
     """Answers by model name (planner / analyst / synthesizer) and by markers in the text."""
 
@@ -110,7 +121,10 @@ class Model:
                 return self.analyst(first_user_message(req), self.analyst_delay)
             if "GARBLE-ONCE" in text:
                 return "I looked at the chunks and they seem fine."  # prose, no JSON
-            return self.analyst(text, self.analyst_delay)
+            reply = self.analyst(text, self.analyst_delay)
+            if (req.get("response_format") or {}).get("type") == "json_schema":
+                return _as_entries(reply)  # the shape the schema asks for
+            return reply  # an old server's: a bare array, or the entries under another key
         return self.synthesizer(req, text)
 
     @staticmethod

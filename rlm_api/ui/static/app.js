@@ -232,7 +232,8 @@ function jobPage() {
       el("td", { text: String(c.tokens_in) }), el("td", { text: String(c.tokens_out) }),
       el("td", { text: String(c.cached_tokens) }), el("td", { text: cost(c.cost_usd) }),
       el("td", { text: c.latency_ms + " ms" }),
-      el("td", { text: c.status + (c.error ? ": " + c.error : ""), class: c.status }))));
+      el("td", { text: c.status + (c.error ? ": " + c.error : ""), class: c.status }),
+      el("td", { text: c.parse_ok == null ? "" : (c.parse_ok ? "yes" : "no (asked again or fell back)") }))));
     $("tasks").replaceChildren(...v.task_ids.map((t) => el("li", {},
       /^https?:\/\//i.test(flower)
         ? el("a", { href: flower + "/task/" + encodeURIComponent(t), target: "_blank", rel: "noopener noreferrer", text: t })

@@ -1,0 +1,336 @@
+"""Structured outputs: the reply models of the JSON stages and the JSON Schemas sent for them.
+
+Each stage that parses JSON (plan, analyst, shared read, rewrite; the completeness check's model is
+``pipeline/check.py::CheckVerdict``) sends the schema of the very model that then validates the reply, as
+``response_format: {"type": "json_schema", ...}`` (docs/contract.md#structured-outputs).  The schema is what a
+server may enforce; the models stay lenient, because a server that enforces nothing (``json_object``, ``off``, or
+an old one) still gets the prompt's words only: a grade spelled "critical", a chunk id sent as "chunk 7" or a
+number as "20" are read as before, and a field that cannot be read is left unset rather than failing the reply.
+
+Schemas are kept to what llama.cpp's grammar conversion, vLLM, Ollama and OpenAI all accept: a top-level object,
+local references inlined, no titles, and ``strict`` false (strict mode would need every property required, and
+the plan's fields are optional by design).
+
+The JSON action form of a tool call (``{"action": ..., "arguments": {...}}`` or ``{"answer": ...}``) is here too:
+it is what a synthesizer on a server without native tool calling replies with.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
+
+from ..models import BatchSize, MaxChunks, Relevance, Route, SearchMode, Threshold, TopK
+from ..pipeline.replies import clip, json_candidates
+
+#: words models use for grades, mapped onto ours
+GRADES = {
+    "critical": Relevance.high,
+    "high": Relevance.high,
+    "medium": Relevance.medium,
+    "moderate": Relevance.medium,
+    "low": Relevance.low,
+    "minor": Relevance.low,
+    "none": Relevance.none,
+    "irrelevant": Relevance.none,
+    "no": Relevance.none,
+}
+MAX_FOCUS_TOPICS = 10
+MAX_ROUTE_REASON_BYTES = 300
+
+
+def as_chunk_id(raw: Any) -> int | None:
+    """An id as models write it: 7, "7" or "chunk 7"; None when there is no number (a bool is no id)."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        m = re.search(r"\d+", raw)
+        return int(m.group()) if m else None
+    return None
+
+
+def _texts(raw: Any) -> list[str]:
+    """A list of texts from a string or a list; items that are not strings become JSON text, empty ones go."""
+    items = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    return [
+        item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+        for item in items
+        if item not in (None, "")
+    ]
+
+
+# --------------------------------------------------------------------------- plan
+
+
+_PLANNED: dict[str, TypeAdapter[Any]] = {
+    "search_mode": TypeAdapter(SearchMode),
+    "threshold": TypeAdapter(Threshold),
+    "top_k": TypeAdapter(TopK),
+    "max_chunks": TypeAdapter(MaxChunks),
+    "batch_size": TypeAdapter(BatchSize),
+}
+
+
+class PlanReply(BaseModel):
+    """The planner's reply: every field optional ("leave out any field you have no opinion on"); one that is out
+    of bounds or not a number is left unset, as if the planner had not set it."""
+
+    model_config = ConfigDict(extra="ignore", use_enum_values=True)
+
+    search_mode: SearchMode | None = None
+    threshold: Threshold | None = None
+    top_k: TopK | None = None
+    max_chunks: MaxChunks | None = None
+    batch_size: BatchSize | None = None
+    focus_topics: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=MAX_FOCUS_TOPICS)
+    route: Route | None = None
+    route_reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lenient(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        out: dict[str, Any] = {}
+        for name, adapter in _PLANNED.items():
+            value = raw.get(name)
+            if isinstance(value, bool) or value is None:
+                continue
+            if name == "search_mode":
+                value = str(value).lower()
+            elif isinstance(value, int | float | str):
+                try:
+                    value = float(value) if name == "threshold" else int(float(value))  # models send "20" or 20.0
+                except (ValueError, OverflowError):
+                    continue
+            else:
+                continue
+            try:
+                out[name] = adapter.validate_python(value)
+            except ValidationError:
+                continue  # out of bounds or not a number: the field stays unset
+        topics = raw.get("focus_topics")
+        if isinstance(topics, list):
+            out["focus_topics"] = [clip(t, 200) for t in topics if isinstance(t, str) and t.strip()][:MAX_FOCUS_TOPICS]
+        route = str(raw.get("route") or "").strip().lower()
+        if route in {r.value for r in Route}:
+            out["route"] = route
+            out["route_reason"] = clip(str(raw.get("route_reason") or ""), MAX_ROUTE_REASON_BYTES)
+        return out
+
+
+# --------------------------------------------------------------------------- analyst and shared read
+
+#: records are checked one by one by ``pipeline/records.parse_records`` (a bad one is skipped, not the entry):
+#: the model takes them as they come, and only the schema says their shape
+_RECORD_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "value": {"type": "string"}, "count": {"type": "integer"}},
+    "required": ["label", "value", "count"],
+    "additionalProperties": False,
+}
+Records = Annotated[list[Any] | None, WithJsonSchema({"type": "array", "items": _RECORD_SCHEMA})]
+
+
+class AnalystEntry(BaseModel):
+    """One chunk's entry of an analyst reply; ``question`` only in a shared read.  Caps (findings per batch,
+    follow-ups, bytes) are applied where the entries become findings (``pipeline/analyst.py``)."""
+
+    model_config = ConfigDict(extra="ignore", use_enum_values=True)
+
+    chunk_id: int
+    relevance: Relevance
+    findings: list[str]
+    summary: str
+    follow_up: list[str]
+    records: Records = None
+    question: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lenient(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        summary = raw.get("summary")
+        return {
+            "chunk_id": as_chunk_id(raw.get("chunk_id")),
+            "relevance": GRADES.get(str(raw.get("relevance", "")).strip().lower(), Relevance.low),
+            "findings": _texts(raw.get("findings")),
+            "summary": summary if isinstance(summary, str) else json.dumps(summary) if summary is not None else "",
+            "follow_up": _texts(raw.get("follow_up", raw.get("follow_ups"))),
+            "records": raw.get("records") if isinstance(raw.get("records"), list) else None,
+            "question": as_chunk_id(raw.get("question", raw.get("question_no"))),
+        }
+
+
+#: the key of a compact reply object listing the chunks graded "none" (docs/contract.md#shared-reads)
+NONE_KEY = "none"
+
+
+class NoneList(BaseModel):
+    """A shared read's compact object: the chunk ids one question grades none (``{"question": 2, "none": [4]}``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    question: int | None = None
+    none: list[int]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lenient(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        items = raw.get(NONE_KEY)
+        items = items if isinstance(items, list) else [items]
+        return {
+            "question": as_chunk_id(raw.get("question", raw.get("question_no"))),
+            NONE_KEY: [cid for r in items if (cid := as_chunk_id(r)) is not None],
+        }
+
+
+class AnalystReply(BaseModel):
+    """The analyst's reply on the wire: an object wrapping one entry per chunk (a JSON array at the top level is
+    not what ``json_object`` servers produce, and llama.cpp's would force one object)."""
+
+    entries: list[AnalystEntry]
+
+
+class SharedReply(BaseModel):
+    """A shared read's reply: entries carrying their question number, and compact none lists."""
+
+    entries: list[AnalystEntry | NoneList]
+
+
+def validate_entry(raw: dict) -> dict | None:
+    """One reply entry through its model, as a plain dict (canonical keys); None for one we cannot use."""
+    model = AnalystEntry if "chunk_id" in raw or NONE_KEY not in raw else NoneList
+    try:
+        return model.model_validate(raw).model_dump(mode="json")
+    except ValidationError:
+        return None
+
+
+# --------------------------------------------------------------------------- chat rewrite
+
+
+class RewriteReply(BaseModel):
+    """The standalone question a chat turn's follow-up becomes."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    question: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+# --------------------------------------------------------------------------- tool calls as JSON actions
+
+
+class ToolAction(BaseModel):
+    """A tool call written as text by a model without native tool calling; the arguments are untrusted and go
+    to the tool runner, which validates and caps them as it does native calls."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    action: Annotated[str, Field(min_length=1, max_length=100)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class FinalAnswer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    answer: str
+
+
+def parse_action(text: str, tool_names: set[str]) -> ToolAction | FinalAnswer | None:
+    """A JSON action reply (``{"action": name, "arguments": {...}}`` naming one of ``tool_names``, or
+    ``{"answer": "..."}``); None for anything else, such as a plain markdown report."""
+    stripped = (text or "").strip()
+    if not stripped.startswith(("{", "```")):
+        return None  # a report that merely contains braces is a report
+    for value in json_candidates(stripped):
+        if not isinstance(value, dict):
+            continue
+        try:
+            if "action" in value:
+                action = ToolAction.model_validate(value)
+                return action if action.action in tool_names else None
+            if "answer" in value:
+                return FinalAnswer.model_validate(value)
+        except ValidationError:
+            return None
+    return None
+
+
+def action_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The schema of a JSON action reply for these OpenAI-format tool specs: one tool call, or the answer."""
+    actions = [
+        {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": [t["function"]["name"]]},
+                "arguments": t["function"].get("parameters") or {"type": "object"},
+            },
+            "required": ["action", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    answer = response_schema("answer", FinalAnswer)["schema"]
+    return {"name": "tool_action", "schema": {"anyOf": [*actions, answer]}, "strict": False}
+
+
+def describe_tools(tools: list[dict[str, Any]]) -> str:
+    """The system note that offers the tools in words to a model that cannot call them natively."""
+    lines = [
+        "## Tools",
+        "",
+        "Tools cannot be called natively here. To call one, reply with only a JSON object "
+        '{"action": "<tool name>", "arguments": {...}}; its result comes back in the next message. '
+        'When you are ready to answer, reply with {"answer": "<the report in markdown>"} or with the report alone.',
+        "",
+    ]
+    for t in tools:
+        fn = t["function"]
+        lines.append(f"- {fn['name']}: {fn.get('description', '')} Arguments: {json.dumps(fn.get('parameters') or {})}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def response_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    """``response_format.json_schema`` for ``model``: ``{"name", "schema", "strict"}``, portable (see above)."""
+    raw = model.model_json_schema(mode="validation")
+    return {"name": name, "schema": _portable(raw, raw.get("$defs") or {}), "strict": False}
+
+
+def _portable(node: Any, defs: dict[str, Any]) -> Any:
+    """References inlined; titles, descriptions (our docstrings) and defaults gone; an optional field's
+    ``anyOf [T, null]`` reduced to T
+    (leaving it out is how a reply says null; some grammar converters choke on the union)."""
+    if isinstance(node, list):
+        return [_portable(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _portable(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+    out = {k: _portable(v, defs) for k, v in node.items() if k not in {"title", "default", "description", "$defs"}}
+    options = out.get("anyOf")
+    if isinstance(options, list):
+        kept = [o for o in options if o != {"type": "null"}]
+        if len(kept) == 1 and len(kept) < len(options):
+            out.pop("anyOf")
+            out = {**kept[0], **out}
+    if out.get("type") == "object" and "properties" in out:
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+PLAN_SCHEMA = response_schema("analysis_plan", PlanReply)
+ANALYST_SCHEMA = response_schema("analyst_findings", AnalystReply)
+SHARED_SCHEMA = response_schema("shared_read_findings", SharedReply)
+REWRITE_SCHEMA = response_schema("standalone_question", RewriteReply)
