@@ -78,6 +78,20 @@ class Settings(BaseSettings):
     tpm: int | None = Field(None, ge=1, description="Optional tokens-per-minute budget shared by all workers.")
     llm_timeout: float = Field(120.0, gt=0, description="Seconds before one LLM HTTP call is abandoned.")
     llm_retries: int = Field(3, ge=0, le=20, description="Retries of a failed LLM call (429/5xx/timeouts).")
+    llm_seconds_per_1k_tokens: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Seconds added to RLM_LLM_TIMEOUT per 1,000 tokens of a call (prompt and answer allowance, "
+        "estimated): a slow local server's timeout grows with the work (docs/contract.md#llm-calls).",
+    )
+    model_context: int | None = Field(
+        None,
+        ge=512,
+        le=10_000_000,
+        description="Context window of the endpoint's models in tokens (a local server's -c); a direct answer's "
+        "prompt and answer are held to it. Unset: no limit past RLM_DIRECT_MAX_TOKENS (docs/contract.md#modes).",
+    )
 
     # --- query defaults ----------------------------------------------------
     batch_size: int = Field(10, ge=1, le=1000, description="Default chunks per analyst batch.")
