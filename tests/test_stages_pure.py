@@ -375,3 +375,41 @@ def test_elapsed_is_seconds_as_a_number_and_old_results_still_read():
     assert "Time: 4.3s" in status_line(r) or "Time: 4.2s" in status_line(r)
     old = {**data, "elapsed": {"secs": 4, "nanos": 200_000_000}}  # stored before elapsed became seconds
     assert QueryResult.model_validate(old).elapsed == pytest.approx(4.2)
+
+
+def test_a_failed_direct_answer_is_no_failed_analyst_batch_and_chunks_left_out_are_named():
+    """The direct route's one "batch" is the answer's call: its failure and the chunks that did not fit its
+    context are said as such, not as analyst batches (seen with a small model whose one answer timed out)."""
+    from rlm_workers.pipeline.report import completeness
+
+    common = dict(query="Where is the beat scheduler?", checks=[], coverage=0.0, chunks_read=0)
+    _, _, gaps = completeness(
+        route="direct",
+        chunks_available=17,
+        batches_failed=1,
+        chunks_unanswered=0,
+        exhausted=None,
+        batch_errors=["m did not answer within 120s (RLM_LLM_TIMEOUT)"],
+        **common,
+    )
+    assert gaps == [
+        "the direct answer's call failed: m did not answer within 120s (RLM_LLM_TIMEOUT); no model read the chunks"
+    ]
+    _, _, gaps = completeness(
+        route="direct",
+        chunks_available=17,
+        batches_failed=0,
+        chunks_unanswered=3,
+        exhausted=None,
+        unanswered_ids=[7, 9, 12],
+        **common,
+    )
+    assert len(gaps) == 1 and "did not fit the direct answer's context" in gaps[0] and "chunks 7, 9, 12" in gaps[0]
+    # a fan-out's failures keep their analyst wording
+    _, _, gaps = completeness(
+        route="fanout", chunks_available=17, batches_failed=2, chunks_unanswered=1, exhausted=None, **common
+    )
+    assert gaps == [
+        "2 analyst batches failed: their chunks' evidence is missing",
+        "1 chunks were never answered for by their analyst",
+    ]
