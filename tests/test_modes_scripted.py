@@ -630,3 +630,42 @@ def test_a_child_whose_worker_is_killed_still_lets_the_parent_finish(conn, scrip
     assert child.status == "done", child
     if "Quokka" not in r.response:
         assert [(e.type, e.job_id) for e in r.batch_errors] == [("lost", child.job_id)]
+
+
+# --------------------------------------------------------------------------- a small model's context
+
+
+def test_instant_over_a_small_model_context_reads_what_fits_and_names_the_rest(conn, script, llm, corpus):
+    """RLM_MODEL_CONTEXT=2048 (llama-server -c 2048): the direct prompt keeps to it, the answer allowance is a
+    quarter of it, and the matched chunks left out are named in the gaps (a 1.5B model was sent 17 chunks)."""
+    import uuid
+
+    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.store import jobs as job_store
+    from tests.support.envpatch import patched_env
+
+    job_id = "small" + uuid.uuid4().hex
+    # stored, not sent: this process runs it, with its own settings, and no worker sees it
+    job_store.create_job(
+        conn,
+        job_id=job_id,
+        tenant="local",
+        query=BIG_QUESTION,
+        buffers=[BUFFER],
+        options={"mode": "instant", "search_mode": "bm25"},
+    )
+    conn.commit()
+    before = len(served(llm, "synth-model"))
+    with patched_env({"RLM_MODEL_CONTEXT": "2048"}):
+        run_stage(job_id, Stage.plan)
+    r = result_of(job_row(conn, job_id))
+    [body] = served(llm, "synth-model")[before:]
+    assert (r.route, r.llm_calls) == ("direct", 1)
+    assert body["max_completion_tokens"] == 512
+    # the chunks' share: 2048 less 512 for the answer and 1024 for the frame, at ~4 characters a token
+    chunks_part = last_user_message(body).split("## Chunks", 1)[1]
+    assert len(chunks_part) <= 512 * 4 + 200
+    assert r.chunks_analyzed >= 1 and r.chunks_unanswered >= 1
+    left_out = [g for g in r.gaps if "did not fit the direct answer's context" in g]
+    assert left_out and str(r.unanswered_chunk_ids[0]) in left_out[0]
+    assert r.batches_failed == 0 and not any("analyst" in g for g in r.gaps)

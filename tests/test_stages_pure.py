@@ -413,3 +413,34 @@ def test_a_failed_direct_answer_is_no_failed_analyst_batch_and_chunks_left_out_a
         "2 analyst batches failed: their chunks' evidence is missing",
         "1 chunks were never answered for by their analyst",
     ]
+
+
+def test_a_small_model_context_gets_a_small_direct_prompt_and_answer_allowance():
+    """RLM_MODEL_CONTEXT holds instant's prompt and auto's crossover to what a small model's window leaves (a
+    1.5B model under llama-server -c 4096 was given 17 chunks, ~12K tokens)."""
+    from rlm_workers.pipeline.answer import fit_chunks
+    from rlm_workers.pipeline.route import (
+        Route,
+        Routing,
+        direct_answer_tokens,
+        direct_budget,
+        final_routing,
+    )
+
+    hosted = Settings(direct_max_tokens=16_000)
+    assert (direct_budget(hosted), direct_answer_tokens(hosted)) == (16_000, 4096)
+    small = Settings(direct_max_tokens=16_000, model_context=4096)
+    assert direct_answer_tokens(small) == 1024
+    assert direct_budget(small) == 4096 - 1024 - 1024
+    # instant with auto's crossover off still keeps to the window
+    assert direct_budget(Settings(direct_max_tokens=0, model_context=4096)) == 2048
+    chunks = [
+        ChunkForPrompt(chunk_id=i, buffer="b", path=f"f{i}.py", start_line=1, end_line=40, text="x = 1\n" * 120)
+        for i in range(17)
+    ]
+    assert len(fit_chunks(chunks, direct_budget(hosted))) == 17
+    assert 1 <= len(fit_chunks(chunks, direct_budget(small))) < 17
+    # 17 × ~200-token chunks fit 16K but not what 4K leaves: auto fans out rather than overfill the window
+    first = Routing(Route.fanout, "default", may_go_direct=True)
+    assert final_routing(first, [720] * 17, hosted).route == "direct"
+    assert final_routing(first, [720] * 17, small).route == "fanout"

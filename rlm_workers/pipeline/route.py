@@ -48,8 +48,40 @@ def estimated_tokens(sizes: list[int]) -> int:
     return sum(block_tokens(s) for s in sizes)
 
 
+#: a direct prompt's tokens besides its chunks: the system prompt, the query, headings and the closing line
+DIRECT_FRAME_TOKENS = 1024
+#: the chunks of a direct prompt never get less than this, however small RLM_MODEL_CONTEXT is
+MIN_DIRECT_TOKENS = 256
+
+
+def direct_answer_tokens(settings: Settings) -> int:
+    """The direct answer's output allowance: 4,096 tokens, or a quarter of RLM_MODEL_CONTEXT when that is less."""
+    from .answer import DIRECT_MAX_TOKENS
+
+    if settings.model_context:
+        return max(128, min(DIRECT_MAX_TOKENS, settings.model_context // 4))
+    return DIRECT_MAX_TOKENS
+
+
+def context_room(settings: Settings) -> int | None:
+    """Tokens of chunks a direct prompt may carry within RLM_MODEL_CONTEXT (None: no model context set): the
+    window less the answer's allowance and the prompt's frame, so a small model gets a small prompt."""
+    if not settings.model_context:
+        return None
+    room = settings.model_context - direct_answer_tokens(settings) - DIRECT_FRAME_TOKENS
+    return max(MIN_DIRECT_TOKENS, room)
+
+
 def direct_budget(settings: Settings) -> int:
-    return settings.direct_max_tokens or INSTANT_TOKENS
+    """The chunks' tokens of a direct prompt (instant's, or auto's direct route)."""
+    budget = settings.direct_max_tokens or INSTANT_TOKENS
+    room = context_room(settings)
+    return min(budget, room) if room is not None else budget
+
+
+def direct_limit(settings: Settings) -> int:
+    """auto's crossover: RLM_DIRECT_MAX_TOKENS held to the model's context; 0 when direct routing is off."""
+    return direct_budget(settings) if settings.direct_max_tokens else 0
 
 
 def first_routing(
@@ -99,7 +131,7 @@ def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routi
     """A fan-out whose selected chunks fit the direct context is answered by one call."""
     if not first.may_go_direct:
         return first
-    limit = settings.direct_max_tokens
+    limit = direct_limit(settings)
     tokens = estimated_tokens(sizes)
     if limit and tokens <= limit:
         return Routing(
@@ -109,15 +141,3 @@ def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routi
     if limit:
         return Routing(Route.fanout, f"{first.reason}; {len(sizes)} selected chunks (~{tokens} tokens) exceed {limit}")
     return Routing(Route.fanout, f"{first.reason}; direct routing off (RLM_DIRECT_MAX_TOKENS=0)")
-
-
-def fit(ids: list[int], sizes: dict[int, int], budget_tokens: int) -> list[int]:
-    """The best-ranked chunks whose blocks fit ``budget_tokens`` (at least one: the answer stage cuts it)."""
-    out, used = [], 0
-    for cid in ids:
-        cost = block_tokens(sizes.get(cid, 0))
-        if out and used + cost > budget_tokens:
-            break
-        out.append(cid)
-        used += cost
-    return out

@@ -22,7 +22,7 @@ from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sample_c
 from .flow import OK, StageContext
 from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
 from .records import holds_records
-from .route import direct_budget, final_routing, first_routing, fit
+from .route import final_routing, first_routing
 from .scale import scaling_profile
 
 if TYPE_CHECKING:
@@ -87,11 +87,11 @@ def run(ctx: StageContext) -> str:
                 f"no chunks matched the query in {', '.join(job.buffers)} "
                 f"(mode {params.search_mode}, threshold {params.threshold})"
             )
-        if routing.route == Route.direct:
-            chosen = fit(chosen, sizes, direct_budget(settings))
     routing = final_routing(routing, [sizes.get(c, 0) for c in chosen], settings)
     if routing.route == Route.direct:
-        batches = [chosen]  # one "batch": what the single call reads
+        # one "batch": every hit, best first; the answer reads those that fit its context and reports the rest
+        # as not read, by id (instant over a small model's context must not drop matched chunks silently)
+        batches = [chosen]
     else:
         batches = make_batches(
             chosen, batch_size=None if opts.num_agents else params.batch_size, num_agents=opts.num_agents
