@@ -669,3 +669,32 @@ def test_instant_over_a_small_model_context_reads_what_fits_and_names_the_rest(c
     left_out = [g for g in r.gaps if "did not fit the direct answer's context" in g]
     assert left_out and str(r.unanswered_chunk_ids[0]) in left_out[0]
     assert r.batches_failed == 0 and not any("analyst" in g for g in r.gaps)
+
+
+def test_a_counting_question_is_not_read_at_the_planners_cap_and_the_job_says_why(conn, corpus):
+    """The planner's one plan for every question (direct, threshold 0.4, max_chunks 5) meets "how many": the
+    search drops the caps and the job's route_reason says so (the essays hold no records: it is searched)."""
+    import uuid
+
+    from rlm_workers.config import get_settings
+    from rlm_workers.pipeline import search
+    from rlm_workers.pipeline.flow import StageContext
+    from rlm_workers.store import jobs as job_store
+
+    job_id = "cap" + uuid.uuid4().hex
+    query = "How many practitioners are named in the history notes?"
+    job_store.create_job(conn, job_id=job_id, tenant="local", query=query, buffers=[BUFFER], options={})
+    same = {"route": "direct", "route_reason": "small", "threshold": 0.4, "max_chunks": 5, "search_mode": "bm25"}
+    job_store.save_plan(conn, job_id=job_id, plan=same)
+    conn.commit()
+    try:
+        search.run(StageContext(conn=conn, job=job_row(conn, job_id), settings=get_settings()))
+        conn.commit()
+        job = job_row(conn, job_id)
+        assert "plan corrected" in job.route_reason and "max_chunks=5" in job.route_reason, job.route_reason
+        assert job.params["max_chunks"] != 5 and job.params["threshold"] != 0.4
+        assert sum(len(b.chunk_ids) for b in job_store.batches(conn, job_id=job_id)) > 5
+        assert job.plan == same  # what the planner said stays on record
+    finally:
+        job_store.cancel_job(conn, job_id=job_id, tenant="local")  # no worker may push it on
+        conn.commit()

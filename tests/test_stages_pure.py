@@ -444,3 +444,31 @@ def test_a_small_model_context_gets_a_small_direct_prompt_and_answer_allowance()
     first = Routing(Route.fanout, "default", may_go_direct=True)
     assert final_routing(first, [720] * 17, hosted).route == "direct"
     assert final_routing(first, [720] * 17, small).route == "fanout"
+
+
+SAME_PLAN = {"route": "direct", "route_reason": "small", "threshold": 0.4, "max_chunks": 5, "search_mode": "hybrid"}
+
+
+def test_a_planner_that_routes_a_counting_question_direct_is_corrected():
+    """A small planner gave every question the same plan (direct, threshold 0.4, max_chunks 5), "How many
+    bridges…" included: over records the question's kind wins (exhaustive), and the caps on what is read go."""
+    from rlm_workers.pipeline.route import checked_plan, first_routing
+
+    q = "How many bridges are there?"
+    r = first_routing(QueryOptions(), SAME_PLAN, q, is_child=False, has_records=lambda: True)
+    assert r.route == "exhaustive" and "the planner chose 'direct', corrected" in r.reason and "'how many'" in r.reason
+    # over code or prose the question is searched, but not cut at the planner's 5 chunks or its 0.4 threshold
+    r = first_routing(QueryOptions(), SAME_PLAN, q, is_child=False, has_records=lambda: False)
+    assert r.route == "fanout" and "no records to count" in r.reason
+    plan, said = checked_plan(SAME_PLAN, q, default_threshold=0.3)
+    assert "max_chunks" not in plan and "threshold" not in plan and plan["search_mode"] == "hybrid"
+    assert said and "max_chunks=5" in said[0] and "threshold=0.4" in said[0]
+    resolved = resolve_params(QueryOptions(), AnalysisPlan(**plan), scaling_profile(40), Settings())
+    assert resolved.max_chunks != 5 and resolved.threshold == 0.3
+    # any other question keeps the plan as it came, and the planner's route
+    other = "Where is the beat scheduler started?"
+    assert checked_plan(SAME_PLAN, other, default_threshold=0.3) == (SAME_PLAN, [])
+    r = first_routing(QueryOptions(), SAME_PLAN, other, is_child=False, has_records=lambda: True)
+    assert r.route == "fanout" and r.may_go_direct and "the planner" in r.reason
+    # a threshold at or below the configured one is no cap
+    assert checked_plan({"threshold": 0.2}, q, default_threshold=0.3) == ({"threshold": 0.2}, [])

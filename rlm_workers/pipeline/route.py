@@ -107,11 +107,18 @@ def first_routing(
     why = (plan or {}).get("route_reason") or ""
     may_widen = opts.scope != Scope.search
     if planned == Route.exhaustive and may_widen:
+        # reads more, never less: kept without the records sample (it costs calls, it loses no evidence)
         return Routing(Route.exhaustive, f"the planner: {why or 'the question needs every chunk'}")
     searched = ""
-    if planned is None and may_widen and (phrase := aggregation_reason(query)):
+    if may_widen and (phrase := aggregation_reason(query)):
+        # the question's kind beats the planner's route: a small planner gave every question the same
+        # direct plan, "how many" included (docs/contract.md#plan-validation)
         if has_records():
-            return Routing(Route.exhaustive, f"an aggregation question ({phrase!r}): every chunk is analysed")
+            overruled = f"the planner chose {planned!r}, corrected: " if planned else ""
+            return Routing(
+                Route.exhaustive, f"{overruled}an aggregation question ({phrase!r}): every chunk is analysed"
+            )
+        planned = None
         searched = (
             f"an aggregation question ({phrase!r}), but the buffers hold no records to count (code or prose): "
             "searched like any question; --scope all reads every chunk"
@@ -125,6 +132,31 @@ def first_routing(
     return Routing(
         Route.fanout, "the planner" if planned == Route.fanout else searched or "default", may_go_direct=True
     )
+
+
+#: plan fields that cap how many chunks are read: not for a question whose answer needs every match
+READ_CAPS = ("max_chunks", "top_k")
+
+
+def checked_plan(plan: dict[str, Any] | None, query: str, default_threshold: float) -> tuple[dict[str, Any], list[str]]:
+    """The plan held to the question's kind, and what was corrected (said on the job's ``route_reason``).
+
+    A counting or listing-all question ("how many", "list all"…) needs every chunk that matches: the planner's
+    cap on how many are read (``max_chunks``, ``top_k``) and a similarity threshold above the configured one
+    are dropped, so the search finds them all; the route is checked by ``first_routing``.  Any other plan is
+    returned as it is (docs/contract.md#plan-validation)."""
+    from .records import aggregation_reason
+
+    out = dict(plan or {})
+    phrase = aggregation_reason(query)
+    if not phrase:
+        return out, []
+    dropped = [f"{k}={out.pop(k)}" for k in READ_CAPS if k in out]
+    if isinstance(out.get("threshold"), int | float) and out["threshold"] > default_threshold:
+        dropped.append(f"threshold={out.pop('threshold')}")
+    if not dropped:
+        return out, []
+    return out, [f"the planner's {', '.join(dropped)} dropped: an aggregation question ({phrase!r}) needs every match"]
 
 
 def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routing:
