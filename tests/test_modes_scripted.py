@@ -62,6 +62,9 @@ class Script:
         #: cached prompt tokens each model reports (None: no prompt_tokens_details at all)
         self.cached: dict[str, int] = {}
         self.follow_up = FOLLOW_UP
+        #: the follow-up of each check in turn (the last one repeats), instead of ``follow_up``
+        self.follow_up_rounds: list[str] | None = None
+        self.checks = 0
         self.analyst_delay = 0.0
         #: analyst calls whose query this accepts wait for ``gate`` at the server
         self.hold: Callable[[str], bool] | None = None
@@ -88,7 +91,15 @@ class Script:
             if "Quokka" in found:
                 verdict = {"complete": True, "confidence": 0.9, "gaps": [], "follow_ups": []}
             else:
-                verdict = {"complete": False, "confidence": 0.3, "gaps": ["where"], "follow_ups": [self.follow_up]}
+                with self.lock:
+                    n, self.checks = self.checks, self.checks + 1
+                ask = self.follow_up_rounds[min(n, len(self.follow_up_rounds) - 1)] if self.follow_up_rounds else None
+                verdict = {
+                    "complete": False,
+                    "confidence": 0.3,
+                    "gaps": ["where"],
+                    "follow_ups": [ask or self.follow_up],
+                }
             return self.reply(model, json.dumps(verdict))
         if model == "analyst-model":
             return self.analyst(text)
@@ -313,6 +324,19 @@ def test_thinking_follows_up_and_the_tree_bill_is_exact(conn, script, llm):
     assert (child.llm_calls, child.total_tokens) == (child_calls[0], child_calls[1] + child_calls[2]) == (2, 430)
     assert r.budget.used_llm_calls == r.llm_calls and r.budget.used_tokens == r.total_tokens
     assert r.budget.exhausted is None
+
+
+def test_thinking_ends_the_rounds_when_the_check_only_asks_again_what_it_asked(conn, script, llm):
+    """A small checker asked the same follow-up every round, reworded a little, and never said complete: a
+    near-duplicate is not asked again, and the rounds end with a gap that says why."""
+    script.follow_up_rounds = ["Which team runs the billing service?", "which team runs the billing services"]
+    job = run_job(conn, QUESTION, mode="thinking")
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert [c.query for c in r.children] == ["Which team runs the billing service?"]  # no second round of children
+    assert r.rounds == 2 and script.checks == 2
+    assert any("asked only what was asked before" in g for g in r.gaps), r.gaps
+    assert r.complete is False  # the checker never said it was; the report says what is missing
 
 
 # --------------------------------------------------------------------------- 6. cached tokens and cost

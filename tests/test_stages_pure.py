@@ -472,3 +472,26 @@ def test_a_planner_that_routes_a_counting_question_direct_is_corrected():
     assert r.route == "fanout" and r.may_go_direct and "the planner" in r.reason
     # a threshold at or below the configured one is no cap
     assert checked_plan({"threshold": 0.2}, q, default_threshold=0.3) == ({"threshold": 0.2}, [])
+
+
+def test_follow_ups_asked_before_are_dropped_even_reworded():
+    from rlm_workers.pipeline.check import fresh_follow_ups, same_question
+
+    asked = ["Where does the billing team's service store data?", "Where does Zephyrine write its ledgers?"]
+    new, repeated = fresh_follow_ups(
+        [
+            "where does zephyrine write its ledgers",  # case and punctuation
+            "Where does Zephyrine write the ledger?",  # filler words and a plural
+            "Which cluster backs Quokka?",
+            "Which cluster backs Quokka",  # a repeat within the same verdict
+        ],
+        asked,
+    )
+    assert new == ["Which cluster backs Quokka?"]
+    assert repeated == [
+        "where does zephyrine write its ledgers",
+        "Where does Zephyrine write the ledger?",
+        "Which cluster backs Quokka",
+    ]
+    assert not same_question("Where does Zephyrine write its ledgers?", "Who reads the Zephyrine ledgers?")
+    assert fresh_follow_ups([], asked) == ([], [])
