@@ -100,6 +100,20 @@ class Settings(BaseSettings):
             "json_object only; off sends no response_format."
         ),
     )
+    llm_seconds_per_1k_tokens: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Seconds added to RLM_LLM_TIMEOUT per 1,000 tokens of a call (prompt and answer allowance, "
+        "estimated): a slow local server's timeout grows with the work (docs/contract.md#llm-calls).",
+    )
+    model_context: int | None = Field(
+        None,
+        ge=512,
+        le=10_000_000,
+        description="Context window of the endpoint's models in tokens (a local server's -c); a direct answer's "
+        "prompt and answer are held to it. Unset: no limit past RLM_DIRECT_MAX_TOKENS (docs/contract.md#modes).",
+    )
 
     # --- query defaults ----------------------------------------------------
     batch_size: int = Field(10, ge=1, le=1000, description="Default chunks per analyst batch.")

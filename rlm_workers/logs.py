@@ -7,10 +7,12 @@ process, so the context never leaks between jobs).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
 import time
+from collections.abc import Iterator
 
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("rlm_log_context", default=None)
 
@@ -21,6 +23,18 @@ def set_context(**fields: str) -> contextvars.Token:
 
 def reset_context(token: contextvars.Token) -> None:
     _context.reset(token)
+
+
+@contextlib.contextmanager
+def stage_context(stage: str) -> Iterator[None]:
+    """Lines logged inside the block name ``stage``, the rest of the context kept.  One task runs several
+    stages in a row (``rlm.plan`` goes on to search and the direct answer), so the task's name alone would tag
+    an answer's LLM call as ``plan``."""
+    token = _context.set({**(_context.get() or {}), "stage": stage})
+    try:
+        yield
+    finally:
+        _context.reset(token)
 
 
 class ContextFilter(logging.Filter):

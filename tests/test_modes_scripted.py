@@ -62,6 +62,9 @@ class Script:
         #: cached prompt tokens each model reports (None: no prompt_tokens_details at all)
         self.cached: dict[str, int] = {}
         self.follow_up = FOLLOW_UP
+        #: the follow-up of each check in turn (the last one repeats), instead of ``follow_up``
+        self.follow_up_rounds: list[str] | None = None
+        self.checks = 0
         self.analyst_delay = 0.0
         #: analyst calls whose query this accepts wait for ``gate`` at the server
         self.hold: Callable[[str], bool] | None = None
@@ -88,7 +91,15 @@ class Script:
             if "Quokka" in found:
                 verdict = {"complete": True, "confidence": 0.9, "gaps": [], "follow_ups": []}
             else:
-                verdict = {"complete": False, "confidence": 0.3, "gaps": ["where"], "follow_ups": [self.follow_up]}
+                with self.lock:
+                    n, self.checks = self.checks, self.checks + 1
+                ask = self.follow_up_rounds[min(n, len(self.follow_up_rounds) - 1)] if self.follow_up_rounds else None
+                verdict = {
+                    "complete": False,
+                    "confidence": 0.3,
+                    "gaps": ["where"],
+                    "follow_ups": [ask or self.follow_up],
+                }
             return self.reply(model, json.dumps(verdict))
         if model == "analyst-model":
             return self.analyst(text)
@@ -313,6 +324,19 @@ def test_thinking_follows_up_and_the_tree_bill_is_exact(conn, script, llm):
     assert (child.llm_calls, child.total_tokens) == (child_calls[0], child_calls[1] + child_calls[2]) == (2, 430)
     assert r.budget.used_llm_calls == r.llm_calls and r.budget.used_tokens == r.total_tokens
     assert r.budget.exhausted is None
+
+
+def test_thinking_ends_the_rounds_when_the_check_only_asks_again_what_it_asked(conn, script, llm):
+    """A small checker asked the same follow-up every round, reworded a little, and never said complete: a
+    near-duplicate is not asked again, and the rounds end with a gap that says why."""
+    script.follow_up_rounds = ["Which team runs the billing service?", "which team runs the billing services"]
+    job = run_job(conn, QUESTION, mode="thinking")
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert [c.query for c in r.children] == ["Which team runs the billing service?"]  # no second round of children
+    assert r.rounds == 2 and script.checks == 2
+    assert any("asked only what was asked before" in g for g in r.gaps), r.gaps
+    assert r.complete is False  # the checker never said it was; the report says what is missing
 
 
 # --------------------------------------------------------------------------- 6. cached tokens and cost
@@ -630,3 +654,71 @@ def test_a_child_whose_worker_is_killed_still_lets_the_parent_finish(conn, scrip
     assert child.status == "done", child
     if "Quokka" not in r.response:
         assert [(e.type, e.job_id) for e in r.batch_errors] == [("lost", child.job_id)]
+
+
+# --------------------------------------------------------------------------- a small model's context
+
+
+def test_instant_over_a_small_model_context_reads_what_fits_and_names_the_rest(conn, script, llm, corpus):
+    """RLM_MODEL_CONTEXT=2048 (llama-server -c 2048): the direct prompt keeps to it, the answer allowance is a
+    quarter of it, and the matched chunks left out are named in the gaps (a 1.5B model was sent 17 chunks)."""
+    import uuid
+
+    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.store import jobs as job_store
+    from tests.support.envpatch import patched_env
+
+    job_id = "small" + uuid.uuid4().hex
+    # stored, not sent: this process runs it, with its own settings, and no worker sees it
+    job_store.create_job(
+        conn,
+        job_id=job_id,
+        tenant="local",
+        query=BIG_QUESTION,
+        buffers=[BUFFER],
+        options={"mode": "instant", "search_mode": "bm25"},
+    )
+    conn.commit()
+    before = len(served(llm, "synth-model"))
+    with patched_env({"RLM_MODEL_CONTEXT": "2048"}):
+        run_stage(job_id, Stage.plan)
+    r = result_of(job_row(conn, job_id))
+    [body] = served(llm, "synth-model")[before:]
+    assert (r.route, r.llm_calls) == ("direct", 1)
+    assert body["max_completion_tokens"] == 512
+    # the chunks' share: 2048 less 512 for the answer and 1024 for the frame, at ~4 characters a token
+    chunks_part = last_user_message(body).split("## Chunks", 1)[1]
+    assert len(chunks_part) <= 512 * 4 + 200
+    assert r.chunks_analyzed >= 1 and r.chunks_unanswered >= 1
+    left_out = [g for g in r.gaps if "did not fit the direct answer's context" in g]
+    assert left_out and str(r.unanswered_chunk_ids[0]) in left_out[0]
+    assert r.batches_failed == 0 and not any("analyst" in g for g in r.gaps)
+
+
+def test_a_counting_question_is_not_read_at_the_planners_cap_and_the_job_says_why(conn, corpus):
+    """The planner's one plan for every question (direct, threshold 0.4, max_chunks 5) meets "how many": the
+    search drops the caps and the job's route_reason says so (the essays hold no records: it is searched)."""
+    import uuid
+
+    from rlm_workers.config import get_settings
+    from rlm_workers.pipeline import search
+    from rlm_workers.pipeline.flow import StageContext
+    from rlm_workers.store import jobs as job_store
+
+    job_id = "cap" + uuid.uuid4().hex
+    query = "How many practitioners are named in the history notes?"
+    job_store.create_job(conn, job_id=job_id, tenant="local", query=query, buffers=[BUFFER], options={})
+    same = {"route": "direct", "route_reason": "small", "threshold": 0.4, "max_chunks": 5, "search_mode": "bm25"}
+    job_store.save_plan(conn, job_id=job_id, plan=same)
+    conn.commit()
+    try:
+        search.run(StageContext(conn=conn, job=job_row(conn, job_id), settings=get_settings()))
+        conn.commit()
+        job = job_row(conn, job_id)
+        assert "plan corrected" in job.route_reason and "max_chunks=5" in job.route_reason, job.route_reason
+        assert job.params["max_chunks"] != 5 and job.params["threshold"] != 0.4
+        assert sum(len(b.chunk_ids) for b in job_store.batches(conn, job_id=job_id)) > 5
+        assert job.plan == same  # what the planner said stays on record
+    finally:
+        job_store.cancel_job(conn, job_id=job_id, tenant="local")  # no worker may push it on
+        conn.commit()

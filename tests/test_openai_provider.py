@@ -232,6 +232,107 @@ def test_timeout_is_retryable(srv):
     assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
 
 
+def test_timeout_grows_with_the_request_per_1k_tokens(srv):
+    """RLM_LLM_SECONDS_PER_1K_TOKENS gives a big prompt more time; the default keeps RLM_LLM_TIMEOUT exact."""
+    small, big = _request("x"), _request("word " * 4000)
+    plain = OpenAIProvider(_settings(srv, llm_timeout=30))
+    assert plain.attempt_timeout(small) == plain.attempt_timeout(big) == 30
+    slow = OpenAIProvider(_settings(srv, llm_timeout=30, llm_seconds_per_1k_tokens=50))
+    assert slow.attempt_timeout(small) > 30
+    # ~5,000 tokens of prompt and 64 of answer: about 250 s more than the floor
+    assert 250 < slow.attempt_timeout(big) - 30 < 260
+
+    gate = threading.Event()
+
+    def held(_req):
+        gate.wait(60)
+        return Reply.text("too slow")
+
+    srv.responder = held
+    try:
+        with pytest.raises(LLMError) as ei:
+            # 0.2 s floor + 0.3 s for a ~1,000-token request: the error names the attempt's own timeout
+            tight = _settings(srv, llm_timeout=0.2, llm_seconds_per_1k_tokens=0.3, llm_retries=0)
+            OpenAIProvider(tight).complete(_request("word " * 750))
+    finally:
+        gate.set()
+    assert "RLM_LLM_SECONDS_PER_1K_TOKENS" in ei.value.message
+    assert f"{OpenAIProvider(tight).attempt_timeout(_request('word ' * 750)):g}s" in ei.value.message
+
+
+def _held_first(release: threading.Event):
+    """The first request is held until ``release`` (a local server still computing a request its client gave
+    up on); every later one answers at once."""
+    first = threading.Event()
+
+    def respond(_req):
+        if not first.is_set():
+            first.set()
+            release.wait(60)
+            return Reply.text("abandoned")
+        return Reply.text("the retry")
+
+    return respond
+
+
+def test_timeout_on_a_busy_local_server_waits_for_an_idle_slot_before_retrying(srv):
+    """llama-server keeps computing a request whose client timed out: the retry waits until /slots shows an idle
+    slot, so it never queues behind the abandoned one (the server never holds two requests at once)."""
+    srv.llama_slots = 1
+    release = threading.Event()
+    srv.responder = _held_first(release)
+
+    def free_when_probed():
+        # the held request ends only once the client, having timed out, is asking about the slots
+        while srv.slot_probes == 0 and not release.is_set():
+            time.sleep(0.01)
+        release.set()
+
+    helper = threading.Thread(target=free_when_probed, daemon=True)
+    helper.start()
+    try:
+        provider = OpenAIProvider(_settings(srv, llm_timeout=0.5, llm_retries=1))
+        provider.SLOT_POLL = 0.05
+        c = provider.complete(_request())
+    finally:
+        release.set()
+        helper.join(5)
+    assert c.text == "the retry" and srv.calls == 2
+    assert srv.max_concurrency == 1  # the retry was sent only once the abandoned request was done
+    assert srv.slot_probes >= 1
+    assert [a["status"] for a in c.failed_attempts] == ["retried"]
+
+
+def test_timeout_on_a_local_server_still_busy_is_not_retried(srv):
+    srv.llama_slots = 1
+    release = threading.Event()
+    srv.responder = _held_first(release)
+    try:
+        provider = OpenAIProvider(_settings(srv, llm_timeout=0.3, llm_retries=3))
+        provider.SLOT_POLL = 0.05
+        with pytest.raises(LLMError) as ei:
+            provider.complete(_request())
+    finally:
+        release.set()
+    assert srv.calls == 1  # no retry queued behind the request still running
+    assert not ei.value.retryable and "still busy" in ei.value.message and "/slots" in ei.value.message
+    assert [a["status"] for a in ei.value.attempts] == ["error"]
+
+
+def test_timeout_on_a_local_server_without_slots_is_not_retried(srv):
+    """/health says llama-server, /slots is off: nothing tells when the abandoned request ends."""
+    srv.llama_slots = 0
+    release = threading.Event()
+    srv.responder = _held_first(release)
+    try:
+        with pytest.raises(LLMError) as ei:
+            OpenAIProvider(_settings(srv, llm_timeout=0.3, llm_retries=3)).complete(_request())
+    finally:
+        release.set()
+    assert srv.calls == 1 and not ei.value.retryable
+    assert "--no-slots" in ei.value.message and "RLM_LLM_TIMEOUT" in ei.value.message
+
+
 def test_connection_refused_is_retryable():
     import socket
 

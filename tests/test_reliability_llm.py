@@ -228,3 +228,44 @@ def test_logs_name_the_provider_and_model_that_answered(rlm_env, job, caplog):
     with connection() as conn:
         models = [(c.provider, c.model) for c in job_store.llm_calls_of(conn, job_id=job)]
     assert models == [("extractive", "extractive"), ("openai", "served-model-2026-01-01")]
+
+
+def test_a_call_is_logged_with_the_stage_that_made_it_not_the_task_that_started(rlm_env, job):
+    """``rlm.plan`` runs search and the direct answer in the same task: the answer's call (and each of its
+    attempts) is tagged ``answer``, not the task's ``plan`` (seen on a failed instant query)."""
+    from rlm_workers.errors import LLMError
+    from rlm_workers.llm.protocol import CompletionRequest
+    from rlm_workers.logs import ContextFilter, reset_context, set_context
+    from rlm_workers.pipeline.calls import call_llm
+    from tests.support.envpatch import patched_env
+    from tests.support.scripted_llm import always_error
+
+    tagged: list[tuple[str, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            tagged.append((record.getMessage(), record.stage))
+
+    handler = Keep()
+    handler.addFilter(ContextFilter())
+    logger = logging.getLogger("rlm.llm")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    token = set_context(job_id=job, stage="plan", task_id="t-1")  # as the worker's task_prerun sets it
+    request = CompletionRequest(
+        role="direct", model="gpt-test", messages=[{"role": "user", "content": "q"}], max_tokens=16
+    )
+    try:
+        with (
+            ScriptedLLM(always_error(500)) as srv,
+            patched_env({"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": srv.base_url, "RLM_LLM_RETRIES": "0"}),
+        ):
+            with pytest.raises(LLMError):
+                call_llm(None, job_id=job, stage="answer", request=request)
+    finally:
+        reset_context(token)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    calls = [(m, s) for m, s in tagged if m.startswith("llm call")]
+    assert calls and all(s == "answer" for _, s in calls), tagged

@@ -376,3 +376,123 @@ def test_elapsed_is_seconds_as_a_number_and_old_results_still_read():
     assert "Time: 4.3s" in status_line(r) or "Time: 4.2s" in status_line(r)
     old = {**data, "elapsed": {"secs": 4, "nanos": 200_000_000}}  # stored before elapsed became seconds
     assert QueryResult.model_validate(old).elapsed == pytest.approx(4.2)
+
+
+def test_a_failed_direct_answer_is_no_failed_analyst_batch_and_chunks_left_out_are_named():
+    """The direct route's one "batch" is the answer's call: its failure and the chunks that did not fit its
+    context are said as such, not as analyst batches (seen with a small model whose one answer timed out)."""
+    from rlm_workers.pipeline.report import completeness
+
+    common = dict(query="Where is the beat scheduler?", checks=[], coverage=0.0, chunks_read=0)
+    _, _, gaps = completeness(
+        route="direct",
+        chunks_available=17,
+        batches_failed=1,
+        chunks_unanswered=0,
+        exhausted=None,
+        batch_errors=["m did not answer within 120s (RLM_LLM_TIMEOUT)"],
+        **common,
+    )
+    assert gaps == [
+        "the direct answer's call failed: m did not answer within 120s (RLM_LLM_TIMEOUT); no model read the chunks"
+    ]
+    _, _, gaps = completeness(
+        route="direct",
+        chunks_available=17,
+        batches_failed=0,
+        chunks_unanswered=3,
+        exhausted=None,
+        unanswered_ids=[7, 9, 12],
+        **common,
+    )
+    assert len(gaps) == 1 and "did not fit the direct answer's context" in gaps[0] and "chunks 7, 9, 12" in gaps[0]
+    # a fan-out's failures keep their analyst wording
+    _, _, gaps = completeness(
+        route="fanout", chunks_available=17, batches_failed=2, chunks_unanswered=1, exhausted=None, **common
+    )
+    assert gaps == [
+        "2 analyst batches failed: their chunks' evidence is missing",
+        "1 chunks were never answered for by their analyst",
+    ]
+
+
+def test_a_small_model_context_gets_a_small_direct_prompt_and_answer_allowance():
+    """RLM_MODEL_CONTEXT holds instant's prompt and auto's crossover to what a small model's window leaves (a
+    1.5B model under llama-server -c 4096 was given 17 chunks, ~12K tokens)."""
+    from rlm_workers.pipeline.answer import fit_chunks
+    from rlm_workers.pipeline.route import (
+        Route,
+        Routing,
+        direct_answer_tokens,
+        direct_budget,
+        final_routing,
+    )
+
+    hosted = Settings(direct_max_tokens=16_000)
+    assert (direct_budget(hosted), direct_answer_tokens(hosted)) == (16_000, 4096)
+    small = Settings(direct_max_tokens=16_000, model_context=4096)
+    assert direct_answer_tokens(small) == 1024
+    assert direct_budget(small) == 4096 - 1024 - 1024
+    # instant with auto's crossover off still keeps to the window
+    assert direct_budget(Settings(direct_max_tokens=0, model_context=4096)) == 2048
+    chunks = [
+        ChunkForPrompt(chunk_id=i, buffer="b", path=f"f{i}.py", start_line=1, end_line=40, text="x = 1\n" * 120)
+        for i in range(17)
+    ]
+    assert len(fit_chunks(chunks, direct_budget(hosted))) == 17
+    assert 1 <= len(fit_chunks(chunks, direct_budget(small))) < 17
+    # 17 × ~200-token chunks fit 16K but not what 4K leaves: auto fans out rather than overfill the window
+    first = Routing(Route.fanout, "default", may_go_direct=True)
+    assert final_routing(first, [720] * 17, hosted).route == "direct"
+    assert final_routing(first, [720] * 17, small).route == "fanout"
+
+
+SAME_PLAN = {"route": "direct", "route_reason": "small", "threshold": 0.4, "max_chunks": 5, "search_mode": "hybrid"}
+
+
+def test_a_planner_that_routes_a_counting_question_direct_is_corrected():
+    """A small planner gave every question the same plan (direct, threshold 0.4, max_chunks 5), "How many
+    bridges…" included: over records the question's kind wins (exhaustive), and the caps on what is read go."""
+    from rlm_workers.pipeline.route import checked_plan, first_routing
+
+    q = "How many bridges are there?"
+    r = first_routing(QueryOptions(), SAME_PLAN, q, is_child=False, has_records=lambda: True)
+    assert r.route == "exhaustive" and "the planner chose 'direct', corrected" in r.reason and "'how many'" in r.reason
+    # over code or prose the question is searched, but not cut at the planner's 5 chunks or its 0.4 threshold
+    r = first_routing(QueryOptions(), SAME_PLAN, q, is_child=False, has_records=lambda: False)
+    assert r.route == "fanout" and "no records to count" in r.reason
+    plan, said = checked_plan(SAME_PLAN, q, default_threshold=0.3)
+    assert "max_chunks" not in plan and "threshold" not in plan and plan["search_mode"] == "hybrid"
+    assert said and "max_chunks=5" in said[0] and "threshold=0.4" in said[0]
+    resolved = resolve_params(QueryOptions(), AnalysisPlan(**plan), scaling_profile(40), Settings())
+    assert resolved.max_chunks != 5 and resolved.threshold == 0.3
+    # any other question keeps the plan as it came, and the planner's route
+    other = "Where is the beat scheduler started?"
+    assert checked_plan(SAME_PLAN, other, default_threshold=0.3) == (SAME_PLAN, [])
+    r = first_routing(QueryOptions(), SAME_PLAN, other, is_child=False, has_records=lambda: True)
+    assert r.route == "fanout" and r.may_go_direct and "the planner" in r.reason
+    # a threshold at or below the configured one is no cap
+    assert checked_plan({"threshold": 0.2}, q, default_threshold=0.3) == ({"threshold": 0.2}, [])
+
+
+def test_follow_ups_asked_before_are_dropped_even_reworded():
+    from rlm_workers.pipeline.check import fresh_follow_ups, same_question
+
+    asked = ["Where does the billing team's service store data?", "Where does Zephyrine write its ledgers?"]
+    new, repeated = fresh_follow_ups(
+        [
+            "where does zephyrine write its ledgers",  # case and punctuation
+            "Where does Zephyrine write the ledger?",  # filler words and a plural
+            "Which cluster backs Quokka?",
+            "Which cluster backs Quokka",  # a repeat within the same verdict
+        ],
+        asked,
+    )
+    assert new == ["Which cluster backs Quokka?"]
+    assert repeated == [
+        "where does zephyrine write its ledgers",
+        "Where does Zephyrine write the ledger?",
+        "Which cluster backs Quokka",
+    ]
+    assert not same_question("Where does Zephyrine write its ledgers?", "Who reads the Zephyrine ledgers?")
+    assert fresh_follow_ups([], asked) == ([], [])

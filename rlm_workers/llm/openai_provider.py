@@ -101,6 +101,10 @@ class OpenAIProvider:
     BACKOFF_BASE = 0.5
     BACKOFF_CAP = 20.0
     RETRY_AFTER_CAP = 60.0
+    #: how often a busy local server's slots are asked about after a timed-out attempt, and how long one
+    #: probe may take (llama-server answers ``/slots`` between two decoding steps, so a busy one is slow)
+    SLOT_POLL = 2.0
+    PROBE_TIMEOUT = 5.0
 
     def __init__(self, settings: Settings, limiter: Limits | ConcurrencyLimiter | None = None) -> None:
         self.settings = settings
@@ -109,6 +113,8 @@ class OpenAIProvider:
         self.limits = limiter
         self._client: openai.OpenAI | None = None
         self._client_lock = threading.Lock()
+        #: (base URL, API key) the client was built with: the local model server's are known only once it runs
+        self._endpoint: tuple[str | None, str | None] = (settings.base_url, settings.api_key)
 
     # --- client ------------------------------------------------------------
 
@@ -123,6 +129,7 @@ class OpenAIProvider:
                         base_url, api_key = local_llm_endpoint(self.settings)
                     if not api_key:
                         raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
+                    self._endpoint = (base_url, api_key)
                     import openai
 
                     self._client = openai.OpenAI(
@@ -133,9 +140,16 @@ class OpenAIProvider:
                     )
         return self._client
 
+    @property
+    def base_url(self) -> str | None:
+        """Where the calls go: OPENAI_BASE_URL, the local model server, or None for OpenAI itself."""
+        return self._endpoint[0]
+
     # --- one logical call --------------------------------------------------
 
     def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
+        import openai
+
         attempts: list[dict[str, Any]] = []
         retries_left = self.settings.llm_retries
         retry_no = 0
@@ -150,12 +164,13 @@ class OpenAIProvider:
                     exc.after_attempts(attempts)
                     raise
             params = self._params(request)
+            timeout = self.attempt_timeout(request)
             t0 = time.perf_counter()
             usage = (0, 0)
             cached = 0
             response = None
             try:
-                response = self._send(client, params, estimate_tokens(request), request.tenant)
+                response = self._send(client, params, estimate_tokens(request), request.tenant, timeout)
                 usage = _usage(response)
                 cached = _cached_tokens(response, usage[0])
                 completion = _to_completion(response, request.model, usage)
@@ -164,10 +179,16 @@ class OpenAIProvider:
                 latency = int((time.perf_counter() - t0) * 1000)
                 adapted = self._learn_unsupported(exc, request.model, params)  # raises for a forced json_schema
                 # once a response arrived its tokens are billed: whatever fails after must still report them
-                error, retry_after = self._classify(exc, request, answered=response is not None)
+                error, retry_after = self._classify(exc, request, answered=response is not None, timeout=timeout)
                 # a limiter wait already took its whole bound: waiting again per retry would outlive the
                 # task's visibility timeout (docs/contract.md#limiter)
                 retry = adapted or (error.retryable and retries_left > 0 and not isinstance(error, LimiterBusy))
+                if retry and not adapted and isinstance(exc, openai.APITimeoutError):
+                    if why := self.wait_for_idle_slot(timeout):
+                        # the retry would queue behind the abandoned request: not sent, and not to be
+                        # retried by a caller either (docs/contract.md#llm-calls)
+                        error = LLMError(f"{error.message}; not retried: {why}", retryable=False)
+                        retry = False
                 attempts.append(
                     {
                         "status": "retried" if retry else "error",
@@ -202,7 +223,7 @@ class OpenAIProvider:
             return set(_REFUSED.get(self._server(model), ()))
 
     def _server(self, model: str) -> tuple[str, str]:
-        return (self.settings.base_url or "https://api.openai.com/v1").rstrip("/"), model
+        return (self.base_url or "https://api.openai.com/v1").rstrip("/"), model
 
     def _params(self, request: CompletionRequest) -> dict[str, Any]:
         dropped = self.refused(request.model)
@@ -234,9 +255,77 @@ class OpenAIProvider:
             return None if "json_object" in dropped else {"type": "json_object"}
         return None
 
+    def attempt_timeout(self, request: CompletionRequest) -> float:
+        """Seconds one attempt may take: ``RLM_LLM_TIMEOUT``, plus ``RLM_LLM_SECONDS_PER_1K_TOKENS`` for every
+        1,000 tokens of the request's estimate (prompt and answer allowance), so a slow local server gets
+        time in proportion to the work it is given (docs/contract.md#llm-calls)."""
+        per_1k = self.settings.llm_seconds_per_1k_tokens
+        return self.settings.llm_timeout + per_1k * estimate_tokens(request) / 1000
+
+    def wait_for_idle_slot(self, bound: float) -> str | None:
+        """After a timed-out attempt: None when a retry may be sent, else why it may not.
+
+        A hosted API drops a request its client gave up on; a local llama.cpp ``llama-server`` may keep
+        computing it (a non-streamed request is cancelled only between two decoding steps, and on a CPU one
+        prompt batch takes minutes), and a retry sent at once waits in the queue behind it, to time out in
+        turn.  So where the endpoint answers ``GET /slots``, the retry waits until a slot is idle, at most
+        ``bound`` seconds; where it answers only ``GET /health`` as llama-server does, nothing tells when the
+        abandoned request ends, so no retry is sent.  An endpoint with neither (OpenAI) is retried as before.
+        """
+        if not self.base_url:
+            return None
+        deadline = time.monotonic() + bound
+        state = self._slot_state()
+        while state == "busy":
+            if time.monotonic() >= deadline:
+                return (
+                    f"the server at {self.base_url} is still busy after {bound:g}s more (GET /slots), "
+                    "most likely with the request abandoned; raise RLM_LLM_TIMEOUT or RLM_LLM_SECONDS_PER_1K_TOKENS"
+                )
+            time.sleep(self.SLOT_POLL)
+            state = self._slot_state()
+        if state == "opaque":
+            return (
+                f"the server at {self.base_url} is a local one (GET /health) that may still be computing "
+                "the request abandoned, and shows no slots to wait for (start llama-server without --no-slots); "
+                "raise RLM_LLM_TIMEOUT or RLM_LLM_SECONDS_PER_1K_TOKENS"
+            )
+        return None
+
+    def _slot_state(self) -> str | None:
+        """ "idle" or "busy" from ``GET /slots`` (llama-server's list of slots with ``is_processing``); "opaque"
+        when only ``GET /health`` answers ``{"status": "ok"}``; None for an endpoint with neither."""
+        import httpx  # ships with the openai client, imported with it
+
+        root = (self.base_url or "").rstrip("/").removesuffix("/v1")
+        key = self._endpoint[1]
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            r = httpx.get(f"{root}/slots", headers=headers, timeout=self.PROBE_TIMEOUT)
+            slots = r.json() if r.status_code == 200 else None
+        except httpx.TimeoutException:
+            return "busy"  # llama-server answers between decoding steps: a slow answer is a busy server
+        except (httpx.HTTPError, ValueError):
+            slots = None
+        if isinstance(slots, list) and slots and all(isinstance(s, dict) for s in slots):
+            return "busy" if all(s.get("is_processing") for s in slots) else "idle"
+        try:
+            r = httpx.get(f"{root}/health", headers=headers, timeout=self.PROBE_TIMEOUT)
+            health = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return "opaque" if isinstance(health, dict) and health.get("status") == "ok" else None
+
     def _send(
-        self, client: openai.OpenAI, params: dict[str, Any], estimated_tokens: int, tenant: str | None = None
+        self,
+        client: openai.OpenAI,
+        params: dict[str, Any],
+        estimated_tokens: int,
+        tenant: str | None = None,
+        timeout: float | None = None,
     ) -> Any:
+        if timeout is not None:
+            params = {**params, "timeout": timeout}
         if self.limits is None:
             return client.chat.completions.create(**params)
         try:
@@ -274,7 +363,7 @@ class OpenAIProvider:
             refused = form is not None and any(w in text for w in _FORMAT_WORDS.get(form, ()))
         if refused:
             if form == "json_schema" and self.settings.structured_outputs == "json_schema":
-                where = self.settings.base_url or "api.openai.com"
+                where = self.base_url or "api.openai.com"
                 raise LLMError(
                     f"{where} refused response_format json_schema for {model} ({exc.status_code}: "
                     f"{exc.message}); RLM_STRUCTURED_OUTPUTS=json_schema allows nothing else: set it to auto to "
@@ -296,7 +385,7 @@ class OpenAIProvider:
         if new:  # once per server and model, however many threads hit the refusal together
             log.warning(
                 "%s refused %s for model %s; not sending it from now on: %s",
-                self.settings.base_url or "api.openai.com",
+                self.base_url or "api.openai.com",
                 name,
                 model,
                 why,
@@ -304,20 +393,24 @@ class OpenAIProvider:
         return True
 
     def _classify(
-        self, exc: Exception, request: CompletionRequest, *, answered: bool = False
+        self, exc: Exception, request: CompletionRequest, *, answered: bool = False, timeout: float | None = None
     ) -> tuple[LLMError, float | None]:
         """The user-facing error for a failed attempt, and the server's Retry-After if any; an unknown
-        error is re-raised unless the server had ``answered`` (then it is a response we could not use)."""
+        error is re-raised unless the server had ``answered`` (then it is a response we could not use).
+        ``timeout``: the attempt's own (``attempt_timeout``)."""
         import openai
 
-        where = self.settings.base_url or ("the local model server" if self.settings.local_llm else "api.openai.com")
+        where = self.base_url or "api.openai.com"
         if isinstance(exc, LLMError):
             return exc, None
         if isinstance(exc, openai.APITimeoutError):
-            return LLMError(
-                f"{request.model} did not answer within {self.settings.llm_timeout:g}s (RLM_LLM_TIMEOUT)",
-                retryable=True,
-            ), None
+            limit = timeout if timeout is not None else self.settings.llm_timeout
+            setting = (
+                "RLM_LLM_TIMEOUT"
+                if limit == self.settings.llm_timeout
+                else ("RLM_LLM_TIMEOUT + RLM_LLM_SECONDS_PER_1K_TOKENS")
+            )
+            return LLMError(f"{request.model} did not answer within {limit:g}s ({setting})", retryable=True), None
         if isinstance(exc, openai.APIConnectionError):
             return LLMError(f"cannot connect to the LLM endpoint {where}: {exc.__cause__ or exc}", retryable=True), None
         if isinstance(exc, openai.APIStatusError):

@@ -123,7 +123,7 @@ SNIPPET_CHARS = 300
 
 def run(ctx: StageContext) -> str:
     from .prompts import load_prompt
-    from .route import direct_budget
+    from .route import direct_answer_tokens, direct_budget
     from .synthesize import _store_report
 
     conn, settings = ctx.conn, ctx.settings
@@ -154,7 +154,10 @@ def run(ctx: StageContext) -> str:
             conversation=conversation_section(job.spec),
         )
         request = CompletionRequest(
-            role="direct", model=settings.synthesizer_model, messages=messages, max_tokens=DIRECT_MAX_TOKENS
+            role="direct",
+            model=settings.synthesizer_model,
+            messages=messages,
+            max_tokens=direct_answer_tokens(settings),
         )
         error: BaseException | None = None
         with StageTimer(conn, job.id, Stage.answer):

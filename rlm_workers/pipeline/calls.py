@@ -18,6 +18,7 @@ from .. import metrics
 from ..errors import BudgetExhausted, LLMError, ParseError
 from ..llm import fair
 from ..llm.protocol import Completion, CompletionRequest
+from ..logs import stage_context
 from ..models import LLMCall
 from ..resources import provider
 from ..store import jobs as job_store
@@ -103,7 +104,8 @@ def call_llm(
             )
 
     try:
-        completion = p.complete(request, before_retry=reserve_retry)
+        with stage_context(stage):  # the provider's own lines (each attempt) name the stage that called
+            completion = p.complete(request, before_retry=reserve_retry)
     except BudgetExhausted as exc:
         # a retry refused: the attempts already made were sent and may have been billed
         calls = [attempt(a, "error", error=exc.message) for a in exc.attempts]

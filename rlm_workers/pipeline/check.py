@@ -11,6 +11,7 @@ that the checker does not ask them again.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -149,3 +150,46 @@ def parse_check(text: str) -> CheckVerdict:
     except (ValidationError, ValueError) as exc:
         first = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise ParseError(f"the completeness check verdict is unusable ({first}): {(text or '')[:120]!r}") from None
+
+
+# --------------------------------------------------------------------------- follow-ups asked before
+
+#: words that tell two questions of the same subject nothing apart
+_FILLER = frozenset(
+    "a an the of in on at to for from by with about into over is are was were be been do does did can could "
+    "what which who whom whose where when why how this that these those there its it their and or any all "
+    "please tell me find show give list".split()
+)
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+#: two questions whose content words overlap this much (Jaccard) ask the same thing
+SAME_QUESTION = 0.75
+
+
+def question_words(question: str) -> frozenset[str]:
+    """The content words of a question, case, punctuation, filler words and a plural ``s`` aside."""
+    words = (w.casefold() for w in _WORD.findall(question or ""))
+    return frozenset(
+        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in words if w not in _FILLER
+    )
+
+
+def same_question(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` ask the same thing: the same words once normalised, or nearly the same set."""
+    wa, wb = question_words(a), question_words(b)
+    if not wa or not wb:
+        return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+    return len(wa & wb) / len(wa | wb) >= SAME_QUESTION
+
+
+def fresh_follow_ups(follow_ups: Sequence[str], asked: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the follow-ups worth asking, those asked before): a follow-up that repeats, or nearly repeats, a
+    question of the tree (``asked``) or an earlier follow-up of the same verdict is not asked again; a checker
+    that asks only those has nothing new to ask (docs/contract.md#recursion)."""
+    new: list[str] = []
+    repeated: list[str] = []
+    for q in follow_ups:
+        if any(same_question(q, earlier) for earlier in [*asked, *new]):
+            repeated.append(q)
+        else:
+            new.append(q)
+    return new, repeated

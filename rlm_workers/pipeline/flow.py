@@ -32,6 +32,7 @@ import redis.exceptions
 from .. import metrics
 from ..config import Settings, get_settings
 from ..errors import RLMError, error_record
+from ..logs import stage_context
 from ..models import JobStatus
 from ..store import jobs as job_store
 from ..store.db import DB_OUTAGE, connection
@@ -319,10 +320,12 @@ def _run_one(job_id: str, stage: Stage) -> tuple[str, JobRow | None]:
         job_store.set_stage(conn, job_id=job_id, stage=stage)
         ctx = StageContext(conn=conn, job=job, settings=settings)
         try:
-            if stage in SELF_TIMED:
-                return _runner(stage)(ctx), job
-            with StageTimer(conn, job_id, stage):
-                return _runner(stage)(ctx), job
+            # a task runs the stages chained after its own: each one's lines carry its name
+            with stage_context(stage.value):
+                if stage in SELF_TIMED:
+                    return _runner(stage)(ctx), job
+                with StageTimer(conn, job_id, stage):
+                    return _runner(stage)(ctx), job
         except DB_OUTAGE:
             raise  # not the job's fault: the task retries
         except BROKER_OUTAGE:

@@ -125,10 +125,14 @@ def completeness(
     batches_failed: int,
     chunks_unanswered: int,
     exhausted: str | None,
+    batch_errors: Sequence[str] = (),
+    unanswered_ids: Sequence[int] = (),
 ) -> tuple[float | None, bool | None, list[str]]:
     """(confidence, complete, gaps), honestly: the last completeness check's verdict where one ran (None where
     none did), an aggregation judged by what was read — an exact count needs every chunk — and every known hole
-    (failed batches, unanswered chunks, a spent budget) named as a gap."""
+    (failed batches, unanswered chunks, a spent budget) named as a gap.  On the direct route the one "batch" is
+    the answer's call and an unanswered chunk is one that did not fit its context: the gaps say so, naming the
+    error (``batch_errors``) and the chunks left out (``unanswered_ids``)."""
     from .records import is_aggregation_question
 
     verdict = checks[-1] if checks else {}
@@ -145,9 +149,18 @@ def completeness(
             )
         elif complete is None:
             complete = True
-    if batches_failed:
+    if batches_failed and route == "direct":
+        why = next((e for e in batch_errors if e), "")
+        gaps.append(f"the direct answer's call failed{': ' + why if why else ''}; no model read the chunks")
+    elif batches_failed:
         gaps.append(f"{batches_failed} analyst batches failed: their chunks' evidence is missing")
-    if chunks_unanswered:
+    if chunks_unanswered and route == "direct":
+        ids = ", ".join(str(c) for c in unanswered_ids[:20]) + (" …" if len(unanswered_ids) > 20 else "")
+        gaps.append(
+            f"{chunks_unanswered} matched chunks did not fit the direct answer's context (RLM_DIRECT_MAX_TOKENS, "
+            f"RLM_MODEL_CONTEXT) and were not read{': chunks ' + ids if ids else ''}"
+        )
+    elif chunks_unanswered:
         gaps.append(f"{chunks_unanswered} chunks were never answered for by their analyst")
     if exhausted:
         gaps.append(f"the budget ran out ({exhausted}): the tree stopped early")
@@ -252,6 +265,8 @@ def result_for(
         batches_failed=result.batches_failed,
         chunks_unanswered=result.chunks_unanswered,
         exhausted=result.budget.exhausted,
+        batch_errors=[e.message for e in result.batch_errors],
+        unanswered_ids=result.unanswered_chunk_ids,
     )
     return result
 

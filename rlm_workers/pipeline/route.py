@@ -48,8 +48,40 @@ def estimated_tokens(sizes: list[int]) -> int:
     return sum(block_tokens(s) for s in sizes)
 
 
+#: a direct prompt's tokens besides its chunks: the system prompt, the query, headings and the closing line
+DIRECT_FRAME_TOKENS = 1024
+#: the chunks of a direct prompt never get less than this, however small RLM_MODEL_CONTEXT is
+MIN_DIRECT_TOKENS = 256
+
+
+def direct_answer_tokens(settings: Settings) -> int:
+    """The direct answer's output allowance: 4,096 tokens, or a quarter of RLM_MODEL_CONTEXT when that is less."""
+    from .answer import DIRECT_MAX_TOKENS
+
+    if settings.model_context:
+        return max(128, min(DIRECT_MAX_TOKENS, settings.model_context // 4))
+    return DIRECT_MAX_TOKENS
+
+
+def context_room(settings: Settings) -> int | None:
+    """Tokens of chunks a direct prompt may carry within RLM_MODEL_CONTEXT (None: no model context set): the
+    window less the answer's allowance and the prompt's frame, so a small model gets a small prompt."""
+    if not settings.model_context:
+        return None
+    room = settings.model_context - direct_answer_tokens(settings) - DIRECT_FRAME_TOKENS
+    return max(MIN_DIRECT_TOKENS, room)
+
+
 def direct_budget(settings: Settings) -> int:
-    return settings.direct_max_tokens or INSTANT_TOKENS
+    """The chunks' tokens of a direct prompt (instant's, or auto's direct route)."""
+    budget = settings.direct_max_tokens or INSTANT_TOKENS
+    room = context_room(settings)
+    return min(budget, room) if room is not None else budget
+
+
+def direct_limit(settings: Settings) -> int:
+    """auto's crossover: RLM_DIRECT_MAX_TOKENS held to the model's context; 0 when direct routing is off."""
+    return direct_budget(settings) if settings.direct_max_tokens else 0
 
 
 def first_routing(
@@ -75,11 +107,18 @@ def first_routing(
     why = (plan or {}).get("route_reason") or ""
     may_widen = opts.scope != Scope.search
     if planned == Route.exhaustive and may_widen:
+        # reads more, never less: kept without the records sample (it costs calls, it loses no evidence)
         return Routing(Route.exhaustive, f"the planner: {why or 'the question needs every chunk'}")
     searched = ""
-    if planned is None and may_widen and (phrase := aggregation_reason(query)):
+    if may_widen and (phrase := aggregation_reason(query)):
+        # the question's kind beats the planner's route: a small planner gave every question the same
+        # direct plan, "how many" included (docs/contract.md#plan-validation)
         if has_records():
-            return Routing(Route.exhaustive, f"an aggregation question ({phrase!r}): every chunk is analysed")
+            overruled = f"the planner chose {planned!r}, corrected: " if planned else ""
+            return Routing(
+                Route.exhaustive, f"{overruled}an aggregation question ({phrase!r}): every chunk is analysed"
+            )
+        planned = None
         searched = (
             f"an aggregation question ({phrase!r}), but the buffers hold no records to count (code or prose): "
             "searched like any question; --scope all reads every chunk"
@@ -95,11 +134,36 @@ def first_routing(
     )
 
 
+#: plan fields that cap how many chunks are read: not for a question whose answer needs every match
+READ_CAPS = ("max_chunks", "top_k")
+
+
+def checked_plan(plan: dict[str, Any] | None, query: str, default_threshold: float) -> tuple[dict[str, Any], list[str]]:
+    """The plan held to the question's kind, and what was corrected (said on the job's ``route_reason``).
+
+    A counting or listing-all question ("how many", "list all"…) needs every chunk that matches: the planner's
+    cap on how many are read (``max_chunks``, ``top_k``) and a similarity threshold above the configured one
+    are dropped, so the search finds them all; the route is checked by ``first_routing``.  Any other plan is
+    returned as it is (docs/contract.md#plan-validation)."""
+    from .records import aggregation_reason
+
+    out = dict(plan or {})
+    phrase = aggregation_reason(query)
+    if not phrase:
+        return out, []
+    dropped = [f"{k}={out.pop(k)}" for k in READ_CAPS if k in out]
+    if isinstance(out.get("threshold"), int | float) and out["threshold"] > default_threshold:
+        dropped.append(f"threshold={out.pop('threshold')}")
+    if not dropped:
+        return out, []
+    return out, [f"the planner's {', '.join(dropped)} dropped: an aggregation question ({phrase!r}) needs every match"]
+
+
 def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routing:
     """A fan-out whose selected chunks fit the direct context is answered by one call."""
     if not first.may_go_direct:
         return first
-    limit = settings.direct_max_tokens
+    limit = direct_limit(settings)
     tokens = estimated_tokens(sizes)
     if limit and tokens <= limit:
         return Routing(
@@ -109,15 +173,3 @@ def final_routing(first: Routing, sizes: list[int], settings: Settings) -> Routi
     if limit:
         return Routing(Route.fanout, f"{first.reason}; {len(sizes)} selected chunks (~{tokens} tokens) exceed {limit}")
     return Routing(Route.fanout, f"{first.reason}; direct routing off (RLM_DIRECT_MAX_TOKENS=0)")
-
-
-def fit(ids: list[int], sizes: dict[int, int], budget_tokens: int) -> list[int]:
-    """The best-ranked chunks whose blocks fit ``budget_tokens`` (at least one: the answer stage cuts it)."""
-    out, used = [], 0
-    for cid in ids:
-        cost = block_tokens(sizes.get(cid, 0))
-        if out and used + cost > budget_tokens:
-            break
-        out.append(cid)
-        used += cost
-    return out

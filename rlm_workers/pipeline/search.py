@@ -8,13 +8,14 @@ search finds them and passes straight on.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import NoChunks
 from ..local_servers import database_url
-from ..models import AnalysisPlan, QueryOptions, Route
+from ..models import AnalysisPlan, QueryOptions, Route, Scope
 from ..search.service import rank
 from ..sessions import evidence_ids
 from ..store import jobs as job_store
@@ -22,11 +23,13 @@ from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sample_c
 from .flow import OK, StageContext
 from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
 from .records import holds_records
-from .route import direct_budget, final_routing, first_routing, fit
+from .route import checked_plan, final_routing, first_routing
 from .scale import scaling_profile
 
 if TYPE_CHECKING:
     from ..config import Settings
+
+log = logging.getLogger("rlm.pipeline.search")
 
 #: chunks read, spread over the buffers, to tell whether they hold records an aggregation can count
 RECORD_SAMPLE = 40
@@ -39,8 +42,14 @@ def run(ctx: StageContext) -> str:
     rows = require_buffers(conn, tenant=job.tenant, names=job.buffers)
     total = count_chunks(conn, buffer_ids=[r.id for r in rows])
     profile = scaling_profile(total)
-    plan = AnalysisPlan(**job.plan) if job.plan else None
     opts = QueryOptions.model_validate(job.options)
+    # the plan held to the question's kind (a counting question reads every match), except under --scope search
+    # (a follow-up child's too), which keeps the search's cut-off; the stored plan stays as the planner wrote it,
+    # the correction is said on the route's reason
+    planned, corrected = (
+        (job.plan or {}, []) if opts.scope == Scope.search else checked_plan(job.plan, job.query, settings.threshold)
+    )
+    plan = AnalysisPlan(**planned) if job.plan else None
     params = resolve_params(opts, plan, profile, settings)
     routing = first_routing(
         opts,
@@ -87,11 +96,14 @@ def run(ctx: StageContext) -> str:
                 f"no chunks matched the query in {', '.join(job.buffers)} "
                 f"(mode {params.search_mode}, threshold {params.threshold})"
             )
-        if routing.route == Route.direct:
-            chosen = fit(chosen, sizes, direct_budget(settings))
     routing = final_routing(routing, [sizes.get(c, 0) for c in chosen], settings)
+    if corrected:
+        log.info("job %s: plan corrected: %s", job.id, "; ".join(corrected))
+        routing = replace(routing, reason=f"{routing.reason}; plan corrected: {'; '.join(corrected)}")
     if routing.route == Route.direct:
-        batches = [chosen]  # one "batch": what the single call reads
+        # one "batch": every hit, best first; the answer reads those that fit its context and reports the rest
+        # as not read, by id (instant over a small model's context must not drop matched chunks silently)
+        batches = [chosen]
     else:
         batches = make_batches(
             chosen, batch_size=None if opts.num_agents else params.batch_size, num_agents=opts.num_agents

@@ -23,6 +23,7 @@ from ..models import RELEVANCE_RANK
 from ..store import jobs as job_store
 from ..store.db import connection, durable_write
 from .calls import call_llm
+from .check import fresh_follow_ups
 from .collect import collect_job, collect_order, finding_threshold
 from .flow import OK, Stage, StageContext
 
@@ -76,13 +77,22 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
             verdict = _ask_checker(conn, job, settings, rnd, asked[1:])
             if verdict is None:
                 return OK  # the budget is spent: write the report with what there is
+            follow, repeated = fresh_follow_ups(verdict.get("follow_ups") or [], asked)
+            if repeated and not follow and not verdict.get("complete"):
+                # a small checker asks the same follow-up round after round: the rounds end here, and the
+                # report says why it is not more complete (stored with the verdict, so a redelivery agrees)
+                shown = "; ".join(repeated[:3])
+                verdict["gaps"] = [
+                    *(verdict.get("gaps") or []),
+                    f"the completeness check asked only what was asked before ({shown[:300]}): the rounds "
+                    "stopped with what they found",
+                ]
             durable_write(
                 conn,
                 lambda c: job_store.add_check(c, job_id=job.id, round_no=rnd, verdict=verdict),
                 what=f"check of job {job.id}",
             )
-        seen = {q.strip().casefold() for q in asked}
-        follow = [q for q in verdict.get("follow_ups") or [] if q.strip().casefold() not in seen]
+        follow, _ = fresh_follow_ups(verdict.get("follow_ups") or [], asked)
         if verdict.get("complete") or not follow:
             return OK
         if rnd + 1 > max_depth(job, settings):

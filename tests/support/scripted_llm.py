@@ -26,6 +26,12 @@ line answered with status >= 400 goes to the error file, as OpenAI does.  Knobs:
 batches ``in_progress`` until ``release_batches()``; ``expire_after = N`` ends the next batches ``expired``
 after answering N lines each (the rest never answered).  Batch lines are recorded apart
 (``batch_requests``, ``/_stats`` ``batch_calls``) from synchronous calls (``requests``, ``calls``).
+
+A local llama.cpp ``llama-server`` can be played too: ``llama_slots = N`` serves ``GET /slots`` (N slots, as
+many ``is_processing`` as chat requests are being answered, so a request whose client gave up still holds its
+slot until its reply is written, as llama-server's does while it computes) and ``GET /health``
+(``{"status": "ok"}``); ``llama_slots = 0`` serves ``/health`` alone (llama-server started with ``--no-slots``).
+Left at None, both are 404 as on OpenAI.  Probes are counted in ``slot_probes``.
 """
 
 from __future__ import annotations
@@ -315,6 +321,8 @@ class _Stats:
         self.requests: list[RecordedRequest] = []
         #: lines of Batch API files, as answered (path "/v1/batches/<id>", the line's body)
         self.batch_requests: list[RecordedRequest] = []
+        #: GET /slots and /health answered (``llama_slots`` set)
+        self.slot_probes = 0
         self.in_flight = 0
         self.max_concurrency = 0
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0}
@@ -367,6 +375,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif path.startswith("/v1/files/") or path.startswith("/v1/batches"):
             self._batch_api_get(path)
+        elif path in ("/slots", "/health") and self.server.llama_slots is not None:
+            self._llama(path)
         elif path == "/_stats":
             self._json(200, self.server.stats.snapshot())
         elif path == "/_requests":
@@ -375,6 +385,19 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"requests": rows})
         else:
             self._json(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
+
+    def _llama(self, path: str) -> None:
+        """llama-server's ``/health`` and ``/slots`` (``--no-slots``: a 501 error, as llama-server answers)."""
+        stats, slots = self.server.stats, self.server.llama_slots or 0
+        with stats.lock:
+            stats.slot_probes += 1
+            busy = stats.in_flight
+        if path == "/health":
+            self._json(200, {"status": "ok"})
+        elif not slots:
+            self._json(501, {"error": {"code": 501, "message": "This server does not support slots endpoint."}})
+        else:
+            self._json(200, [{"id": i, "is_processing": i < busy} for i in range(slots)])
 
     def do_POST(self) -> None:
         path = self.path.split("?")[0].rstrip("/")
@@ -724,6 +747,8 @@ class _Server(ThreadingHTTPServer):
         self.model_name = model_name
         self.stats = _Stats()
         self.batch_api = _BatchAPI()
+        #: None: no llama-server endpoints; N: ``/slots`` with N slots and ``/health`` (0: ``/health`` only)
+        self.llama_slots: int | None = None
 
 
 class ScriptedLLM:
@@ -759,6 +784,19 @@ class ScriptedLLM:
     @prompt_cache.setter
     def prompt_cache(self, on: bool) -> None:
         self._server.stats.prompt_cache = on
+
+    @property
+    def llama_slots(self) -> int | None:
+        return self._server.llama_slots
+
+    @llama_slots.setter
+    def llama_slots(self, n: int | None) -> None:
+        self._server.llama_slots = n
+
+    @property
+    def slot_probes(self) -> int:
+        with self._server.stats.lock:
+            return self._server.stats.slot_probes
 
     @property
     def port(self) -> int:
