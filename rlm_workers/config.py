@@ -330,11 +330,12 @@ class Settings(BaseSettings):
                 setattr(self, name, model.name)
         context = self.local_llm_ctx or model.context
         defaults = {
-            # a cold prompt of a few thousand tokens takes minutes on two cores
-            "llm_timeout": 900.0,
+            # a prompt of a few thousand tokens takes minutes on two cores: the timeout grows with the prompt
+            "llm_timeout": 300.0,
+            "llm_seconds_per_1k_tokens": 60.0,
             "max_concurrency": self.local_llm_parallel,
-            # a direct prompt leaves room for the reply within the slot's context
-            "direct_max_tokens": min(self.direct_max_tokens, context // 2),
+            # prompts and replies are held to the slot's context (pipeline/route.py, the provider's reply cap)
+            "model_context": context,
             "batch_size": 4,
         }
         for name, value in defaults.items():

@@ -160,9 +160,19 @@ def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
         ]
     import httpx
 
-    base = (settings.base_url or "https://api.openai.com/v1").rstrip("/")
+    key = settings.api_key
+    if settings.local_llm and not settings.base_url:
+        # only looks: a stopped local model server is reported, not started
+        from .local_llm import server_status, status_line
+
+        state = server_status(settings.data_dir)
+        if state is None:
+            return [Check("llm", True, status_line(settings).removeprefix("llm:").strip(), warning=True)]
+        base, key = state.url, state.api_key
+    else:
+        base = (settings.base_url or "https://api.openai.com/v1").rstrip("/")
     try:
-        resp = httpx.get(f"{base}/models", headers={"Authorization": f"Bearer {settings.api_key}"}, timeout=timeout)
+        resp = httpx.get(f"{base}/models", headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
     except httpx.HTTPError as exc:
         return [Check("llm", False, f"cannot reach {base}: {exc}")]
     if resp.status_code in (401, 403):

@@ -125,12 +125,13 @@ def test_direct_message_format():
     sys_msg, user = build_answer_messages("SYS", "where is X?", chunks)
     assert sys_msg == {"role": "system", "content": "SYS"}
     assert user["content"] == (
-        '## Query\n\nwhere is X?\n\n## Chunks\n\n### Chunk 3\n\nsource: "b:f.md":1-1\n\n<content>\nt3\n</content>\n\n'
-        '### Chunk 8\n\nsource: "b:f.md":1-1\n\n<content>\nt8\n</content>\n\n'
-        "Answer the query from these chunks only; cite every fact as [chunk N]."
+        '## Chunks\n\n### Chunk 3\n\nsource: "b:f.md":1-1\n\n<content>\nt3\n</content>\n\n'
+        '### Chunk 8\n\nsource: "b:f.md":1-1\n\n<content>\nt8\n</content>\n\n## Query\n\nwhere is X?\n\n'
+        "## Reply\n\nAnswer the query from these chunks only. Reply with a JSON object: "
+        '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
     )
     with_records = build_answer_messages("SYS", "how many?", chunks, records_wanted=True)[1]["content"]
-    assert with_records.startswith(f"## Query\n\nhow many?\n\n## Records\n\n{RECORDS_INSTRUCTION}\n\n## Chunks\n\n")
+    assert f"</content>\n\n## Records\n\n{RECORDS_INSTRUCTION}\n\n## Query\n\nhow many?\n\n## Reply" in with_records
 
 
 def test_fit_chunks_keeps_rank_order_within_the_budget():

@@ -496,3 +496,45 @@ def test_follow_ups_asked_before_are_dropped_even_reworded():
     ]
     assert not same_question("Where does Zephyrine write its ledgers?", "Who reads the Zephyrine ledgers?")
     assert fresh_follow_ups([], asked) == ([], [])
+
+
+# --------------------------------------------------------------------------- the direct answer object
+
+
+def test_a_direct_answer_object_is_rendered_with_the_citations_it_names():
+    """Replies of qwen2.5-coder-0.5b under llama-server: in free text it answered with a citation alone
+    ("[Chunk 5]"); as an object the answer is words and the ids are ours to render, only those it was shown."""
+    from rlm_workers.llm.structured import answer_schema, parse_answer
+    from rlm_workers.pipeline.analyst import ChunkForPrompt
+    from rlm_workers.pipeline.answer import cited_chunk_ids, render_answer
+
+    shown = {
+        5: ChunkForPrompt(5, "b", "docs/teams.md", 1, 3, "The billing team maintains the Zephyrine service."),
+        7: ChunkForPrompt(7, "b", "docs/kitchen.md", 1, 3, "The staff kitchen opens at seven."),
+    }
+    report = render_answer('{"answer": "Zephyrine service", "cited_chunks": [5, 99]}', shown)
+    assert report == "Zephyrine service\n\nSources: [chunk 5, docs/teams.md:1-3]"
+    assert cited_chunk_ids(report, shown) == [5]
+    # cited in the text already: not repeated
+    assert render_answer('{"answer": "Opens at seven [chunk 7].", "cited_chunks": [7]}', shown) == (
+        "Opens at seven [chunk 7]."
+    )
+    # a server that enforced nothing: the markdown stands as written
+    assert render_answer("It is Zephyrine [chunk 5].", shown) == "It is Zephyrine [chunk 5]."
+    assert parse_answer('{"answer": "", "cited_chunks": [5]}') is None  # no words is no answer
+    assert parse_answer('{"answer": "x", "cited_chunks": ["chunk 7"]}').cited_chunks == [7]
+    schema = answer_schema([7, 5, 7])["schema"]["properties"]["cited_chunks"]
+    assert schema["minItems"] == 1 and schema["items"] == {"enum": [5, 7]}
+
+
+def test_a_function_call_written_as_text_is_the_call():
+    """qwen2.5-coder-0.5b under llama-server wrote its tool call as the reply's text, in the function-call shape;
+    an unknown tool's name is no call, and prose with braces is a report."""
+    from rlm_workers.llm.structured import ToolAction, parse_action
+
+    seen = '{\n  "name": "get_chunks",\n  "arguments": {\n    "chunk_ids": [3]\n  }\n}'
+    assert parse_action(seen, {"get_chunks"}) == ToolAction(action="get_chunks", arguments={"chunk_ids": [3]})
+    tagged = '<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"ledger\\"}"}</tool_call>'
+    assert parse_action(tagged, {"search"}) == ToolAction(action="search", arguments={"query": "ledger"})
+    assert parse_action('{"name": "drop_tables", "arguments": {}}', {"get_chunks"}) is None
+    assert parse_action('The config is {"name": "get_chunks", "arguments": {}}.', {"get_chunks"}) is None

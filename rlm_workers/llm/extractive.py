@@ -57,6 +57,7 @@ _QUERY = re.compile(
 #: the section a job that totals records adds to the analyst's (or the direct answer's) message
 _RECORDS_SECTION = re.compile(r"\n\n## Records\n\n")
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: ([^\n]*)\n\n<content>\n(.*?)\n</content>", re.S)
+_CITED = re.compile(r"\[chunk (\d+)")
 _SOURCE = re.compile(r"^(?P<loc>.*):(?P<start>\d+)-(?P<end>\d+)$")
 _QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,})[\"”'`]")
 _CODEISH = re.compile(r"\w+\(|\w+_\w+|\w+\.\w+|[a-z]+[A-Z]\w*|::|->|</?\w+>")
@@ -670,6 +671,9 @@ class ExtractiveProvider:
             out = json.dumps(check_by_rules(text), ensure_ascii=False)
         elif request.role == "direct":
             out = direct_answer(text)
+            if request.json_output:  # the answer object (llm/structured.py), citing what the text cites
+                cited = list(dict.fromkeys(int(n) for n in _CITED.findall(out)))
+                out = json.dumps({"answer": out, "cited_chunks": cited}, ensure_ascii=False)
         else:
             out = write_report(text)
         return Completion(text=out, model=MODEL, latency_ms=int((time.perf_counter() - t0) * 1000))

@@ -7,6 +7,7 @@ who logs it on the job (docs/contract.md#llm-accounting: ``total_tokens`` includ
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import json
 import logging
@@ -150,6 +151,10 @@ class OpenAIProvider:
     def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
         import openai
 
+        if self.settings.model_context and request.max_tokens > self.settings.model_context // 4:
+            # a small model's reply never needs most of its context; the cap also bounds a model that rambles
+            # and the timeout that grows with the allowance (docs/contract.md#local-llm)
+            request = dataclasses.replace(request, max_tokens=self.settings.model_context // 4)
         attempts: list[dict[str, Any]] = []
         retries_left = self.settings.llm_retries
         retry_no = 0

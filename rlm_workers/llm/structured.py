@@ -215,6 +215,43 @@ def validate_entry(raw: dict) -> dict | None:
         return None
 
 
+# --------------------------------------------------------------------------- direct answer
+
+
+class CitedAnswer(BaseModel):
+    """A direct answer: the text first, then the ids of the chunks it rests on, which we render as citations —
+    in free text a small model left them out, or wrote nothing but a citation (docs/contract.md#local-llm)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    answer: Annotated[str, Field(min_length=1)]
+    cited_chunks: list[int]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lenient(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            ids = raw.get("cited_chunks")
+            items = ids if isinstance(ids, list) else [ids] if ids is not None else []
+            raw = {**raw, "cited_chunks": [i for i in map(as_chunk_id, items) if i is not None]}
+        return raw
+
+
+def parse_answer(text: str) -> CitedAnswer | None:
+    """The answer object of a direct reply; None for a reply that is plain markdown (a server that enforced no
+    schema), which is then the answer as it stands."""
+    stripped = (text or "").strip()
+    if not stripped.startswith(("{", "```")):
+        return None
+    for value in json_candidates(stripped):
+        if isinstance(value, dict) and "answer" in value:
+            try:
+                return CitedAnswer.model_validate(value)
+            except ValidationError:
+                return None
+    return None
+
+
 # --------------------------------------------------------------------------- chat rewrite
 
 
@@ -238,6 +275,26 @@ class ToolAction(BaseModel):
     action: Annotated[str, Field(min_length=1, max_length=100)]
     arguments: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _function_call_shape(cls, raw: Any) -> Any:
+        """Small models write a native call's JSON as text instead — ``{"name": ..., "arguments": ...}`` (seen from
+        qwen2.5-coder-0.5b under llama-server), ``"parameters"`` for the arguments, or the arguments as a JSON
+        string — and mean the same call."""
+        if not isinstance(raw, dict):
+            return raw
+        out = dict(raw)
+        if "action" not in out and isinstance(out.get("name"), str):
+            out["action"] = out["name"]
+        if "arguments" not in out and isinstance(out.get("parameters"), dict):
+            out["arguments"] = out["parameters"]
+        if isinstance(out.get("arguments"), str):
+            try:
+                out["arguments"] = json.loads(out["arguments"])
+            except ValueError:
+                pass
+        return out
+
 
 class FinalAnswer(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -246,16 +303,17 @@ class FinalAnswer(BaseModel):
 
 
 def parse_action(text: str, tool_names: set[str]) -> ToolAction | FinalAnswer | None:
-    """A JSON action reply (``{"action": name, "arguments": {...}}`` naming one of ``tool_names``, or
-    ``{"answer": "..."}``); None for anything else, such as a plain markdown report."""
-    stripped = (text or "").strip()
+    """A JSON action reply (``{"action": name, "arguments": {...}}``, or a function call's own shape
+    ``{"name": ..., "arguments": ...}``, naming one of ``tool_names``; or ``{"answer": "..."}``); None for anything
+    else, such as a plain markdown report."""
+    stripped = (text or "").strip().removeprefix("<tool_call>").removesuffix("</tool_call>").strip()
     if not stripped.startswith(("{", "```")):
         return None  # a report that merely contains braces is a report
     for value in json_candidates(stripped):
         if not isinstance(value, dict):
             continue
         try:
-            if "action" in value:
+            if "action" in value or ("name" in value and ("arguments" in value or "parameters" in value)):
                 action = ToolAction.model_validate(value)
                 return action if action.action in tool_names else None
             if "answer" in value:
@@ -334,3 +392,14 @@ PLAN_SCHEMA = response_schema("analysis_plan", PlanReply)
 ANALYST_SCHEMA = response_schema("analyst_findings", AnalystReply)
 SHARED_SCHEMA = response_schema("shared_read_findings", SharedReply)
 REWRITE_SCHEMA = response_schema("standalone_question", RewriteReply)
+ANSWER_SCHEMA = response_schema("answer", CitedAnswer)
+
+
+def answer_schema(chunk_ids: list[int]) -> dict[str, Any]:
+    """The direct answer's schema for one prompt: at least one citation, and only of the chunks it shows, so a
+    grammar-constrained model can neither leave its citations out nor invent one."""
+    if not chunk_ids:
+        return ANSWER_SCHEMA
+    schema = json.loads(json.dumps(ANSWER_SCHEMA))
+    schema["schema"]["properties"]["cited_chunks"].update(minItems=1, items={"enum": sorted(set(chunk_ids))})
+    return schema

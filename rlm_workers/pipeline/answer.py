@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import BudgetExhausted
 from ..llm.protocol import CompletionRequest
+from ..llm.structured import answer_schema, parse_answer
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
@@ -87,11 +88,15 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """The analyst's message layout, asking for a cited markdown answer instead of findings JSON
     (``conversation``: a chat turn's earlier turns, quoted, before the query)."""
-    parts = [f"{conversation}## Query\n\n{escape_content(query)}"]
+    # the question after the chunks, as in an analyst's message: a small model answers what it read last
+    parts = ["## Chunks\n\n" + "\n\n".join(_block(c) for c in chunks)]
     if records_wanted:
         parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
-    parts.append("## Chunks\n\n" + "\n\n".join(_block(c) for c in chunks))
-    parts.append("Answer the query from these chunks only; cite every fact as [chunk N].")
+    parts.append(f"{conversation}## Query\n\n{escape_content(query)}")
+    parts.append(
+        "## Reply\n\nAnswer the query from these chunks only. Reply with a JSON object: "
+        '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
+    )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -111,6 +116,22 @@ def cited_chunk_ids(report: str, allowed: Iterable[int]) -> list[int]:
             if int(n) in ok:
                 out.setdefault(int(n))
     return list(out)
+
+
+def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:
+    """The report of a direct reply: the answer object's text with the chunks it names cited at its end (those
+    the text does not cite already, and only chunks the model was shown); a plain markdown reply as it is."""
+    parsed = parse_answer(reply)
+    if parsed is None:
+        return reply
+    text = parsed.answer.strip()
+    inline = set(cited_chunk_ids(text, shown))
+    extra = [cid for cid in dict.fromkeys(parsed.cited_chunks) if cid in shown and cid not in inline]
+    if extra:
+        text += "\n\nSources: " + ", ".join(
+            f"[chunk {cid}, {shown[cid].path}:{shown[cid].start_line}-{shown[cid].end_line}]" for cid in extra
+        )
+    return text
 
 
 # --------------------------------------------------------------------------- the stage
@@ -158,15 +179,19 @@ def run(ctx: StageContext) -> str:
             model=settings.synthesizer_model,
             messages=messages,
             max_tokens=direct_answer_tokens(settings),
+            json_output=True,
+            json_schema=answer_schema([c.chunk_id for c in chunks]),
         )
+        by_id = {c.chunk_id: c for c in chunks}
         error: BaseException | None = None
         with StageTimer(conn, job.id, Stage.answer):
             try:
-                response = call_llm(conn, job_id=job.id, stage="answer", request=request).text
+                completion = call_llm(conn, job_id=job.id, stage="answer", request=request, parse=parse_answer)
+                response = render_answer(completion.text, by_id)
             except BudgetExhausted as exc:
                 from ..llm.extractive import ExtractiveProvider
 
-                offline = ExtractiveProvider().complete(request).text
+                offline = render_answer(ExtractiveProvider().complete(request).text, by_id)
                 response = (
                     f"_The budget was exhausted ({exc.reason}) before a model could answer: what follows was "
                     f"assembled from the chunks without one._\n\n{offline}"
@@ -174,7 +199,6 @@ def run(ctx: StageContext) -> str:
             except Exception as exc:  # reported on the job; what was read is still said
                 log.warning("direct answer failed for job %s: %s", job.id, exc)
                 response, error = "", exc
-        by_id = {c.chunk_id: c for c in chunks}
         cited = cited_chunk_ids(response, by_id)
         kept = [_cited(rows[cid], by_id[cid].text) for cid in cited if cid in rows]
         collected = {"kept": kept, "filtered": 0, "records": {}}
