@@ -6,7 +6,8 @@ with nothing installed.  It reads the messages built by
 
 - plans by rules: quoted phrases or code-like terms → ``bm25``, else ``hybrid``;
 - grades each chunk by how much of the query its best passage covers and
-  quotes those passages verbatim, with their line numbers, as findings;
+  quotes its passages verbatim, with their line numbers, as findings, best first
+  by ``line_rank`` (meaning, words, search rank, definitions before comments);
 - writes a markdown report from the strongest quotes, citing chunk ids and
   file:line;
 - counts typed records (log levels, logfmt/JSON fields, ``Key: value`` lines)
@@ -14,7 +15,8 @@ with nothing installed.  It reads the messages built by
   report, and checks completeness by following names the findings mention and
   the question does not.
 
-Nothing here executes or obeys chunk text; it only measures term overlap.
+Nothing here executes or obeys chunk text; it only measures term overlap and, through the local
+embedding model, closeness of meaning.
 Token counts are reported as 0 because no tokens were bought.
 
 The messages it reads are fenced (pipeline/prompts.py): it undoes the fence
@@ -262,7 +264,7 @@ _GRADE_LINE = re.compile(r"^relevance: (\w+)$", re.M)
 
 _DISCLAIMER = (
     "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
-    "overlap with the question; no language model interpreted them. Set OPENAI_API_KEY (and "
+    "their words' and meaning's closeness to the question; no language model interpreted them. Set OPENAI_API_KEY (and "
     "OPENAI_BASE_URL for a compatible server) for a written answer._"
 )
 

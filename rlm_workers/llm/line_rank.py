@@ -62,6 +62,7 @@ _LOCAL_SCOPE = re.compile(
     r"^(?:(?:async|export|pub|public|private|protected|static)\s+)*(?:def|function|fn|func)\b"
     r"|^(?:if|elif|else|for|while|with|try|except|finally|catch|switch|case|match|return|do|foreach)\b"
 )
+_TRAILING_COMMENT = re.compile(r"\s(?:#|//)\s.*$")
 _COMMENT = re.compile(r"^\s*(?:#|//|/\*|\*|--|;;|<!--|%)")
 _TRIPLE = re.compile(r'"""|\'\'\'')
 _DOCSTRING_OPENERS = ('"""', "'''")
@@ -75,17 +76,32 @@ _DEFINITION_QUESTION = re.compile(
     r"which|how\s+(?:many|long|much|often))\b",
     re.I,
 )
-#: a question after a value: "the default X", "how many", "how long", "is X enabled"
-_VALUE_QUESTION = re.compile(
-    r"\b(?:default\w*|set\s+to|how\s+(?:many|long|much|often|big|large)|value|enabled?|disabled?|"
-    r"max(?:imum)?|min(?:imum)?|limit|timeout|size)\b",
+#: a question after a value: "the default X", "is X enabled"; and after a number: "how many", "how long"
+_VALUE_QUESTION = re.compile(r"\b(?:default\w*|set\s+to|value|enabled?|disabled?|on\s+or\s+off|name\s+of)\b", re.I)
+_NUMBER_QUESTION = re.compile(
+    r"\b(?:how\s+(?:many|long|much|often|big|large|soon)|number\s+of|max(?:imum)?|min(?:imum)?|limit|timeout|"
+    r"interval|size|version|port|count)\b",
     re.I,
 )
-#: a definition that gives a literal value (a number, a string, a boolean, none), possibly through a call:
-#: ``x = 3``, ``x=Option(120``, ``'x': 'json'``
+#: a definition that gives a literal value, possibly through a call: ``x = 3``, ``x=Option(120``, ``'x':
+#: 'json'``; group 1 a number (``3 * 60`` too), 2 a string or boolean.  None/null says "no value": no answer.
 _LITERAL = re.compile(
-    r"""[=:]\s*(?:[\w.]+\()?\s*(?:[-+]?\d[\d_.]*|['"][^'"\n]*['"]|True|False|None|true|false|null|nil)\s*[,)}\]\s*#*]""",
+    r"""[=:]\s*(?:[\w.]+\()?\s*(?:([-+]?\d[\d_.]*(?:\s*[*+]\s*\d[\d_.]*)*)|(['"][^'"\n]*['"]|True|False|true|false))"""
+    r"""\s*[,)}\]\s*#*]"""
 )
+
+
+def value_bonus(query: str, line: str) -> float:
+    """How well a definition's literal fits what the question asks for: a number for "how many", any value
+    for "the default"."""
+    m = _LITERAL.search(line + " ")
+    if not m:
+        return 0.0
+    if _NUMBER_QUESTION.search(query):
+        return VALUE_BONUS if m.group(1) else VALUE_BONUS / 3
+    return VALUE_BONUS if _VALUE_QUESTION.search(query) else 0.0
+
+
 #: weights of the fused score (see ``fuse``)
 W_MEANING, W_WORDS, W_RANK = 0.45, 0.45, 0.10
 DEFINITION_BONUS, CODE_BONUS, NAME_BONUS, VALUE_BONUS = 0.10, 0.03, 0.15, 0.10
@@ -175,7 +191,8 @@ def candidates(body: str, path: str, chunk: int, units: Sequence[tuple[str, int]
             for j in range(line - 1, -1, -1):  # the line this one is nested under
                 above = raw[j]
                 if above.strip() and not docs[j] and _indent(above) < depth:
-                    parent = above.strip()
+                    # the scope's name, not its trailing remark (``else:  # protocol version 1``)
+                    parent = _TRAILING_COMMENT.sub("", above).strip()
                     break
         if docs[line] if line < len(docs) else False:
             kind = "doc"
@@ -354,7 +371,6 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
     w_words = W_WORDS if sims else W_WORDS + W_MEANING
     wants_definition = bool(_DEFINITION_QUESTION.search(query))
     asked = set(q_terms)
-    wants_value = bool(_VALUE_QUESTION.search(query))
     out = []
     for c, w, s in zip(cands, words, semantic, strict=True):
         score = w_words * w + (W_MEANING * s if sims else 0.0) + W_RANK / (1 + c.chunk / 3)
@@ -365,8 +381,8 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             name = defined_name(unescape_content(c.text))
             if name and wants_definition:
                 score += NAME_BONUS * sum(t in asked for t in name) / len(name)
-            if wants_value and _LITERAL.search(unescape_content(c.text) + " "):
-                score += VALUE_BONUS  # "the default queue" is answered by its value, not by a method named so
+            # "the default queue" is answered by its value, not by a method named so
+            score += value_bonus(query, unescape_content(c.text))
         elif c.kind == "code":
             score += CODE_BONUS if not wants_definition else 0.0
         elif c.kind == "doc":
