@@ -6,7 +6,8 @@ with nothing installed.  It reads the messages built by
 
 - plans by rules: quoted phrases or code-like terms → ``bm25``, else ``hybrid``;
 - grades each chunk by how much of the query its best passage covers and
-  quotes those passages verbatim, with their line numbers, as findings;
+  quotes its passages verbatim, with their line numbers, as findings, best first
+  by ``line_rank`` (meaning, words, search rank, definitions before comments);
 - writes a markdown report from the strongest quotes, citing chunk ids and
   file:line;
 - counts typed records (log levels, logfmt/JSON fields, ``Key: value`` lines)
@@ -14,7 +15,8 @@ with nothing installed.  It reads the messages built by
   report, and checks completeness by following names the findings mention and
   the question does not.
 
-Nothing here executes or obeys chunk text; it only measures term overlap.
+Nothing here executes or obeys chunk text; it only measures term overlap and, through the local
+embedding model, closeness of meaning.
 Token counts are reported as 0 because no tokens were bought.
 
 The messages it reads are fenced (pipeline/prompts.py): it undoes the fence
@@ -42,6 +44,7 @@ from ..pipeline.records import (
     stem_terms,
 )
 from ..search.tokenize import tokenize
+from . import line_rank
 from .protocol import Completion, CompletionRequest
 
 MODEL = "extractive"
@@ -185,6 +188,15 @@ def plan_by_rules(query: str) -> dict:
 
 
 def analyse_chunks(user_text: str) -> list[dict]:
+    return [entry for entry, _score in _analysed(user_text)]
+
+
+def _analysed(user_text: str, *, relative: bool = False) -> list[tuple[dict, float]]:
+    """The analyst's entries, each with the fused score of its best passage (``line_rank.fuse``), which orders
+    the quotes and the direct answer's chunks.  A grade is the share of the query a passage covers; with
+    ``relative`` (the direct answer: one message holding the search's best chunks) it is raised for a passage
+    ranked near the message's best by meaning and words together.  An analyst's batch may hold nothing
+    relevant at all, so there its best is no evidence by itself."""
     query = _query_of(user_text)
     q_terms = _terms(query)
     phrases = [p.lower() for p in _QUOTED.findall(query)]
@@ -193,23 +205,38 @@ def analyse_chunks(user_text: str) -> list[dict]:
     tokens = {cid: [_terms(u.text) for u in us] for cid, us in all_units.items()}
     weights = _weights(q_terms, [t for ts in tokens.values() for t in ts])
     total = sum(weights.values()) or 1.0
+    # chunk order in the message is the search's rank order (docs/contract.md#modes)
+    cands = {
+        cid: line_rank.candidates(body, _location(source)[0], n, [(u.text, u.line) for u in all_units[cid]])
+        for n, (cid, source, body) in enumerate(chunks)
+    }
+    fused_all = line_rank.fuse(query, [c for cs in cands.values() for c in cs])
+    top_score = max(fused_all, default=0.0) or 1.0
+    fused, at = {}, 0
+    for cid, cs in cands.items():
+        fused[cid] = fused_all[at : at + len(cs)]
+        at += len(cs)
     out = []
     for cid, source, _body in chunks:
         loc, start, _end = _location(source)
         scored = []
-        for unit, toks in zip(all_units[cid], tokens[cid], strict=True):
+        for unit, toks, score, cand in zip(all_units[cid], tokens[cid], fused[cid], cands[cid], strict=True):
             present = set(toks)
             cover = sum(w for t, w in weights.items() if t in present) / total
             phrase = any(p in unit.text.lower() for p in phrases)
-            if cover > 0 or phrase:
-                scored.append((cover + (1.0 if phrase else 0.0), cover, phrase, unit))
+            # near the best by meaning alone counts only when the meaning is close in absolute terms too
+            near = (cand.similarity or 0.0) >= line_rank.MEANING_FLOOR or cover > 0
+            if cover > 0 or phrase or (relative and near and score >= line_rank.RELATIVE_MEDIUM * top_score):
+                scored.append((score + (1.0 if phrase else 0.0), cover, phrase, unit, near))
         scored.sort(key=lambda s: (-s[0], s[3].line))
         if not scored:
-            out.append({"chunk_id": int(cid), "relevance": "none", "findings": [], "summary": "", "follow_up": []})
+            entry = {"chunk_id": int(cid), "relevance": "none", "findings": [], "summary": "", "follow_up": []}
+            out.append((entry, 0.0))
             continue
         best = scored[0]
-        grade = _grade(best[1], best[2])
-        keep = [s for s in scored if s[0] >= max(0.15, best[0] * 0.5)][:MAX_QUOTES]
+        lifted = line_rank.relative_cover(best[0], top_score) if relative and best[4] else 0.0
+        grade = _grade(max(best[1], lifted), best[2])
+        keep = [s for s in scored if s[0] >= best[0] * line_rank.KEEP_SHARE][:MAX_QUOTES]
         # verbatim: the document's text, not the fence's escaping of it
         findings = [
             f'"{_clip(unescape_content(s[3].text))}" ({loc.rsplit(":", 1)[-1]}:{start + s[3].line})' for s in keep
@@ -220,13 +247,16 @@ def analyse_chunks(user_text: str) -> list[dict]:
             f"best passage at line {start + best[3].line}."
         )
         out.append(
-            {
-                "chunk_id": int(cid),
-                "relevance": grade,
-                "findings": findings,
-                "summary": summary,
-                "follow_up": [],
-            }
+            (
+                {
+                    "chunk_id": int(cid),
+                    "relevance": grade,
+                    "findings": findings,
+                    "summary": summary,
+                    "follow_up": [],
+                },
+                best[0],
+            )
         )
     return out
 
@@ -235,7 +265,7 @@ _GRADE_LINE = re.compile(r"^relevance: (\w+)$", re.M)
 
 _DISCLAIMER = (
     "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
-    "overlap with the question; no language model interpreted them. Set OPENAI_API_KEY (and "
+    "their words' and meaning's closeness to the question; no language model interpreted them. Set OPENAI_API_KEY (and "
     "OPENAI_BASE_URL for a compatible server) for a written answer._"
 )
 
@@ -243,20 +273,17 @@ _DISCLAIMER = (
 _Entry = tuple[int, str, str, list[str]]
 
 
-def _answer_lines(query: str, entries: list[_Entry], totals: str | None = None) -> list[str]:
-    """The answer (the best passage), the exact totals if any, and the evidence: one cited passage per chunk."""
-    # Within a grade, collect order is document order; the answer leads with the quote that covers
-    # most of the question instead.
-    q_terms = _terms(query)
-    weights = _weights(q_terms, [_terms(q) for e in entries for q in e[3]])
-    total = sum(weights.values()) or 1.0
-    grade_rank = {"high": 3, "medium": 2, "low": 1}
-
-    def score(entry: _Entry) -> tuple[float, float]:
-        best = max((sum(w for t, w in weights.items() if t in set(_terms(q))) for q in entry[3]), default=0.0)
-        return (grade_rank.get(entry[2], 0), best / total)
-
-    entries = sorted(entries, key=score, reverse=True)
+def _answer_lines(query: str, entries: list[_Entry], totals: str | None = None, *, ranked: bool = False) -> list[str]:
+    """The answer (the best passage), the exact totals if any, and the evidence: one cited passage per chunk.
+    ``ranked``: the entries come best first already (the direct answer ranks the chunks' lines itself)."""
+    if not ranked:
+        # Collect order is document order within a grade; the answer leads with the quote ranked best by
+        # meaning, words and the kind of line (line_rank.fuse) instead.
+        grade_rank = {"high": 3, "medium": 2, "low": 1}
+        firsts = [line_rank.quote_candidate(e[3][0] if e[3] else "", n) for n, e in enumerate(entries)]
+        scores = line_rank.fuse(query, firsts)
+        order = sorted(range(len(entries)), key=lambda i: (grade_rank.get(entries[i][2], 0), scores[i]), reverse=True)
+        entries = [entries[i] for i in order]
     top = entries[0]
     lines = [
         "## Answer",
@@ -514,9 +541,12 @@ def direct_answer(user_text: str) -> str:
     query = _query_of(user_text)
     chunks = {int(cid): (source, body) for cid, source, body in _CHUNK.findall(user_text)}
     floor = RELEVANCE_RANK["medium"]  # as Collect does offline: "low" only means "shares a query term"
+    analysed = sorted(
+        _analysed(user_text, relative=True), key=lambda es: -es[1]
+    )  # best passage first, search rank on ties
     entries: list[_Entry] = [
         (e["chunk_id"], _shown_source(chunks[e["chunk_id"]][0]), e["relevance"], [_md_text(f) for f in e["findings"]])
-        for e in analyse_chunks(user_text)
+        for e, _score in analysed
         if RELEVANCE_RANK.get(e["relevance"], 0) >= floor
     ]
     totals = None
@@ -527,7 +557,7 @@ def direct_answer(user_text: str) -> str:
         }
         totals = records_markdown(aggregate(per_chunk), query)
     if entries:
-        return "\n".join([*_answer_lines(query, entries, totals), "", _DISCLAIMER])
+        return "\n".join([*_answer_lines(query, entries, totals, ranked=True), "", _DISCLAIMER])
     lines = [
         "## No relevant passage",
         "",

@@ -1,0 +1,422 @@
+"""Which line of the chunks answers the question: the offline provider's ranking of the passages it may quote.
+
+The extractive provider (``extractive.py``) sees only the messages the pipeline builds, so it ranks with what
+they hold and with what the worker already has at hand:
+
+- **search rank**: chunks appear in the message in the order the search ranked them (the direct answer's
+  chunks, an analyst batch's slice of the ranking), so a chunk's position is a prior;
+- **meaning**: each passage, with its context, embedded by the buffers' encoder (the one the search embedded
+  the query with; local, no network) and compared with the query's vector, which is what found the chunk's
+  nearest window in the first place, one line at a time instead of one window;
+- **words**: BM25 over the candidate passages of the message, identifiers split into their parts;
+- **shape**: in code, a definition (``name = value``, ``name=Option(…)``, ``'key': value``, ``def``,
+  ``class``) is what a "default …" or "where is … defined" question wants; a comment or docstring only
+  describes it, so the definition carries its neighbouring documentation's words and the documentation
+  itself ranks below any code line that matches as well.
+
+A passage's context is its own text, the line it is nested under (``broker=Namespace(`` above
+``heartbeat=Option(120)``: the setting's full name) and, for a definition, the comment or docstring lines
+next to it.  Prose passages (sentences of a paragraph) are matched as they are.
+
+Nothing here executes or obeys chunk text: it is tokenised, embedded and measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..pipeline.prompts import unescape_content
+from ..pipeline.records import CODE_LINE
+from ..search.tokenize import tokenize
+
+log = logging.getLogger("rlm.llm.line_rank")
+
+#: file suffixes read as code (comments and docstrings there are documentation, not the answer)
+CODE_SUFFIXES = frozenset(
+    ".py .pyi .js .jsx .ts .tsx .mjs .cjs .go .rs .java .kt .kts .scala .c .h .cc .cpp .hpp .cs .rb .php .swift "
+    ".m .sh .bash .zsh .ps1 .lua .pl .r .jl .ex .exs .erl .hs .ml .clj .sql .toml .ini .cfg .conf .yaml .yml "
+    ".json .tf .proto .gradle .cmake .mk .dockerfile".split()
+)
+#: a chunk of an unknown suffix is code when this share of its non-blank lines look like code
+CODE_SHARE = 0.4
+#: a definition or assignment: ``def f``/``class C``/``fn f``…, ``name = value``, ``name=Option(``,
+#: ``'key': value``, ``key: value`` (YAML), ``#define NAME``
+_DEFINITION = re.compile(
+    r"""^\s*(?:
+        (?:(?:export|pub|public|private|protected|static|async|abstract|final|override|inline)\s+)*
+        (?:def|class|function|fn|func|struct|enum|interface|trait|impl|module|type|macro|defmacro)\s+[\w$]
+      | (?:(?:const|let|var|val|final|static|readonly)\s+)*[\w$.\[\]]+\s*(?::\s*[^=\n]{1,60})?=(?![=>])
+      | ['"][^'"\n]{1,80}['"]\s*:
+      | [\w.-]+\s*:\s+\S
+      | \#\s*define\s+\w
+    )""",
+    re.X,
+)
+#: the line above a nested one that makes it local: a function body or signature, a statement's block
+_LOCAL_SCOPE = re.compile(
+    r"^(?:(?:async|export|pub|public|private|protected|static)\s+)*(?:def|function|fn|func)\b"
+    r"|^(?:if|elif|else|for|while|with|try|except|finally|catch|switch|case|match|return|do|foreach)\b"
+)
+_TRAILING_COMMENT = re.compile(r"\s(?:#|//)\s.*$")
+_COMMENT = re.compile(r"^\s*(?:#|//|/\*|\*|--|;;|<!--|%)")
+_TRIPLE = re.compile(r'"""|\'\'\'')
+_DOCSTRING_OPENERS = ('"""', "'''")
+#: a documentation line next to a definition that the definition takes in: the docstring right after it, the
+#: comment lines right above it
+DOC_LINES_AFTER = 3
+DOC_LINES_BEFORE = 3
+#: words of "where is X defined", "what is X set to", "the default X": the question wants a definition
+_DEFINITION_QUESTION = re.compile(
+    r"\b(?:default\w*|defined?|definition|declared?|set\s+to|configured?|setting|value|where\s+is|where\s+are|"
+    r"which|how\s+(?:many|long|much|often))\b",
+    re.I,
+)
+#: a question after a value: "the default X", "is X enabled"; and after a number: "how many", "how long"
+_VALUE_QUESTION = re.compile(r"\b(?:default\w*|set\s+to|value|enabled?|disabled?|on\s+or\s+off|name\s+of)\b", re.I)
+_NUMBER_QUESTION = re.compile(
+    r"\b(?:how\s+(?:many|long|much|often|big|large|soon)|number\s+of|max(?:imum)?|min(?:imum)?|limit|timeout|"
+    r"interval|size|version|port|count)\b",
+    re.I,
+)
+#: a definition that gives a literal value, possibly through a call: ``x = 3``, ``x=Option(120``, ``'x':
+#: 'json'``; group 1 a number (``3 * 60`` too), 2 a string or boolean.  None/null says "no value": no answer.
+_LITERAL = re.compile(
+    r"""[=:]\s*(?:[\w.]+\()?\s*(?:([-+]?\d[\d_.]*(?:\s*[*+]\s*\d[\d_.]*)*)|(['"][^'"\n]*['"]|True|False|true|false))"""
+    r"""\s*[,)}\]\s*#*]"""
+)
+
+
+def value_bonus(query: str, line: str) -> float:
+    """How well a definition's literal fits what the question asks for: a number for "how many", any value
+    for "the default"."""
+    m = _LITERAL.search(line + " ")
+    if not m:
+        return 0.0
+    if _NUMBER_QUESTION.search(query):
+        return VALUE_BONUS if m.group(1) else VALUE_BONUS / 3
+    return VALUE_BONUS if _VALUE_QUESTION.search(query) else 0.0
+
+
+#: weights of the fused score (see ``fuse``)
+W_MEANING, W_WORDS, W_RANK = 0.45, 0.45, 0.10
+DEFINITION_BONUS, CODE_BONUS, NAME_BONUS, VALUE_BONUS = 0.10, 0.03, 0.15, 0.10
+DOC_FACTOR = 0.7
+#: at most this many passages are embedded per message (the rest are ranked by words and rank only)
+MAX_EMBEDDED = 320
+MAX_EMBED_CHARS = 240
+BM25_K1, BM25_B = 1.2, 0.75
+#: similarities closer together than this are not stretched apart: near-identical passages stay near-equal
+MIN_SPREAD = 0.15
+#: a passage this similar to the query is evidence by its meaning alone (all-MiniLM-L6-v2's scale: a
+#: paraphrase of the question scores 0.4–0.7, an unrelated line of the same domain 0.1–0.3)
+MEANING_FLOOR = 0.4
+
+
+@dataclass
+class Candidate:
+    """One passage the provider may quote.  ``text`` is as the message has it (fence-escaped), ``line`` its
+    0-based line inside the chunk, ``chunk`` the chunk's position in the message (its search rank)."""
+
+    text: str
+    line: int
+    chunk: int
+    context: str = ""
+    kind: str = "prose"  # prose | doc | code | definition
+    #: a definition's documentation (the comments above it, the docstring below), part of ``context``
+    doc: str = ""
+    #: cosine similarity to the query, once ``fuse`` has embedded it
+    similarity: float | None = None
+
+
+def is_code(path: str, lines: Sequence[str]) -> bool:
+    """Whether a chunk is code, by its file's suffix or, failing that, by how many of its lines look like code."""
+    name = path.rsplit("/", 1)[-1].lower()
+    suffix = "." + name.rsplit(".", 1)[-1] if "." in name else ""
+    if suffix in CODE_SUFFIXES or name in ("dockerfile", "makefile"):
+        return True
+    body = [ln for ln in lines if ln.strip()]
+    return bool(body) and sum(bool(CODE_LINE.search(ln)) for ln in body) >= CODE_SHARE * len(body)
+
+
+def _doc_lines(lines: Sequence[str]) -> list[bool]:
+    """Per line: a comment, or a line of a triple-quoted docstring.  A chunk may start inside a docstring, and
+    a lone closing mark looks like an opening one: of the two readings, the one that files fewer code lines
+    under documentation (and fewer prose lines under code) wins."""
+    comments = [bool(_COMMENT.match(ln)) for ln in lines]
+    marks = [len(_TRIPLE.findall(ln)) % 2 for ln in lines]
+    if not any(marks):
+        return comments
+    code = [bool(CODE_LINE.search(ln) or _DEFINITION.match(ln)) for ln in lines]
+    readings = []
+    for inside in (False, True):
+        flags = []
+        for ln, mark in zip(lines, marks, strict=True):
+            # a docstring on one line has both its marks: it opens and closes, and is documentation all the same
+            flags.append(inside or bool(mark) or ln.lstrip().lstrip("rbuRBU").startswith(_DOCSTRING_OPENERS))
+            inside ^= bool(mark)
+        cost = sum(
+            (f and c) or (not f and not c and bool(ln.strip()))
+            for f, c, ln, comment in zip(flags, code, lines, comments, strict=True)
+            if not comment
+        )
+        readings.append((cost, flags))
+    flags = min(readings, key=lambda r: r[0])[1]  # ties: not inside, the first reading
+    return [f or c for f, c in zip(flags, comments, strict=True)]
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def candidates(body: str, path: str, chunk: int, units: Sequence[tuple[str, int]]) -> list[Candidate]:
+    """The chunk's passages (``units``: text and 0-based line, as the provider cuts them) with their kind and
+    the context they are matched by."""
+    raw = unescape_content(body).split("\n")
+    code = is_code(path, raw)
+    docs = _doc_lines(raw) if code else [False] * len(raw)
+    out = []
+    for text, line in units:
+        if not code:
+            out.append(Candidate(text, line, chunk, unescape_content(text), "prose"))
+            continue
+        own = raw[line] if line < len(raw) else unescape_content(text)
+        parent = ""
+        if own.strip():
+            depth = _indent(own)
+            for j in range(line - 1, -1, -1):  # the line this one is nested under
+                above = raw[j]
+                if above.strip() and not docs[j] and _indent(above) < depth:
+                    # the scope's name, not its trailing remark (``else:  # protocol version 1``)
+                    parent = _TRAILING_COMMENT.sub("", above).strip()
+                    break
+        if docs[line] if line < len(docs) else False:
+            kind = "doc"
+        elif _DEFINITION.match(own) and not _LOCAL_SCOPE.match(parent):
+            kind = "definition"
+        else:
+            kind = "code"  # a local variable, an argument of a signature: not where a thing is defined
+        parts = [parent] if parent else []
+        if kind == "definition":
+            j = line - 1
+            before: list[str] = []
+            while j >= 0 and docs[j] and len(before) < DOC_LINES_BEFORE and raw[j].strip():
+                before.insert(0, raw[j].strip())
+                j -= 1
+            parts += before
+        parts.append(unescape_content(text))
+        if kind == "definition":
+            j = line + 1
+            while j < len(raw) and not docs[j] and j <= line + 3 and raw[j].strip() and _indent(raw[j]) > _indent(own):
+                j += 1  # a signature continued over lines comes before its docstring
+            after = 0
+            while j < len(raw) and docs[j] and after < DOC_LINES_AFTER:
+                if raw[j].strip():
+                    parts.append(raw[j].strip())
+                    after += 1
+                j += 1
+        own_parts = [parent, unescape_content(text)] if parent else [unescape_content(text)]
+        doc = "\n".join(p for p in parts if p not in own_parts)
+        out.append(Candidate(text, line, chunk, "\n".join(parts), kind, doc))
+    return out
+
+
+_TO_I = re.compile(r"(?:ies|ied|y)$")
+_SUFFIX = re.compile(r"(?:ations?|ions?|ings?|ments?|ers?|ed|es|s|ly|e)$")
+#: a stem keeps at most this many characters: "multiplier" and "multiply" meet, as "retries" and "retried"
+STEM_CHARS = 6
+
+
+def terms(text: str) -> list[str]:
+    """Words and identifier parts, stemmed alike wherever they come from (the question's "retried", an
+    identifier's "max_retries"): a suffix off, then a prefix of STEM_CHARS."""
+    out = []
+    for t in tokenize(text):
+        if t.isalpha() and len(t) > 4:
+            t = _SUFFIX.sub("", _TO_I.sub("i", t))[:STEM_CHARS]
+        out.append(t)
+    return out
+
+
+_NAME = re.compile(
+    r"^\s*(?:(?:export|pub|public|private|protected|static|async|abstract|final|const|let|var|val|readonly)\s+)*"
+    r"(?:(?:def|class|function|fn|func|struct|enum|interface|trait|type|\#\s*define)\s+)?['\"]?([\w$.-]+)"
+)
+
+
+def defined_name(line: str) -> list[str]:
+    """The terms of the name a definition line defines (``heartbeat=Option(…)`` → heartbeat)."""
+    m = _NAME.match(line)
+    if not m:
+        return []
+    parts = terms(m.group(1).rsplit(".", 1)[-1])
+    whole = m.group(1).lower()
+    return [t for t in parts if t != whole] or parts
+
+
+def _bm25(query: list[str], docs: list[list[str]]) -> list[float]:
+    n = len(docs)
+    if not n or not query:
+        return [0.0] * n
+    avg = sum(len(d) for d in docs) / n or 1.0
+    df = Counter(t for d in docs for t in set(d))
+    idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in set(query)}
+    out = []
+    for d in docs:
+        tf = Counter(d)
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * len(d) / avg)
+        out.append(sum(idf[t] * tf[t] * (BM25_K1 + 1) / (tf[t] + norm) for t in idf if tf[t]))
+    return out
+
+
+_encoder_failed = False
+
+
+def meaning(query: str, texts: Sequence[str]) -> list[float] | None:
+    """Cosine similarity of each text to the query by the configured embedding model, or None where no encoder
+    can be had (then the ranking goes by words and rank alone).  The model is local: nothing leaves the
+    machine."""
+    global _encoder_failed
+    if _encoder_failed or not texts:
+        return None
+    try:
+        import numpy as np
+
+        from ..config import get_settings
+        from ..ingest.embed import get_embedder, resolve_runtime
+        from ..search.service import query_vector
+
+        model = get_settings().embedding_model
+        runtime = resolve_runtime(model)
+        qvec = query_vector(model, query, runtime)
+        vecs = get_embedder(model, runtime).encode([t[:MAX_EMBED_CHARS] for t in texts])
+        return [float(x) for x in np.asarray(vecs) @ np.asarray(qvec)]
+    except Exception as exc:  # no model files, no runtime: rank by words, and say so once
+        _encoder_failed = True
+        log.warning("the offline provider ranks passages by words only: no embedding model (%s)", exc)
+        return None
+
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def readable(text: str) -> str:
+    """Identifiers as words for a sentence encoder: ``default_queue`` → "default queue", ``MapRoute`` →
+    "Map Route" (it reads ``default_queue`` as one rare token, far from the question's "default queue")."""
+    return _CAMEL.sub(" ", text).replace("_", " ")
+
+
+def shortlist(cands: Sequence[Candidate], lexical: Sequence[float]) -> list[int]:
+    """The candidates worth embedding, at most MAX_EMBEDDED: embedding every line of a direct answer's chunks
+    (over a thousand) costs seconds on a small CPU.  First those that share the most words with the query (the
+    words found them; meaning tells which of them answers), then the definitions, then the other lines, each in
+    search rank order: a paraphrase shares no word, but the search put its chunk near the top, and a definition
+    carries the documentation next to it."""
+    out: dict[int, None] = {}
+    worded = sorted((i for i, x in enumerate(lexical) if x > 0), key=lambda i: -lexical[i])
+    for i in worded[: MAX_EMBEDDED * 3 // 8]:
+        out[i] = None
+    by_rank = sorted(range(len(cands)), key=lambda i: cands[i].chunk)
+    for i in [i for i in by_rank if cands[i].kind == "definition"] + by_rank:
+        if len(out) >= MAX_EMBEDDED:
+            break
+        if len(_WORDISH.findall(cands[i].text)) >= 2:
+            out.setdefault(i)
+    return list(out)
+
+
+_WORDISH = re.compile(r"[^\W\d_]{2,}")
+
+
+def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
+    """A score per candidate, higher is better.
+
+    A weighted sum of normalised signals rather than reciprocal-rank fusion: RRF keeps only each list's order,
+    and here the margin matters (a line that holds every query term against one that holds one; a line whose
+    meaning is far nearer the query than the rest), while the lists are short enough that scores within one
+    message are comparable.  Words and meaning weigh alike (each covers the other's blind spot: paraphrases,
+    and identifiers a sentence encoder reads poorly), the search rank a little (it saw the whole chunk), and
+    the kind of line breaks near-ties: a definition before other code, any code before the comment about it.
+    """
+    if not cands:
+        return []
+    q_terms = terms(query)
+    # a passage's own words count twice, its context's once: the line it is nested under names what it belongs
+    # to, but a comment on an ``else:`` above must not outweigh the line itself
+    lexical = _bm25(q_terms, [terms(unescape_content(c.text)) + terms(c.context) for c in cands])
+    top_lex = max(lexical) or 1.0
+    words = [x / top_lex for x in lexical]
+    order = shortlist(cands, lexical)
+    # A definition is compared twice, as code (with the line it is nested under) and as its documentation, and
+    # keeps the nearer: the encoder reads a docstring's sentence far better than the two mixed.
+    texts = [
+        readable(cands[i].context if not cands[i].doc else cands[i].context.replace(cands[i].doc, "")) for i in order
+    ]
+    documented = [i for i in order if cands[i].doc]
+    sims = meaning(query, texts + [readable(cands[i].doc) for i in documented])
+    if sims:
+        by_doc = dict(zip(documented, sims[len(order) :], strict=True))
+        sims = [max(s, by_doc.get(i, s)) for i, s in zip(order, sims, strict=False)]
+    semantic = [0.0] * len(cands)
+    if sims:
+        ranked = sorted(sims)
+        floor, top = ranked[len(ranked) // 2], ranked[-1]
+        for i, s in zip(order, sims, strict=False):
+            semantic[i] = max(0.0, (s - floor) / max(top - floor, MIN_SPREAD))
+            cands[i].similarity = s
+    w_words = W_WORDS if sims else W_WORDS + W_MEANING
+    wants_definition = bool(_DEFINITION_QUESTION.search(query))
+    asked = set(q_terms)
+    out = []
+    for c, w, s in zip(cands, words, semantic, strict=True):
+        score = w_words * w + (W_MEANING * s if sims else 0.0) + W_RANK / (1 + c.chunk / 3)
+        if c.kind == "definition":
+            score += DEFINITION_BONUS if wants_definition else CODE_BONUS
+            # the name defined is what was asked when all of it is in the question: "heartbeat", not
+            # "heartbeat_checkrate", for "the broker heartbeat interval"
+            name = defined_name(unescape_content(c.text))
+            if name and wants_definition:
+                score += NAME_BONUS * sum(t in asked for t in name) / len(name)
+            # "the default queue" is answered by its value, not by a method named so
+            score += value_bonus(query, unescape_content(c.text))
+        elif c.kind == "code":
+            score += CODE_BONUS if not wants_definition else 0.0
+        elif c.kind == "doc":
+            score *= DOC_FACTOR
+        out.append(score)
+    return out
+
+
+#: a passage scoring this share of the message's best counts as medium (or high) evidence, whatever its words
+RELATIVE_MEDIUM, RELATIVE_HIGH = 0.7, 0.85
+#: quotes of a chunk kept besides its best: those scoring this share of it
+KEEP_SHARE = 0.8
+
+
+def relative_cover(score: float, top: float) -> float:
+    """A fused score as the coverage its grade would need (extractive ``_grade``: 0.6 high, 0.35 medium)."""
+    if top <= 0:
+        return 0.0
+    share = score / top
+    return 0.6 if share >= RELATIVE_HIGH else 0.35 if share >= RELATIVE_MEDIUM else 0.0
+
+
+_QUOTE_PLACE = re.compile(r'^"(.*)" \([^()\n]*:\d+\)$', re.S)
+
+
+def quote_candidate(finding: str, rank: int = 0) -> Candidate:
+    """A finding (``"quote" (file:line)``) as a candidate: only its own line is known, and its rank among the
+    findings (collect order)."""
+    m = _QUOTE_PLACE.match(finding)
+    text = m.group(1) if m else finding
+    if _COMMENT.match(text) or text.startswith(('"""', "'''")):
+        kind = "doc"
+    elif _DEFINITION.match(text) and CODE_LINE.search(text):
+        kind = "definition"
+    else:
+        kind = "prose"
+    return Candidate(text, 0, rank, text, kind)
