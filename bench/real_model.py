@@ -259,8 +259,8 @@ def report(series: list[Series], n_questions: int, machine_note: str) -> str:
         "",
         f"{machine_note}",
         "",
-        f"Command: `{_util.command_line()}` at {_util.revision()}. {n_questions} questions over 12 invented "
-        "documents (13 facts, 5 two-hop, 4 counts); the judging rules are in the bench's docstring.",
+        f"Command: `{_util.command_line()}` at {_util.revision()}. {n_questions} of the 22 questions (13 facts, "
+        "5 two-hop, 4 counts) over 12 invented documents; the judging rules are in the bench's docstring.",
         "",
         "| model | mode | correct | cited chunk right | parse failures | failed jobs | LLM calls | tokens "
         "| wall per question (median / max) |",
@@ -289,7 +289,9 @@ def main() -> None:
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
-    questions = QUESTIONS[: args.questions]
+    # fewer than all: spread over the list, so every kind (fact, two-hop, count) keeps its share
+    step = len(QUESTIONS) / max(1, min(args.questions, len(QUESTIONS)))
+    questions = [QUESTIONS[int(i * step)] for i in range(min(args.questions, len(QUESTIONS)))]
 
     data_dir = _util.isolated_env("real_model")
     import os

@@ -161,6 +161,9 @@ def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     from ..store.buffers import get_chunks
 
     ids = args.get("chunk_ids")
+    if isinstance(ids, list):
+        # small models quote numbers ("5"); a digit string means the same id, anything else is refused below
+        ids = [int(i) if isinstance(i, str) and i.strip().isdigit() and len(i.strip()) <= 18 else i for i in ids]
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ToolError("chunk_ids must be a list of integers")
     if len(ids) > MAX_CHUNKS_PER_CALL:
