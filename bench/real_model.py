@@ -317,7 +317,7 @@ def main() -> None:
     docs.mkdir(exist_ok=True)
     for name, text in DOCS.items():
         (docs / name).write_text(text)
-    load_paths(conn, buffer=BUFFER, paths=[docs], embedder=get_embedder(settings))
+    load_paths(conn, buffer=BUFFER, paths=[docs], embedder=get_embedder())
     conn.commit()
     conn.autocommit = True
     chunk_docs = {

@@ -523,6 +523,10 @@ def test_a_direct_answer_object_is_rendered_with_the_citations_it_names():
     assert render_answer("It is Zephyrine [chunk 5].", shown) == "It is Zephyrine [chunk 5]."
     assert parse_answer('{"answer": "", "cited_chunks": [5]}') is None  # no words is no answer
     assert parse_answer('{"answer": "x", "cited_chunks": ["chunk 7"]}').cited_chunks == [7]
+    # cut at the output limit (gemma-3-270m rambled past it): the words written are the answer, marked as cut
+    cut = '{"answer": "Open on the first Saturday. Several \\"people\\" asked for a summary; this page'
+    assert render_answer(cut, shown) == 'Open on the first Saturday. Several "people" asked for a summary; this page …'
+    assert parse_answer('{"answer": "ok", "cited_chunks": [5, 7').cited_chunks == [5]  # 7 may be cut mid-number
     schema = answer_schema([7, 5, 7])["schema"]["properties"]["cited_chunks"]
     assert schema["minItems"] == 1 and schema["items"] == {"enum": [5, 7]}
 

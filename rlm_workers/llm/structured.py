@@ -249,7 +249,28 @@ def parse_answer(text: str) -> CitedAnswer | None:
                 return CitedAnswer.model_validate(value)
             except ValidationError:
                 return None
+    # cut at the output limit (a small model that rambles): the words it wrote are still its answer, and the ids
+    # it finished writing still its citations
+    m = _CUT_ANSWER.match(stripped)
+    if m:
+        try:
+            words = json.loads(f'"{m.group(1)}"').strip()
+        except ValueError:
+            return None
+        written = m.group(3) or ""
+        ids = [int(n) for n in re.findall(r"\d+", written)]
+        if ids and not written.rstrip().endswith(","):
+            ids.pop()  # the last number may have been cut mid-way
+        ids = ids if m.group(2) else []
+        if words:
+            return CitedAnswer(answer=words if m.group(2) else f"{words} …", cited_chunks=ids)
     return None
+
+
+#: an answer object cut short: its answer string (closed, group 2, or not), then what was written of the ids
+_CUT_ANSWER = re.compile(
+    r'\{\s*"answer"\s*:\s*"((?:[^"\\]|\\.)*)(?:(")\s*,?\s*(?:"cited_chunks"\s*:\s*\[([\d\s,]*))?)?\Z', re.S
+)
 
 
 # --------------------------------------------------------------------------- chat rewrite
