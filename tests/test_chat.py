@@ -284,9 +284,13 @@ def test_api_sessions_create_post_history_tenants_and_bad_input(rlm_env, conn, c
 class Script:
     """Planner (and rewriter), analyst and synthesizer of the two turns, by model name; records every request."""
 
-    def __init__(self) -> None:
+    def __init__(self, rewrite_json: bool = False) -> None:
         self.lock = threading.Lock()
         self.seen: list[tuple[str, str]] = []
+        #: the rewrite is answered {"question": ...} (the schema it was sent) rather than a plain line
+        self.rewrite_json = rewrite_json
+        #: (request body, reply text) of each rewrite call
+        self.rewrites: list[tuple[dict, str]] = []
 
     def __call__(self, req: dict) -> Reply:
         model, text = req.get("model"), last_user_message(req)
@@ -294,7 +298,10 @@ class Script:
             self.seen.append((model, text))
         if model == "plan-model":
             if "## Follow-up" in text:
-                return Reply.text(REWRITTEN)
+                reply = json.dumps({"question": REWRITTEN}) if self.rewrite_json else REWRITTEN
+                with self.lock:
+                    self.rewrites.append((req, reply))
+                return Reply.text(reply)
             return Reply.text(json.dumps({"search_mode": "bm25"}))
         if model == "analyst-model":
             query = re.search(r"## Query\n\n(.*?)\n\n## ", text, re.S).group(1)
@@ -350,6 +357,36 @@ def test_two_turns_through_the_scripted_model_carry_question_answer_and_rewrite(
     # turn 1's cited chunk was read again by the analysts, marked as carried evidence
     analysts = "\n".join(t for m, t in turn2 if m == "analyst-model")
     assert f"### Chunk {corpus['frob.md']}\n" in analysts and CARRIED_MARK in analysts
+
+
+def test_the_rewrite_call_sends_the_standalone_question_schema_and_its_reply_validates(rlm_env, conn, corpus, tmp_path):
+    """The follow-up's rewrite (stage "rewrite") asks for ``response_format`` json_schema ``standalone_question``
+    (docs/contract.md#structured-outputs); a reply in that schema validates against what was sent, becomes the
+    turn's query, and its logged call says it parsed."""
+    import jsonschema
+
+    from rlm_workers.llm.structured import REWRITE_SCHEMA
+    from rlm_workers.sessions import create_session
+    from rlm_workers.store.jobs import llm_calls_of
+
+    script = Script(rewrite_json=True)
+    with ScriptedLLM(script) as llm, scripted_env(rlm_env, llm, RLM_LLM_RETRIES="1") as env:
+        with running_workers(env, tmp_path, POOLS):
+            session = create_session(conn, tenant="local", buffers=[BUFFER], options={})
+            ask(conn, session.id, TURN1)
+            _, job2 = ask(conn, session.id, TURN2)
+    assert len(script.rewrites) == 1
+    body, reply = script.rewrites[0]
+    fmt = body.get("response_format") or {}
+    assert fmt.get("type") == "json_schema", body.get("response_format")
+    sent = fmt["json_schema"]
+    assert sent["name"] == "standalone_question" and sent == REWRITE_SCHEMA
+    assert sent["schema"]["required"] == ["question"]
+    jsonschema.validate(json.loads(reply), sent["schema"])  # the reply is what the schema asked for
+    assert job2.query == REWRITTEN and job2.spec["rewrite"] == "model" and job2.spec["question"] == REWRITTEN
+    rewrite_calls = [c for c in llm_calls_of(conn, job_id=job2.id) if c.stage == "rewrite"]
+    conn.commit()
+    assert [(c.status, c.parse_ok) for c in rewrite_calls] == [("ok", True)]
 
 
 def test_a_turn_that_outlives_the_in_process_worker_is_cancelled_not_left_busy(rlm_env, conn, corpus, tmp_path):

@@ -607,6 +607,14 @@ def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_
         full = cost_usd("analyst-model", tin, cached, tout, table)
         assert cost == pytest.approx(full * (0.5 if via == "batch_api" else 1.0), rel=1e-6)
     assert by_via["batch_api"][0] == (n_reads - 1) * ANALYST_USAGE["prompt_tokens"]
+    # a Batch API line's reply is parsed before its rows are written, as a sync read's is
+    oks = _rows(
+        conn,
+        "SELECT DISTINCT c.via, c.parse_ok FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
+        "WHERE i.batch_id = %s AND c.stage = 'analyst' AND c.status = 'ok' ORDER BY c.via",
+        (batch_id,),
+    )
+    assert oks == [("batch_api", True), ("sync", True)], oks
 
 
 def test_llm_batch_is_refused_without_an_api_key(rlm_env, tmp_path):

@@ -19,7 +19,7 @@ import pytest
 from tests.support.jobs import wait_for
 from tests.support.pipeline_model import write_essays
 from tests.support.scripted_llm import Reply, last_user_message
-from tests.support.workers import running_workers, scripted_env
+from tests.support.workers import WorkerProcess, running_workers, scripted_env
 
 pytestmark = pytest.mark.slow
 
@@ -623,6 +623,56 @@ def test_query_subset_bad_arguments_are_tool_errors(conn, script, llm, corpus):
     assert "tool error: give exactly one of chunk_ids or search" in r.response
     assert "tool error: question must be a non-empty string" in r.response
     assert "Zephyrine" in r.response
+
+
+def test_a_synthesizer_without_native_tool_calling_calls_a_tool_by_json_action(conn, script, llm, workers, env, corpus):
+    """A server that answers 400 to any request carrying ``tools`` (docs/contract.md#structured-outputs): the
+    synthesizer is offered them in words, its JSON action runs the tool, and the next turn's ``{"answer": ...}``
+    is the report.  The refusal is learned per (base URL, model) for the life of a worker process, so the job runs
+    on a control worker of its own whose synthesizer model no other test uses."""
+    synth = "synth-no-tools"
+    answer = f"Zephyrine is the billing team's service. {B_TEXT} [chunk {corpus['b']}]"
+    seen: list[dict] = []
+
+    def no_tools(req: dict) -> Reply:
+        if req.get("model") != synth:
+            return script(req)
+        seen.append(req)
+        if "tools" in req:
+            return Reply.http_error(400, "tools param requires --jinja flag", type="invalid_request_error")
+        results = [
+            m["content"]
+            for m in req["messages"]
+            if m.get("role") == "user" and str(m.get("content")).startswith("Result of get_chunks")
+        ]
+        if not results:
+            action = {"action": "get_chunks", "arguments": {"chunk_ids": [corpus["b"]]}}
+            return script.reply("synth-model", json.dumps(action))
+        # the answer holds b.md's text only if the tool really read it
+        return script.reply("synth-model", json.dumps({"answer": answer if B_TEXT in results[0] else "no result"}))
+
+    llm.responder = no_tools  # the script fixture puts the module's responder back
+    workers["ctl"].stop()
+    own_ctl = WorkerProcess(
+        "ctl-no-tools",
+        queues="rlm.control",
+        env={**env, "RLM_SYNTHESIZER_MODEL": synth},
+        log_dir=workers["ctl"].log_path.parent,
+        concurrency=4,
+    ).start()
+    try:
+        job = run_job(conn, QUESTION, mode="auto")
+    finally:
+        own_ctl.stop()
+        workers["ctl"].start()
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert [(t.name, t.status) for t in r.tool_calls] == [("get_chunks", "ok")]
+    assert r.response.strip() == answer
+    # refused once with tools, then the action turn and the answer turn without them, the tools told in words
+    assert ["tools" in b for b in seen] == [True, False, False]
+    assert all("## Tools" in b["messages"][0]["content"] for b in seen[1:])
+    assert seen[1]["response_format"]["json_schema"]["name"] == "tool_action"
 
 
 # --------------------------------------------------------------------------- 4. a child's worker killed

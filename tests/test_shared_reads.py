@@ -32,6 +32,8 @@ class Model:
         self.foreign = False
         #: question 1's first chunk of every read is left out of both its entries and its none list, every time
         self.leave_out = False
+        #: a shared read's first reply is no JSON at all (its retry is answered as usual)
+        self.garble = False
         #: the last user message of each retry (a request whose last message is not the one holding the chunks)
         self.retries: list[str] = []
         #: what it answered to each shared read
@@ -80,6 +82,8 @@ class Model:
             if last != text:
                 self.retries.append(last)
             if "\n## Questions\n" in text:
+                if self.garble and last == text:
+                    return "Sorry, I could not read these chunks."
                 out = self.shared(text)
                 self.replies.append(out)
             else:
@@ -126,6 +130,7 @@ def corpus(env, conn, embedder, tmp_path_factory):
         "notes-compact",
         "notes-foreign",
         "notes-budget",
+        "notes-garbled",
     ):
         load_paths(conn, buffer=name, paths=[root], embedder=embedder)
         conn.commit()
@@ -176,6 +181,17 @@ def _analyst_requests(llm):
     return [r for r in llm.requests if r.body.get("model") == "analyst-model"]
 
 
+def _parse_oks(conn, job_ids) -> list[bool | None]:
+    """``parse_ok`` of the analyst stage's ok rows of these jobs, first call first."""
+    from rlm_workers.store.jobs import llm_calls_of
+
+    out = [
+        c.parse_ok for j in job_ids for c in llm_calls_of(conn, job_id=j) if c.stage == "analyst" and c.status == "ok"
+    ]
+    conn.commit()
+    return out
+
+
 def _findings(conn, job_id):
     from rlm_workers.store import jobs as job_store
 
@@ -207,6 +223,8 @@ def test_questions_over_one_buffer_read_each_chunk_batch_once(conn, workers, llm
     ).fetchall()
     conn.commit()
     assert rows == [(4,)]
+    # every reply parsed as it came: each member's row of a shared call says so (docs/contract.md#structured-outputs)
+    assert _parse_oks(conn, [i.job_id for i in items]) == [True] * 4 * len(QUERIES)
     # what the analysts read, with sharing, against what four separate reads would have cost
     assert 0 < st["analyst_tokens_in"] < 0.6 * st["analyst_tokens_in_unshared"]
 
@@ -369,3 +387,30 @@ def test_a_shared_reads_share_is_charged_to_each_jobs_budget(conn, workers, llm)
         assert budget["exhausted"] == "max_tokens", budget
         assert budget["used_tokens"] > 50 and budget["used_llm_calls"] == 4
         assert item.result["sources"]  # the evidence the reads paid for is still reported
+
+
+def test_a_shared_reads_unparsable_first_reply_is_logged_parse_ok_false_on_every_member(conn, workers, llm, model):
+    """The read's first reply is no JSON: each member job's row of that call says parse_ok false, and of the re-ask
+    that fixed it, true; the findings are those of the re-ask."""
+    model.garble = True
+    model.retries.clear()
+    try:
+        llm.reset()
+        items, _ = _run(conn, workers, "notes-garbled")
+        retries = list(model.retries)
+    finally:
+        model.garble = False
+    assert len(_analyst_requests(llm)) == 8 and len(retries) == 4  # four reads, each asked once more
+    assert all("not a JSON findings object" in r for r in retries)
+    for item in items:
+        assert item.status == "done"
+        assert len(_findings(conn, item.job_id)) == len(TOPICS)
+        oks = _parse_oks(conn, [item.job_id])
+        assert sorted(oks) == [False] * 4 + [True] * 4, oks
+    rows = conn.execute(
+        "SELECT c.parse_ok, count(*), min(c.shared) FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
+        "WHERE c.stage = 'analyst' AND c.status = 'ok' AND i.job_id = ANY(%s) GROUP BY c.parse_ok ORDER BY 1",
+        ([i.job_id for i in items],),
+    ).fetchall()
+    conn.commit()
+    assert rows == [(False, 4 * len(QUERIES), 4), (True, 4 * len(QUERIES), 4)]

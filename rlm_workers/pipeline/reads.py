@@ -305,11 +305,10 @@ def _run(read_id: int) -> dict:
 
     with Heartbeat(beat, lease / 3, f"read {read_id}"):
         try:
-            completion = _call(prepared, via="sync")
+            completion, answered, problem = _call(prepared, via="sync")
         except LLMError as exc:
             _store(prepared, {}, error=error_record(exc))
             return {"read": read_id, "status": "failed", "error": error_record(exc)}
-        answered, problem = _parse(prepared, completion.text)
         missing = _missing(prepared, answered)
         if missing or problem:
             # one more call naming what was wrong (PaperQA2's prior attempt); still missing after it: unanswered
@@ -317,8 +316,7 @@ def _run(read_id: int) -> dict:
                 prepared.request, messages=_retry_messages(prepared, completion.text, problem, missing)
             )
             try:
-                again = _call(dataclasses.replace(prepared, request=retry), via="sync")
-                more, _ = _parse(prepared, again.text)
+                _, more, _ = _call(dataclasses.replace(prepared, request=retry), via="sync")
                 for q, found in more.items():
                     answered.setdefault(q, {}).update(
                         {cid: f for cid, f in found.items() if cid not in answered.get(q, {})}
@@ -345,8 +343,7 @@ def apply_completion(read_id: int, completion: Completion, *, via: str = "sync")
                     store.set_status(conn, read_id=read_id, status="done")
                 return "skipped"
             prepared = _prepare(conn, read, members, get_settings())
-        _log(prepared, [_attempt(completion, "ok")], completion.model or prepared.request.model, via)
-        answered, problem = _parse(prepared, completion.text)
+        answered, problem = _parse_logged(prepared, [], completion, via)
         if not answered and problem:
             _store(prepared, {}, error={"type": "parse", "message": problem})
             return "failed"
@@ -373,8 +370,9 @@ def _attempt(completion: Completion, status: str) -> dict[str, Any]:
     }
 
 
-def _call(prepared: _Prepared, *, via: str) -> Completion:
-    """One provider call for the read, every attempt logged on every member job (its share)."""
+def _call(prepared: _Prepared, *, via: str) -> tuple[Completion, dict[int, dict[int, Finding]], str | None]:
+    """One provider call for the read, every attempt logged on every member job (its share); the reply parsed
+    as ``_parse`` does."""
     p = provider()
     try:
         completion = p.complete(prepared.request)
@@ -382,9 +380,29 @@ def _call(prepared: _Prepared, *, via: str) -> Completion:
         attempts = [{**a, "status": "error", "error": a.get("error") or exc.message} for a in exc.attempts or [{}]]
         _log(prepared, attempts, prepared.request.model, via)
         raise
-    attempts = [{**a, "status": "retried"} for a in completion.failed_attempts]
-    _log(prepared, [*attempts, _attempt(completion, "ok")], completion.model or prepared.request.model, via)
-    return completion
+    failed = [{**a, "status": "retried"} for a in completion.failed_attempts]
+    answered, problem = _parse_logged(prepared, failed, completion, via)
+    return completion, answered, problem
+
+
+def _parse_logged(
+    prepared: _Prepared, failed: list[dict[str, Any]], completion: Completion, via: str
+) -> tuple[dict[int, dict[int, Finding]], str | None]:
+    """Parse the reply, then log the call: its ``ok`` rows say whether the reply parsed as it came (``parse_ok``,
+    as ``call_llm`` records it for every other JSON stage; docs/contract.md#structured-outputs).  A parser that
+    crashes still leaves the paid call logged (parse_ok false) before the crash surfaces."""
+    crash: Exception | None = None
+    answered: dict[int, dict[int, Finding]] = {}
+    problem: str | None = None
+    try:
+        answered, problem = _parse(prepared, completion.text)
+    except Exception as exc:
+        crash = exc
+    ok = {**_attempt(completion, "ok"), "parse_ok": crash is None and problem is None}
+    _log(prepared, [*failed, ok], completion.model or prepared.request.model, via)
+    if crash is not None:
+        raise crash
+    return answered, problem
 
 
 def _split(total: int, shares: int) -> list[int]:
@@ -412,6 +430,7 @@ def _log(prepared: _Prepared, attempts: list[dict[str, Any]], model: str, via: s
             "latency_ms": a.get("latency_ms", 0),
             "error": a.get("error"),
             "via": via,
+            "parse_ok": a.get("parse_ok"),
         }
         whole.append(LLMCall(**common, tokens_in=tin, tokens_out=tout, cached_tokens=cached, cost_usd=cost))
         for m, ti, to, ca, solo in zip(
