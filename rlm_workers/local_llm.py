@@ -378,7 +378,7 @@ def _start(settings: Settings, model: LocalModel, cache: Path) -> ServerState:
         "--parallel",
         str(slots),
         "--threads",
-        str(settings.resolved_encode_threads),
+        str(_cores()),
         # the key lives in a 0600 file, never on the command line every local user can read in `ps`
         "--api-key-file",
         str(key_file),
@@ -413,6 +413,15 @@ def _start(settings: Settings, model: LocalModel, cache: Path) -> ServerState:
     (d / "server.json").write_text(json.dumps({"pid": proc.pid, "port": port, "model": model.name}))
     log.info("started llama-server for %s on port %d (pid %d)", model.name, port, proc.pid)
     return ServerState(pid=proc.pid, port=port, model=model.name, api_key=api_key)
+
+
+def _cores() -> int:
+    """Every core this process may run on: the server is shared by the whole machine, whichever process starts
+    it (a prefork worker's own share of the cores would starve it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def stop_server(data_dir: Path, timeout: float = 30.0) -> bool:
