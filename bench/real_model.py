@@ -299,13 +299,11 @@ def main() -> None:
     for var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL", "RLM_PROMPT_DIR"):
         os.environ.pop(var, None)
     os.environ["RLM_PROMPT_DIR"] = str(data_dir / "prompts")  # the shipped prompts, never the user's overrides
-    from rlm_workers.config import get_settings, reset_settings
+    from rlm_workers.config import get_settings
     from rlm_workers.ingest.embed import get_embedder
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_llm import endpoint, resolve_model, setup, stop_server
     from rlm_workers.local_servers import broker_url, database_url
     from rlm_workers.store.db import connect
-    from tests.support.workers import WorkerProcess
 
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -331,43 +329,57 @@ def main() -> None:
     series: list[Series] = []
     machine_note = f"2-core sandbox, CPU only, load before the run {_util.loadavg()}"
     try:
-        for model_name in models:
-            model = resolve_model(model_name)
-            os.environ["RLM_LOCAL_LLM"] = model.name
-            reset_settings()
-            setup(get_settings().resolved_local_llm_dir, model, say=print)
-            url, key = endpoint(get_settings())
-            os.environ.update({"OPENAI_BASE_URL": url, "RLM_API_KEY": key})
-            reset_settings()
-            workers = [
-                WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=2),
-                WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=2),
-            ]
-            try:
-                for w in workers:
-                    w.start()
-                for mode in modes:
-                    s = Series(model.name, mode)
-                    for i, q in enumerate(questions, 1):
-                        run_question(conn, q, mode, chunk_docs, s, args.timeout)
-                        print(
-                            f"{model.name} {mode} {i}/{len(questions)}: correct {s.correct}, cited {s.cited}, "
-                            f"{s.walls[-1]:.0f} s",
-                            flush=True,
-                        )
-                    series.append(s)
-            finally:
-                for w in workers:
-                    w.stop()
-                stop_server(settings.data_dir)
-                for var in ("OPENAI_BASE_URL", "RLM_API_KEY"):
-                    os.environ.pop(var, None)
+        # mode by mode, every model within each, and the table rewritten after each series: a long run stopped
+        # half-way still leaves both models' figures for the modes it finished
+        for mode in modes:
+            for model_name in models:
+                series.append(run_series(conn, model_name, mode, questions, chunk_docs, logs, args.timeout))
+                md = report(series, len(questions), machine_note)
+                _util.publish("real_model", md, _util.machine_markdown(), write=not args.no_write)
     finally:
         conn.close()
         if not args.keep_servers:
             _util.stop_servers(data_dir)
-    md = report(series, len(questions), machine_note)
-    _util.publish("real_model", md, _util.machine_markdown(), write=not args.no_write)
+
+
+def run_series(
+    conn: Any, model_name: str, mode: str, questions: list[Question], chunk_docs: dict[int, str], logs: Path, timeout
+) -> Series:
+    """One model answering every question in one mode, behind its own server and workers."""
+    import os
+
+    from rlm_workers.config import get_settings, reset_settings
+    from rlm_workers.local_llm import endpoint, resolve_model, setup, stop_server
+    from tests.support.workers import WorkerProcess
+
+    model = resolve_model(model_name)
+    os.environ["RLM_LOCAL_LLM"] = model.name
+    reset_settings()
+    setup(get_settings().resolved_local_llm_dir, model, say=print)
+    url, key = endpoint(get_settings())
+    os.environ.update({"OPENAI_BASE_URL": url, "RLM_API_KEY": key})
+    reset_settings()
+    workers = [
+        WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=2),
+        WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=2),
+    ]
+    s = Series(model.name, mode)
+    try:
+        for w in workers:
+            w.start()
+        for i, q in enumerate(questions, 1):
+            run_question(conn, q, mode, chunk_docs, s, timeout)
+            print(
+                f"{model.name} {mode} {i}/{len(questions)}: correct {s.correct}, cited {s.cited}, {s.walls[-1]:.0f} s",
+                flush=True,
+            )
+    finally:
+        for w in workers:
+            w.stop()
+        stop_server(get_settings().data_dir)
+        for var in ("OPENAI_BASE_URL", "RLM_API_KEY"):
+            os.environ.pop(var, None)
+    return s
 
 
 if __name__ == "__main__":
