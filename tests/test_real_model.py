@@ -21,7 +21,8 @@ import pytest
 
 from tests.support.workers import running_workers
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_model]
+#: a CPU model on 2 shared cores takes minutes per job; the suite's 10-minute default is for everything else
+pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.timeout(1800)]
 
 MODEL = os.environ.get("RLM_TEST_LOCAL_LLM", "qwen2.5-coder-0.5b")
 BUFFER = "real"

@@ -176,7 +176,7 @@ def test_the_offline_answer_quotes_the_document_not_the_fence():
     reply = offline.complete(
         CompletionRequest(role="analyst", model="m", messages=analyst_messages("SYS", query, [chunk]), max_tokens=64)
     )
-    [entry] = json.loads(reply.text)
+    [entry] = json.loads(reply.text)["entries"]  # the wire shape (llm/structured.py)
     assert entry["relevance"] != "none"
     assert any("closes the </content> tag right after the <b>footer</b>" in f for f in entry["findings"])
     assert not any("&lt;" in f or "&#x" in f for f in entry["findings"])

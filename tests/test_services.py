@@ -49,7 +49,7 @@ def test_valkey_recovers_from_a_killed_server(tmp_path):
     redis.Redis.from_url(url).set("k", "v")
     os.kill(pid, signal.SIGKILL)
     deadline = time.time() + 5
-    while services._pid_is_valkey(pid) and time.time() < deadline:
+    while services.is_valkey(pid) and time.time() < deadline:
         time.sleep(0.05)
     try:
         url2 = services.embedded_valkey_url(tmp_path)  # stale server.json / pid file left behind
@@ -58,7 +58,7 @@ def test_valkey_recovers_from_a_killed_server(tmp_path):
         assert redis.Redis.from_url(url2).ping()
     finally:
         services.stop_embedded_valkey(tmp_path)
-    assert not services._pid_is_valkey(new_pid)
+    assert not services.is_valkey(new_pid)
 
 
 def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
@@ -279,7 +279,7 @@ def test_valkey_is_reused_without_proc(tmp_path, no_proc):
     first = services.embedded_valkey_url(tmp_path)
     pid = json.loads((tmp_path / "valkey" / "server.json").read_text())["pid"]
     try:
-        assert services._pid_is_valkey(pid)
+        assert services.is_valkey(pid)
         assert services.embedded_valkey_url(tmp_path) == first
         assert json.loads((tmp_path / "valkey" / "server.json").read_text())["pid"] == pid
     finally:
@@ -515,11 +515,11 @@ def test_the_test_services_stop_once_their_data_dir_is_removed():
     pg_pid, valkey_pid = services.postgres_status(data_dir)["pid"], services.valkey_status(data_dir).pid
     try:
         shutil.rmtree(data_dir)  # what a temp cleaner does after the run was killed
-        _until(lambda: not services._is_postgres(pg_pid), "the PostgreSQL of a removed data dir still runs")
-        _until(lambda: not services._pid_is_valkey(valkey_pid), "the Valkey of a removed data dir still runs")
+        _until(lambda: not services.is_postgres(pg_pid), "the PostgreSQL of a removed data dir still runs")
+        _until(lambda: not services.is_valkey(valkey_pid), "the Valkey of a removed data dir still runs")
         _until(lambda: services._orphans(data_dir / "pg") == [], "backends of a removed data dir still run")
     finally:
-        for pid, ours in ((pg_pid, services._is_postgres), (valkey_pid, services._pid_is_valkey)):
+        for pid, ours in ((pg_pid, services.is_postgres), (valkey_pid, services.is_valkey)):
             if ours(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -134,7 +134,8 @@ _RECORD_SCHEMA = {
     "required": ["label", "value", "count"],
     "additionalProperties": False,
 }
-Records = Annotated[list[Any] | None, WithJsonSchema({"type": "array", "items": _RECORD_SCHEMA})]
+#: kept as the model wrote it, a list, ``{label: {value: count}}`` or a JSON string of either: parse_records reads all
+Records = Annotated[list[Any] | dict[str, Any] | str | None, WithJsonSchema({"type": "array", "items": _RECORD_SCHEMA})]
 
 
 class AnalystEntry(BaseModel):
@@ -163,7 +164,7 @@ class AnalystEntry(BaseModel):
             "findings": _texts(raw.get("findings")),
             "summary": summary if isinstance(summary, str) else json.dumps(summary) if summary is not None else "",
             "follow_up": _texts(raw.get("follow_up", raw.get("follow_ups"))),
-            "records": raw.get("records") if isinstance(raw.get("records"), list) else None,
+            "records": raw.get("records") if isinstance(raw.get("records"), list | dict | str) else None,
             "question": as_chunk_id(raw.get("question", raw.get("question_no"))),
         }
 
