@@ -453,13 +453,14 @@ def clients(pid: int, port: int) -> int | None:
 
 def status_line(settings: Settings) -> str:
     """What `rlm services status` prints about the model server (only looks, never starts it)."""
+    # a server of this data dir is shown whatever this shell's settings say (`rlm up --local-llm` started it)
+    state = server_status(settings.data_dir)
+    if state:
+        return f"llm:      local llama-server running, pid {state.pid}, port {state.port}, model {state.model}"
     if settings.base_url:
         return f"llm:      configured {settings.base_url}"
     if not settings.local_llm:
         return "llm:      " + ("OpenAI API" if settings.api_key else "offline extractive provider (no model)")
-    state = server_status(settings.data_dir)
-    if state:
-        return f"llm:      local llama-server running, pid {state.pid}, port {state.port}, model {state.model}"
     model = resolve_model(settings.local_llm)
     if not is_ready(settings.resolved_local_llm_dir, model):
         return f"llm:      local {model.name} not set up (run `rlm services setup-llm {model.name}`)"
