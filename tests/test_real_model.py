@@ -164,3 +164,35 @@ def test_thinking_with_a_child_and_a_tool_call(conn, workers):
     stages = {stage for stage, *_ in calls_of(conn, ids)}
     assert {"plan", "analyst", "check", "synthesize"} <= stages, stages
     assert len(ids) > 1, "thinking started no child job"
+
+
+def test_the_cli_shows_the_server_and_refuses_bad_names(env, tmp_path):
+    """`rlm services status` shows the running server whatever the shell's settings; a typo is one line, exit 2;
+    a model not set up is one line naming the command that sets it up, and nothing is built by the call."""
+    import subprocess
+    import sys
+
+    from rlm_workers.config import Settings
+    from rlm_workers.errors import ConfigError
+    from rlm_workers.local_llm import endpoint
+
+    def rlm(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        clean = {k: v for k, v in env.items() if k not in ("RLM_LOCAL_LLM", "OPENAI_BASE_URL", "RLM_API_KEY")}
+        return subprocess.run(
+            [sys.executable, "-m", "rlm_api.cli", *args],
+            env={**clean, **extra, "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    status = rlm("services", "status")
+    assert status.returncode == 0 and f"model {MODEL}" in status.stdout, status.stdout
+    for args, extra in ((("services", "setup-llm", "qwen"), {}), (("services", "status"), {"RLM_LOCAL_LLM": "qwen"})):
+        bad = rlm(*args, **extra)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "unknown local model 'qwen'" in bad.stderr
+    empty = tmp_path / "no-build"
+    with pytest.raises(ConfigError, match=f"rlm services setup-llm {MODEL}"):
+        endpoint(Settings(local_llm=MODEL, local_llm_dir=empty, data_dir=tmp_path / "data"))
+    assert not any(empty.glob("**/llama-server"))
