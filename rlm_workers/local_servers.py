@@ -362,13 +362,22 @@ def _read_password(vdir: Path) -> str | None:
         return None
 
 
+def private_secret(path: Path) -> str:
+    """A secret generated once into a file only its owner can read, and read back from it after that.
+    URL-safe: the Valkey password goes into redis:// URLs unquoted."""
+    try:
+        if secret := path.read_text().strip():
+            return secret
+    except OSError:
+        pass
+    secret = secrets.token_urlsafe(32)
+    write_private(path, secret + "\n")
+    return secret
+
+
 def _password(vdir: Path) -> str:
-    """This data dir's Valkey password: generated once, kept in a file only its owner can read."""
-    password = _read_password(vdir)
-    if password is None:
-        password = secrets.token_urlsafe(32)  # URL-safe: it goes into redis:// URLs unquoted
-        write_private(vdir / PASSWORD_FILE, password + "\n")
-    return password
+    """This data dir's Valkey password."""
+    return private_secret(vdir / PASSWORD_FILE)
 
 
 def free_port(preferred: int | None = None) -> int:

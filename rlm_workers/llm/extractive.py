@@ -43,6 +43,7 @@ from ..pipeline.records import (
     records_markdown,
     stem_terms,
 )
+from ..pipeline.replies import cited_chunk_ids
 from ..search.tokenize import tokenize
 from . import line_rank
 from .protocol import Completion, CompletionRequest
@@ -60,7 +61,6 @@ _QUERY = re.compile(
 #: the section a job that totals records adds to the analyst's (or the direct answer's) message
 _RECORDS_SECTION = re.compile(r"\n\n## Records\n\n")
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: ([^\n]*)\n\n<content>\n(.*?)\n</content>", re.S)
-_CITED = re.compile(r"\[chunk (\d+)")
 _SOURCE = re.compile(r"^(?P<loc>.*):(?P<start>\d+)-(?P<end>\d+)$")
 _QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,})[\"”'`]")
 _CODEISH = re.compile(r"\w+\(|\w+_\w+|\w+\.\w+|[a-z]+[A-Z]\w*|::|->|</?\w+>")
@@ -702,7 +702,7 @@ class ExtractiveProvider:
         elif request.role == "direct":
             out = direct_answer(text)
             if request.json_output:  # the answer object (llm/structured.py), citing what the text cites
-                cited = list(dict.fromkeys(int(n) for n in _CITED.findall(out)))
+                cited = cited_chunk_ids(out, [int(cid) for cid, _, _ in _CHUNK.findall(text)])
                 out = json.dumps({"answer": out, "cited_chunks": cited}, ensure_ascii=False)
         else:
             out = write_report(text)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import BudgetExhausted
 from ..llm.protocol import CompletionRequest
@@ -29,6 +28,7 @@ from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
 from .prompts import content_block, escape_content, source_line, system_message
 from .records import RECORDS_INSTRUCTION
+from .replies import cited_chunk_ids
 
 #: a rough tokenizer-free estimate, on the safe side for English and code
 CHARS_PER_TOKEN = 4
@@ -98,24 +98,6 @@ def build_messages(
         '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
     )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
-
-
-# "chunk 12", "[chunk 12, a.md:3-9]", "chunks 3, 5 and 7."; a number joined by "." ":" "/" "-" to what follows is
-# a path or a line range ("[chunk 3, 2024.log:1-5]"), not another chunk
-_CITATION = re.compile(r"\bchunks?\s*#?\s*(\d+)((?:\s*(?:,|and|&)\s*#?\d+\b(?![.:/-]\w))*)", re.I)
-_NUMBER = re.compile(r"\d+")
-
-
-def cited_chunk_ids(report: str, allowed: Iterable[int]) -> list[int]:
-    """The chunk ids ``report`` cites, in order of first citation, only those in ``allowed`` (a model may cite a
-    chunk it was never shown)."""
-    ok = set(allowed)
-    out: dict[int, None] = {}
-    for m in _CITATION.finditer(report or ""):
-        for n in [m.group(1), *_NUMBER.findall(m.group(2))]:
-            if int(n) in ok:
-                out.setdefault(int(n))
-    return list(out)
 
 
 def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..limits import MAX_FINDING_BYTES
@@ -69,3 +69,21 @@ def clip(s: Any, limit: int = MAX_FINDING_BYTES) -> str:
     if len(raw) <= limit:
         return text
     return raw[:limit].decode("utf-8", "ignore") + "…"
+
+
+# "chunk 12", "[chunk 12, a.md:3-9]", "chunks 3, 5 and 7."; a number joined by "." ":" "/" "-" to what follows is
+# a path or a line range ("[chunk 3, 2024.log:1-5]"), not another chunk
+_CITATION = re.compile(r"\bchunks?\s*#?\s*(\d+)((?:\s*(?:,|and|&)\s*#?\d+\b(?![.:/-]\w))*)", re.I)
+_NUMBER = re.compile(r"\d+")
+
+
+def cited_chunk_ids(report: str, allowed: Iterable[int]) -> list[int]:
+    """The chunk ids ``report`` cites, in order of first citation, only those in ``allowed`` (a model may cite a
+    chunk it was never shown)."""
+    ok = set(allowed)
+    out: dict[int, None] = {}
+    for m in _CITATION.finditer(report or ""):
+        for n in [m.group(1), *_NUMBER.findall(m.group(2))]:
+            if int(n) in ok:
+                out.setdefault(int(n))
+    return list(out)
