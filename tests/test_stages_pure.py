@@ -542,3 +542,24 @@ def test_a_function_call_written_as_text_is_the_call():
     assert parse_action(tagged, {"search"}) == ToolAction(action="search", arguments={"query": "ledger"})
     assert parse_action('{"name": "drop_tables", "arguments": {}}', {"get_chunks"}) is None
     assert parse_action('The config is {"name": "get_chunks", "arguments": {}}.', {"get_chunks"}) is None
+
+
+def test_a_reply_that_is_only_a_tool_call_names_its_tool_offered_or_not():
+    """What qwen2.5-coder-0.5b wrote instead of the report: a call, fenced, of a tool it was not offered; a report
+    quoting a call, an answer object and an object that calls nothing are not calls."""
+    from rlm_workers.llm.structured import stray_action
+
+    call = {"name": "query_subset", "arguments": {"question": "Who runs it?", "chunk_ids": ["3"]}}
+    assert stray_action(f"```json\n{json.dumps(call, indent=2)}\n```") == "query_subset"
+    assert stray_action('<tool_call>\n{"name": "get_chunks", "parameters": {"chunk_ids": [3]}}\n</tool_call>') == (
+        "get_chunks"
+    )
+    assert stray_action(' {"action": "drop_tables", "arguments": {}}\n') == "drop_tables"
+    report = f"## Answer\n\nZephyrine [chunk 3].\n\nA follow-up:\n\n```json\n{json.dumps(call)}\n```\n"
+    assert stray_action(report) is None
+    assert stray_action(f"```python\nrun()\n```\n\nThe call:\n\n```json\n{json.dumps(call)}\n```") is None
+    assert stray_action('The call {"name": "get_chunks", "arguments": {}} was not needed.') is None
+    assert stray_action('{"answer": "## Answer\\n\\nZephyrine."}') is None
+    assert stray_action('{"name": "Zephyrine", "team": "billing"}') is None
+    assert stray_action('{"action": "", "arguments": {}}') is None  # no name is no call
+    assert stray_action("") is None

@@ -328,16 +328,33 @@ def parse_action(text: str, tool_names: set[str]) -> ToolAction | FinalAnswer | 
     """A JSON action reply (``{"action": name, "arguments": {...}}``, or a function call's own shape
     ``{"name": ..., "arguments": ...}``, naming one of ``tool_names``; or ``{"answer": "..."}``); None for anything
     else, such as a plain markdown report."""
+    reply = _json_reply(text)
+    if isinstance(reply, ToolAction) and reply.action not in tool_names:
+        return None
+    return reply
+
+
+def stray_action(text: str) -> str | None:
+    """The tool named by a reply that is nothing but a JSON action, whether or not that tool was offered; None for
+    a report (even one quoting JSON), an answer object or anything else.  The caller decides whether the call was
+    allowed: a model that writes a call it was not offered has written no report."""
+    reply = _json_reply(text)
+    return reply.action if isinstance(reply, ToolAction) else None
+
+
+def _json_reply(text: str) -> ToolAction | FinalAnswer | None:
+    """The action or answer object a reply consists of, whatever tool it names."""
     stripped = (text or "").strip().removeprefix("<tool_call>").removesuffix("</tool_call>").strip()
     if not stripped.startswith(("{", "```")):
         return None  # a report that merely contains braces is a report
+    if stripped.startswith("```") and (end := stripped.find("```", 3)) > 0:
+        stripped = stripped[: end + 3]  # the opening block is the reply's JSON; one further down is quoted in a report
     for value in json_candidates(stripped):
         if not isinstance(value, dict):
             continue
         try:
             if "action" in value or ("name" in value and ("arguments" in value or "parameters" in value)):
-                action = ToolAction.model_validate(value)
-                return action if action.action in tool_names else None
+                return ToolAction.model_validate(value)
             if "answer" in value:
                 return FinalAnswer.model_validate(value)
         except ValidationError:
