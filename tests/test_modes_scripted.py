@@ -675,6 +675,89 @@ def test_a_synthesizer_without_native_tool_calling_calls_a_tool_by_json_action(c
     assert seen[1]["response_format"]["json_schema"]["name"] == "tool_action"
 
 
+# --------------------------------------------------------------------------- a tool call written as the report
+
+
+def synth_calls(conn, job_id: str) -> list[bool | None]:
+    """``parse_ok`` of the synthesizer's logged calls of the job, first call first."""
+    from rlm_workers.store.jobs import llm_calls_of
+
+    out = [c.parse_ok for c in llm_calls_of(conn, job_id=job_id) if c.stage == "synthesize"]
+    conn.commit()
+    return out
+
+
+def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn, script, llm, corpus):
+    """qwen2.5-coder-0.5b under llama-server, past its tool turns, wrote a query_subset call as fenced JSON instead
+    of the report: that reply is no report and is logged as one that did not parse; the model is told why and asked
+    again on the same turn, and its answer object then is the report (unwrapped with no tools offered)."""
+    from rlm_workers.pipeline.synthesize import MAX_TURNS
+
+    call = {"name": "query_subset", "arguments": {"question": FOLLOW_UP, "chunk_ids": [str(corpus["b"])]}}
+    stray = f"```json\n{json.dumps(call, indent=2)}\n```"
+    report = f"## Answer\n\nThe billing team runs Zephyrine. [chunk {corpus['a']}]"
+    last_turns: list[dict] = []
+
+    def respond(req: dict) -> Reply:
+        if req.get("model") != "synth-model":
+            return script(req)
+        if "tools" in req:  # every turn that may call a tool reads a chunk, so the last turn comes
+            return script.reply("synth-model", tools=[("get_chunks", {"chunk_ids": [corpus["a"]]})])
+        last_turns.append(req)
+        return script.reply("synth-model", stray if len(last_turns) == 1 else json.dumps({"answer": report}))
+
+    llm.responder = respond  # the script fixture puts the module's responder back
+    job = run_job(conn, QUESTION, mode="auto")
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert r.response == report
+    assert [(t.name, t.status) for t in r.tool_calls] == [("get_chunks", "ok")] * (MAX_TURNS - 1)
+    # the re-ask went out on the last turn: the stray reply, then our words naming the tool it may not call now
+    assert len(last_turns) == 2 and "tools" not in last_turns[1]
+    *_, said, asked = last_turns[1]["messages"]
+    assert (said["role"], said["content"]) == ("assistant", stray)
+    assert asked["role"] == "user" and "`query_subset` cannot be called on this turn" in asked["content"]
+    assert "report" in asked["content"]
+    assert synth_calls(conn, job.id) == [True] * (MAX_TURNS - 1) + [False, True]
+
+
+def test_a_synthesizer_that_keeps_writing_tool_calls_gets_the_findings_written_up_without_it(conn, script, llm):
+    """Every reply calls a tool that does not exist: after MAX_REASKS re-asks the findings are written up by the
+    offline writer, which says no model wrote the report; no JSON reaches the user, and the made-up name is not
+    echoed back to the model."""
+    from rlm_workers.pipeline.synthesize import MAX_REASKS
+
+    stray = json.dumps({"name": "summarize_findings", "parameters": {"style": "brief"}})
+    script.synth_tools = lambda req: script.reply("synth-model", f"<tool_call>\n{stray}\n</tool_call>")
+    job = run_job(conn, QUESTION, mode="auto")
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert r.response.startswith("_The synthesizer model kept replying with a tool call it could not make")
+    assert A_TEXT in r.response  # the evidence is all there, written up without the model
+    assert not any(s in r.response for s in ("summarize_findings", "parameters", "tool_call", "```"))
+    assert not r.tool_calls and not r.children
+    asked = [last_user_message(b) for b in served(llm, "synth-model")[1:]]
+    assert len(asked) == MAX_REASKS
+    assert all("the tool it names does not exist" in a and "summarize_findings" not in a for a in asked)
+    assert synth_calls(conn, job.id) == [False] * (MAX_REASKS + 1)
+
+
+def test_a_report_that_quotes_a_tool_call_deep_inside_is_the_report(conn, script, llm):
+    """A markdown report with a function call's JSON in a code block is a report, returned as the model wrote it."""
+    snippet = json.dumps({"name": "query_subset", "arguments": {"question": "Who runs Zephyrine?"}}, indent=2)
+    report = (
+        "## Answer\n\nThe billing team runs Zephyrine.\n\n## How it was checked\n\nA follow-up would look like:"
+        f"\n\n```json\n{snippet}\n```\n\n## Sources\n\n- a.md"
+    )
+    script.synth_tools = lambda req: script.reply("synth-model", report)
+    job = run_job(conn, QUESTION, mode="auto")
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert r.response == report and not r.tool_calls and not r.children
+    assert synth_calls(conn, job.id) == [True]
+    assert len(served(llm, "synth-model")) == 1
+
+
 # --------------------------------------------------------------------------- 4. a child's worker killed
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import BudgetExhausted, LLMError
 from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.protocol import CompletionRequest
+from ..llm.structured import FinalAnswer, parse_action, stray_action
 from ..models import JobStatus
 from ..store import jobs as job_store
 from ..store.db import durable_write
@@ -32,6 +33,9 @@ log = logging.getLogger("rlm.pipeline.synthesize")
 
 SYNTH_MAX_TOKENS = 4096
 MAX_TURNS = 10
+#: times one synthesis asks again for the report after a reply that was a tool call it could not make, written as
+#: JSON (docs/contract.md#structured-outputs); counted apart from MAX_TURNS, so that the last turn can be re-asked
+MAX_REASKS = 2
 #: the synthesizer sees at most this much findings text; the rest is summarised by a count
 MAX_SYNTH_FINDINGS_CHARS = 300_000
 
@@ -114,12 +118,14 @@ def run_synthesizer(
     tool_log: list[dict[str, Any]] | None = None,
     on_turn: Callable[[], None] | None = None,
 ) -> str:
-    """The tool loop: at most MAX_TURNS calls; the last one is offered no tools, so it must answer.
+    """The tool loop: at most MAX_TURNS turns; the last one is offered no tools, so it must answer.
 
     A turn runs at most ``MAX_TOOL_CALLS_PER_TURN`` tool calls; the rest are answered with an error (every
-    call id needs a reply).  Each call is appended to ``tool_log``; ``on_turn`` runs between turns.
+    call id needs a reply).  Each call is appended to ``tool_log``; ``on_turn`` runs between calls.
     A ``query_subset`` call starts a child job instead of answering at once: the conversation is stored and
     ``Paused`` raised; when the children end, the same call resumes it with their findings (``tree.py``).
+    A reply that is a tool call written as JSON for a tool not offered on its turn is no report: the turn is
+    asked again, at most MAX_REASKS times in all, and then the findings are written up without the model.
     """
     from ..local_servers import database_url
     from .tools import TOOL_SPECS, ToolContext, run_tool_logged
@@ -132,6 +138,7 @@ def run_synthesizer(
         log_[:] = list(state.get("tool_log") or [])
         messages += _subset_answers(conn, job, state.get("pending") or {})
         first = int(state["turn"]) + 1
+        reasks = int(state.get("reasks") or 0)
     else:
         stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
         from ..sessions import conversation_section
@@ -143,16 +150,18 @@ def run_synthesizer(
             stats,
             conversation=conversation_section(job.spec),
         )
-        first = 0
+        first, reasks = 0, 0
     ctx = ToolContext(
         conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings, url=database_url(settings)
     )
     may_recurse = job.depth + 1 <= max_depth(job, settings)
     tools = TOOL_SPECS + ([QUERY_SUBSET_SPEC] if may_recurse else [])
-    for turn in range(first, MAX_TURNS):
+    turn = first
+    while turn < MAX_TURNS:
         if on_turn is not None:
             on_turn()
         last = turn == MAX_TURNS - 1
+        offered = set() if last else {t["function"]["name"] for t in tools}
         completion = call_llm(
             conn,
             job_id=job.id,
@@ -164,11 +173,20 @@ def run_synthesizer(
                 max_tokens=SYNTH_MAX_TOKENS,
                 tools=None if last else tools,
             ),
+            parse=lambda text, offered=offered: _report_of(text, offered),
         )
         if not completion.tool_calls:
-            if not completion.text.strip():
+            if completion.parsed is None:
+                if reasks >= MAX_REASKS:
+                    log.warning("job %s: the synthesizer still wrote a tool call instead of the report", job.id)
+                    return _extractive_report(conn, job, kept, settings, _NO_REPORT)
+                reasks += 1
+                messages.append({"role": "assistant", "content": completion.text})
+                messages.append({"role": "user", "content": _reask(stray_action(completion.text), tools)})
+                continue  # the same turn again: its tools, and whether it is the last, stay as they were
+            if not completion.parsed.strip():
                 raise LLMError("the synthesizer returned an empty report", retryable=True)
-            return completion.text
+            return completion.parsed
         messages.append(
             completion.raw_message
             or {
@@ -198,9 +216,45 @@ def run_synthesizer(
                 log_.append(record)
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
         if subsets:
-            _pause(conn, job, messages, turn, log_, subsets)
+            _pause(conn, job, messages, turn, log_, subsets, reasks=reasks)
             raise Paused
+        turn += 1
     raise LLMError(f"the synthesizer was still calling tools after {MAX_TURNS} turns", retryable=False)
+
+
+#: what the report written without the model opens with, after a synthesizer that kept writing tool calls
+_NO_REPORT = (
+    "The synthesizer model kept replying with a tool call it could not make, even when asked again for the "
+    "report, so no report was written by a model"
+)
+
+
+def _report_of(text: str, offered: set[str]) -> str | None:
+    """The report a reply carries: the text, or the answer of an ``{"answer": ...}`` object (on the last turn too,
+    where the provider offered no tools and so read no action); None for a tool call written as JSON that names
+    a tool not offered on this turn, which ``call_llm`` logs as a reply that did not parse."""
+    name = stray_action(text)
+    if name is not None:
+        return text if name in offered else None  # an offered one the provider has already made a call
+    reply = parse_action(text, set())
+    return reply.answer if isinstance(reply, FinalAnswer) else text
+
+
+def _reask(name: str | None, tools: list[dict[str, Any]]) -> str:
+    """The message that asks again for the report, after a call ``run_synthesizer`` did not offer on the turn
+    (``tools``: those of the synthesis).  The name is the model's own text: it is named back only when it is ours."""
+    if name in {t["function"]["name"] for t in tools}:
+        why = f"`{name}` cannot be called on this turn: no more tool calls are offered"
+    elif name == QUERY_SUBSET_SPEC["function"]["name"]:
+        why = f"`{name}` is not available in this synthesis (the depth limit is reached)"
+    else:
+        why = "the tool it names does not exist"
+    return (
+        f"Your last reply was a tool call written as JSON, not the report, and {why}. Reply now with the report "
+        "itself, in markdown: answer the question from the findings above and the tool results you already have, "
+        "cite every claim as `[chunk N, path:lines]` as the system message asks, and end with the Sources list. "
+        "Do not reply with JSON."
+    )
 
 
 #: the RLM paper's llm_query as a tool: a bounded child job over chosen chunks or a search
@@ -276,6 +330,8 @@ def _pause(
     turn: int,
     tool_log: list[dict[str, Any]],
     subsets: list[tuple[str, dict[str, Any]]],
+    *,
+    reasks: int,
 ) -> None:
     """Store the conversation, then start one child per query_subset call (a subset child reads exactly the
     chunk ids given, or what its own search finds)."""
@@ -291,7 +347,7 @@ def _pause(
     ]
     pending = {call_id: child_id(job.id, tag, k) for k, (call_id, _) in enumerate(subsets)}
     # the conversation first: once the children exist, their end may resume it at any moment
-    state = {"messages": messages, "turn": turn, "tool_log": tool_log, "pending": pending}
+    state = {"messages": messages, "turn": turn, "tool_log": tool_log, "pending": pending, "reasks": reasks}
     job_store.save_synth_state(conn, job_id=job.id, state=state)
     _start_children(conn, job, tasks, depth=job.depth + 1, tag=tag)
 
@@ -334,15 +390,18 @@ def budget_fallback_report(
     conn: psycopg.Connection, job: JobRow, kept: list[dict], settings: Settings, reason: str
 ) -> str:
     """No model call may start: the findings are written up by the offline extractive writer, and it says so."""
+    why = f"The budget was exhausted ({reason}) before the report could be written by a model"
+    return _extractive_report(conn, job, kept, settings, why)
+
+
+def _extractive_report(conn: psycopg.Connection, job: JobRow, kept: list[dict], settings: Settings, why: str) -> str:
+    """The findings written up by the offline extractive writer, opening with ``why`` no model wrote them up."""
     from ..llm.extractive import write_report
 
     stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
     messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
     body = write_report(messages[-1]["content"]) if kept else _canned(conn, job)
-    return (
-        f"_The budget was exhausted ({reason}) before the report could be written by a model: what follows was "
-        f"assembled from the findings without one._\n\n{body}"
-    )
+    return f"_{why}: what follows was assembled from the findings without one._\n\n{body}"
 
 
 def _canned(conn: psycopg.Connection, job: JobRow) -> str:
