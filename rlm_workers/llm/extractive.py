@@ -62,7 +62,9 @@ _QUERY = re.compile(
 _RECORDS_SECTION = re.compile(r"\n\n## Records\n\n")
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: ([^\n]*)\n\n<content>\n(.*?)\n</content>", re.S)
 _SOURCE = re.compile(r"^(?P<loc>.*):(?P<start>\d+)-(?P<end>\d+)$")
-_QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,})[\"”'`]")
+#: a phrase the question quotes: the marks open and close a word run (not an apostrophe's "don't", not the gap
+#: between two quoted bits: ``'.' and '..'``)
+_QUOTED = re.compile(r"(?<!\w)[\"“'`]([^\s\"”'`][^\"”'`]+[^\s\"”'`])[\"”'`](?!\w)")
 _CODEISH = re.compile(r"\w+\(|\w+_\w+|\w+\.\w+|[a-z]+[A-Z]\w*|::|->|</?\w+>")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 #: what markdown would take for HTML (a tag, a comment, a declaration), and line breaks of every kind
