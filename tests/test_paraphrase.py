@@ -75,4 +75,7 @@ def test_control_long_windows_lose_the_facts(essays, embedder):
             np.maximum.at(best, np.array(owners), vecs @ embedder.encode_query(question))
             hits += any(fact in chunks[i] for i in np.argsort(-best)[:5])
         found[label] = hits
-    assert found == {"long": 0, "default": len(placed)}
+    # the long windows lose most facts, not all: int8 kernels differ by CPU, and one fact's rank 5 or 6 with them
+    # moves with the last digits (an AMD EPYC finds one, the CPUs this was first run on none)
+    assert found["default"] == len(placed), found
+    assert found["long"] <= len(placed) // 3, found
