@@ -8,11 +8,15 @@ they hold and with what the worker already has at hand:
 - **meaning**: each passage, with its context, embedded by the buffers' encoder (the one the search embedded
   the query with; local, no network) and compared with the query's vector, which is what found the chunk's
   nearest window in the first place, one line at a time instead of one window;
-- **words**: BM25 over the candidate passages of the message, identifiers split into their parts;
-- **shape**: in code, a definition (``name = value``, ``name=Option(…)``, ``'key': value``, ``def``,
-  ``class``) is what a "default …" or "where is … defined" question wants; a comment or docstring only
-  describes it, so the definition carries its neighbouring documentation's words and the documentation
-  itself ranks below any code line that matches as well.
+- **words**: BM25 over the candidate passages of the message, identifiers split into their parts (and the
+  question's words found inside run-together ones: ``urlparse``);
+- **shape**: in code, a definition (``name = value``, ``name=Option(…)``, ``'key': value``, a signature's
+  ``param=default``, ``def``, ``class``) is what a "default …" or "where is … defined" question wants; a
+  comment or docstring only describes it, so the definition carries its neighbouring documentation's words
+  and the documentation itself ranks below any code line that matches as well;
+- **intent**: the question's wording says which definition: a value ("the default …", "how many …": a literal,
+  under a name that measures what is asked) or code ("the function that …", "how do I …": a ``def`` or
+  ``class``, or for "where does … happen" the function whose body holds the best line).
 
 A passage's context is its own text, the line it is nested under (``broker=Namespace(`` above
 ``heartbeat=Option(120)``: the setting's full name) and, for a definition, the comment or docstring lines
@@ -62,6 +66,8 @@ _LOCAL_SCOPE = re.compile(
     r"^(?:(?:async|export|pub|public|private|protected|static)\s+)*(?:def|function|fn|func)\b"
     r"|^(?:if|elif|else|for|while|with|try|except|finally|catch|switch|case|match|return|do|foreach)\b"
 )
+#: a function's own line: what is assigned anywhere under it is local, not a definition a reader looks up
+_FUNCTION = re.compile(r"^(?:(?:async|export|pub|public|private|protected|static)\s+)*(?:def|function|fn|func)\b")
 _TRAILING_COMMENT = re.compile(r"\s(?:#|//)\s.*$")
 _COMMENT = re.compile(r"^\s*(?:#|//|/\*|\*|--|;;|<!--|%)")
 _TRIPLE = re.compile(r'"""|\'\'\'')
@@ -91,6 +97,107 @@ _LITERAL = re.compile(
 )
 
 
+#: a question after code to call or read rather than a value: a function, a class, "how do I …", "where is …
+#: implemented"
+_CALLABLE_QUESTION = re.compile(
+    r"\b(?:functions?|methods?|class(?:es)?|decorators?|callables?|enums?|exceptions?|errors?\s+class|"
+    r"implement\w*|code\s+that|"
+    r"how\s+(?:can|do|does|should|would|could)\s+(?:i|we|you|one)\b)",
+    re.I,
+)
+#: a question after the place where something is done
+_WHERE_QUESTION = re.compile(
+    r"\bwhere\b|\bwhich\s+(?:function|method|class|code|module|file)\b|\bfunctions?\b|\bmethods?\b"
+    r"|\bhow\s+(?:can|do|does|should)\s+(?:i|we|you|one)\b",
+    re.I,
+)
+#: a definition of something called (a function, a class, a type), as opposed to a name given a value
+_CALLABLE_DEF = re.compile(
+    r"^\s*(?:(?:export|pub|public|private|protected|static|async|abstract|final|override|inline)\s+)*"
+    r"(?:def|class|function|fn|func|struct|enum|interface|trait|impl|module|macro|defmacro)\s+[\w$]"
+)
+
+
+#: a name spelled as code (``IntRange``, ``max_retries``), not an English word a question uses anyway
+_IDENTIFIER_LIKE = re.compile(r"\w_\w|[a-z][A-Z]")
+_ASKS_FUNCTION = re.compile(
+    r"\b(?:functions?|methods?|how\s+(?:can|do|does|should|would|could)\s+(?:i|we|you|one))\b", re.I
+)
+_ASKS_TYPE = re.compile(r"\b(?:class(?:es)?|enums?|exceptions?|types?|structs?|interfaces?)\b", re.I)
+_TYPE_DEF = re.compile(
+    r"^\s*(?:(?:export|pub|public|private|protected|abstract|final)\s+)*(?:class|struct|enum|interface|trait)\s"
+)
+
+
+def _asks_other_callable(query: str, line: str) -> bool:
+    """Whether the question asks for a function and the line defines a type, or the reverse."""
+    is_type = bool(_TYPE_DEF.match(line))
+    function, kind = bool(_ASKS_FUNCTION.search(query)), bool(_ASKS_TYPE.search(query))
+    if function == kind:
+        return False
+    return is_type != kind
+
+
+def intent(query: str) -> str:
+    """What kind of definition answers the question: ``callable`` (a function or class), ``value`` (a name
+    given a value: "the default X", "how many"), or ``either`` ("where is X defined")."""
+    if _CALLABLE_QUESTION.search(query):
+        return "callable"
+    if _VALUE_QUESTION.search(query) or _NUMBER_QUESTION.search(query):
+        return "value"
+    return "either"
+
+
+#: what a number measures, asked (the question's words) and given (the words of the name it is assigned to):
+#: "how many times" is not answered by a delay, nor "how long … wait" by a retry count
+_MEASURE_ASKED = (
+    (
+        "size",
+        re.compile(
+            r"\bhow\s+(?:long|big|large)\s+(?:can|may|could|might|must|should|is|are)\b[^?]*\bbe\b"
+            r"|\b(?:length|size|bytes|characters|chars|kb|mb)\b",
+            re.I,
+        ),
+    ),
+    ("count", re.compile(r"\bhow\s+many\b|\bnumber\s+of\b|\btimes\b|\battempts?\b", re.I)),
+    (
+        "duration",
+        re.compile(
+            r"\bhow\s+(?:long|often|soon)\b|\bwait\w*|\btime\s*outs?\b|\bdelay\w*|\binterval|\bexpir\w*"
+            r"|\b(?:seconds?|minutes?|hours?|ttl)\b",
+            re.I,
+        ),
+    ),
+)
+_MEASURE_NAMED = {
+    "size": frozenset("size length len maxsize bytes chars width capacity buffer max limit".split()),
+    "count": frozenset("max min retries count num number limit attempts times concurrency workers tries".split()),
+    "duration": frozenset(
+        "delay timeout interval wait expires expiry expiration ttl time seconds secs sec ms millis period "
+        "countdown age sleep backoff heartbeat".split()
+    ),
+}
+_PART = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def measure_fit(query: str, line: str) -> float:
+    """+1 when the defined name says it measures what the question asks (a count for "how many"), -1 when it
+    says it measures something else, 0 when either is silent."""
+    asked = next((kind for kind, pattern in _MEASURE_ASKED if pattern.search(query)), None)
+    m = _NAME.match(line)
+    if asked is None or not m:
+        return 0.0
+    parts = {p.lower() for p in _PART.findall(m.group(1).rsplit(".", 1)[-1])}
+    named = {kind for kind, words in _MEASURE_NAMED.items() if parts & words}
+    if not named:
+        return 0.0
+    return 1.0 if asked in named else -1.0
+
+
+#: a name given no value: ``x = None``, ``x: null``, ``x=Option(None``
+_NO_VALUE = re.compile(r"[=:]\s*(?:[\w.]+\()?\s*(?:None|null|nil|undefined)\s*(?:[,)}\]]|$)")
+
+
 def value_bonus(query: str, line: str) -> float:
     """How well a definition's literal fits what the question asks for: a number for "how many", any value
     for "the default"."""
@@ -104,7 +211,9 @@ def value_bonus(query: str, line: str) -> float:
 
 #: weights of the fused score (see ``fuse``)
 W_MEANING, W_WORDS, W_RANK = 0.45, 0.45, 0.10
-DEFINITION_BONUS, CODE_BONUS, NAME_BONUS, VALUE_BONUS = 0.10, 0.03, 0.15, 0.10
+MEASURE_PENALTY = 0.3
+BODY_CREDIT = 1.01
+DEFINITION_BONUS, CODE_BONUS, NAME_BONUS, VALUE_BONUS, MEASURE_BONUS = 0.10, 0.03, 0.15, 0.10, 0.10
 DOC_FACTOR = 0.7
 #: at most this many passages are embedded per message (the rest are ranked by words and rank only)
 MAX_EMBEDDED = 320
@@ -131,6 +240,10 @@ class Candidate:
     doc: str = ""
     #: cosine similarity to the query, once ``fuse`` has embedded it
     similarity: float | None = None
+    #: the line (in the chunk) of the function or class this line lies in, where the chunk shows it
+    owner: int | None = None
+    #: a parameter's default in a signature (a definition only when it is a literal value)
+    parameter: bool = False
 
 
 def is_code(path: str, lines: Sequence[str]) -> bool:
@@ -173,33 +286,89 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
+def _scopes(raw: Sequence[str], docs: Sequence[bool], line: int) -> list[tuple[int, str]]:
+    """The lines a line is nested under, nearest first (by indentation, within the chunk): each line's index and
+    text without its trailing remark (``else:  # protocol version 1``).  A signature's closing line
+    (``) -> Result:``) is not a scope: the ``def`` it closes is."""
+    out = []
+    depth = _indent(raw[line])
+    for j in range(line - 1, -1, -1):
+        above = raw[j]
+        if depth == 0:
+            break
+        if above.strip() and not docs[j] and _indent(above) < depth and not above.lstrip().startswith(_CLOSERS):
+            out.append((j, _TRAILING_COMMENT.sub("", above).strip()))
+            depth = _indent(above)
+    return out
+
+
+_CLOSERS = (")", "]", "}")
+#: languages where ``name: Type`` declares a type (Python, TypeScript), not a YAML-like ``key: value``
+ANNOTATED_SUFFIXES = (".py", ".pyi", ".ts", ".tsx")
+_ANNOTATION_ONLY = re.compile(r"^\s*[\w.]+\s*:\s*[^=\n]+$")
+#: a keyword parameter with a default, one per line in a signature laid out over lines
+_PARAMETER_DEFAULT = re.compile(r"^\s*\*{0,2}\w+\s*(?::\s*[^=\n]+)?=\s*[^=\s].*,\s*(?:#.*)?$")
+#: a signature's first line, its parameters on the lines below
+_OPEN_CALL = re.compile(r"\(\s*(?:#.*)?$")
+#: statements only a function body holds: an assignment beside them is a local variable
+_BODY_STATEMENT = re.compile(r"^(?:return|assert|raise|yield|await|del|break|continue)\b|^self\.\w")
+
+
+def _is_local(raw: Sequence[str], line: int, scopes: Sequence[tuple[int, str]]) -> bool:
+    """Whether a line lies in a function body or a statement's block.  A chunk may begin inside a long function,
+    its ``def`` out of sight: then the statements beside the line (``return``, ``raise``…) tell."""
+    if scopes:
+        return bool(_LOCAL_SCOPE.match(scopes[0][1])) or any(_FUNCTION.match(text) for _, text in scopes)
+    depth = _indent(raw[line])
+    if depth == 0:
+        return False
+    for step in (-1, 1):
+        j = line + step
+        while 0 <= j < len(raw):
+            text = raw[j]
+            if text.strip():
+                if _indent(text) < depth:
+                    break
+                if _indent(text) == depth and _BODY_STATEMENT.match(text.lstrip()):
+                    return True
+            j += step
+    return False
+
+
 def candidates(body: str, path: str, chunk: int, units: Sequence[tuple[str, int]]) -> list[Candidate]:
     """The chunk's passages (``units``: text and 0-based line, as the provider cuts them) with their kind and
     the context they are matched by."""
     raw = unescape_content(body).split("\n")
     code = is_code(path, raw)
     docs = _doc_lines(raw) if code else [False] * len(raw)
+    annotated = path.lower().endswith(ANNOTATED_SUFFIXES)
     out = []
     for text, line in units:
         if not code:
             out.append(Candidate(text, line, chunk, unescape_content(text), "prose"))
             continue
         own = raw[line] if line < len(raw) else unescape_content(text)
-        parent = ""
-        if own.strip():
-            depth = _indent(own)
-            for j in range(line - 1, -1, -1):  # the line this one is nested under
-                above = raw[j]
-                if above.strip() and not docs[j] and _indent(above) < depth:
-                    # the scope's name, not its trailing remark (``else:  # protocol version 1``)
-                    parent = _TRAILING_COMMENT.sub("", above).strip()
-                    break
+        scopes = _scopes(raw, docs, line) if own.strip() else []
+        parent = scopes[0][1] if scopes else ""
+        # the function (or class) this line belongs to: "where does X happen" is answered by its def
+        owner = next((j for j, text in scopes if _CALLABLE_DEF.match(text)), None)
+        parameter = False
         if docs[line] if line < len(docs) else False:
             kind = "doc"
-        elif _DEFINITION.match(own) and not _LOCAL_SCOPE.match(parent):
+        elif annotated and _ANNOTATION_ONLY.match(own):
+            kind = "code"  # ``width: int``: a name declared with a type, given no value here
+        elif (
+            _PARAMETER_DEFAULT.match(own)
+            and scopes
+            and _FUNCTION.match(scopes[0][1])
+            and _OPEN_CALL.search(scopes[0][1])
+        ):
+            kind = "definition"  # ``charset: str = "utf-8",`` of a signature: the parameter's default value
+            parameter = True
+        elif _DEFINITION.match(own) and not _is_local(raw, line, scopes):
             kind = "definition"
         else:
-            kind = "code"  # a local variable, an argument of a signature: not where a thing is defined
+            kind = "code"  # a local variable: not where a thing is defined
         parts = [parent] if parent else []
         if kind == "definition":
             j = line - 1
@@ -221,7 +390,7 @@ def candidates(body: str, path: str, chunk: int, units: Sequence[tuple[str, int]
                 j += 1
         own_parts = [parent, unescape_content(text)] if parent else [unescape_content(text)]
         doc = "\n".join(p for p in parts if p not in own_parts)
-        out.append(Candidate(text, line, chunk, "\n".join(parts), kind, doc))
+        out.append(Candidate(text, line, chunk, "\n".join(parts), kind, doc, owner=owner, parameter=parameter))
     return out
 
 
@@ -256,6 +425,30 @@ def defined_name(line: str) -> list[str]:
     parts = terms(m.group(1).rsplit(".", 1)[-1])
     whole = m.group(1).lower()
     return [t for t in parts if t != whole] or parts
+
+
+#: the shortest question term looked for inside a longer identifier, and the shortest identifier taken for an
+#: abbreviation of a question term
+MIN_PART_CHARS, MIN_ABBREVIATION_CHARS = 4, 3
+
+
+def _with_parts(doc: list[str], query: list[str]) -> list[str]:
+    """A passage's terms plus the question terms its run-together identifiers hold (``urlparse`` holds "pars",
+    ``resultrepr`` "repr") or abbreviate (``dict`` for "dictionary"): the tokenizer splits snake_case and
+    camelCase, not words written together."""
+    wanted = [q for q in set(query) if q.isalpha()]
+    extra = [
+        q
+        for t in doc
+        if t.isalpha()
+        for q in wanted
+        if t != q
+        and (
+            (len(q) >= MIN_PART_CHARS and len(t) > len(q) and q in t)
+            or (len(t) >= MIN_ABBREVIATION_CHARS and len(q) > len(t) and q.startswith(t))
+        )
+    ]
+    return doc + extra
 
 
 def _bm25(query: list[str], docs: list[list[str]]) -> list[float]:
@@ -347,7 +540,7 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
     q_terms = terms(query)
     # a passage's own words count twice, its context's once: the line it is nested under names what it belongs
     # to, but a comment on an ``else:`` above must not outweigh the line itself
-    lexical = _bm25(q_terms, [terms(unescape_content(c.text)) + terms(c.context) for c in cands])
+    lexical = _bm25(q_terms, [_with_parts(terms(unescape_content(c.text)) + terms(c.context), q_terms) for c in cands])
     top_lex = max(lexical) or 1.0
     words = [x / top_lex for x in lexical]
     order = shortlist(cands, lexical)
@@ -369,25 +562,53 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             semantic[i] = max(0.0, (s - floor) / max(top - floor, MIN_SPREAD))
             cands[i].similarity = s
     w_words = W_WORDS if sims else W_WORDS + W_MEANING
-    wants_definition = bool(_DEFINITION_QUESTION.search(query))
+    wanted = intent(query)
+    wants_definition = wanted == "callable" or bool(_DEFINITION_QUESTION.search(query))
     asked = set(q_terms)
+    spelled = set(tokenize(query))
     out = []
     for c, w, s in zip(cands, words, semantic, strict=True):
         score = w_words * w + (W_MEANING * s if sims else 0.0) + W_RANK / (1 + c.chunk / 3)
         if c.kind == "definition":
-            score += DEFINITION_BONUS if wants_definition else CODE_BONUS
-            # the name defined is what was asked when all of it is in the question: "heartbeat", not
-            # "heartbeat_checkrate", for "the broker heartbeat interval"
-            name = defined_name(unescape_content(c.text))
-            if name and wants_definition:
-                score += NAME_BONUS * sum(t in asked for t in name) / len(name)
-            # "the default queue" is answered by its value, not by a method named so
-            score += value_bonus(query, unescape_content(c.text))
+            text = unescape_content(c.text)
+            called = bool(_CALLABLE_DEF.match(text))
+            # "the default queue" is answered by a value, not by a method named so; "the function that sends a
+            # task" by a def, not by a setting that mentions sending
+            if wanted == "either" or (wanted == "callable") == called:
+                # a value question is not answered by a name set to nothing (``x = None``)
+                # nor by a parameter defaulting to a name: the value is where that name is defined
+                empty = _NO_VALUE.search(text) or (c.parameter and not _LITERAL.search(text + " "))
+                share = 0.0 if wanted == "value" and empty else 1.0
+                score += share * (DEFINITION_BONUS if wants_definition else CODE_BONUS)
+                # the name defined is what was asked when all of it is in the question: "heartbeat", not
+                # "heartbeat_checkrate", for "the broker heartbeat interval"
+                name = defined_name(text)
+                if name and wants_definition:
+                    score += share * NAME_BONUS * sum(t in asked for t in name) / len(name)
+                    # the question names it exactly: "where is the IntRange type", not the INT beside it
+                    whole = _NAME.match(text)
+                    ident = whole.group(1).rsplit(".", 1)[-1] if whole else ""
+                    if _IDENTIFIER_LIKE.search(ident) and ident.lower() in spelled:
+                        score += share * NAME_BONUS
+            if called and wanted == "callable" and _asks_other_callable(query, text):
+                score -= DEFINITION_BONUS  # "the function that splits" is not answered by a class, nor the reverse
+            if not called:
+                fit = measure_fit(query, text)
+                score += value_bonus(query, text) + (MEASURE_BONUS * fit if fit >= 0 else -MEASURE_PENALTY)
         elif c.kind == "code":
-            score += CODE_BONUS if not wants_definition else 0.0
+            # a question after a definition is not answered by a statement that uses it
+            score += CODE_BONUS if not wants_definition else -CODE_BONUS
         elif c.kind == "doc":
             score *= DOC_FACTOR
         out.append(score)
+    if wanted != "value" and _WHERE_QUESTION.search(query):
+        # "where does a POST become a GET" is answered by the function whose body does it: its def takes the
+        # score of its best line (the comment or the statement that matched), and wins the tie
+        at = {(c.chunk, c.line): i for i, c in enumerate(cands) if c.kind == "definition"}
+        for i, c in enumerate(cands):
+            j = at.get((c.chunk, c.owner)) if c.owner is not None and c.kind in ("code", "doc") else None
+            if j is not None and _CALLABLE_DEF.match(unescape_content(cands[j].text)):
+                out[j] = max(out[j], out[i] * BODY_CREDIT)
     return out
 
 
