@@ -1,12 +1,13 @@
-"""How often the offline answer quotes the line that answers, on Celery's ``celery/app`` source (issue #26).
+"""How often the offline answer quotes the line that answers, on installed packages' source (issue #26).
 
-    .venv/bin/python bench/offline_answer.py [--code PATH] [--keep-servers]
+    .venv/bin/python bench/offline_answer.py [--corpus celery|httpx|click] [--code PATH] [--keep-servers]
 
-Loads the subpackage into a buffer under bench/_data/offline-answer and asks each question of
-tests/support/offline_gold.py with ``rlm query --mode instant --format json`` (no API key: the extractive
-provider), then prints two rates: the gold line is the answer's first quote, and the gold file is among the
-result's sources.  ``--code`` runs the ``rlm`` of another checkout (a ``git worktree`` of an earlier commit)
-over the same buffer and questions, for a before/after figure; the buffer is loaded by this checkout's code.
+Loads each corpus of tests/support/offline_gold.py (Celery's ``celery/app``, which the weights were tuned on;
+httpx and click, which they were not) into its own buffer under bench/_data/offline-answer and asks each of its
+questions with ``rlm query --mode instant --format json`` (no API key: the extractive provider), then prints two
+rates per corpus: the gold line is the answer's first quote, and the gold file is among the result's sources.
+``--code`` runs the ``rlm`` of another checkout (a ``git worktree`` of an earlier commit) over the same buffers
+and questions, for a before/after figure; the buffers are loaded by this checkout's code.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._util import REPO, isolated_env, stop_servers  # noqa: E402
-from tests.support.offline_gold import GOLD, copy_corpus  # noqa: E402
-
-BUFFER = "celery-app"
+from tests.support.offline_gold import CORPORA  # noqa: E402
 
 
 def rlm(code: Path, *args: str) -> subprocess.CompletedProcess:
@@ -37,36 +36,42 @@ def rlm(code: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def ask(corpus, code: Path) -> None:
+    buffer = f"{corpus.name}-src"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = rlm(REPO, "load", str(corpus.copy(Path(tmp))), "--buffer", buffer)
+        if out.returncode != 0:
+            raise SystemExit(out.stderr)
+    first = files = 0
+    t0 = time.perf_counter()
+    for gold in corpus.gold:
+        out = rlm(code, "query", gold.question, "--buffer", buffer, "--mode", "instant", "--format", "json")
+        if out.returncode != 0:
+            raise SystemExit(f"{gold.question}: {out.stderr}")
+        result = json.loads(out.stdout)
+        quote = next((ln for ln in result["response"].split("\n") if ln.startswith("> ")), "")
+        hit = gold.line in quote
+        found = any(s["path"].endswith("/" + gold.path) for s in result["sources"])
+        first += hit
+        files += found
+        print(f"{'ok  ' if hit else 'MISS'} {'file' if found else '----'} {gold.question}  →  {quote[:100]}")
+    n = len(corpus.gold)
+    print(
+        f"\n{corpus.name} by {code}: first quote is the gold line {first}/{n} ({first / n:.0%}), gold file in "
+        f"sources {files}/{n} ({files / n:.0%}); {time.perf_counter() - t0:.0f} s for {n} questions\n"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--code", type=Path, default=REPO, help="checkout whose rlm answers (default: this one)")
     ap.add_argument("--keep-servers", action="store_true")
+    ap.add_argument("--corpus", choices=sorted(CORPORA), action="append", help="default: every corpus")
     args = ap.parse_args()
     data_dir = isolated_env("offline-answer")
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = copy_corpus(Path(tmp))
-            out = rlm(REPO, "load", str(root), "--buffer", BUFFER)
-            if out.returncode != 0:
-                raise SystemExit(out.stderr)
-        first = files = 0
-        t0 = time.perf_counter()
-        for gold in GOLD:
-            out = rlm(args.code, "query", gold.question, "--buffer", BUFFER, "--mode", "instant", "--format", "json")
-            if out.returncode != 0:
-                raise SystemExit(f"{gold.question}: {out.stderr}")
-            result = json.loads(out.stdout)
-            quote = next((ln for ln in result["response"].split("\n") if ln.startswith("> ")), "")
-            hit = gold.line in quote
-            found = any(s["path"].endswith("/" + gold.path) for s in result["sources"])
-            first += hit
-            files += found
-            print(f"{'ok  ' if hit else 'MISS'} {'file' if found else '----'} {gold.question}  →  {quote[:100]}")
-        n = len(GOLD)
-        print(
-            f"\n{args.code}: first quote is the gold line {first}/{n} ({first / n:.0%}), gold file in sources "
-            f"{files}/{n} ({files / n:.0%}); {time.perf_counter() - t0:.0f} s for {n} questions"
-        )
+        for name in args.corpus or sorted(CORPORA):
+            ask(CORPORA[name], args.code)
     finally:
         if not args.keep_servers:
             stop_servers(data_dir)
