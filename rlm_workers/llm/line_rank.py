@@ -184,10 +184,10 @@ def measure_fit(query: str, line: str) -> float:
     """+1 when the defined name says it measures what the question asks (a count for "how many"), -1 when it
     says it measures something else, 0 when either is silent."""
     asked = next((kind for kind, pattern in _MEASURE_ASKED if pattern.search(query)), None)
-    m = _NAME.match(line)
-    if asked is None or not m:
+    ident = defined_identifier(line)
+    if asked is None or not ident:
         return 0.0
-    parts = {p.lower() for p in _PART.findall(m.group(1).rsplit(".", 1)[-1])}
+    parts = {p.lower() for p in _PART.findall(ident)}
     named = {kind for kind, words in _MEASURE_NAMED.items() if parts & words}
     if not named:
         return 0.0
@@ -417,6 +417,13 @@ _NAME = re.compile(
 )
 
 
+def defined_identifier(line: str) -> str:
+    """The identifier a definition line defines, as written, without its owner (``self.retries = 3`` →
+    retries); "" for a line that defines none."""
+    m = _NAME.match(line)
+    return m.group(1).rsplit(".", 1)[-1] if m else ""
+
+
 def defined_name(line: str) -> list[str]:
     """The terms of the name a definition line defines (``heartbeat=Option(…)`` → heartbeat)."""
     m = _NAME.match(line)
@@ -586,8 +593,7 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
                 if name and wants_definition:
                     score += share * NAME_BONUS * sum(t in asked for t in name) / len(name)
                     # the question names it exactly: "where is the IntRange type", not the INT beside it
-                    whole = _NAME.match(text)
-                    ident = whole.group(1).rsplit(".", 1)[-1] if whole else ""
+                    ident = defined_identifier(text)
                     if _IDENTIFIER_LIKE.search(ident) and ident.lower() in spelled:
                         score += share * NAME_BONUS
             if called and wanted == "callable" and _asks_other_callable(query, text):
