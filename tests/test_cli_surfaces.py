@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 
 import pytest
@@ -278,6 +279,7 @@ def test_job_and_batch_ids_are_taken_by_a_unique_prefix(env, conn):
     for job_id, tenant in ((a, "local"), (b, "local"), (acme, "acme")):
         create_job(conn, job_id=job_id, tenant=tenant, query="What is the prefix?", buffers=["essays"], options={})
     x, y = ("beefa" + "1" * 27), ("beefb" + "2" * 27)
+    later = datetime.now(UTC) + timedelta(days=1)
     for batch_id in (x, y):
         create_overnight(
             conn,
@@ -286,7 +288,7 @@ def test_job_and_batch_ids_are_taken_by_a_unique_prefix(env, conn):
             queries=["q"],
             buffers=["essays"],
             options={},
-            run_at=None,
+            run_at=later,  # not due: a scheduler tick in this session's workers must not run it before the cancel
             priority=3,
             token_budget=None,
             tick_token="t",

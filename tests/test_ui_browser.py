@@ -155,7 +155,9 @@ def test_sign_in_refuses_a_wrong_key_and_keeps_the_key_out_of_urls(page, api, ke
     assert keys["a"] not in page.url
     assert page.evaluate("document.cookie") == ""
     assert page.evaluate("sessionStorage.getItem('rlm.key')") == keys["a"]
-    # A key that stops working mid-session: back to the sign-in page, saying why.
+    # A key that stops working mid-session: back to the sign-in page, saying why. The key is swapped on the
+    # sign-in page, which does not poll: on the jobs page a poll's 401 redirect would race the goto below.
+    page.goto(f"{api.base}/ui/signin")
     page.evaluate("sessionStorage.setItem('rlm.key', 'rlm_revoked_meanwhile')")
     page.goto(f"{api.base}/ui/buffers")
     page.wait_for_url(re.compile(r".*/ui/signin\?next=%2Fui%2Fbuffers"))
