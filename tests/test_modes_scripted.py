@@ -687,14 +687,25 @@ def synth_calls(conn, job_id: str) -> list[bool | None]:
     return out
 
 
-def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn, script, llm, corpus):
-    """qwen2.5-coder-0.5b under llama-server, past its tool turns, wrote a query_subset call as fenced JSON instead
-    of the report: that reply is no report and is logged as one that did not parse; the model is told why and asked
-    again on the same turn, and its answer object then is the report (unwrapped with no tools offered)."""
+_LISTING = '{"name": "list_buffers", "arguments": {}}'
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        "query_subset",
+        "list_buffers",  # one call repeated until the output limit cut it off: no single JSON value
+    ],
+)
+def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn, script, llm, corpus, tool):
+    """qwen2.5-coder-0.5b under llama-server, past its tool turns, wrote a query_subset call as fenced JSON (or one
+    list_buffers call over and over) instead of the report: that reply is no report and is logged as one that did
+    not parse; the model is told why and asked again on the same turn, and its answer object then is the report
+    (unwrapped with no tools offered)."""
     from rlm_workers.pipeline.synthesize import MAX_TURNS
 
     call = {"name": "query_subset", "arguments": {"question": FOLLOW_UP, "chunk_ids": [str(corpus["b"])]}}
-    stray = f"```json\n{json.dumps(call, indent=2)}\n```"
+    stray = f"```json\n{json.dumps(call, indent=2)}\n```" if tool == "query_subset" else (_LISTING + "\n") * 60 + "{"
     report = f"## Answer\n\nThe billing team runs Zephyrine. [chunk {corpus['a']}]"
     last_turns: list[dict] = []
 
@@ -716,7 +727,7 @@ def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn,
     assert len(last_turns) == 2 and "tools" not in last_turns[1]
     *_, said, asked = last_turns[1]["messages"]
     assert (said["role"], said["content"]) == ("assistant", stray)
-    assert asked["role"] == "user" and "`query_subset` cannot be called on this turn" in asked["content"]
+    assert asked["role"] == "user" and f"`{tool}` cannot be called on this turn" in asked["content"]
     assert "report" in asked["content"]
     assert synth_calls(conn, job.id) == [True] * (MAX_TURNS - 1) + [False, True]
 

@@ -563,3 +563,9 @@ def test_a_reply_that_is_only_a_tool_call_names_its_tool_offered_or_not():
     assert stray_action('{"name": "Zephyrine", "team": "billing"}') is None
     assert stray_action('{"action": "", "arguments": {}}') is None  # no name is no call
     assert stray_action("") is None
+    # qwen2.5-coder-0.5b again: one call repeated until the output limit cut it, no single parseable value
+    listing = '{"name": "list_buffers", "arguments": {}}'
+    assert stray_action((listing + "\n") * 40 + listing[:17]) == "list_buffers"
+    assert stray_action(f"[{listing}, {listing}, {listing[:9]}") == "list_buffers"
+    assert stray_action(f"```json\n{listing}\n{listing}\n```") == "list_buffers"
+    assert stray_action('{"name": "list_buffers", "argum') is None  # not one complete call: nothing was called

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import chain
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
@@ -345,11 +346,11 @@ def stray_action(text: str) -> str | None:
 def _json_reply(text: str) -> ToolAction | FinalAnswer | None:
     """The action or answer object a reply consists of, whatever tool it names."""
     stripped = (text or "").strip().removeprefix("<tool_call>").removesuffix("</tool_call>").strip()
-    if not stripped.startswith(("{", "```")):
+    if not stripped.startswith(("{", "[", "```")):
         return None  # a report that merely contains braces is a report
     if stripped.startswith("```") and (end := stripped.find("```", 3)) > 0:
         stripped = stripped[: end + 3]  # the opening block is the reply's JSON; one further down is quoted in a report
-    for value in json_candidates(stripped):
+    for value in chain(json_candidates(stripped), _leading_value(stripped)):
         if not isinstance(value, dict):
             continue
         try:
@@ -360,6 +361,19 @@ def _json_reply(text: str) -> ToolAction | FinalAnswer | None:
         except ValidationError:
             return None
     return None
+
+
+def _leading_value(text: str) -> list[Any]:
+    """The first complete JSON object at the head of ``text`` (or of a leading array), whatever follows it: a small
+    model that repeats one tool call until its output limit writes no single parseable value, yet called a tool."""
+    body = text.removeprefix("```json").removeprefix("```JSON").removeprefix("```").lstrip()
+    if body.startswith("["):
+        body = body[1:].lstrip()
+    try:
+        value, _ = json.JSONDecoder().raw_decode(body)
+    except (ValueError, RecursionError):
+        return []
+    return [value]
 
 
 def action_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
