@@ -333,3 +333,57 @@ def test_the_new_prompts_ship():
     assert "follow_ups" in load_prompt("check") and "<content>" in load_prompt("check")
     assert "[chunk N]" in load_prompt("direct")
     assert '"records"' in load_prompt("subcall")
+
+
+def _first_quote(question, chunks):
+    report = _ask("direct", build_answer_messages("S", question, chunks))
+    return next((ln for ln in report.split("\n") if ln.startswith("> ")), "")
+
+
+def test_direct_answer_quotes_where_a_used_name_gets_its_value():
+    """The statement that sends the header matches the question's words best, but the value asked for is where
+    the name it uses is defined: that definition is quoted first, even with no word of the question in it."""
+    client = (
+        "class Client:\n"
+        "    def _headers(self):\n"
+        "        return {\n"
+        '            b"Accept": b"*/*",\n'
+        '            b"Accept-Encoding": ACCEPT_ENCODING.encode("ascii"),\n'
+        '            b"Connection": b"keep-alive",\n'
+        "        }\n"
+    )
+    consts = 'ACCEPT_ENCODING = ", ".join(\n    ["gzip", "deflate", "br"]\n)\nUSER_AGENT = "python-demo/1.0"\n'
+    chunks = [_chunk(1, client, path="pkg/_client.py"), _chunk(2, consts, path="pkg/_consts.py")]
+    quote = _first_quote("What Accept-Encoding value does the client send by default?", chunks)
+    assert 'ACCEPT_ENCODING = ", ".join(' in quote and "_consts.py:1" in quote
+
+
+def test_direct_answer_to_how_many_quotes_a_number_not_a_name_given_another_name():
+    """ "How many times" is answered by a line holding a number: not by ``broker_connection = connection``, which
+    shares the question's words and leaves its value to another name."""
+    app = (
+        "from .connection import connection\n"
+        "from .utils import cached_property\n"
+        "\n"
+        "broker_connection = connection\n"
+        "amqp_cls = 'celery.app.amqp:AMQP'\n"
+        "events_cls = 'celery.events:Events'\n"
+        "loader_cls = None\n"
+        "log_cls = 'celery.app.log:Logging'\n"
+        "control_cls = 'celery.app.control:Control'\n"
+    )
+    settings = (
+        "BROKER = dict(\n"
+        "    url=None,\n"
+        "    transport=None,\n"
+        "    connection_retry=True,\n"
+        "    connection_max_retries=100,\n"
+        "    connection_timeout=4,\n"
+        "    failover_strategy=None,\n"
+        "    heartbeat=120,\n"
+        "    pool_limit=10,\n"
+        ")\n"
+    )
+    chunks = [_chunk(1, app, path="app/base.py"), _chunk(2, settings, path="app/defaults.py")]
+    quote = _first_quote("How many times does it try to reconnect to the broker?", chunks)
+    assert "connection_max_retries=100" in quote

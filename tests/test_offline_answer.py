@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 #: the gates per corpus, (first quote, gold file): what the ranking achieves (bench/RESULTS.md#offline-answer)
 #: less a question of slack.  The issue asked for 0.80 and 0.95 on the Celery set; see the figures there for the
 #: gap.  httpx and click were held out while the weights were tuned on Celery.
-GATES = {"celery": (0.66, 0.95), "httpx": (0.5, 0.875), "click": (0.45, 0.875)}
+GATES = {"celery": (0.70, 0.95), "httpx": (0.54, 0.875), "click": (0.54, 0.875)}
 
 
 @pytest.fixture(scope="module")

@@ -196,6 +196,20 @@ def measure_fit(query: str, line: str) -> float:
 
 #: a name given no value: ``x = None``, ``x: null``, ``x=Option(None``
 _NO_VALUE = re.compile(r"[=:]\s*(?:[\w.]+\()?\s*(?:None|null|nil|undefined)\s*(?:[,)}\]]|$)")
+#: a name given another name (``broker_connection = connection``): the value is where that one is defined
+_ALIAS = re.compile(
+    r"^\s*[\w.]+\s*=\s*(?!(?:True|False|true|false|yes|no|on|off|nil|null)\b)[A-Za-z_][\w.]*\s*[,;]?\s*$"
+)
+#: "how many", "how long": asked for a number, which a line without a digit does not give
+_COUNT_QUESTION = re.compile(r"\bhow\s+(?:many|long|much|often|big|large|soon)\b|\bnumber\s+of\b", re.I)
+_DIGIT = re.compile(r"\d")
+_WORD = re.compile(r"[A-Za-z_$][\w$]*")
+
+
+def _gives_no_value(c: Candidate, text: str) -> bool:
+    """Whether a definition leaves its value to somewhere else: ``x = None``, ``x = other_name``, or a parameter
+    defaulting to a name."""
+    return bool(_NO_VALUE.search(text) or _ALIAS.match(text) or (c.parameter and not _LITERAL.search(text + " ")))
 
 
 def value_bonus(query: str, line: str) -> float:
@@ -214,6 +228,7 @@ W_MEANING, W_WORDS, W_RANK = 0.45, 0.45, 0.10
 MEASURE_PENALTY = 0.3
 BODY_CREDIT = 1.01
 DEFINITION_BONUS, CODE_BONUS, NAME_BONUS, VALUE_BONUS, MEASURE_BONUS = 0.10, 0.03, 0.15, 0.10, 0.10
+NUMBERLESS_PENALTY = 0.10
 DOC_FACTOR = 0.7
 #: at most this many passages are embedded per message (the rest are ranked by words and rank only)
 MAX_EMBEDDED = 320
@@ -238,7 +253,7 @@ class Candidate:
     kind: str = "prose"  # prose | doc | code | definition
     #: a definition's documentation (the comments above it, the docstring below), part of ``context``
     doc: str = ""
-    #: cosine similarity to the query, once ``fuse`` has embedded it
+    #: cosine similarity to the query, once ``fuse`` has embedded it (or that of a use that lent it its score)
     similarity: float | None = None
     #: the line (in the chunk) of the function or class this line lies in, where the chunk shows it
     owner: int | None = None
@@ -573,6 +588,7 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
     wants_definition = wanted == "callable" or bool(_DEFINITION_QUESTION.search(query))
     asked = set(q_terms)
     spelled = set(tokenize(query))
+    numeric = wanted == "value" and bool(_COUNT_QUESTION.search(query))
     out = []
     for c, w, s in zip(cands, words, semantic, strict=True):
         score = w_words * w + (W_MEANING * s if sims else 0.0) + W_RANK / (1 + c.chunk / 3)
@@ -582,10 +598,9 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             # "the default queue" is answered by a value, not by a method named so; "the function that sends a
             # task" by a def, not by a setting that mentions sending
             if wanted == "either" or (wanted == "callable") == called:
-                # a value question is not answered by a name set to nothing (``x = None``)
-                # nor by a parameter defaulting to a name: the value is where that name is defined
-                empty = _NO_VALUE.search(text) or (c.parameter and not _LITERAL.search(text + " "))
-                share = 0.0 if wanted == "value" and empty else 1.0
+                # a value question is not answered by a name set to nothing (``x = None``), to another name,
+                # or by a parameter defaulting to a name: the value is where that name is defined
+                share = 0.0 if wanted == "value" and _gives_no_value(c, text) else 1.0
                 score += share * (DEFINITION_BONUS if wants_definition else CODE_BONUS)
                 # the name defined is what was asked when all of it is in the question: "heartbeat", not
                 # "heartbeat_checkrate", for "the broker heartbeat interval"
@@ -606,7 +621,13 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             score += CODE_BONUS if not wants_definition else -CODE_BONUS
         elif c.kind == "doc":
             score *= DOC_FACTOR
+        if numeric and c.kind in ("code", "definition"):
+            text = unescape_content(c.text)
+            if not _DIGIT.search(text) and not _CALLABLE_DEF.match(text):
+                score -= NUMBERLESS_PENALTY  # "how many times" is not answered by ``broker_connection = connection``
         out.append(score)
+    if wants_definition and wanted != "callable":
+        _credit_uses(cands, out)
     if wanted != "value" and _WHERE_QUESTION.search(query):
         # "where does a POST become a GET" is answered by the function whose body does it: its def takes the
         # score of its best line (the comment or the statement that matched), and wins the tie
@@ -616,6 +637,29 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             if j is not None and _CALLABLE_DEF.match(unescape_content(cands[j].text)):
                 out[j] = max(out[j], out[i] * BODY_CREDIT)
     return out
+
+
+def _credit_uses(cands: Sequence[Candidate], out: list[float]) -> None:
+    """A statement that uses a defined name lends its score to the definition (``"Accept-Encoding":
+    ACCEPT_ENCODING`` to ``ACCEPT_ENCODING = ", ".join(``): asked for a value, the answer is where the name
+    gets it, and the use only matched the question's words better.  Names spelled as code only (``col_max``,
+    ``ACCEPT_ENCODING``), so an English word in a statement credits nothing."""
+    defs: dict[str, int] = {}
+    for i, c in enumerate(cands):
+        text = unescape_content(c.text)
+        if c.kind != "definition" or _CALLABLE_DEF.match(text) or _gives_no_value(c, text):
+            continue
+        ident = defined_identifier(text)
+        if _IDENTIFIER_LIKE.search(ident) or (len(ident) >= 3 and ident.isupper()):
+            if ident not in defs or out[i] > out[defs[ident]]:
+                defs[ident] = i
+    for i, c in enumerate(cands):
+        if c.kind == "code":
+            for name in set(_WORD.findall(unescape_content(c.text))):
+                if (j := defs.get(name)) is not None and out[i] * BODY_CREDIT > out[j]:
+                    out[j] = out[i] * BODY_CREDIT
+                    # and its nearness: the definition is quoted for what the use matched
+                    cands[j].similarity = max(cands[j].similarity or 0.0, cands[i].similarity or 0.0)
 
 
 #: a passage scoring this share of the message's best counts as medium (or high) evidence, whatever its words
