@@ -127,6 +127,16 @@ class RateLimited(LLMError):
         self.retry_after = retry_after
 
 
+class ContextExceeded(LLMError):
+    """The server refused a request longer than the model's context: the same request will never fit."""
+
+    retryable = False
+    type = "context_exceeded"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class QuotaExhausted(LLMError):
     """``insufficient_quota``: waiting will not help."""
 

@@ -700,9 +700,9 @@ _LISTING = '{"name": "list_buffers", "arguments": {}}'
 def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn, script, llm, corpus, tool):
     """qwen2.5-coder-0.5b under llama-server, past its tool turns, wrote a query_subset call as fenced JSON (or one
     list_buffers call over and over) instead of the report: that reply is no report and is logged as one that did
-    not parse; the model is told why and asked again on the same turn, and its answer object then is the report
-    (unwrapped with no tools offered)."""
-    from rlm_workers.pipeline.synthesize import MAX_TURNS
+    not parse; the model is told why and asked again on the same turn (with the start of what it wrote), and its
+    answer object then is the report (unwrapped with no tools offered)."""
+    from rlm_workers.pipeline.synthesize import MAX_ECHO_CHARS, MAX_TURNS
 
     call = {"name": "query_subset", "arguments": {"question": FOLLOW_UP, "chunk_ids": [str(corpus["b"])]}}
     stray = f"```json\n{json.dumps(call, indent=2)}\n```" if tool == "query_subset" else (_LISTING + "\n") * 60 + "{"
@@ -726,7 +726,7 @@ def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn,
     # the re-ask went out on the last turn: the stray reply, then our words naming the tool it may not call now
     assert len(last_turns) == 2 and "tools" not in last_turns[1]
     *_, said, asked = last_turns[1]["messages"]
-    assert (said["role"], said["content"]) == ("assistant", stray)
+    assert said["role"] == "assistant" and said["content"].removesuffix(" …") == stray[:MAX_ECHO_CHARS]
     assert asked["role"] == "user" and f"`{tool}` cannot be called on this turn" in asked["content"]
     assert "report" in asked["content"]
     assert synth_calls(conn, job.id) == [True] * (MAX_TURNS - 1) + [False, True]
@@ -751,6 +751,42 @@ def test_a_synthesizer_that_keeps_writing_tool_calls_gets_the_findings_written_u
     assert len(asked) == MAX_REASKS
     assert all("the tool it names does not exist" in a and "summarize_findings" not in a for a in asked)
     assert synth_calls(conn, job.id) == [False] * (MAX_REASKS + 1)
+
+
+def test_a_synthesis_that_outgrows_the_context_ends_with_the_findings_written_up(conn, script, llm):
+    """qwen2.5-coder-0.5b under llama-server (8K context) wrote 2,048 tokens of one repeated call, was asked again
+    with that reply in the conversation, and the next request was refused as longer than the context: the job
+    failed with an empty report.  Now a re-ask sends back only the start of such a reply, and a conversation that
+    still outgrows the context ends with the findings written up offline, the job done."""
+    from rlm_workers.pipeline.synthesize import MAX_ECHO_CHARS
+
+    repeated = (_LISTING.replace("list_buffers", "summarize_findings") + "\n") * 200
+    asked: list[dict] = []
+
+    def respond(req: dict) -> Reply:
+        if req.get("model") != "synth-model":
+            return script(req)
+        asked.append(req)
+        if len(asked) == 1:
+            return script.reply("synth-model", repeated)
+        return Reply(
+            status=400,
+            error={
+                "message": "request (8288 tokens) exceeds the available context size (8192 tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "code": 400,
+            },
+        )
+
+    llm.responder = respond
+    job = run_job(conn, QUESTION, mode="auto")
+    r = result_of(job)
+    assert job.status == "done", job.error
+    assert r.response.startswith("_The conversation with the synthesizer outgrew the model's context")
+    assert A_TEXT in r.response and "summarize_findings" not in r.response
+    echoed = asked[1]["messages"][-2]
+    assert echoed["role"] == "assistant" and len(echoed["content"]) <= MAX_ECHO_CHARS + 2
+    assert len(asked) == 2  # refused for its length: not sent again
 
 
 def test_a_report_that_quotes_a_tool_call_deep_inside_is_the_report(conn, script, llm):

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+import re
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     BudgetExhausted,
     ConfigError,
+    ContextExceeded,
     LimiterBusy,
     LLMError,
     QuotaExhausted,
@@ -467,6 +469,11 @@ class OpenAIProvider:
         )
 
 
+#: how servers say a request is longer than the model's context: llama.cpp ("exceeds the available context
+#: size"), OpenAI and vLLM ("maximum context length", ``context_length_exceeded``)
+_CONTEXT_EXCEEDED = re.compile(r"context[ _](?:size|length|window)|maximum context|context_length_exceeded", re.I)
+
+
 def _status_error(exc: openai.APIStatusError, model: str, where: str) -> tuple[LLMError, float | None]:
     status = exc.status_code
     retry_after = parse_retry_after(exc.response.headers)
@@ -480,6 +487,10 @@ def _status_error(exc: openai.APIStatusError, model: str, where: str) -> tuple[L
         return RateLimited(f"rate limited by {where} (429): {detail}", retry_after=retry_after), retry_after
     if status >= 500 or status == 408:
         return LLMError(f"{where} answered {status}: {detail}", retryable=True), retry_after
+    if status in (400, 413) and _CONTEXT_EXCEEDED.search(f"{detail} {exc.code or ''}"):
+        return ContextExceeded(
+            f"{where} rejected the request as longer than the model's context ({status}): {detail}"
+        ), None
     hint = {
         401: "check OPENAI_API_KEY / RLM_API_KEY",
         403: f"check the key's project may use model {model!r}",

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BudgetExhausted, LLMError
+from ..errors import BudgetExhausted, ContextExceeded, LLMError
 from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.protocol import CompletionRequest
 from ..llm.structured import FinalAnswer, parse_action, stray_action
@@ -162,26 +162,33 @@ def run_synthesizer(
             on_turn()
         last = turn == MAX_TURNS - 1
         offered = set() if last else {t["function"]["name"] for t in tools}
-        completion = call_llm(
-            conn,
-            job_id=job.id,
-            stage="synthesize",
-            request=CompletionRequest(
-                role="synthesizer",
-                model=settings.synthesizer_model,
-                messages=messages,
-                max_tokens=SYNTH_MAX_TOKENS,
-                tools=None if last else tools,
-            ),
-            parse=lambda text, offered=offered: _report_of(text, offered),
-        )
+        try:
+            completion = call_llm(
+                conn,
+                job_id=job.id,
+                stage="synthesize",
+                request=CompletionRequest(
+                    role="synthesizer",
+                    model=settings.synthesizer_model,
+                    messages=messages,
+                    max_tokens=SYNTH_MAX_TOKENS,
+                    tools=None if last else tools,
+                ),
+                parse=lambda text, offered=offered: _report_of(text, offered),
+            )
+        except ContextExceeded:
+            if turn == 0 and not reasks:
+                raise  # the opening prompt itself does not fit: a setting to fix, reported on the job
+            # tool results and re-asks outgrew a small model's context: the findings are still all there
+            log.warning("job %s: the synthesis outgrew the model's context", job.id)
+            return _extractive_report(conn, job, kept, settings, _OUTGREW)
         if not completion.tool_calls:
             if completion.parsed is None:
                 if reasks >= MAX_REASKS:
                     log.warning("job %s: the synthesizer still wrote a tool call instead of the report", job.id)
                     return _extractive_report(conn, job, kept, settings, _NO_REPORT)
                 reasks += 1
-                messages.append({"role": "assistant", "content": completion.text})
+                messages.append({"role": "assistant", "content": _clip_echo(completion.text)})
                 messages.append({"role": "user", "content": _reask(stray_action(completion.text), tools)})
                 continue  # the same turn again: its tools, and whether it is the last, stay as they were
             if not completion.parsed.strip():
@@ -227,6 +234,16 @@ _NO_REPORT = (
     "The synthesizer model kept replying with a tool call it could not make, even when asked again for the "
     "report, so no report was written by a model"
 )
+
+
+_OUTGREW = "The conversation with the synthesizer outgrew the model's context before it wrote the report"
+#: the most of a stray reply sent back with the re-ask: a small model that repeats one call to its output limit
+#: must not fill the context with it (the re-ask says what was wrong; the start shows what it wrote)
+MAX_ECHO_CHARS = 1_000
+
+
+def _clip_echo(text: str) -> str:
+    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + " …"
 
 
 def _report_of(text: str, offered: set[str]) -> str | None:
