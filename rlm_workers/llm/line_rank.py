@@ -61,13 +61,13 @@ _DEFINITION = re.compile(
     )""",
     re.X,
 )
-#: the line above a nested one that makes it local: a function body or signature, a statement's block
-_LOCAL_SCOPE = re.compile(
-    r"^(?:(?:async|export|pub|public|private|protected|static)\s+)*(?:def|function|fn|func)\b"
-    r"|^(?:if|elif|else|for|while|with|try|except|finally|catch|switch|case|match|return|do|foreach)\b"
-)
 #: a function's own line: what is assigned anywhere under it is local, not a definition a reader looks up
 _FUNCTION = re.compile(r"^(?:(?:async|export|pub|public|private|protected|static)\s+)*(?:def|function|fn|func)\b")
+#: the line above a nested one that makes it local: a function body or signature, a statement's block
+_LOCAL_SCOPE = re.compile(
+    _FUNCTION.pattern
+    + r"|^(?:if|elif|else|for|while|with|try|except|finally|catch|switch|case|match|return|do|foreach)\b"
+)
 _TRAILING_COMMENT = re.compile(r"\s(?:#|//)\s.*$")
 _COMMENT = re.compile(r"^\s*(?:#|//|/\*|\*|--|;;|<!--|%)")
 _TRIPLE = re.compile(r'"""|\'\'\'')
@@ -84,11 +84,12 @@ _DEFINITION_QUESTION = re.compile(
 )
 #: a question after a value: "the default X", "is X enabled"; and after a number: "how many", "how long"
 _VALUE_QUESTION = re.compile(r"\b(?:default\w*|set\s+to|value|enabled?|disabled?|on\s+or\s+off|name\s+of)\b", re.I)
+_HOW_MUCH = r"how\s+(?:many|long|much|often|big|large|soon)|number\s+of"
 _NUMBER_QUESTION = re.compile(
-    r"\b(?:how\s+(?:many|long|much|often|big|large|soon)|number\s+of|max(?:imum)?|min(?:imum)?|limit|timeout|"
-    r"interval|size|version|port|count)\b",
-    re.I,
+    rf"\b(?:{_HOW_MUCH}|max(?:imum)?|min(?:imum)?|limit|timeout|interval|size|version|port|count)\b", re.I
 )
+#: "how many", "how long": asked for a number, which a line without a digit does not give
+_COUNT_QUESTION = re.compile(rf"\b(?:{_HOW_MUCH})\b", re.I)
 #: a definition that gives a literal value, possibly through a call: ``x = 3``, ``x=Option(120``, ``'x':
 #: 'json'``; group 1 a number (``3 * 60`` too), 2 a string or boolean.  None/null says "no value": no answer.
 _LITERAL = re.compile(
@@ -99,10 +100,10 @@ _LITERAL = re.compile(
 
 #: a question after code to call or read rather than a value: a function, a class, "how do I …", "where is …
 #: implemented"
+_HOW_DO_I = r"how\s+(?:can|do|does|should|would|could)\s+(?:i|we|you|one)"
 _CALLABLE_QUESTION = re.compile(
     r"\b(?:functions?|methods?|class(?:es)?|decorators?|callables?|enums?|exceptions?|errors?\s+class|"
-    r"implement\w*|code\s+that|"
-    r"how\s+(?:can|do|does|should|would|could)\s+(?:i|we|you|one)\b)",
+    rf"implement\w*|code\s+that|{_HOW_DO_I}\b)",
     re.I,
 )
 #: a question after the place where something is done
@@ -120,9 +121,7 @@ _CALLABLE_DEF = re.compile(
 
 #: a name spelled as code (``IntRange``, ``max_retries``), not an English word a question uses anyway
 _IDENTIFIER_LIKE = re.compile(r"\w_\w|[a-z][A-Z]")
-_ASKS_FUNCTION = re.compile(
-    r"\b(?:functions?|methods?|how\s+(?:can|do|does|should|would|could)\s+(?:i|we|you|one))\b", re.I
-)
+_ASKS_FUNCTION = re.compile(rf"\b(?:functions?|methods?|{_HOW_DO_I})\b", re.I)
 _ASKS_TYPE = re.compile(r"\b(?:class(?:es)?|enums?|exceptions?|types?|structs?|interfaces?)\b", re.I)
 _TYPE_DEF = re.compile(
     r"^\s*(?:(?:export|pub|public|private|protected|abstract|final)\s+)*(?:class|struct|enum|interface|trait)\s"
@@ -200,8 +199,6 @@ _NO_VALUE = re.compile(r"[=:]\s*(?:[\w.]+\()?\s*(?:None|null|nil|undefined)\s*(?
 _ALIAS = re.compile(
     r"^\s*[\w.]+\s*=\s*(?!(?:True|False|true|false|yes|no|on|off|nil|null)\b)[A-Za-z_][\w.]*\s*[,;]?\s*$"
 )
-#: "how many", "how long": asked for a number, which a line without a digit does not give
-_COUNT_QUESTION = re.compile(r"\bhow\s+(?:many|long|much|often|big|large|soon)\b|\bnumber\s+of\b", re.I)
 _DIGIT = re.compile(r"\d")
 _WORD = re.compile(r"[A-Za-z_$][\w$]*")
 
@@ -560,9 +557,12 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
     if not cands:
         return []
     q_terms = terms(query)
+    lines = [unescape_content(c.text) for c in cands]
     # a passage's own words count twice, its context's once: the line it is nested under names what it belongs
     # to, but a comment on an ``else:`` above must not outweigh the line itself
-    lexical = _bm25(q_terms, [_with_parts(terms(unescape_content(c.text)) + terms(c.context), q_terms) for c in cands])
+    lexical = _bm25(
+        q_terms, [_with_parts(terms(t) + terms(c.context), q_terms) for c, t in zip(cands, lines, strict=True)]
+    )
     top_lex = max(lexical) or 1.0
     words = [x / top_lex for x in lexical]
     order = shortlist(cands, lexical)
@@ -590,10 +590,9 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
     spelled = set(tokenize(query))
     numeric = wanted == "value" and bool(_COUNT_QUESTION.search(query))
     out = []
-    for c, w, s in zip(cands, words, semantic, strict=True):
+    for c, text, w, s in zip(cands, lines, words, semantic, strict=True):
         score = w_words * w + (W_MEANING * s if sims else 0.0) + W_RANK / (1 + c.chunk / 3)
         if c.kind == "definition":
-            text = unescape_content(c.text)
             called = bool(_CALLABLE_DEF.match(text))
             # "the default queue" is answered by a value, not by a method named so; "the function that sends a
             # task" by a def, not by a setting that mentions sending
@@ -621,32 +620,29 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             score += CODE_BONUS if not wants_definition else -CODE_BONUS
         elif c.kind == "doc":
             score *= DOC_FACTOR
-        if numeric and c.kind in ("code", "definition"):
-            text = unescape_content(c.text)
-            if not _DIGIT.search(text) and not _CALLABLE_DEF.match(text):
-                score -= NUMBERLESS_PENALTY  # "how many times" is not answered by ``broker_connection = connection``
+        if numeric and c.kind in ("code", "definition") and not _DIGIT.search(text) and not _CALLABLE_DEF.match(text):
+            score -= NUMBERLESS_PENALTY  # "how many times" is not answered by ``broker_connection = connection``
         out.append(score)
     if wants_definition and wanted != "callable":
-        _credit_uses(cands, out)
+        _credit_uses(cands, lines, out)
     if wanted != "value" and _WHERE_QUESTION.search(query):
         # "where does a POST become a GET" is answered by the function whose body does it: its def takes the
         # score of its best line (the comment or the statement that matched), and wins the tie
         at = {(c.chunk, c.line): i for i, c in enumerate(cands) if c.kind == "definition"}
         for i, c in enumerate(cands):
             j = at.get((c.chunk, c.owner)) if c.owner is not None and c.kind in ("code", "doc") else None
-            if j is not None and _CALLABLE_DEF.match(unescape_content(cands[j].text)):
+            if j is not None and _CALLABLE_DEF.match(lines[j]):
                 out[j] = max(out[j], out[i] * BODY_CREDIT)
     return out
 
 
-def _credit_uses(cands: Sequence[Candidate], out: list[float]) -> None:
+def _credit_uses(cands: Sequence[Candidate], lines: Sequence[str], out: list[float]) -> None:
     """A statement that uses a defined name lends its score to the definition (``"Accept-Encoding":
     ACCEPT_ENCODING`` to ``ACCEPT_ENCODING = ", ".join(``): asked for a value, the answer is where the name
     gets it, and the use only matched the question's words better.  Names spelled as code only (``col_max``,
     ``ACCEPT_ENCODING``), so an English word in a statement credits nothing."""
     defs: dict[str, int] = {}
-    for i, c in enumerate(cands):
-        text = unescape_content(c.text)
+    for i, (c, text) in enumerate(zip(cands, lines, strict=True)):
         if c.kind != "definition" or _CALLABLE_DEF.match(text) or _gives_no_value(c, text):
             continue
         ident = defined_identifier(text)
@@ -655,7 +651,7 @@ def _credit_uses(cands: Sequence[Candidate], out: list[float]) -> None:
                 defs[ident] = i
     for i, c in enumerate(cands):
         if c.kind == "code":
-            for name in set(_WORD.findall(unescape_content(c.text))):
+            for name in set(_WORD.findall(lines[i])):
                 if (j := defs.get(name)) is not None and out[i] * BODY_CREDIT > out[j]:
                     out[j] = out[i] * BODY_CREDIT
                     # and its nearness: the definition is quoted for what the use matched
