@@ -702,7 +702,7 @@ def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn,
     list_buffers call over and over) instead of the report: that reply is no report and is logged as one that did
     not parse; the model is told why and asked again on the same turn (with the start of what it wrote), and its
     answer object then is the report (unwrapped with no tools offered)."""
-    from rlm_workers.pipeline.synthesize import MAX_ECHO_CHARS, MAX_TURNS
+    from rlm_workers.pipeline.synthesize import MAX_ECHO_BYTES, MAX_TURNS
 
     call = {"name": "query_subset", "arguments": {"question": FOLLOW_UP, "chunk_ids": [str(corpus["b"])]}}
     stray = f"```json\n{json.dumps(call, indent=2)}\n```" if tool == "query_subset" else (_LISTING + "\n") * 60 + "{"
@@ -726,7 +726,7 @@ def test_a_last_turn_that_writes_a_tool_call_is_asked_again_for_the_report(conn,
     # the re-ask went out on the last turn: the stray reply, then our words naming the tool it may not call now
     assert len(last_turns) == 2 and "tools" not in last_turns[1]
     *_, said, asked = last_turns[1]["messages"]
-    assert said["role"] == "assistant" and said["content"].removesuffix(" …") == stray[:MAX_ECHO_CHARS]
+    assert said["role"] == "assistant" and said["content"].removesuffix("…") == stray[:MAX_ECHO_BYTES]
     assert asked["role"] == "user" and f"`{tool}` cannot be called on this turn" in asked["content"]
     assert "report" in asked["content"]
     assert synth_calls(conn, job.id) == [True] * (MAX_TURNS - 1) + [False, True]
@@ -758,7 +758,7 @@ def test_a_synthesis_that_outgrows_the_context_ends_with_the_findings_written_up
     with that reply in the conversation, and the next request was refused as longer than the context: the job
     failed with an empty report.  Now a re-ask sends back only the start of such a reply, and a conversation that
     still outgrows the context ends with the findings written up offline, the job done."""
-    from rlm_workers.pipeline.synthesize import MAX_ECHO_CHARS
+    from rlm_workers.pipeline.synthesize import MAX_ECHO_BYTES
 
     repeated = (_LISTING.replace("list_buffers", "summarize_findings") + "\n") * 200
     asked: list[dict] = []
@@ -785,7 +785,7 @@ def test_a_synthesis_that_outgrows_the_context_ends_with_the_findings_written_up
     assert r.response.startswith("_The conversation with the synthesizer outgrew the model's context")
     assert A_TEXT in r.response and "summarize_findings" not in r.response
     echoed = asked[1]["messages"][-2]
-    assert echoed["role"] == "assistant" and len(echoed["content"]) <= MAX_ECHO_CHARS + 2
+    assert echoed["role"] == "assistant" and len(echoed["content"].encode()) <= MAX_ECHO_BYTES + len("…".encode())
     assert len(asked) == 2  # refused for its length: not sent again
 
 

@@ -21,6 +21,7 @@ from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
 from .prompts import escape_content, findings_blocks, load_prompt, quote_field, system_message
+from .replies import clip
 from .report import not_run_for_budget
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ def run_synthesizer(
                     log.warning("job %s: the synthesizer still wrote a tool call instead of the report", job.id)
                     return _extractive_report(conn, job, kept, settings, _NO_REPORT)
                 reasks += 1
-                messages.append({"role": "assistant", "content": _clip_echo(completion.text)})
+                messages.append({"role": "assistant", "content": clip(completion.text, MAX_ECHO_BYTES)})
                 messages.append({"role": "user", "content": _reask(stray_action(completion.text), tools)})
                 continue  # the same turn again: its tools, and whether it is the last, stay as they were
             if not completion.parsed.strip():
@@ -239,11 +240,7 @@ _NO_REPORT = (
 _OUTGREW = "The conversation with the synthesizer outgrew the model's context before it wrote the report"
 #: the most of a stray reply sent back with the re-ask: a small model that repeats one call to its output limit
 #: must not fill the context with it (the re-ask says what was wrong; the start shows what it wrote)
-MAX_ECHO_CHARS = 1_000
-
-
-def _clip_echo(text: str) -> str:
-    return text if len(text) <= MAX_ECHO_CHARS else text[:MAX_ECHO_CHARS] + " …"
+MAX_ECHO_BYTES = 1_000
 
 
 def _report_of(text: str, offered: set[str]) -> str | None:
