@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._util import REPO, isolated_env, stop_servers  # noqa: E402
-from tests.support.offline_gold import CORPORA  # noqa: E402
+from tests.support.offline_gold import CORPORA, first_quote  # noqa: E402
 
 
 def rlm(code: Path, *args: str) -> subprocess.CompletedProcess:
@@ -37,7 +37,7 @@ def rlm(code: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def ask(corpus, code: Path) -> None:
-    buffer = f"{corpus.name}-src"
+    buffer = corpus.buffer
     with tempfile.TemporaryDirectory() as tmp:
         out = rlm(REPO, "load", str(corpus.copy(Path(tmp))), "--buffer", buffer)
         if out.returncode != 0:
@@ -49,9 +49,9 @@ def ask(corpus, code: Path) -> None:
         if out.returncode != 0:
             raise SystemExit(f"{gold.question}: {out.stderr}")
         result = json.loads(out.stdout)
-        quote = next((ln for ln in result["response"].split("\n") if ln.startswith("> ")), "")
-        hit = gold.line in quote
-        found = any(s["path"].endswith("/" + gold.path) for s in result["sources"])
+        quote = first_quote(result["response"])
+        hit = gold.quoted_first(result["response"])
+        found = gold.in_sources([s["path"] for s in result["sources"]])
         first += hit
         files += found
         print(f"{'ok  ' if hit else 'MISS'} {'file' if found else '----'} {gold.question}  →  {quote[:100]}")

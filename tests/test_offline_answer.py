@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.offline_gold import CORPORA
+from tests.support.offline_gold import CORPORA, first_quote
 from tests.support.workers import running_workers
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def loaded(env, conn, embedder, tmp_path_factory):
 
     for corpus in CORPORA.values():
         root = corpus.copy(tmp_path_factory.mktemp(corpus.name))
-        load_paths(conn, buffer=f"{corpus.name}-src", paths=[root], embedder=embedder)
+        load_paths(conn, buffer=corpus.buffer, paths=[root], embedder=embedder)
     conn.commit()
 
 
@@ -46,10 +46,6 @@ def worker(env, loaded, tmp_path_factory):
     pools = {"one": ("rlm.control,rlm.analyst", 2)}
     with running_workers(env, tmp_path_factory.mktemp("worker-logs"), pools) as ws:
         yield ws
-
-
-def first_quote(report: str) -> str:
-    return next((line for line in report.split("\n") if line.startswith("> ")), "")
 
 
 @pytest.mark.parametrize("name", sorted(GATES))
@@ -61,16 +57,16 @@ def test_the_first_quote_is_the_line_that_answers(conn, worker, name):
     misses, lost = [], []
     for gold in corpus.gold:
         job_id, _ = submit_query(
-            conn, tenant="local", query=gold.question, buffers=[f"{name}-src"], options={"mode": "instant"}
+            conn, tenant="local", query=gold.question, buffers=[corpus.buffer], options={"mode": "instant"}
         )
         conn.commit()
         job = wait_for_job(conn, job_id, timeout=240)
         assert job.status == "done", (gold.question, job.status, job.error)
         result = QueryResult.model_validate(job.result)
         assert result.provider == "extractive"
-        if gold.line not in first_quote(result.response):
+        if not gold.quoted_first(result.response):
             misses.append(f"{gold.question!r}: {first_quote(result.response)[:120]}")
-        if not any(s.path.endswith("/" + gold.path) for s in result.sources):
+        if not gold.in_sources([s.path for s in result.sources]):
             lost.append(gold.question)
     n = len(corpus.gold)
     min_first, min_file = GATES[name]

@@ -1,11 +1,12 @@
 """Questions about code nobody on this project wrote, with the file and the line that answer each.
 
-Two corpora, both installed by the packages constraints.txt pins, so a clean checkout has them:
+Three corpora, all installed by the packages constraints.txt pins, so a clean checkout has them:
 
 - ``celery``: Celery 5.7.0's ``celery/app`` subpackage (16 files, about 290 KB).  The offline answerer's
   weights were tuned on these questions.
-- ``httpx``: httpx 0.28.1's top-level modules (17 files, about 250 KB).  Written afterwards by someone who had
-  not read the ranking code, and never tuned on: the held-out check that the ranking is not fitted to Celery.
+- ``httpx``: httpx 0.28.1's top-level modules (17 files, about 250 KB), and ``click``: click 8.5.1's (17 files).
+  Written afterwards by someone who had not read the ranking code, and never tuned on: the held-out check that
+  the ranking is not fitted to Celery.
 
 The questions are phrased as a user would ask them, about a third without the identifier's words ("how long
 before a task is tried again" for ``default_retry_delay``).  Each gold line is a substring of the one line a
@@ -22,10 +23,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 
+def first_quote(report: str) -> str:
+    """The answer's first quoted passage (its ``> `` line), "" when it quotes none."""
+    return next((line for line in report.split("\n") if line.startswith("> ")), "")
+
+
 class Gold(NamedTuple):
     question: str
     path: str  # relative to the loaded folder
     line: str  # a substring of the line that answers
+
+    def quoted_first(self, report: str) -> bool:
+        return self.line in first_quote(report)
+
+    def in_sources(self, paths: list[str]) -> bool:
+        return any(p.endswith("/" + self.path) for p in paths)
 
 
 class Corpus(NamedTuple):
@@ -33,6 +45,10 @@ class Corpus(NamedTuple):
     package: str  # the installed package whose source is loaded
     subdir: str  # the folder under it, "" for the package's own top-level modules
     gold: list[Gold]
+
+    @property
+    def buffer(self) -> str:
+        return f"{self.name}-src"
 
     def copy(self, dest: Path) -> Path:
         """The corpus's ``.py`` files copied under ``dest`` (no caches, no subfolders), so a load takes exactly
