@@ -71,6 +71,7 @@ lint: install
 bench: install
 	$(PY) bench/search.py
 	$(PY) bench/ingest.py
+	$(PY) bench/chunk.py
 	$(PY) bench/overhead.py
 	$(PY) bench/modes.py
 	$(PY) bench/batch.py

@@ -16,7 +16,6 @@ overnight cost (shared, Batch API) ≤ 0.3× of the items one by one interactive
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -132,25 +131,21 @@ def run(args) -> None:
     model = Model()
     srv = ScriptedLLM(model).start()
     q = args.questions
-    os.environ.update(
+    settings = _util.scripted_settings(
+        srv.base_url,
+        data_dir,
         {
-            **_util.scripted_llm_env(srv.base_url, data_dir),
             "RLM_BATCH_PARALLEL": str(q),
             "RLM_BATCH_TICK_SECONDS": "0.5",
             "RLM_MAX_CHUNKS_PER_JOB": str(max(args.chunks, 1000)),
             "RLM_PRICES": json.dumps({m: PRICE for m in ("analyst-model", "synth-model", "plan-model")}),
-        }
+        },
+        ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM"),
     )
-    for var in ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM"):
-        os.environ.pop(var, None)
-    from rlm_workers.config import get_settings, reset_settings
-
-    reset_settings()
-    settings = get_settings()
     import redis
 
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.local_servers import broker_url
     from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.store import overnight as store
     from rlm_workers.store.db import connect
@@ -159,10 +154,8 @@ def run(args) -> None:
     load_paths(conn, buffer="shared-bench", paths=[_corpus(data_dir, args.chunks)])
     conn.commit()
     conn.autocommit = True
-    os.environ["RLM_DATABASE_URL"] = database_url(settings)
-    os.environ["RLM_BROKER_URL"] = broker_url(settings)
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    _util.hand_services_to_workers(settings)
+    logs = _util.log_dir(data_dir)
     nonce = time.strftime("%H%M%S")
     # one topic word of the corpus each (a note names two of them): about a fifth of the chunks bear on a question
     queries = [f"Run {nonce}, question {i}: what do the notes say about {WORDS[i % len(WORDS)]}s?" for i in range(q)]
@@ -192,7 +185,7 @@ def run(args) -> None:
                     buffers=["shared-bench"],
                     options={"scope": "all", "batch_size": args.batch_size, "skip_plan": True},
                 )
-                while store.get_overnight(conn, batch_id=batch_id).status != "done":
+                while store.get_overnight(conn, overnight_batch_id=batch_id).status != "done":
                     if time.time() - t0 > 3600:
                         raise RuntimeError(f"{mode}, {label}: batch {batch_id} not done after an hour")
                     time.sleep(0.5)
@@ -205,19 +198,21 @@ def run(args) -> None:
                           sum(c.cached_tokens) FILTER (WHERE c.stage = 'analyst'),
                           sum(c.tokens_in + c.tokens_out), sum(c.cost_usd), round(sum(1.0 / c.shared)),
                           count(DISTINCT i.item_no) FILTER (WHERE i.status = 'done')
-                   FROM batch_items i JOIN llm_calls c ON c.job_id = i.job_id WHERE i.batch_id = %s""",
+                   FROM overnight_batch_items i JOIN llm_calls c ON c.job_id = i.job_id
+                   WHERE i.overnight_batch_id = %s""",
                 (batch_id,),
             ).fetchone()
             grades = dict(
                 conn.execute(
-                    """SELECT f.relevance::text, count(*) FROM batch_items i JOIN job_findings f ON f.job_id = i.job_id
-                       WHERE i.batch_id = %s GROUP BY 1""",
+                    """SELECT f.relevance::text, count(*)
+                       FROM overnight_batch_items i JOIN job_findings f ON f.job_id = i.job_id
+                       WHERE i.overnight_batch_id = %s GROUP BY 1""",
                     (batch_id,),
                 ).fetchall()
             )
             unanswered = conn.execute(
-                """SELECT coalesce(sum(cardinality(b.unanswered)), 0) FROM batch_items i
-                   JOIN job_batches b ON b.job_id = i.job_id WHERE i.batch_id = %s""",
+                """SELECT coalesce(sum(cardinality(b.unanswered)), 0) FROM overnight_batch_items i
+                   JOIN job_batches b ON b.job_id = i.job_id WHERE i.overnight_batch_id = %s""",
                 (batch_id,),
             ).fetchone()[0]
             results[cache, mode, label] = {

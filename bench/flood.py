@@ -21,7 +21,6 @@ import multiprocessing as mp
 import os
 import queue
 import resource
-import socket
 import ssl
 import subprocess
 import sys
@@ -32,7 +31,16 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import REPO, command_line, isolated_env, loadavg, percentile, stop_servers, update_results  # noqa: E402
+from _util import (  # noqa: E402
+    REPO,
+    command_line,
+    free_port,
+    isolated_env,
+    loadavg,
+    percentile,
+    stop_servers,
+    update_results,
+)
 
 TENANTS = ("flood-a", "flood-b", "flood-c", "flood-d")
 #: a client gives up on one request after this long (counted as a timeout)
@@ -41,12 +49,6 @@ DOC = (
     "Retries of a failed call wait for the Retry-After header the provider sends. "
     "A job that lost its worker is delivered again after the visibility timeout. "
 ) * 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _keys(rlm: list[str]) -> dict[str, str]:
@@ -363,7 +365,7 @@ def main() -> None:
     # every query is stored and queued (no worker runs it): the per-tenant cap is not what is measured
     os.environ["RLM_MAX_JOBS_IN_FLIGHT_PER_TENANT"] = "1000000"
     rlm = [sys.executable, "-m", "rlm_api.cli"]
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     keys = _keys(rlm)
     api = _start_api(rlm, port, data_dir / "api.log")

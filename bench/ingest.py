@@ -502,8 +502,7 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
         MKL_NUM_THREADS="1",
         RLM_INGEST_GROUP_BYTES=str(max(1024, n_bytes // SPREAD_GROUPS)),
     )
-    logs = data_dir / "spread-logs"
-    logs.mkdir(exist_ok=True)
+    logs = _util.log_dir(data_dir, "spread-logs")
     ws = [
         WorkerProcess(f"ing{i}", queues="rlm.ingest", env=env, log_dir=logs, concurrency=1, pool="prefork")
         for i in range(workers)
@@ -639,7 +638,8 @@ def main() -> None:
         "--retries",
         type=int,
         default=2,
-        help=f"repeat a load or the baseline up to this often when others took > {RETRY_ABOVE:.0%} of the CPU",
+        # argparse %-formats help strings: the percent sign is doubled
+        help=f"repeat a load or the baseline up to this often when others took > {RETRY_ABOVE * 100:.0f}%% of the CPU",
     )
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL running")

@@ -15,7 +15,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import (  # noqa: E402
     REPO,
     command_line,
+    free_port,
     isolated_env,
     loadavg,
     machine_markdown,
@@ -45,12 +45,6 @@ QUESTIONS = [
     "How are batches scheduled next to interactive queries?",
     "What happens when the database is unavailable?",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Recorder:
@@ -128,7 +122,7 @@ def main() -> None:
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    api_port, flower_port = _free_port(), _free_port()
+    api_port, flower_port = free_port(), free_port()
     log = open(data_dir / "up.log", "w+")
     up = subprocess.Popen(
         rlm + ["up", "--api-port", str(api_port), "--flower-port", str(flower_port), "--analysts", "16"],

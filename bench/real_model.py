@@ -310,14 +310,11 @@ def main() -> None:
     from rlm_workers.config import get_settings
     from rlm_workers.ingest.embed import get_embedder
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import broker_url, database_url
     from rlm_workers.store.db import connect
 
-    logs = data_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = _util.log_dir(data_dir)
     settings = get_settings()
-    os.environ["RLM_DATABASE_URL"] = database_url(settings)
-    os.environ["RLM_BROKER_URL"] = broker_url(settings)
+    _util.hand_services_to_workers(settings)
     conn = connect(settings)
     docs = data_dir / "docs"
     docs.mkdir(exist_ok=True)

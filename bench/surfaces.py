@@ -265,7 +265,7 @@ def report(metrics_rows: list[dict], list_rows: list[dict], args: argparse.Names
         "## Read paths at growing table sizes: /metrics and the job list (`bench/surfaces.py`)",
         "",
         f"- command: `{_util.command_line()}` at {_util.revision()}",
-        f"- run finished (`date -u`): {_util._sh('date -u')}; `nproc` {_util._sh('nproc')}; load average "
+        f"- run finished (`date -u`): {_util.sh('date -u')}; `nproc` {_util.sh('nproc')}; load average "
         f"{_util.loadavg()}; share of the CPU used by other processes just before: {busy:.0%}",
         "- in-process calls against the embedded PostgreSQL+pgvector and Valkey (bench/_data/surfaces), tables "
         "filled with synthetic rows (`INSERT … SELECT generate_series`) then `VACUUM ANALYZE`d; median of "

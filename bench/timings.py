@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import statistics
 import sys
 import tempfile
@@ -137,9 +136,7 @@ def limiter(repeats: int) -> list[tuple[str, list[float]]]:
 def readyz(repeats: int, data_dir: Path) -> list[tuple[str, list[float]]]:
     import os
 
-    with socket.socket() as s:  # a port nobody listens on once closed
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = _util.free_port()  # nobody listens on it once closed
     os.environ["RLM_BROKER_URL"] = f"redis://127.0.0.1:{dead}/0"
     from fastapi.testclient import TestClient
 
@@ -167,13 +164,13 @@ def report(rows: list[tuple[str, list[float]]], args: argparse.Namespace, busy: 
         "## Figures moved out of the tests (`bench/timings.py`)",
         "",
         f"- command: `{_util.command_line()}`",
-        f"- run finished (`date -u`): {_util._sh('date -u')}; "
-        f"`nproc` {_util._sh('nproc')}; load average {_util.loadavg()}; share of the CPU used by other "
+        f"- run finished (`date -u`): {_util.sh('date -u')}; "
+        f"`nproc` {_util.sh('nproc')}; load average {_util.loadavg()}; share of the CPU used by other "
         f"processes just before: {busy:.0%}",
         "- `free -h`:",
         "",
         "```",
-        _util._sh("free -h"),
+        _util.sh("free -h"),
         "```",
         "",
         "Each figure was a wall-clock assertion in tests/ (see the docstring of bench/timings.py for which);",
@@ -201,11 +198,7 @@ def main() -> None:
     rows = chunking(args.repeats) + provider(args.repeats) + limiter(args.repeats)
     if not args.skip_readyz:
         rows += readyz(args.repeats, data_dir)
-    md = report(rows, args, busy)
-    print(md)
-    if not args.no_write:
-        _util.update_results("timings", md)
-        print(f"\nupdated {_util.RESULTS}")
+    _util.publish("timings", report(rows, args, busy), None, write=not args.no_write)
 
 
 if __name__ == "__main__":
