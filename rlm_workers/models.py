@@ -76,7 +76,7 @@ def check_storable_text(text: str, what: str = "the query", *, nul_ok: bool = Fa
 Threshold = Annotated[float, Field(strict=True, ge=-1.0, le=1.0)]
 TopK = Annotated[int, Field(strict=True, ge=1, le=10_000)]
 MaxChunks = Annotated[int, Field(strict=True, ge=1, le=100_000)]
-BatchSize = Annotated[int, Field(strict=True, ge=1, le=1000)]
+AnalystBatchSize = Annotated[int, Field(strict=True, ge=1, le=1000)]
 NumAgents = Annotated[int, Field(strict=True, ge=1, le=10_000)]
 Depth = Annotated[int, Field(strict=True, ge=0, le=5)]
 MaxLLMCalls = Annotated[int, Field(strict=True, ge=1, le=10_000_000)]
@@ -96,7 +96,7 @@ class QueryOptions(BaseModel):
     threshold: Threshold | None = None
     top_k: TopK | None = None
     max_chunks: MaxChunks | None = None
-    batch_size: BatchSize | None = None
+    batch_size: AnalystBatchSize | None = None
     num_agents: NumAgents | None = None
     skip_plan: Annotated[bool, Field(strict=True)] | None = None
     finding_threshold: Relevance | None = None
@@ -285,7 +285,7 @@ class Source(BaseModel):
     snippet: str
 
 
-class BatchError(BaseModel):
+class AnalystBatchError(BaseModel):
     batch: int
     type: str
     message: str
@@ -359,7 +359,7 @@ class QueryResult(BaseModel):
     #: batches never run because the tree's budget was spent (docs/contract.md#budgets); not failures
     batches_not_run: int = 0
     chunk_load_failures: int = 0
-    batch_errors: list[BatchError] = Field(default_factory=list)
+    batch_errors: list[AnalystBatchError] = Field(default_factory=list)
     sources: list[Source] = Field(default_factory=list)
     llm_calls: int = 0
     total_tokens: int = 0

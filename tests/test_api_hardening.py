@@ -95,7 +95,7 @@ def test_a_reused_batch_idempotency_key_with_another_body_is_422(api, keys, conn
             r = c.post("/v1/batches", json=other, headers=key)
             assert r.status_code == 422, r.text
             assert r.json()["error"]["type"] == "idempotency_key_reused", r.text
-    n = conn.execute("SELECT count(*) FROM batches WHERE tenant = 'idem'").fetchone()[0]
+    n = conn.execute("SELECT count(*) FROM overnight_batches WHERE tenant = 'idem'").fetchone()[0]
     conn.commit()
     assert n == 1
 

@@ -199,14 +199,14 @@ def wait_batch(conn, batch_id, workers, timeout=120.0, on_poll=None):
 
     deadline = time.monotonic() + timeout
     while True:
-        b = store.get_overnight(conn, batch_id=batch_id)
+        b = store.get_overnight(conn, overnight_batch_id=batch_id)
         if on_poll is not None:
-            on_poll(store.progress(conn, batch_id=batch_id))
+            on_poll(store.progress(conn, overnight_batch_id=batch_id))
         conn.commit()
         if b.status in ("done", "cancelled"):
             return b
         if time.monotonic() > deadline:
-            p = store.progress(conn, batch_id=batch_id)
+            p = store.progress(conn, overnight_batch_id=batch_id)
             conn.commit()
             tails = "\n".join(f"--- {n}\n{w.tail(40)}" for n, w in workers.items())
             raise AssertionError(f"batch {batch_id} still {b.status} after {timeout}s: {p.counts}\n{tails}")
@@ -458,26 +458,26 @@ def test_ticks_never_fork_the_chain(env, conn, fresh, workers, settings):
     )
     # the worker runs the first tick and re-arms for a minute later; wait for it so nothing races the test
     deadline = time.monotonic() + 30
-    while store.get_overnight(conn, batch_id=batch_id).last_tick_at is None:
+    while store.get_overnight(conn, overnight_batch_id=batch_id).last_tick_at is None:
         conn.commit()
         assert time.monotonic() < deadline, "the worker never ran the batch's first tick"
         time.sleep(0.05)
     conn.commit()
     res = tick_overnight(conn, batch_id, "not-the-owner", epoch=None)
     assert res.status == "waiting" and res.next_token is None and not res.to_send
-    token = store.get_overnight(conn, batch_id=batch_id).tick_token
+    token = store.get_overnight(conn, overnight_batch_id=batch_id).tick_token
     conn.commit()
     res = tick_overnight(conn, batch_id, token, epoch=None)
     assert res.status == "waiting" and res.next_token not in (None, token) and 0 < res.next_in <= 60
-    assert store.get_overnight(conn, batch_id=batch_id).tick_token == res.next_token
+    assert store.get_overnight(conn, overnight_batch_id=batch_id).tick_token == res.next_token
     conn.commit()
     with psycopg.connect(env["RLM_DATABASE_URL"]) as other:
-        other.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
+        other.execute("SELECT 1 FROM overnight_batches WHERE id = %s FOR UPDATE", (batch_id,))
         assert tick_overnight(conn, batch_id, res.next_token, epoch=None).status == "busy"
     assert tick_overnight(conn, "0" * 32, None, epoch=None).status == "missing"
     from rlm_workers.overnight.submit import cancel_overnight
 
-    assert cancel_overnight(conn, tenant="local", batch_id=batch_id).status == "cancelled"
+    assert cancel_overnight(conn, tenant="local", overnight_batch_id=batch_id).status == "cancelled"
     assert tick_overnight(conn, batch_id, res.next_token, epoch=None).status == "cancelled"
     assert fresh.calls == 0
 
@@ -548,7 +548,7 @@ def test_run_at_needs_a_zone_and_is_bounded(env, conn, api, workers, tmp_path):
     """A far-future run_at was accepted (202) and poisoned the tenant's batches; a zone-less one was taken as
     UTC by the API but as local time by the CLI.  Now: the API refuses both (422, nothing stored); the CLI
     resolves a zone-less --at as local time and says the UTC instant."""
-    before = conn.execute("SELECT count(*) FROM batches").fetchone()[0]
+    before = conn.execute("SELECT count(*) FROM overnight_batches").fetchone()[0]
     conn.commit()
     for run_at, msg in (
         ("9999-12-31T23:59:59-23:59", "more than 365 days ahead"),
@@ -559,7 +559,7 @@ def test_run_at_needs_a_zone_and_is_bounded(env, conn, api, workers, tmp_path):
         r = api.post("/v1/batches", json={"queries": ["Bounded?"], "buffers": ["alpha"], "run_at": run_at})
         assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_input", (run_at, r.text)
         assert msg in r.json()["error"]["message"], (run_at, r.text)
-    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    assert conn.execute("SELECT count(*) FROM overnight_batches").fetchone()[0] == before
     conn.commit()
 
     for at in ("+99999999d", "9999-12-31T23:59:59-23:59"):
@@ -583,12 +583,13 @@ def test_run_at_needs_a_zone_and_is_bounded(env, conn, api, workers, tmp_path):
 def _insert_raw_batch(conn, batch_id, *, run_at_sql, next_tick_sql, query="Unreadable question?"):
     """A batch row written straight to SQL, as a version without the run_at bound could store it."""
     conn.execute(
-        f"""INSERT INTO batches (id, tenant, run_at, tick_token, next_tick_at)
+        f"""INSERT INTO overnight_batches (id, tenant, run_at, tick_token, next_tick_at)
             VALUES (%s, 'local', {run_at_sql}, 'old-token', {next_tick_sql})""",
         (batch_id,),
     )
     conn.execute(
-        "INSERT INTO batch_items (batch_id, item_no, query, buffer) VALUES (%s, 0, %s, 'alpha')", (batch_id, query)
+        "INSERT INTO overnight_batch_items (overnight_batch_id, item_no, query, buffer) VALUES (%s, 0, %s, 'alpha')",
+        (batch_id, query),
     )
     conn.commit()
 
@@ -620,7 +621,7 @@ def test_an_unreadable_batch_row_breaks_no_list_cancel_or_tick(env, conn, fresh,
     # the reconciler re-arms the overdue one once; its tick closes it for good instead of failing
     b = wait_batch(conn, ticked, workers, timeout=60)
     assert b.status == "done" and b.run_at is None
-    (item,) = store.items(conn, batch_id=ticked)
+    (item,) = store.items(conn, overnight_batch_id=ticked)
     conn.commit()
     assert item.status == "failed" and item.error["type"] == "batch_failed" and "run_at" in item.error["message"]
     assert fresh.calls == 0
@@ -649,8 +650,8 @@ def test_a_tick_that_keeps_failing_closes_the_batch(env, conn, fresh, workers, a
         conn.execute("DROP TRIGGER poison_job ON jobs; DROP FUNCTION poison_job()")
         conn.commit()
     assert b.status == "done"
-    (item,) = store.items(conn, batch_id=batch_id)
-    failures = conn.execute("SELECT tick_failures FROM batches WHERE id = %s", (batch_id,)).fetchone()[0]
+    (item,) = store.items(conn, overnight_batch_id=batch_id)
+    failures = conn.execute("SELECT tick_failures FROM overnight_batches WHERE id = %s", (batch_id,)).fetchone()[0]
     conn.commit()
     assert failures == MAX_TICK_FAILURES
     assert item.status == "failed" and item.error["type"] == "batch_failed"
@@ -709,13 +710,13 @@ def test_a_buffer_deleted_and_reloaded_is_not_answered_from_the_cache(
 def test_nul_and_lone_surrogates_are_refused_on_every_query_path(env, conn, api, workers, tmp_path):
     """PostgreSQL text cannot hold NUL and UTF-8 cannot encode a lone surrogate: batch queries (API and queries
     file) and `rlm query` let them through to a 500 or a traceback.  One validator refuses them everywhere."""
-    before = conn.execute("SELECT count(*) FROM batches").fetchone()[0]
+    before = conn.execute("SELECT count(*) FROM overnight_batches").fetchone()[0]
     conn.commit()
     for raw in (b'["Fine?", "a\\u0000b"]', b'["Fine?", "lone \\ud800 half"]'):
         body = b'{"queries": ' + raw + b', "buffers": ["alpha"]}'
         r = api.post("/v1/batches", content=body, headers={"Content-Type": "application/json"})
         assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_input", (raw, r.text)
-    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    assert conn.execute("SELECT count(*) FROM overnight_batches").fetchone()[0] == before
     conn.commit()
 
     for text, what in (
@@ -741,7 +742,7 @@ def test_nul_and_lone_surrogates_are_refused_on_every_query_path(env, conn, api,
     # the CLI refuses it before any command runs: one line, exit 2
     assert proc.returncode == 2 and "not valid UTF-8" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err
-    assert conn.execute("SELECT count(*) FROM batches").fetchone()[0] == before
+    assert conn.execute("SELECT count(*) FROM overnight_batches").fetchone()[0] == before
     conn.commit()
 
 
@@ -761,7 +762,7 @@ def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model,
     conn.commit()
     job = wait_for_job(conn, job_id, timeout=60)
     assert job.status == "done"
-    p = store.progress(conn, batch_id=batch_id)
+    p = store.progress(conn, overnight_batch_id=batch_id)
     conn.commit()
     # the order of events, not a duration: the query ended while batch items still waited or ran
     assert p.counts["pending"] + p.counts["running"] > 0, "the batch should still be running"
@@ -780,7 +781,7 @@ def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, mo
     batch_id = r.json()["batch_id"]
     deadline = time.monotonic() + 60
     while True:
-        p = store.progress(conn, batch_id=batch_id)
+        p = store.progress(conn, overnight_batch_id=batch_id)
         conn.commit()
         if p.counts["done"] >= 1 and p.counts["running"] >= 1:
             break
@@ -800,7 +801,7 @@ def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, mo
 
     b = wait_batch(conn, batch_id, workers, timeout=180)
     assert b.status == "done"
-    items = store.items(conn, batch_id=batch_id)
+    items = store.items(conn, overnight_batch_id=batch_id)
     conn.commit()
     assert len(items) == 6 and all(i.status == "done" for i in items), [(i.item_no, i.status, i.error) for i in items]
     lines = jsonl(api.get(f"/v1/batches/{batch_id}/results").text)

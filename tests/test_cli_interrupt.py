@@ -188,7 +188,8 @@ def _batch_ids(conn) -> set[str]:
 
 def _batch_waits_on_a_lock(conn) -> bool:
     row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO batches%'"
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO overnight_batches%'"
     ).fetchone()
     conn.commit()
     return row[0] > 0
@@ -228,7 +229,7 @@ def test_ctrl_c_before_the_commit_keeps_nothing(env, conn, corpus, tmp_path):
         list_overnight(holder, tenant="local", limit=1)  # a transaction is open: the insert below stays in it
         create_overnight(
             holder,
-            batch_id=uuid.uuid4().hex,
+            overnight_batch_id=uuid.uuid4().hex,
             tenant="local",
             queries=["held"],
             buffers=["essays"],

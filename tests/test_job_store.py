@@ -60,7 +60,7 @@ def test_a_claim_waits_for_a_salvage_in_progress_and_then_declines(job, settings
 
     import psycopg
 
-    from rlm_workers.pipeline.salvage import LOST
+    from rlm_workers.pipeline.collect import LOST
     from rlm_workers.store import jobs as job_store
 
     got: list[bool] = []

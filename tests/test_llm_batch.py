@@ -226,7 +226,7 @@ def _overnight(n_reads: int, *, texts: dict[int, str] | None = None) -> tuple[st
     with connection() as c:
         ostore.create_overnight(
             c,
-            batch_id=batch_id,
+            overnight_batch_id=batch_id,
             tenant="t1",
             queries=["q"],
             buffers=["b"],
@@ -336,7 +336,7 @@ def test_cancelling_the_overnight_batch_cancels_its_provider_batches(rlm_env, fa
             (batch_id,),
         )[0][0]
         with connection() as c:
-            assert cancel_overnight(c, tenant="t1", batch_id=batch_id).status == "cancelled"
+            assert cancel_overnight(c, tenant="t1", overnight_batch_id=batch_id).status == "cancelled"
         # an advance begun before the cancel still holds the batch: the tick leaves it be (and comes back later)
         with connection() as holder:
             key = session_lock_key(llm_batch._LOCK_SPACE, batch_id)
@@ -568,20 +568,22 @@ def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_
     # held longer than RLM_JOB_TIMEOUT (and the batch's stall check): the waiting jobs are kept alive
     time.sleep(max(0.0, 12 - (time.monotonic() - held_since)))
     assert [b["status"] for b in srv.batches] == ["in_progress"] * len(srv.batches)
-    items = _rows(conn, "SELECT status, attempts FROM batch_items WHERE batch_id = %s", (batch_id,))
+    items = _rows(conn, "SELECT status, attempts FROM overnight_batch_items WHERE overnight_batch_id = %s", (batch_id,))
     assert items == [("running", 0)] * 6, items
     assert srv.stats()["batch_calls"] == 0 and not any(r.body.get("model") == "analyst-model" for r in srv.requests)
 
     srv.release_batches()
 
     def finished():
-        b = ostore.get_overnight(conn, batch_id=batch_id)
+        b = ostore.get_overnight(conn, overnight_batch_id=batch_id)
         conn.commit()
         return b if b.status in ("done", "cancelled") else None
 
     b = _wait_for("the overnight batch to finish", finished, e2e_workers, timeout=120)
     assert b.status == "done"
-    items = _rows(conn, "SELECT status, attempts, result FROM batch_items WHERE batch_id = %s", (batch_id,))
+    items = _rows(
+        conn, "SELECT status, attempts, result FROM overnight_batch_items WHERE overnight_batch_id = %s", (batch_id,)
+    )
     assert [(s, a) for s, a, _ in items] == [("done", 0)] * 6
     assert all("Scripted answer to" in json.dumps(r) for _, _, r in items)
     # each read went out once through the Batch API; the one failed line fell back to one ordinary call
@@ -595,8 +597,8 @@ def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_
     calls = _rows(
         conn,
         "SELECT c.via, c.status, sum(c.tokens_in), sum(c.cached_tokens), sum(c.tokens_out), sum(c.cost_usd), "
-        "count(*) FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
-        "WHERE i.batch_id = %s AND c.stage = 'analyst' GROUP BY c.via, c.status ORDER BY c.via",
+        "count(*) FROM llm_calls c JOIN overnight_batch_items i ON i.job_id = c.job_id "
+        "WHERE i.overnight_batch_id = %s AND c.stage = 'analyst' GROUP BY c.via, c.status ORDER BY c.via",
         (batch_id,),
     )
     by_via = {via: row for via, status, *row in calls if status == "ok"}
@@ -610,8 +612,8 @@ def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_
     # a Batch API line's reply is parsed before its rows are written, as a sync read's is
     oks = _rows(
         conn,
-        "SELECT DISTINCT c.via, c.parse_ok FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
-        "WHERE i.batch_id = %s AND c.stage = 'analyst' AND c.status = 'ok' ORDER BY c.via",
+        "SELECT DISTINCT c.via, c.parse_ok FROM llm_calls c JOIN overnight_batch_items i ON i.job_id = c.job_id "
+        "WHERE i.overnight_batch_id = %s AND c.stage = 'analyst' AND c.status = 'ok' ORDER BY c.via",
         (batch_id,),
     )
     assert oks == [("batch_api", True), ("sync", True)], oks

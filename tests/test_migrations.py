@@ -118,3 +118,73 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
         # m012: everything embedded before runtimes were recorded was embedded by PyTorch
         runtimes = dict(conn.execute("SELECT name, embedding_runtime FROM buffers").fetchall())
         assert runtimes == {"a": "torch", "b": "torch", "empty": None}
+
+
+def test_overnight_batches_keep_their_rows_under_their_new_names(test_services):
+    """m018: a data dir from before keeps its overnight batches, items and the provider batch and read that
+    point at them; only the names change, and deleting a batch still cascades."""
+    url = test_services.new_database("overnightnames")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        migrations.applied(conn)
+        for name, sql in migrations.MIGRATIONS:
+            if name == "m018_overnight_batch_names":
+                break
+            conn.execute(sql)
+            conn.execute("INSERT INTO rlm_migrations (name) VALUES (%s)", (name,))
+        conn.execute(
+            "INSERT INTO batches (id, tenant, status, idempotency_key, llm_batch) "
+            "VALUES ('b-old', 'local', 'running', 'k1', true), ('b-done', 'local', 'done', NULL, false)"
+        )
+        conn.execute(
+            "INSERT INTO batch_items (batch_id, item_no, query, buffer, status) "
+            "VALUES ('b-old', 0, 'q0', 'alpha', 'done'), ('b-old', 1, 'q1', 'alpha', 'pending'), "
+            "('b-done', 0, 'q', 'beta', 'done')"
+        )
+        conn.execute(
+            "INSERT INTO provider_batches (id, tenant, overnight_id, input_file_id, status, requests) "
+            "VALUES ('pb-1', 'local', 'b-old', 'file-1', 'in_progress', 1)"
+        )
+        conn.execute(
+            "INSERT INTO reads (tenant, overnight_id, chunk_ids, status, provider_batch_id) "
+            "VALUES ('local', 'b-old', '{1}', 'submitted', 'pb-1')"
+        )
+
+        names = [name for name, _ in migrations.MIGRATIONS]
+        assert migrations.migrate(conn) == names[names.index("m018_overnight_batch_names") :]
+        assert migrations.migrate(conn) == []
+
+        assert conn.execute("SELECT to_regclass('batches'), to_regclass('batch_items')").fetchone() == (None, None)
+        batches = conn.execute("SELECT id, status, llm_batch FROM overnight_batches ORDER BY id").fetchall()
+        assert batches == [("b-done", "done", False), ("b-old", "running", True)]
+        items = conn.execute(
+            "SELECT overnight_batch_id, item_no, status FROM overnight_batch_items ORDER BY 1, 2"
+        ).fetchall()
+        assert items == [("b-done", 0, "done"), ("b-old", 0, "done"), ("b-old", 1, "pending")]
+        indexes = {
+            r[0]
+            for r in conn.execute(
+                "SELECT indexname FROM pg_indexes WHERE tablename IN ('overnight_batches', 'overnight_batch_items')"
+            )
+        }
+        assert indexes == {
+            "overnight_batches_pkey",
+            "overnight_batches_tenant_created",
+            "overnight_batches_open",
+            "overnight_batches_idempotency",
+            "overnight_batch_items_pkey",
+            "overnight_batch_items_open",
+            "overnight_batch_items_job",
+        }
+        # the idempotency index still answers ON CONFLICT as store/overnight.py writes it
+        again = conn.execute(
+            "INSERT INTO overnight_batches (id, tenant, idempotency_key) VALUES ('b-new', 'local', 'k1') "
+            "ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING RETURNING id"
+        ).fetchone()
+        assert again is None
+        conn.execute("DELETE FROM overnight_batches WHERE id = 'b-old'")
+        left = conn.execute(
+            "SELECT (SELECT count(*) FROM overnight_batch_items), (SELECT count(*) FROM provider_batches), "
+            "(SELECT count(*) FROM reads)"
+        ).fetchone()
+        assert left == (1, 0, 0)

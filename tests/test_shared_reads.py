@@ -161,17 +161,17 @@ def _run(conn, workers, buffer, *, llm_batch=False, timeout=120.0, options=None)
     )
     deadline = time.monotonic() + timeout
     while True:
-        b = store.get_overnight(conn, batch_id=batch_id)
+        b = store.get_overnight(conn, overnight_batch_id=batch_id)
         conn.commit()
         if b.status == "done":
             break
         if time.monotonic() > deadline:
             tails = "\n".join(f"--- {n}\n{w.tail(40)}" for n, w in workers.items())
             raise AssertionError(
-                f"batch {batch_id} still {b.status}: {store.progress(conn, batch_id=batch_id)}\n{tails}"
+                f"batch {batch_id} still {b.status}: {store.progress(conn, overnight_batch_id=batch_id)}\n{tails}"
             )
         time.sleep(0.3)
-    items = store.items(conn, batch_id=batch_id)
+    items = store.items(conn, overnight_batch_id=batch_id)
     st = status_of(conn, b)
     conn.commit()
     return items, st
@@ -217,7 +217,7 @@ def test_questions_over_one_buffer_read_each_chunk_batch_once(conn, workers, llm
         assert any(f.relevance == "high" for f in found.values())
         assert item.result["batches_failed"] == 0 and item.result["sources"]
     rows = conn.execute(
-        "SELECT DISTINCT shared FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
+        "SELECT DISTINCT shared FROM llm_calls c JOIN overnight_batch_items i ON i.job_id = c.job_id "
         "WHERE c.stage = 'analyst' AND i.query = ANY(%s)",
         (QUERIES,),
     ).fetchall()
@@ -408,7 +408,8 @@ def test_a_shared_reads_unparsable_first_reply_is_logged_parse_ok_false_on_every
         oks = _parse_oks(conn, [item.job_id])
         assert sorted(oks) == [False] * 4 + [True] * 4, oks
     rows = conn.execute(
-        "SELECT c.parse_ok, count(*), min(c.shared) FROM llm_calls c JOIN batch_items i ON i.job_id = c.job_id "
+        "SELECT c.parse_ok, count(*), min(c.shared) "
+        "FROM llm_calls c JOIN overnight_batch_items i ON i.job_id = c.job_id "
         "WHERE c.stage = 'analyst' AND c.status = 'ok' AND i.job_id = ANY(%s) GROUP BY c.parse_ok ORDER BY 1",
         ([i.job_id for i in items],),
     ).fetchall()

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 
-from ..models import BatchSize, MaxChunks, Relevance, Route, SearchMode, Threshold, TopK
+from ..models import AnalystBatchSize, MaxChunks, Relevance, Route, SearchMode, Threshold, TopK
 from ..pipeline.replies import clip, json_candidates
 
 #: words models use for grades, mapped onto ours
@@ -73,7 +73,7 @@ _PLANNED: dict[str, TypeAdapter[Any]] = {
     "threshold": TypeAdapter(Threshold),
     "top_k": TypeAdapter(TopK),
     "max_chunks": TypeAdapter(MaxChunks),
-    "batch_size": TypeAdapter(BatchSize),
+    "batch_size": TypeAdapter(AnalystBatchSize),
 }
 
 
@@ -87,7 +87,7 @@ class PlanReply(BaseModel):
     threshold: Threshold | None = None
     top_k: TopK | None = None
     max_chunks: MaxChunks | None = None
-    batch_size: BatchSize | None = None
+    batch_size: AnalystBatchSize | None = None
     focus_topics: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=MAX_FOCUS_TOPICS)
     route: Route | None = None
     route_reason: str | None = None

@@ -1,8 +1,8 @@
 """Overnight batches: many queries × many buffers, one pipeline job per (query, buffer) item.
 
 Publicly they keep the name "batch" (``rlm batch …``, ``/v1/batches``, tasks
-``rlm.batch.*``, tables ``batches``/``batch_items``); inside the code they are
-"overnight", because an analyst batch (a group of chunks for one analyst call,
+``rlm.batch.*``); inside the code and the tables (``overnight_batches``, ``overnight_batch_items``) they
+are "overnight", because an analyst batch (a group of chunks for one analyst call,
 ``job_batches``) is another thing altogether.
 
 ``submit.py`` stores, cancels and reads them; ``scheduler.py`` is the tick that

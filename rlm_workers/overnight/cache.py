@@ -12,6 +12,10 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from ..llm.registry import provider_name
+from ..pipeline.collect import finding_threshold
+from ..pipeline.prompts import PROMPT_NAMES, load_prompt
+
 if TYPE_CHECKING:
     from ..config import Settings
 
@@ -24,10 +28,6 @@ def _sha(obj: Any) -> str:
 
 def fingerprint(settings: Settings) -> str:
     """Everything besides the item itself that changes an answer: provider, models, defaults, prompts."""
-    from ..llm.registry import provider_name
-    from ..pipeline.collect import finding_threshold
-    from ..pipeline.prompts import PROMPT_NAMES, load_prompt
-
     prompts = {}
     for name in PROMPT_NAMES:
         try:

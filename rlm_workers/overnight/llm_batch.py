@@ -30,13 +30,14 @@ from typing import TYPE_CHECKING
 
 from ..config import Settings, get_settings
 from ..errors import LLMError
+from ..llm.batch_api import BatchClient, BatchState
+from ..pipeline import reads as read_stage
 from ..store import provider_batches as store
-from ..store.db import release_session_lock, session_lock_key, try_session_lock
+from ..store import reads as read_store
+from ..store.db import connection, release_session_lock, session_lock_key, try_session_lock
 
 if TYPE_CHECKING:
     import psycopg
-
-    from ..llm.batch_api import BatchClient, BatchState
 
 log = logging.getLogger("rlm.overnight")
 
@@ -49,42 +50,36 @@ MAX_FILES_PER_ADVANCE = 4
 ADOPT_WINDOW = 100
 
 
+# seams: tests stand fakes in for the reads (pipeline/reads.py applies every answered line, and so accounts it)
 def _reads() -> ModuleType:
-    from ..pipeline import reads
-
-    return reads
+    return read_stage
 
 
 def _read_store() -> ModuleType:
-    from ..store import reads
-
-    return reads
+    return read_store
 
 
-def advance(batch_id: str, settings: Settings | None = None) -> list[str]:
+def advance(overnight_batch_id: str, settings: Settings | None = None) -> list[str]:
     """Poll, route and submit the Batch API work of one overnight batch; one line per action, each logged.
 
     A provider error is logged and left for the next tick (a retryable one) or sends the reads concerned as
     ordinary calls (one that waiting will not fix); a database outage is raised.
     """
-    from ..llm.batch_api import BatchClient
-    from ..store.db import connection
-
     settings = settings or get_settings()
     actions: list[str] = []
     with connection(settings) as conn:
-        key = session_lock_key(_LOCK_SPACE, batch_id)
+        key = session_lock_key(_LOCK_SPACE, overnight_batch_id)
         if not try_session_lock(conn, key):
             return actions  # another advance of this batch is at it
         try:
-            head = store.overnight_of(conn, overnight_id=batch_id)
+            head = store.overnight_of(conn, overnight_id=overnight_batch_id)
             if head is None:
                 return actions
             tenant = head[0]
             client = BatchClient(settings)
-            _poll(conn, client, batch_id, settings, actions)
-            _submit(conn, client, batch_id, tenant, settings, actions)
-            store.touch_waiting_jobs(conn, overnight_id=batch_id)
+            _poll(conn, client, overnight_batch_id, settings, actions)
+            _submit(conn, client, overnight_batch_id, tenant, settings, actions)
+            store.touch_waiting_jobs(conn, overnight_id=overnight_batch_id)
         finally:
             release_session_lock(conn, key)
     for line in actions:
@@ -92,23 +87,20 @@ def advance(batch_id: str, settings: Settings | None = None) -> list[str]:
     return actions
 
 
-def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str] | None:
+def cancel_open(overnight_batch_id: str, settings: Settings | None = None) -> list[str] | None:
     """The overnight batch was cancelled: cancel its provider batches still running (lines not run yet are not
     billed) and close their reads.  Best effort per provider batch: one the provider will not cancel now is
     closed here all the same (nothing would read its answers), and said so.  One line per action, logged;
     None when an advance holds the batch (the caller comes back later)."""
-    from ..llm.batch_api import BatchClient
-    from ..store.db import connection
-
     settings = settings or get_settings()
     actions: list[str] = []
-    why = {"type": "cancelled", "message": f"batch {batch_id} was cancelled"}
+    why = {"type": "cancelled", "message": f"batch {overnight_batch_id} was cancelled"}
     with connection(settings) as conn:
-        key = session_lock_key(_LOCK_SPACE, batch_id)
+        key = session_lock_key(_LOCK_SPACE, overnight_batch_id)
         if not try_session_lock(conn, key):
             return None
         try:
-            open_ids = store.open_ids(conn, overnight_id=batch_id)
+            open_ids = store.open_ids(conn, overnight_id=overnight_batch_id)
             client = BatchClient(settings) if open_ids else None
             for pb in open_ids:
                 try:
@@ -116,11 +108,11 @@ def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str] | 
                     status, note = state.status, ""
                 except LLMError as exc:
                     status, note = "cancel_failed", f" (the provider said: {exc.message})"
-                closed = store.close_cancelled(conn, batch_id=pb, status=status, error=why)
-                actions.append(f"batch {batch_id}: provider batch {pb} {status}{note}; {closed} reads closed")
-            queued = store.close_queued_reads(conn, overnight_id=batch_id, error=why)
+                closed = store.close_cancelled(conn, provider_batch_id=pb, status=status, error=why)
+                actions.append(f"batch {overnight_batch_id}: provider batch {pb} {status}{note}; {closed} reads closed")
+            queued = store.close_queued_reads(conn, overnight_id=overnight_batch_id, error=why)
             if queued:
-                actions.append(f"batch {batch_id}: {queued} reads not yet sent to the provider closed")
+                actions.append(f"batch {overnight_batch_id}: {queued} reads not yet sent to the provider closed")
         finally:
             release_session_lock(conn, key)
     for line in actions:
@@ -131,26 +123,34 @@ def cancel_open(batch_id: str, settings: Settings | None = None) -> list[str] | 
 # --------------------------------------------------------------------------- polling and routing
 
 
-def _poll(conn: psycopg.Connection, client: BatchClient, batch_id: str, settings: Settings, actions: list[str]) -> None:
-    for pb in store.claim_due(conn, overnight_id=batch_id, poll_seconds=settings.llm_batch_poll_seconds):
+def _poll(
+    conn: psycopg.Connection, client: BatchClient, overnight_batch_id: str, settings: Settings, actions: list[str]
+) -> None:
+    for pb in store.claim_due(conn, overnight_id=overnight_batch_id, poll_seconds=settings.llm_batch_poll_seconds):
         try:
             state = client.retrieve(pb.id)
         except LLMError as exc:
             if exc.retryable:
-                actions.append(f"batch {batch_id}: provider batch {pb.id} not readable now ({exc.message}); next poll")
+                actions.append(
+                    f"batch {overnight_batch_id}: provider batch {pb.id} not readable now ({exc.message}); next poll"
+                )
                 continue
             # the provider no longer knows it: nothing will come back, every read falls back
-            actions.append(f"batch {batch_id}: provider batch {pb.id} is gone ({exc.message})")
-            _route(conn, client, batch_id, pb.id, None, actions, error={"type": "gone", "message": exc.message})
+            actions.append(f"batch {overnight_batch_id}: provider batch {pb.id} is gone ({exc.message})")
+            _route(
+                conn, client, overnight_batch_id, pb.id, None, actions, error={"type": "gone", "message": exc.message}
+            )
             continue
         if not state.terminal:
             if state.status != pb.status:
-                store.mark_checked(conn, batch_id=pb.id, status=state.status, output_file_id=None, error_file_id=None)
-                actions.append(f"batch {batch_id}: provider batch {pb.id} {state.status} {_counts(state)}")
+                store.mark_checked(
+                    conn, provider_batch_id=pb.id, status=state.status, output_file_id=None, error_file_id=None
+                )
+                actions.append(f"batch {overnight_batch_id}: provider batch {pb.id} {state.status} {_counts(state)}")
             continue
         store.mark_checked(
             conn,
-            batch_id=pb.id,
+            provider_batch_id=pb.id,
             status=state.status,
             output_file_id=state.output_file_id,
             error_file_id=state.error_file_id,
@@ -158,13 +158,13 @@ def _poll(conn: psycopg.Connection, client: BatchClient, batch_id: str, settings
         error = None
         if state.status != "completed":
             error = {"type": state.status, "message": state.error or f"the provider batch ended {state.status}"}
-        _route(conn, client, batch_id, pb.id, state, actions, error=error, settings=settings)
+        _route(conn, client, overnight_batch_id, pb.id, state, actions, error=error, settings=settings)
 
 
 def _route(
     conn: psycopg.Connection,
     client: BatchClient,
-    batch_id: str,
+    overnight_batch_id: str,
     provider_batch_id: str,
     state: BatchState | None,
     actions: list[str],
@@ -178,9 +178,11 @@ def _route(
             lines = client.results(state, (settings or client.settings).subcall_model)
         except LLMError as exc:
             if exc.retryable:  # the answers exist: fetch them at the next poll rather than pay again
-                actions.append(f"batch {batch_id}: results of {provider_batch_id} not readable now ({exc.message})")
+                actions.append(
+                    f"batch {overnight_batch_id}: results of {provider_batch_id} not readable now ({exc.message})"
+                )
                 return
-            actions.append(f"batch {batch_id}: results of {provider_batch_id} unreadable ({exc.message})")
+            actions.append(f"batch {overnight_batch_id}: results of {provider_batch_id} unreadable ({exc.message})")
     reads = _reads()
     applied = fallen_back = 0
     # Only reads still submitted to this batch: a route cut short by a crash resumes without doing a read twice.
@@ -193,13 +195,13 @@ def _route(
             applied += 1
         else:
             why = line.error if line is not None else "no answer in the provider batch"
-            log.warning("batch %s: read %d falls back to an ordinary call: %s", batch_id, read_id, why)
+            log.warning("batch %s: read %d falls back to an ordinary call: %s", overnight_batch_id, read_id, why)
             reads.send_read(read_id)
             fallen_back += 1
-    store.mark_routed(conn, batch_id=provider_batch_id, error=error)
+    store.mark_routed(conn, provider_batch_id=provider_batch_id, error=error)
     ended = state.status if state is not None else "gone"
     actions.append(
-        f"batch {batch_id}: provider batch {provider_batch_id} {ended}: {applied} reads answered, "
+        f"batch {overnight_batch_id}: provider batch {provider_batch_id} {ended}: {applied} reads answered, "
         f"{fallen_back} sent as ordinary calls"
     )
 
@@ -213,17 +215,22 @@ def _counts(state: BatchState) -> str:
 
 
 def _submit(
-    conn: psycopg.Connection, client: BatchClient, batch_id: str, tenant: str, settings: Settings, actions: list[str]
+    conn: psycopg.Connection,
+    client: BatchClient,
+    overnight_batch_id: str,
+    tenant: str,
+    settings: Settings,
+    actions: list[str],
 ) -> None:
     rs = _read_store()
     adopted = False
     for _ in range(MAX_FILES_PER_ADVANCE):
-        read_ids = rs.queued_reads(conn, overnight_id=batch_id, limit=settings.llm_batch_max_requests)
+        read_ids = rs.queued_reads(conn, overnight_id=overnight_batch_id, limit=settings.llm_batch_max_requests)
         if not read_ids:
             return
         if not adopted:
             adopted = True
-            if _adopt(conn, client, batch_id, tenant, actions):
+            if _adopt(conn, client, overnight_batch_id, tenant, actions):
                 continue  # some queued reads were in it: look again
         lines, done = [], []
         for read_id in read_ids:
@@ -234,32 +241,33 @@ def _submit(
                 lines.append(client.line(f"{CUSTOM_PREFIX}{read_id}", request))
         if done:
             store.close_reads(conn, read_ids=done)
-            actions.append(f"batch {batch_id}: {len(done)} queued reads had nothing left to ask")
+            actions.append(f"batch {overnight_batch_id}: {len(done)} queued reads had nothing left to ask")
         if not lines:
             continue
         ids = [int(line["custom_id"][len(CUSTOM_PREFIX) :]) for line in lines]
         try:
-            state = client.submit(lines, metadata={METADATA_KEY: batch_id})
+            state = client.submit(lines, metadata={METADATA_KEY: overnight_batch_id})
         except LLMError as exc:
             if exc.retryable:
-                actions.append(f"batch {batch_id}: {len(ids)} reads not submitted ({exc.message}); next tick")
+                actions.append(f"batch {overnight_batch_id}: {len(ids)} reads not submitted ({exc.message}); next tick")
                 return
             # the endpoint cannot take batches (no Batch API behind OPENAI_BASE_URL): ordinary calls instead
             for read_id in ids:
                 _reads().send_read(read_id)
             actions.append(
-                f"batch {batch_id}: Batch API refused ({exc.message}); {len(ids)} reads sent as ordinary calls"
+                f"batch {overnight_batch_id}: Batch API refused ({exc.message}); "
+                f"{len(ids)} reads sent as ordinary calls"
             )
             continue
-        _record(conn, state.id, tenant, batch_id, state.input_file_id, state.status, ids)
-        actions.append(f"batch {batch_id}: {len(ids)} reads submitted in provider batch {state.id}")
+        _record(conn, state.id, tenant, overnight_batch_id, state.input_file_id, state.status, ids)
+        actions.append(f"batch {overnight_batch_id}: {len(ids)} reads submitted in provider batch {state.id}")
 
 
 def _record(
     conn: psycopg.Connection,
     provider_batch_id: str,
     tenant: str,
-    batch_id: str,
+    overnight_batch_id: str,
     input_file_id: str,
     status: str,
     read_ids: list[int],
@@ -267,9 +275,9 @@ def _record(
     with conn.transaction():
         store.insert(
             conn,
-            batch_id=provider_batch_id,
+            provider_batch_id=provider_batch_id,
             tenant=tenant,
-            overnight_id=batch_id,
+            overnight_id=overnight_batch_id,
             input_file_id=input_file_id,
             status=status,
             requests=len(read_ids),
@@ -277,21 +285,25 @@ def _record(
         _read_store().mark_submitted(conn, read_ids=read_ids, provider_batch_id=provider_batch_id)
 
 
-def _adopt(conn: psycopg.Connection, client: BatchClient, batch_id: str, tenant: str, actions: list[str]) -> bool:
+def _adopt(
+    conn: psycopg.Connection, client: BatchClient, overnight_batch_id: str, tenant: str, actions: list[str]
+) -> bool:
     """Record the provider batches of this overnight batch that a crash kept us from recording; True if one
     took some queued reads."""
     try:
-        mine = [s for s in client.recent(ADOPT_WINDOW) if s.metadata.get(METADATA_KEY) == batch_id]
+        mine = [s for s in client.recent(ADOPT_WINDOW) if s.metadata.get(METADATA_KEY) == overnight_batch_id]
         orphans = [s for s in mine if s.id not in store.known(conn, ids=[s.id for s in mine])]
         took = False
         for s in orphans:
             custom = [c for c in client.custom_ids(s.input_file_id) if c.startswith(CUSTOM_PREFIX)]
             ids = store.still_queued(conn, read_ids=[int(c[len(CUSTOM_PREFIX) :]) for c in custom])
             # reads it holds that are no longer queued were sent again meanwhile: their lines are never routed
-            _record(conn, s.id, tenant, batch_id, s.input_file_id, s.status, ids)
-            actions.append(f"batch {batch_id}: adopted provider batch {s.id} left unrecorded ({len(ids)} reads)")
+            _record(conn, s.id, tenant, overnight_batch_id, s.input_file_id, s.status, ids)
+            actions.append(
+                f"batch {overnight_batch_id}: adopted provider batch {s.id} left unrecorded ({len(ids)} reads)"
+            )
             took = took or bool(ids)
         return took
     except LLMError as exc:  # listing is a safeguard: without it we may pay a rare duplicate, never lose work
-        actions.append(f"batch {batch_id}: could not list provider batches to adopt ({exc.message})")
+        actions.append(f"batch {overnight_batch_id}: could not list provider batches to adopt ({exc.message})")
         return False

@@ -36,12 +36,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
+
+from ..celery_app import get_app
 from ..config import Settings, get_settings
+from ..errors import BufferNotFound
 from ..models import JobStatus
-from ..pipeline.reads import Launch, send_launch
+from ..pipeline.flow import Stage, position
+from ..pipeline.reads import Launch, launch_group, send_launch
+from ..resources import redis_client
 from ..store import jobs as job_store
 from ..store import overnight as store
-from ..store.db import commit
+from ..store import reads as read_store
+from ..store.db import DB_OUTAGE, commit, connection
+from . import llm_batch
 from .cache import cache_key, cacheable, fingerprint
 
 if TYPE_CHECKING:
@@ -76,10 +84,6 @@ def broker_priority(priority: int) -> int:
 
 def broker_epoch() -> str | None:
     """The current broker epoch (created on first use); None when Redis cannot be reached."""
-    import redis
-
-    from ..resources import redis_client
-
     try:
         client = redis_client()
         value = client.get(EPOCH_KEY)
@@ -107,8 +111,6 @@ def _send(
     name: str, args: tuple, *, countdown: float | None = None, priority: int | None = None, argsrepr: str
 ) -> None:
     """Send by name through our app (shared tasks bind to Celery's default app outside workers)."""
-    from ..celery_app import get_app
-
     app = get_app()
 
     opts: dict[str, Any] = {
@@ -122,12 +124,14 @@ def _send(
     app.send_task(name, args, **opts)
 
 
-def send_tick(batch_id: str, token: str | None, countdown: float | None = None) -> bool:
+def send_tick(overnight_batch_id: str, token: str | None, countdown: float | None = None) -> bool:
     try:
-        _send("rlm.batch.tick", (batch_id, token), countdown=countdown, argsrepr=f"batch={batch_id}")
+        _send(
+            "rlm.batch.tick", (overnight_batch_id, token), countdown=countdown, argsrepr=f"batch={overnight_batch_id}"
+        )
         return True
     except Exception as exc:  # the reconciler re-arms a batch whose tick never left
-        log.warning("could not send the tick of batch %s (%s); the reconciler will re-arm it", batch_id, exc)
+        log.warning("could not send the tick of batch %s (%s); the reconciler will re-arm it", overnight_batch_id, exc)
         return False
 
 
@@ -152,7 +156,7 @@ class TickResult:
 
 def tick_overnight(
     conn: psycopg.Connection,
-    batch_id: str,
+    overnight_batch_id: str,
     token: str | None = None,
     *,
     settings: Settings | None = None,
@@ -164,24 +168,24 @@ def tick_overnight(
         epoch = broker_epoch()
     try:
         with conn.transaction():
-            result = _tick_locked(conn, batch_id, token, settings, epoch)
+            result = _tick_locked(conn, overnight_batch_id, token, settings, epoch)
     finally:
         commit(conn)
     return result
 
 
 def _tick_locked(
-    conn: psycopg.Connection, batch_id: str, token: str | None, settings: Settings, epoch: str | None
+    conn: psycopg.Connection, overnight_batch_id: str, token: str | None, settings: Settings, epoch: str | None
 ) -> TickResult:
-    b = store.lock_overnight(conn, batch_id=batch_id)
+    b = store.lock_overnight(conn, overnight_batch_id=overnight_batch_id)
     if b is None:
-        return TickResult("busy" if store.overnight_exists(conn, batch_id=batch_id) else "missing")
+        return TickResult("busy" if store.overnight_exists(conn, overnight_batch_id=overnight_batch_id) else "missing")
     if not b.open:
         return TickResult(b.status, llm_batch=b.llm_batch)
     owner = token is not None and token == b.tick_token
     if b.run_at is None:
         # stored before run_at was bounded (docs/contract.md#http-batches): it can never come, say so and close
-        _fail_batch(
+        _fail_overnight_batch(
             conn,
             b.id,
             "the batch's run_at is out of range and cannot be read; submit it again with a run_at at most a year ahead",
@@ -191,19 +195,19 @@ def _tick_locked(
     if b.run_at > now:
         wait = min((b.run_at - now).total_seconds(), MAX_WAIT_SECONDS)
         return _rearm(conn, b, owner, wait, TickResult("waiting", priority=b.priority))
-    store.mark_started(conn, batch_id=b.id)
+    store.mark_started(conn, overnight_batch_id=b.id)
     res = TickResult("running", priority=b.priority, llm_batch=b.llm_batch)
     _fold(conn, b, res)
     _recover(conn, b, settings, epoch, res)
     _launch_reads(conn, b, settings, res)
-    spent = store.tokens_spent(conn, batch_id=b.id)
+    spent = store.tokens_spent(conn, overnight_batch_id=b.id)
     within_budget = b.token_budget is None or spent < b.token_budget
     # cache hits cost nothing: they are served even once the budget is spent
     _schedule(conn, b, settings, epoch, res, submit=within_budget)
     if not within_budget:
         n = store.close_pending(
             conn,
-            batch_id=b.id,
+            overnight_batch_id=b.id,
             status="skipped",
             error={
                 "type": "token_budget",
@@ -215,39 +219,39 @@ def _tick_locked(
             res.actions.append(f"token budget {b.token_budget} spent ({spent}): {n} items skipped")
             log.info("batch %s: token budget %s spent (%d): %d items skipped", b.id, b.token_budget, spent, n)
     if (
-        store.count_status(conn, batch_id=b.id, status="pending") == 0
-        and store.count_status(conn, batch_id=b.id, status="running") == 0
+        store.count_status(conn, overnight_batch_id=b.id, status="pending") == 0
+        and store.count_status(conn, overnight_batch_id=b.id, status="running") == 0
     ):
-        store.finish_overnight(conn, batch_id=b.id)
+        store.finish_overnight(conn, overnight_batch_id=b.id)
         log.info("batch %s done", b.id)
         res.status = "done"
         return res
     return _rearm(conn, b, owner, settings.batch_tick_seconds, res)
 
 
-def _fail_batch(conn: psycopg.Connection, batch_id: str, message: str) -> None:
+def _fail_overnight_batch(conn: psycopg.Connection, overnight_batch_id: str, message: str) -> None:
     """Close a batch that cannot be advanced: open items fail with ``message``, their jobs are cancelled."""
     error = {"type": "batch_failed", "message": message}
-    for job_id in store.fail_open(conn, batch_id=batch_id, error=error):
+    for job_id in store.fail_open(conn, overnight_batch_id=overnight_batch_id, error=error):
         job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error=error)
-    log.error("batch %s closed, its open items failed: %s", batch_id, message)
+    log.error("batch %s closed, its open items failed: %s", overnight_batch_id, message)
 
 
 def _rearm(conn: psycopg.Connection, b: store.OvernightRow, owner: bool, wait: float, res: TickResult) -> TickResult:
     if owner:
         res.next_token, res.next_in = uuid.uuid4().hex, max(0.0, wait)
-        store.mark_ticked(conn, batch_id=b.id, next_in=res.next_in, token=res.next_token)
+        store.mark_ticked(conn, overnight_batch_id=b.id, next_in=res.next_in, token=res.next_token)
     else:
-        store.mark_ticked(conn, batch_id=b.id)
+        store.mark_ticked(conn, overnight_batch_id=b.id)
     return res
 
 
 def _fold(conn: psycopg.Connection, b: store.OvernightRow, res: TickResult) -> None:
-    for f in store.finished_jobs(conn, batch_id=b.id):
+    for f in store.finished_jobs(conn, overnight_batch_id=b.id):
         if f.job_status == JobStatus.done.value:
             store.finish_item(
                 conn,
-                batch_id=b.id,
+                overnight_batch_id=b.id,
                 item_no=f.item_no,
                 status="done",
                 result=f.result,
@@ -261,7 +265,7 @@ def _fold(conn: psycopg.Connection, b: store.OvernightRow, res: TickResult) -> N
             error = f.error or {"type": status, "message": f"the job ended {f.job_status}"}
             store.finish_item(
                 conn,
-                batch_id=b.id,
+                overnight_batch_id=b.id,
                 item_no=f.item_no,
                 status=status,
                 result=f.result,
@@ -274,7 +278,7 @@ def _recover(
     conn: psycopg.Connection, b: store.OvernightRow, settings: Settings, epoch: str | None, res: TickResult
 ) -> None:
     stall = stall_seconds(settings)
-    for f in store.in_flight(conn, batch_id=b.id):
+    for f in store.in_flight(conn, overnight_batch_id=b.id):
         if f.job_id is None or f.job_status is None:
             reason = "its job row is gone"
         elif epoch and f.broker_epoch and f.broker_epoch != epoch:
@@ -293,7 +297,7 @@ def _recover(
         if f.attempts + 1 >= MAX_ATTEMPTS:
             store.finish_item(
                 conn,
-                batch_id=b.id,
+                overnight_batch_id=b.id,
                 item_no=f.item_no,
                 status="failed",
                 result=None,
@@ -304,7 +308,7 @@ def _recover(
                 f"batch {b.id} item {f.item_no}: job {f.job_id} lost ({reason}); failed after {f.attempts + 1} attempts"
             )
         else:
-            store.requeue_item(conn, batch_id=b.id, item_no=f.item_no, tokens=f.tokens)
+            store.requeue_item(conn, overnight_batch_id=b.id, item_no=f.item_no, tokens=f.tokens)
             line = f"batch {b.id} item {f.item_no}: job {f.job_id} lost ({reason}); resubmitting"
         log.warning("reconcile: %s", line)
         res.actions.append(line)
@@ -313,10 +317,6 @@ def _recover(
 def _launch_reads(conn: psycopg.Connection, b: store.OvernightRow, settings: Settings, res: TickResult) -> None:
     """Launch the shared reads of every read group whose jobs have all searched (docs/contract.md#shared-reads);
     a group still waiting for one of its jobs keeps its parked jobs fresh, so no sweep takes them for stuck."""
-    from ..pipeline.flow import Stage, position
-    from ..pipeline.reads import launch_group
-    from ..store import reads as read_store
-
     groups: dict[str, list[read_store.ParkedJob]] = {}
     for p in read_store.parked_jobs(conn, overnight_id=b.id):
         groups.setdefault(p.group, []).append(p)
@@ -369,14 +369,14 @@ def _schedule(
     submit: bool,
 ) -> None:
     """Serve pending items from the cache; submit up to the free slots (when ``submit``)."""
-    from ..errors import BufferNotFound
-
-    slots = settings.batch_parallel - store.count_status(conn, batch_id=b.id, status="running") if submit else 0
+    slots = (
+        settings.batch_parallel - store.count_status(conn, overnight_batch_id=b.id, status="running") if submit else 0
+    )
     fp: str | None = None
     contents: dict[str, tuple[int, str]] = {}
     after = -1
     for _ in range(MAX_WINDOWS):
-        window = store.pending_items(conn, batch_id=b.id, after=after, limit=CACHE_WINDOW)
+        window = store.pending_items(conn, overnight_batch_id=b.id, after=after, limit=CACHE_WINDOW)
         if not window:
             return
         after = window[-1][0]
@@ -403,7 +403,7 @@ def _schedule(
             if key is None:
                 store.finish_item(
                     conn,
-                    batch_id=b.id,
+                    overnight_batch_id=b.id,
                     item_no=no,
                     status="failed",
                     result=None,
@@ -412,7 +412,7 @@ def _schedule(
             elif key in hits:
                 store.finish_item(
                     conn,
-                    batch_id=b.id,
+                    overnight_batch_id=b.id,
                     item_no=no,
                     status="done",
                     result=hits[key],
@@ -437,7 +437,9 @@ def _schedule(
                 job_store.create_job(
                     conn, job_id=job_id, tenant=b.tenant, query=q, buffers=[buf], options=b.options, spec=spec
                 )
-                store.mark_submitted(conn, batch_id=b.id, item_no=no, job_id=job_id, cache_key=key, broker_epoch=epoch)
+                store.mark_submitted(
+                    conn, overnight_batch_id=b.id, item_no=no, job_id=job_id, cache_key=key, broker_epoch=epoch
+                )
                 res.to_send.append((job_id, no))
             slots -= len(group)
         if slots <= 0 and not hits:
@@ -445,10 +447,10 @@ def _schedule(
 
 
 def run_tick(
-    conn: psycopg.Connection, batch_id: str, token: str | None = None, *, settings: Settings | None = None
+    conn: psycopg.Connection, overnight_batch_id: str, token: str | None = None, *, settings: Settings | None = None
 ) -> TickResult:
     """``tick_overnight`` and then what it decided: send the new jobs, re-arm the chain."""
-    res = tick_overnight(conn, batch_id, token, settings=settings)
+    res = tick_overnight(conn, overnight_batch_id, token, settings=settings)
     unsent: list[tuple[str, int]] = []
     for i, (job_id, item_no) in enumerate(res.to_send):
         try:
@@ -456,48 +458,48 @@ def run_tick(
                 "rlm.plan",
                 (job_id,),
                 priority=broker_priority(res.priority),
-                argsrepr=f"job={job_id} batch={batch_id} item={item_no}",
+                argsrepr=f"job={job_id} batch={overnight_batch_id} item={item_no}",
             )
         except Exception as exc:  # broker gone: give the items back, the next tick retries
             log.warning(
                 "batch %s: could not enqueue %d jobs (%s); they go back to pending",
-                batch_id,
+                overnight_batch_id,
                 len(res.to_send) - i,
                 exc,
             )
             unsent = res.to_send[i:]
             break
     if unsent:
-        _release(conn, batch_id, unsent)
+        _release(conn, overnight_batch_id, unsent)
     for launch in res.launches:
         try:
             send_launch(launch, priority=broker_priority(res.priority))
         except Exception as exc:  # the reads are stored: their jobs' watchdog or the reconciler salvages them
-            log.warning("batch %s: could not send its shared reads (%s)", batch_id, exc)
+            log.warning("batch %s: could not send its shared reads (%s)", overnight_batch_id, exc)
     if res.next_token is not None:
-        send_tick(batch_id, res.next_token, countdown=res.next_in)
+        send_tick(overnight_batch_id, res.next_token, countdown=res.next_in)
     if res.llm_batch and res.status == "running":
         # after the re-arm: a failure here must not break the tick chain; the next tick tries again
-        from . import llm_batch
 
-        res.actions += llm_batch.advance(batch_id, settings)
+        res.actions += llm_batch.advance(overnight_batch_id, settings)
     elif res.llm_batch and res.status == "cancelled":
         # a cancelled batch's provider batches would otherwise run (and bill) to the end: docs/contract.md#llm-batch-api
-        from . import llm_batch
 
-        cancelled = llm_batch.cancel_open(batch_id, settings)
+        cancelled = llm_batch.cancel_open(overnight_batch_id, settings)
         if cancelled is None:
             # an advance begun before the cancel still holds the batch (and may submit one more provider batch):
             # this closed batch has no tick chain left, so come back once it has let go
             wait = (settings or get_settings()).batch_tick_seconds
-            send_tick(batch_id, None, countdown=wait)
-            res.actions.append(f"batch {batch_id}: held by an advance; cancelling its provider batches in {wait} s")
+            send_tick(overnight_batch_id, None, countdown=wait)
+            res.actions.append(
+                f"batch {overnight_batch_id}: held by an advance; cancelling its provider batches in {wait} s"
+            )
         else:
             res.actions += cancelled
     return res
 
 
-def _release(conn: psycopg.Connection, batch_id: str, unsent: Sequence[tuple[str, int]]) -> None:
+def _release(conn: psycopg.Connection, overnight_batch_id: str, unsent: Sequence[tuple[str, int]]) -> None:
     with conn.transaction():
         for job_id, item_no in unsent:
             job_store.finish_job(
@@ -506,7 +508,7 @@ def _release(conn: psycopg.Connection, batch_id: str, unsent: Sequence[tuple[str
                 status=JobStatus.cancelled,
                 error={"type": "lost", "message": "could not be enqueued (broker unavailable)"},
             )
-            store.release_item(conn, batch_id=batch_id, item_no=item_no, job_id=job_id)
+            store.release_item(conn, overnight_batch_id=overnight_batch_id, item_no=item_no, job_id=job_id)
     commit(conn)
 
 
@@ -519,9 +521,9 @@ def reconcile_overnight(conn: psycopg.Connection, *, settings: Settings) -> list
         claimed = store.claim_stale(conn, grace_seconds=reconcile_grace(settings))
     commit(conn)
     actions = []
-    for batch_id, token in claimed:
-        sent = send_tick(batch_id, token)
-        line = f"batch {batch_id}: tick overdue by more than {reconcile_grace(settings):.0f}s; " + (
+    for overnight_batch_id, token in claimed:
+        sent = send_tick(overnight_batch_id, token)
+        line = f"batch {overnight_batch_id}: tick overdue by more than {reconcile_grace(settings):.0f}s; " + (
             "re-armed" if sent else "re-arm failed (broker unavailable), will retry"
         )
         log.warning("reconcile: %s", line)
@@ -529,34 +531,32 @@ def reconcile_overnight(conn: psycopg.Connection, *, settings: Settings) -> list
     return actions
 
 
-def advance(batch_id: str, token: str | None = None) -> str:
+def advance(overnight_batch_id: str, token: str | None = None) -> str:
     """What the ``rlm.batch.tick`` task does: one tick on a pooled connection; returns its status.
 
     A database outage is raised (``DurableTask`` retries it).  Any other failure is logged and counted on the
     batch and the tick ends: the reconciler re-arms the chain, and after ``MAX_TICK_FAILURES`` failures in a
     row the batch is closed with its open items failed, so one broken batch cannot fail forever.
     """
-    from ..store.db import DB_OUTAGE, connection
-
     with connection() as conn:
         try:
-            return run_tick(conn, batch_id, token).status
+            return run_tick(conn, overnight_batch_id, token).status
         except DB_OUTAGE:
             raise
         except Exception as exc:
-            log.error("batch %s: tick failed: %s", batch_id, exc, exc_info=True)
+            log.error("batch %s: tick failed: %s", overnight_batch_id, exc, exc_info=True)
             conn.rollback()
-            return record_tick_failure(conn, batch_id, exc)
+            return record_tick_failure(conn, overnight_batch_id, exc)
 
 
-def record_tick_failure(conn: psycopg.Connection, batch_id: str, exc: BaseException) -> str:
+def record_tick_failure(conn: psycopg.Connection, overnight_batch_id: str, exc: BaseException) -> str:
     """Count a failed tick; the ``MAX_TICK_FAILURES``-th in a row closes the batch.  Returns the tick's status."""
     with conn.transaction():
-        n = store.count_tick_failure(conn, batch_id=batch_id)
+        n = store.count_tick_failure(conn, overnight_batch_id=overnight_batch_id)
         if n >= MAX_TICK_FAILURES:
-            _fail_batch(
+            _fail_overnight_batch(
                 conn,
-                batch_id,
+                overnight_batch_id,
                 f"the batch could not be advanced: its tick failed {n} times in a row "
                 f"(last: {type(exc).__name__}); see the worker log",
             )
@@ -566,7 +566,5 @@ def record_tick_failure(conn: psycopg.Connection, batch_id: str, exc: BaseExcept
 
 def sweep() -> int:
     """What the ``rlm.batch.reconcile`` task does (for celery beat users); returns how many chains restarted."""
-    from ..store.db import connection
-
     with connection() as conn:
         return len(reconcile_overnight(conn, settings=get_settings()))

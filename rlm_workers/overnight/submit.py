@@ -21,11 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Settings, get_settings
 from ..errors import IdempotencyKeyReused, InvalidInput
+from ..limits import MAX_RUN_AT_AHEAD_DAYS, MAX_RUN_AT_BEHIND_DAYS
 from ..models import JobStatus
+from ..search.service import validate_query
 from ..store import jobs as job_store
 from ..store import overnight as store
+from ..store.buffers import list_buffers, require_buffers, validate_buffer_name
 from ..store.db import commit
 from ..store.reads import read_tokens
+from ..submit import validate_options
 from .scheduler import PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, send_tick
 
 if TYPE_CHECKING:
@@ -42,8 +46,6 @@ def parse_queries(text: str) -> list[str]:
 
     Duplicates are dropped (first occurrence kept): an identical item would only be computed twice.
     """
-    from ..search.service import validate_query
-
     out: list[str] = []
     for n, line in enumerate(text.splitlines(), 1):
         s = line.strip()
@@ -72,8 +74,6 @@ def check_run_at(run_at: datetime, *, now: datetime | None = None, name: str = "
     Unbounded, ``9999-12-31T23:59:59-23:59`` is year 10000 in UTC: PostgreSQL stores it but it cannot be read
     back into Python, which broke every read of the tenant's batches.
     """
-    from ..limits import MAX_RUN_AT_AHEAD_DAYS, MAX_RUN_AT_BEHIND_DAYS
-
     if run_at.tzinfo is None or run_at.utcoffset() is None:
         raise InvalidInput(f"{name} needs a time zone offset, e.g. 2026-11-24T02:00:00Z")
     now = now or datetime.now(UTC)
@@ -89,8 +89,6 @@ def check_run_at(run_at: datetime, *, now: datetime | None = None, name: str = "
 
 
 def resolve_buffers(conn: psycopg.Connection, *, tenant: str, names: Sequence[str], glob: str | None) -> list[str]:
-    from ..store.buffers import list_buffers, require_buffers, validate_buffer_name
-
     out = [validate_buffer_name(n) for n in names]
     if glob:
         matched = [b.name for b in list_buffers(conn, tenant=tenant) if fnmatch.fnmatchcase(b.name, glob)]
@@ -122,7 +120,7 @@ def _numbered(check: Any, n: int, query: str) -> str:
 class Stored:
     """A batch ``store_overnight`` wrote (or found under its idempotency key), not yet started."""
 
-    batch_id: str
+    overnight_batch_id: str
     #: written now (False: an earlier submission with the same idempotency key)
     created: bool
     #: the first tick's token (``scheduler.py``)
@@ -138,13 +136,13 @@ def submit_overnight(conn: psycopg.Connection, **request: Any) -> tuple[str, boo
     stored = store_overnight(conn, **request)
     commit(conn)
     start_overnight(stored)
-    return stored.batch_id, stored.created
+    return stored.overnight_batch_id, stored.created
 
 
 def start_overnight(stored: Stored) -> None:
     """Send a committed batch's first tick (none for a batch found under its idempotency key: it has one)."""
     if stored.created:
-        send_tick(stored.batch_id, stored.tick_token)
+        send_tick(stored.overnight_batch_id, stored.tick_token)
 
 
 def store_overnight(
@@ -166,9 +164,6 @@ def store_overnight(
     The caller commits, then calls ``start_overnight``: the CLI does so itself, so that Ctrl-C before its
     commit keeps nothing and one after it can name the batch (``submit_overnight`` does all three).
     """
-    from ..search.service import validate_query
-    from ..submit import validate_options
-
     clean_queries = list(dict.fromkeys(_numbered(validate_query, n, q) for n, q in enumerate(queries, 1)))
     if not clean_queries:
         raise InvalidInput("give at least one query")
@@ -211,9 +206,9 @@ def store_overnight(
         request["llm_batch"] = True
     fingerprint = hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
     token = uuid.uuid4().hex
-    batch_id, created, first = store.create_overnight(
+    overnight_batch_id, created, first = store.create_overnight(
         conn,
-        batch_id=uuid.uuid4().hex,
+        overnight_batch_id=uuid.uuid4().hex,
         tenant=tenant,
         queries=clean_queries,
         buffers=names,
@@ -228,13 +223,13 @@ def store_overnight(
     )
     if not created and first is not None and first != fingerprint:  # None: a batch made before fingerprints
         raise IdempotencyKeyReused(
-            f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {batch_id}); "
+            f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {overnight_batch_id}); "
             "use a new key for a new request"
         )
     if created:
         log.info(
             "batch %s: %d queries × %d buffers = %d items, run_at=%s, priority=%d, budget=%s",
-            batch_id,
+            overnight_batch_id,
             len(clean_queries),
             len(names),
             n_items,
@@ -242,28 +237,28 @@ def store_overnight(
             priority,
             token_budget,
         )
-    return Stored(batch_id=batch_id, created=created, tick_token=token)
+    return Stored(overnight_batch_id=overnight_batch_id, created=created, tick_token=token)
 
 
-def cancel_overnight(conn: psycopg.Connection, *, tenant: str, batch_id: str) -> store.OvernightRow | None:
+def cancel_overnight(conn: psycopg.Connection, *, tenant: str, overnight_batch_id: str) -> store.OvernightRow | None:
     """Close the batch: pending and running items are cancelled, their jobs too.  None if unknown."""
     with conn.transaction():
-        status = store.lock_for_cancel(conn, batch_id=batch_id, tenant=tenant)
+        status = store.lock_for_cancel(conn, overnight_batch_id=overnight_batch_id, tenant=tenant)
         if status is None:
             return None
         if status in store.OPEN:
-            for job_id in store.mark_cancelled(conn, batch_id=batch_id):
+            for job_id in store.mark_cancelled(conn, overnight_batch_id=overnight_batch_id):
                 job_store.finish_job(
                     conn,
                     job_id=job_id,
                     status=JobStatus.cancelled,
-                    error={"type": "cancelled", "message": f"batch {batch_id} was cancelled"},
+                    error={"type": "cancelled", "message": f"batch {overnight_batch_id} was cancelled"},
                 )
-            log.info("batch %s cancelled", batch_id)
+            log.info("batch %s cancelled", overnight_batch_id)
     commit(conn)
-    row = store.get_overnight(conn, batch_id=batch_id, tenant=tenant)
+    row = store.get_overnight(conn, overnight_batch_id=overnight_batch_id, tenant=tenant)
     if row is not None and row.llm_batch and status in store.OPEN:
-        send_tick(batch_id, None)  # its provider batches are cancelled by the tick (llm_batch.cancel_open)
+        send_tick(overnight_batch_id, None)  # its provider batches are cancelled by the tick (llm_batch.cancel_open)
     return row
 
 
@@ -271,50 +266,54 @@ def _iso(ts: datetime | None) -> str | None:
     return ts.isoformat() if ts is not None else None
 
 
-def status_of(conn: psycopg.Connection, batch: store.OvernightRow, settings: Settings | None = None) -> dict[str, Any]:
+def status_of(
+    conn: psycopg.Connection, overnight_batch: store.OvernightRow, settings: Settings | None = None
+) -> dict[str, Any]:
     """Progress as the API and ``rlm batch status`` show it."""
     settings = settings or get_settings()
-    if batch.run_at is None:
-        log.warning("batch %s: its stored run_at is out of range and cannot be read; shown without one", batch.id)
-    p = store.progress(conn, batch_id=batch.id)
-    billed, unshared, cached = read_tokens(conn, overnight_id=batch.id)
+    if overnight_batch.run_at is None:
+        log.warning(
+            "batch %s: its stored run_at is out of range and cannot be read; shown without one", overnight_batch.id
+        )
+    p = store.progress(conn, overnight_batch_id=overnight_batch.id)
+    billed, unshared, cached = read_tokens(conn, overnight_id=overnight_batch.id)
     remaining = p.counts["pending"] + p.counts["running"]
     eta: float | None = None
     if remaining == 0:
         eta = 0.0
-    elif batch.open and p.mean_item_seconds is not None and batch.run_at is not None:
-        wait = max(0.0, (batch.run_at - store.db_now(conn)).total_seconds())
+    elif overnight_batch.open and p.mean_item_seconds is not None and overnight_batch.run_at is not None:
+        wait = max(0.0, (overnight_batch.run_at - store.db_now(conn)).total_seconds())
         rounds = math.ceil(remaining / max(1, settings.batch_parallel))
         eta = round(wait + rounds * p.mean_item_seconds, 1)
     return {
-        "batch_id": batch.id,
-        "status": batch.status,
+        "batch_id": overnight_batch.id,
+        "status": overnight_batch.status,
         "total": p.total,
         "counts": p.counts,
         "from_cache": p.from_cache,
-        "tokens_spent": store.tokens_spent(conn, batch_id=batch.id),
+        "tokens_spent": store.tokens_spent(conn, overnight_batch_id=overnight_batch.id),
         # shared reads (docs/contract.md#shared-reads): what the analysts read, and would have read one by one
         "analyst_tokens_in": billed,
         "analyst_tokens_in_unshared": unshared,
         "analyst_cached_tokens": cached,
-        "token_budget": batch.token_budget,
-        "priority": batch.priority,
-        "options": batch.options,
-        "llm_batch": batch.llm_batch,
-        "run_at": _iso(batch.run_at),
-        "created_at": _iso(batch.created_at),
-        "started_at": _iso(batch.started_at),
-        "finished_at": _iso(batch.finished_at),
-        "last_tick_at": _iso(batch.last_tick_at),
+        "token_budget": overnight_batch.token_budget,
+        "priority": overnight_batch.priority,
+        "options": overnight_batch.options,
+        "llm_batch": overnight_batch.llm_batch,
+        "run_at": _iso(overnight_batch.run_at),
+        "created_at": _iso(overnight_batch.created_at),
+        "started_at": _iso(overnight_batch.started_at),
+        "finished_at": _iso(overnight_batch.finished_at),
+        "last_tick_at": _iso(overnight_batch.last_tick_at),
         "eta_seconds": eta,
     }
 
 
-def result_line(batch_id: str, item: store.ItemRow) -> dict[str, Any]:
+def result_line(overnight_batch_id: str, item: store.ItemRow) -> dict[str, Any]:
     """One JSONL line: the keys of docs/contract.md#batch-results (batch_id, query, buffer, status, result)
     plus item bookkeeping."""
     return {
-        "batch_id": batch_id,
+        "batch_id": overnight_batch_id,
         "query": item.query,
         "buffer": item.buffer,
         "status": item.status,
@@ -340,12 +339,12 @@ CSV_COLUMNS = (
 )
 
 
-def iter_jsonl(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
-    for item in store.iter_items(conn, batch_id=batch_id):
-        yield json.dumps(result_line(batch_id, item), ensure_ascii=False, default=str) + "\n"
+def iter_jsonl(conn: psycopg.Connection, overnight_batch_id: str) -> Iterable[str]:
+    for item in store.iter_items(conn, overnight_batch_id=overnight_batch_id):
+        yield json.dumps(result_line(overnight_batch_id, item), ensure_ascii=False, default=str) + "\n"
 
 
-def iter_csv(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
+def iter_csv(conn: psycopg.Connection, overnight_batch_id: str) -> Iterable[str]:
     buf = io.StringIO()
     writer = csv.writer(buf)
 
@@ -357,7 +356,7 @@ def iter_csv(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
 
     writer.writerow(CSV_COLUMNS)
     yield flush()
-    for item in store.iter_items(conn, batch_id=batch_id):
+    for item in store.iter_items(conn, overnight_batch_id=overnight_batch_id):
         result = item.result or {}
         sources = "; ".join(
             f"{s.get('buffer')}:{s.get('path')}:{s.get('start_line')}-{s.get('end_line')}"
@@ -366,7 +365,7 @@ def iter_csv(conn: psycopg.Connection, batch_id: str) -> Iterable[str]:
         error = (item.error or {}).get("message", "") if item.error else ""
         writer.writerow(
             (
-                batch_id,
+                overnight_batch_id,
                 item.item_no,
                 item.query,
                 item.buffer,

@@ -123,7 +123,7 @@ def jobs_in_flight(conn: psycopg.Connection, *, tenant: str) -> int:
     """The tenant's queued or running jobs submitted directly (a batch's items are paced by the batch)."""
     return conn.execute(
         """SELECT count(*) FROM jobs j WHERE j.status IN ('queued', 'running') AND j.tenant = %s
-           AND j.parent_id IS NULL AND NOT EXISTS (SELECT 1 FROM batch_items i WHERE i.job_id = j.id)""",
+           AND j.parent_id IS NULL AND NOT EXISTS (SELECT 1 FROM overnight_batch_items i WHERE i.job_id = j.id)""",
         (tenant,),
     ).fetchone()[0]
 

@@ -474,6 +474,25 @@ M017_LLM_CALL_PARSE_OK = """
 ALTER TABLE llm_calls ADD COLUMN parse_ok boolean;
 """
 
+# "batch" meant four things (docs/architecture.md#glossary); the overnight one's tables say so.  The rows, their
+# keys and the foreign keys onto them (provider_batches, reads) are kept: a rename touches no data.  The tables had
+# no sequence (their keys are text ids), so only indexes and constraints are renamed with them.
+M018_OVERNIGHT_BATCH_NAMES = """
+ALTER TABLE batches RENAME TO overnight_batches;
+ALTER INDEX batches_pkey RENAME TO overnight_batches_pkey;
+ALTER INDEX batches_tenant_created RENAME TO overnight_batches_tenant_created;
+ALTER INDEX batches_open RENAME TO overnight_batches_open;
+ALTER INDEX batches_idempotency RENAME TO overnight_batches_idempotency;
+ALTER TABLE batch_items RENAME TO overnight_batch_items;
+ALTER TABLE overnight_batch_items RENAME COLUMN batch_id TO overnight_batch_id;
+ALTER INDEX batch_items_pkey RENAME TO overnight_batch_items_pkey;
+ALTER INDEX batch_items_open RENAME TO overnight_batch_items_open;
+ALTER INDEX batch_items_job RENAME TO overnight_batch_items_job;
+ALTER TABLE overnight_batch_items
+    RENAME CONSTRAINT batch_items_batch_id_fkey TO overnight_batch_items_overnight_batch_id_fkey;
+ALTER TABLE overnight_batch_items RENAME CONSTRAINT batch_items_job_id_fkey TO overnight_batch_items_job_id_fkey;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -492,6 +511,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m015_overnight_reads", M015_OVERNIGHT_READS),
     ("m016_ingest_groups", M016_INGEST_GROUPS),
     ("m017_llm_call_parse_ok", M017_LLM_CALL_PARSE_OK),
+    ("m018_overnight_batch_names", M018_OVERNIGHT_BATCH_NAMES),
 ]
 
 

@@ -1,5 +1,5 @@
-"""SQL for overnight batches (tables ``batches``, ``batch_items``): the batch row, its (query, buffer)
-items and the result cache.
+"""SQL for overnight batches (tables ``overnight_batches``, ``overnight_batch_items``): the batch row, its
+(query, buffer) items and the result cache.
 
 An overnight batch lives entirely in PostgreSQL: Redis only carries the tick
 that advances it and the jobs of the items in flight, so a restarted API,
@@ -95,7 +95,7 @@ _ITEM_COLS = (
 def create_overnight(
     conn: psycopg.Connection,
     *,
-    batch_id: str,
+    overnight_batch_id: str,
     tenant: str,
     queries: Sequence[str],
     buffers: Sequence[str],
@@ -116,13 +116,13 @@ def create_overnight(
     """
     with conn.transaction():
         row = conn.execute(
-            """INSERT INTO batches (id, tenant, options, run_at, priority, token_budget, idempotency_key,
+            """INSERT INTO overnight_batches (id, tenant, options, run_at, priority, token_budget, idempotency_key,
                                     request_fingerprint, tick_token, next_tick_at, llm_batch)
                VALUES (%s, %s, %s, coalesce(%s, now()), %s, %s, %s, %s, %s, now(), %s)
                ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
                RETURNING id""",
             (
-                batch_id,
+                overnight_batch_id,
                 tenant,
                 Jsonb(options),
                 run_at,
@@ -136,36 +136,38 @@ def create_overnight(
         ).fetchone()
         if row is None:
             existing = conn.execute(
-                "SELECT id, request_fingerprint FROM batches WHERE tenant = %s AND idempotency_key = %s",
+                "SELECT id, request_fingerprint FROM overnight_batches WHERE tenant = %s AND idempotency_key = %s",
                 (tenant, idempotency_key),
             ).fetchone()
             return existing[0], False, existing[1]
         with (
             conn.cursor() as cur,
-            cur.copy("COPY batch_items (batch_id, item_no, query, buffer) FROM STDIN") as cp,
+            cur.copy("COPY overnight_batch_items (overnight_batch_id, item_no, query, buffer) FROM STDIN") as cp,
         ):
             n = 0
             for q in queries:
                 for b in buffers:
-                    cp.write_row((batch_id, n, q, b))
+                    cp.write_row((overnight_batch_id, n, q, b))
                     n += 1
-    return batch_id, True, request_fingerprint
+    return overnight_batch_id, True, request_fingerprint
 
 
-def get_overnight(conn: psycopg.Connection, *, batch_id: str, tenant: str | None = None) -> OvernightRow | None:
-    sql = f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE id = %s"
-    args: tuple = (batch_id,)
+def get_overnight(
+    conn: psycopg.Connection, *, overnight_batch_id: str, tenant: str | None = None
+) -> OvernightRow | None:
+    sql = f"SELECT {_OVERNIGHT_COLS} FROM overnight_batches WHERE id = %s"
+    args: tuple = (overnight_batch_id,)
     if tenant is not None:
         sql += " AND tenant = %s"
-        args = (batch_id, tenant)
+        args = (overnight_batch_id, tenant)
     row = conn.execute(sql, args).fetchone()
     return OvernightRow(*row) if row else None
 
 
-def batch_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, limit: int = 4) -> list[str]:
+def overnight_batch_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, limit: int = 4) -> list[str]:
     """Ids of the tenant's batches that start with ``prefix`` (an id given short), at most ``limit``."""
     rows = conn.execute(
-        "SELECT id FROM batches WHERE tenant = %s AND starts_with(id, %s) ORDER BY id LIMIT %s",
+        "SELECT id FROM overnight_batches WHERE tenant = %s AND starts_with(id, %s) ORDER BY id LIMIT %s",
         (tenant, prefix, limit),
     ).fetchall()
     return [r[0] for r in rows]
@@ -173,7 +175,7 @@ def batch_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, li
 
 def list_overnight(conn: psycopg.Connection, *, tenant: str, limit: int = 50) -> list[OvernightRow]:
     rows = conn.execute(
-        f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
+        f"SELECT {_OVERNIGHT_COLS} FROM overnight_batches WHERE tenant = %s ORDER BY created_at DESC LIMIT %s",
         (tenant, limit),
     ).fetchall()
     return [OvernightRow(*r) for r in rows]
@@ -189,18 +191,19 @@ class Progress:
     mean_item_seconds: float | None
 
 
-def progress(conn: psycopg.Connection, *, batch_id: str) -> Progress:
+def progress(conn: psycopg.Connection, *, overnight_batch_id: str) -> Progress:
     counts = dict.fromkeys(ITEM_STATES, 0)
     for status, n in conn.execute(
-        "SELECT status, count(*) FROM batch_items WHERE batch_id = %s GROUP BY status", (batch_id,)
+        "SELECT status, count(*) FROM overnight_batch_items WHERE overnight_batch_id = %s GROUP BY status",
+        (overnight_batch_id,),
     ):
         counts[status] = int(n)
     row = conn.execute(
         """SELECT coalesce(sum(tokens), 0), count(*) FILTER (WHERE from_cache),
                   avg(extract(epoch FROM finished_at - submitted_at))
                       FILTER (WHERE NOT from_cache AND status IN ('done', 'failed') AND submitted_at IS NOT NULL)
-           FROM batch_items WHERE batch_id = %s""",
-        (batch_id,),
+           FROM overnight_batch_items WHERE overnight_batch_id = %s""",
+        (overnight_batch_id,),
     ).fetchone()
     return Progress(
         counts=counts,
@@ -211,13 +214,14 @@ def progress(conn: psycopg.Connection, *, batch_id: str) -> Progress:
     )
 
 
-def iter_items(conn: psycopg.Connection, *, batch_id: str, page: int = 500) -> Iterator[ItemRow]:
+def iter_items(conn: psycopg.Connection, *, overnight_batch_id: str, page: int = 500) -> Iterator[ItemRow]:
     """Every item in order, read in pages (keyset on item_no) so a big batch never sits in memory."""
     after = -1
     while True:
         rows = conn.execute(
-            f"SELECT {_ITEM_COLS} FROM batch_items WHERE batch_id = %s AND item_no > %s ORDER BY item_no LIMIT %s",
-            (batch_id, after, page),
+            f"""SELECT {_ITEM_COLS} FROM overnight_batch_items
+                WHERE overnight_batch_id = %s AND item_no > %s ORDER BY item_no LIMIT %s""",
+            (overnight_batch_id, after, page),
         ).fetchall()
         if not rows:
             return
@@ -226,80 +230,82 @@ def iter_items(conn: psycopg.Connection, *, batch_id: str, page: int = 500) -> I
         after = rows[-1][0]
 
 
-def items(conn: psycopg.Connection, *, batch_id: str) -> list[ItemRow]:
-    return list(iter_items(conn, batch_id=batch_id))
+def items(conn: psycopg.Connection, *, overnight_batch_id: str) -> list[ItemRow]:
+    return list(iter_items(conn, overnight_batch_id=overnight_batch_id))
 
 
 # --------------------------------------------------------------------------- the tick (inside one transaction)
 
 
-def lock_overnight(conn: psycopg.Connection, *, batch_id: str) -> OvernightRow | None:
+def lock_overnight(conn: psycopg.Connection, *, overnight_batch_id: str) -> OvernightRow | None:
     """The batch row locked for this transaction; None if missing or another tick holds it (SKIP LOCKED)."""
     row = conn.execute(
-        f"SELECT {_OVERNIGHT_COLS} FROM batches WHERE id = %s FOR UPDATE SKIP LOCKED", (batch_id,)
+        f"SELECT {_OVERNIGHT_COLS} FROM overnight_batches WHERE id = %s FOR UPDATE SKIP LOCKED", (overnight_batch_id,)
     ).fetchone()
     return OvernightRow(*row) if row else None
 
 
-def overnight_exists(conn: psycopg.Connection, *, batch_id: str) -> bool:
-    return conn.execute("SELECT 1 FROM batches WHERE id = %s", (batch_id,)).fetchone() is not None
+def overnight_exists(conn: psycopg.Connection, *, overnight_batch_id: str) -> bool:
+    return conn.execute("SELECT 1 FROM overnight_batches WHERE id = %s", (overnight_batch_id,)).fetchone() is not None
 
 
 def db_now(conn: psycopg.Connection) -> datetime:
     return conn.execute("SELECT now()").fetchone()[0]
 
 
-def mark_started(conn: psycopg.Connection, *, batch_id: str) -> None:
+def mark_started(conn: psycopg.Connection, *, overnight_batch_id: str) -> None:
     conn.execute(
-        """UPDATE batches SET status = 'running', started_at = coalesce(started_at, now())
+        """UPDATE overnight_batches SET status = 'running', started_at = coalesce(started_at, now())
                     WHERE id = %s AND status = 'scheduled'""",
-        (batch_id,),
+        (overnight_batch_id,),
     )
 
 
 def mark_ticked(
-    conn: psycopg.Connection, *, batch_id: str, next_in: float | None = None, token: str | None = None
+    conn: psycopg.Connection, *, overnight_batch_id: str, next_in: float | None = None, token: str | None = None
 ) -> None:
     """Record this tick (a tick that got this far did not fail); with ``token`` also hand the chain to the
     tick about to be sent."""
     if token is None:
-        conn.execute("UPDATE batches SET last_tick_at = now(), tick_failures = 0 WHERE id = %s", (batch_id,))
+        conn.execute(
+            "UPDATE overnight_batches SET last_tick_at = now(), tick_failures = 0 WHERE id = %s", (overnight_batch_id,)
+        )
     else:
         conn.execute(
-            """UPDATE batches SET last_tick_at = now(), tick_failures = 0, tick_token = %s,
+            """UPDATE overnight_batches SET last_tick_at = now(), tick_failures = 0, tick_token = %s,
                    next_tick_at = now() + make_interval(secs => %s) WHERE id = %s""",
-            (token, float(next_in or 0), batch_id),
+            (token, float(next_in or 0), overnight_batch_id),
         )
 
 
-def count_tick_failure(conn: psycopg.Connection, *, batch_id: str) -> int:
+def count_tick_failure(conn: psycopg.Connection, *, overnight_batch_id: str) -> int:
     """One more tick failed in a row; returns how many (0 if the batch is gone or closed)."""
     row = conn.execute(
-        """UPDATE batches SET tick_failures = tick_failures + 1
+        """UPDATE overnight_batches SET tick_failures = tick_failures + 1
            WHERE id = %s AND status IN ('scheduled', 'running') RETURNING tick_failures""",
-        (batch_id,),
+        (overnight_batch_id,),
     ).fetchone()
     return int(row[0]) if row else 0
 
 
-def fail_open(conn: psycopg.Connection, *, batch_id: str, error: dict[str, Any]) -> list[str]:
+def fail_open(conn: psycopg.Connection, *, overnight_batch_id: str, error: dict[str, Any]) -> list[str]:
     """Inside a transaction: close a batch that cannot be advanced; its pending and running items fail with
     ``error``.  Returns the job ids that were in flight (the caller cancels the jobs)."""
-    jobs = [j for _, j in running_job_ids(conn, batch_id=batch_id) if j]
+    jobs = [j for _, j in running_job_ids(conn, overnight_batch_id=overnight_batch_id) if j]
     conn.execute(
-        """UPDATE batch_items SET status = 'failed', error = %s, finished_at = now()
-           WHERE batch_id = %s AND status IN ('pending', 'running')""",
-        (Jsonb(error), batch_id),
+        """UPDATE overnight_batch_items SET status = 'failed', error = %s, finished_at = now()
+           WHERE overnight_batch_id = %s AND status IN ('pending', 'running')""",
+        (Jsonb(error), overnight_batch_id),
     )
-    finish_overnight(conn, batch_id=batch_id)
+    finish_overnight(conn, overnight_batch_id=overnight_batch_id)
     return jobs
 
 
-def finish_overnight(conn: psycopg.Connection, *, batch_id: str, status: str = "done") -> None:
+def finish_overnight(conn: psycopg.Connection, *, overnight_batch_id: str, status: str = "done") -> None:
     conn.execute(
-        """UPDATE batches SET status = %s, finished_at = now(), last_tick_at = now(), tick_token = NULL,
+        """UPDATE overnight_batches SET status = %s, finished_at = now(), last_tick_at = now(), tick_token = NULL,
                         next_tick_at = NULL WHERE id = %s AND status IN ('scheduled', 'running')""",
-        (status, batch_id),
+        (status, overnight_batch_id),
     )
 
 
@@ -315,16 +321,16 @@ class FinishedJob:
     buffer: str
 
 
-def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJob]:
+def finished_jobs(conn: psycopg.Connection, *, overnight_batch_id: str) -> list[FinishedJob]:
     """Running items whose job has ended, with the job's exact token bill (every logged call)."""
     rows = conn.execute(
         """SELECT i.item_no, i.job_id, j.status, j.result, j.error,
                   coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0),
                   i.cache_key, i.buffer
-           FROM batch_items i JOIN jobs j ON j.id = i.job_id
-           WHERE i.batch_id = %s AND i.status = 'running' AND j.status IN ('done', 'failed', 'cancelled')
+           FROM overnight_batch_items i JOIN jobs j ON j.id = i.job_id
+           WHERE i.overnight_batch_id = %s AND i.status = 'running' AND j.status IN ('done', 'failed', 'cancelled')
            ORDER BY i.item_no""",
-        (batch_id,),
+        (overnight_batch_id,),
     ).fetchall()
     return [FinishedJob(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6], r[7]) for r in rows]
 
@@ -332,7 +338,7 @@ def finished_jobs(conn: psycopg.Connection, *, batch_id: str) -> list[FinishedJo
 def finish_item(
     conn: psycopg.Connection,
     *,
-    batch_id: str,
+    overnight_batch_id: str,
     item_no: int,
     status: str,
     result: dict[str, Any] | None,
@@ -342,9 +348,9 @@ def finish_item(
     cache_key: str | None = None,
 ) -> None:
     conn.execute(
-        """UPDATE batch_items SET status = %s, result = %s, error = %s, tokens = tokens + %s, from_cache = %s,
+        """UPDATE overnight_batch_items SET status = %s, result = %s, error = %s, tokens = tokens + %s, from_cache = %s,
                cache_key = coalesce(%s, cache_key), finished_at = now()
-           WHERE batch_id = %s AND item_no = %s""",
+           WHERE overnight_batch_id = %s AND item_no = %s""",
         (
             status,
             Jsonb(result) if result is not None else None,
@@ -352,7 +358,7 @@ def finish_item(
             tokens,
             from_cache,
             cache_key,
-            batch_id,
+            overnight_batch_id,
             item_no,
         ),
     )
@@ -370,7 +376,7 @@ class InFlight:
     tokens: int
 
 
-def in_flight(conn: psycopg.Connection, *, batch_id: str) -> list[InFlight]:
+def in_flight(conn: psycopg.Connection, *, overnight_batch_id: str) -> list[InFlight]:
     """Running items whose job has not ended (or vanished), with how long the job has been idle (``stage_at``
     counts: a job whose reads wait in an OpenAI batch is touched by overnight/llm_batch.py)."""
     rows = conn.execute(
@@ -380,64 +386,66 @@ def in_flight(conn: psycopg.Connection, *, batch_id: str) -> list[InFlight]:
                       (SELECT max(greatest(b.started_at, b.finished_at)) FROM job_batches b WHERE b.job_id = j.id),
                       (SELECT max(c.created_at) FROM llm_calls c WHERE c.job_id = j.id))),
                   coalesce((SELECT sum(c.tokens_in + c.tokens_out) FROM llm_calls c WHERE c.job_id = j.id), 0)
-           FROM batch_items i LEFT JOIN jobs j ON j.id = i.job_id
-           WHERE i.batch_id = %s AND i.status = 'running'
+           FROM overnight_batch_items i LEFT JOIN jobs j ON j.id = i.job_id
+           WHERE i.overnight_batch_id = %s AND i.status = 'running'
              AND (j.id IS NULL OR j.status IN ('queued', 'running'))
            ORDER BY i.item_no""",
-        (batch_id,),
+        (overnight_batch_id,),
     ).fetchall()
     return [
         InFlight(r[0], r[1], r[2], r[3], int(r[4]), float(r[5]) if r[5] is not None else None, int(r[6])) for r in rows
     ]
 
 
-def requeue_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, tokens: int) -> None:
+def requeue_item(conn: psycopg.Connection, *, overnight_batch_id: str, item_no: int, tokens: int) -> None:
     """A lost item goes back to pending; the abandoned job's tokens stay on its bill."""
     conn.execute(
-        """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL,
-               attempts = attempts + 1, tokens = tokens + %s WHERE batch_id = %s AND item_no = %s""",
-        (tokens, batch_id, item_no),
+        """UPDATE overnight_batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL,
+               attempts = attempts + 1, tokens = tokens + %s WHERE overnight_batch_id = %s AND item_no = %s""",
+        (tokens, overnight_batch_id, item_no),
     )
 
 
-def release_item(conn: psycopg.Connection, *, batch_id: str, item_no: int, job_id: str) -> None:
+def release_item(conn: psycopg.Connection, *, overnight_batch_id: str, item_no: int, job_id: str) -> None:
     """An item whose job never reached the broker goes back to pending (no attempt counted)."""
     conn.execute(
-        """UPDATE batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL
-           WHERE batch_id = %s AND item_no = %s AND job_id = %s""",
-        (batch_id, item_no, job_id),
+        """UPDATE overnight_batch_items SET status = 'pending', job_id = NULL, broker_epoch = NULL, submitted_at = NULL
+           WHERE overnight_batch_id = %s AND item_no = %s AND job_id = %s""",
+        (overnight_batch_id, item_no, job_id),
     )
 
 
 def pending_items(
-    conn: psycopg.Connection, *, batch_id: str, after: int = -1, limit: int = 500
+    conn: psycopg.Connection, *, overnight_batch_id: str, after: int = -1, limit: int = 500
 ) -> list[tuple[int, str, str]]:
     return [
         (r[0], r[1], r[2])
         for r in conn.execute(
-            """SELECT item_no, query, buffer FROM batch_items
-               WHERE batch_id = %s AND status = 'pending' AND item_no > %s
+            """SELECT item_no, query, buffer FROM overnight_batch_items
+               WHERE overnight_batch_id = %s AND status = 'pending' AND item_no > %s
            ORDER BY item_no LIMIT %s""",
-            (batch_id, after, limit),
+            (overnight_batch_id, after, limit),
         )
     ]
 
 
-def count_status(conn: psycopg.Connection, *, batch_id: str, status: str) -> int:
+def count_status(conn: psycopg.Connection, *, overnight_batch_id: str, status: str) -> int:
     return int(
         conn.execute(
-            "SELECT count(*) FROM batch_items WHERE batch_id = %s AND status = %s", (batch_id, status)
+            "SELECT count(*) FROM overnight_batch_items WHERE overnight_batch_id = %s AND status = %s",
+            (overnight_batch_id, status),
         ).fetchone()[0]
     )
 
 
-def tokens_spent(conn: psycopg.Connection, *, batch_id: str) -> int:
+def tokens_spent(conn: psycopg.Connection, *, overnight_batch_id: str) -> int:
     """Tokens of every finished item plus those already logged by the jobs in flight."""
     row = conn.execute(
-        """SELECT (SELECT coalesce(sum(tokens), 0) FROM batch_items WHERE batch_id = %(b)s)
+        """SELECT (SELECT coalesce(sum(tokens), 0) FROM overnight_batch_items WHERE overnight_batch_id = %(b)s)
                 + (SELECT coalesce(sum(c.tokens_in + c.tokens_out), 0) FROM llm_calls c
-                   JOIN batch_items r ON r.job_id = c.job_id WHERE r.batch_id = %(b)s AND r.status = 'running')""",
-        {"b": batch_id},
+                   JOIN overnight_batch_items r ON r.job_id = c.job_id
+                   WHERE r.overnight_batch_id = %(b)s AND r.status = 'running')""",
+        {"b": overnight_batch_id},
     ).fetchone()
     return int(row[0])
 
@@ -445,34 +453,35 @@ def tokens_spent(conn: psycopg.Connection, *, batch_id: str) -> int:
 def mark_submitted(
     conn: psycopg.Connection,
     *,
-    batch_id: str,
+    overnight_batch_id: str,
     item_no: int,
     job_id: str,
     cache_key: str,
     broker_epoch: str | None,
 ) -> None:
     conn.execute(
-        """UPDATE batch_items SET status = 'running', job_id = %s, cache_key = %s, broker_epoch = %s,
-               submitted_at = now(), error = NULL WHERE batch_id = %s AND item_no = %s""",
-        (job_id, cache_key, broker_epoch, batch_id, item_no),
+        """UPDATE overnight_batch_items SET status = 'running', job_id = %s, cache_key = %s, broker_epoch = %s,
+               submitted_at = now(), error = NULL WHERE overnight_batch_id = %s AND item_no = %s""",
+        (job_id, cache_key, broker_epoch, overnight_batch_id, item_no),
     )
 
 
-def close_pending(conn: psycopg.Connection, *, batch_id: str, status: str, error: dict[str, Any]) -> int:
+def close_pending(conn: psycopg.Connection, *, overnight_batch_id: str, status: str, error: dict[str, Any]) -> int:
     """Every pending item → ``status`` (skipped by the budget, cancelled with the batch)."""
     return conn.execute(
-        """UPDATE batch_items SET status = %s, error = %s, finished_at = now()
-           WHERE batch_id = %s AND status = 'pending'""",
-        (status, Jsonb(error), batch_id),
+        """UPDATE overnight_batch_items SET status = %s, error = %s, finished_at = now()
+           WHERE overnight_batch_id = %s AND status = 'pending'""",
+        (status, Jsonb(error), overnight_batch_id),
     ).rowcount
 
 
-def running_job_ids(conn: psycopg.Connection, *, batch_id: str) -> list[tuple[int, str | None]]:
+def running_job_ids(conn: psycopg.Connection, *, overnight_batch_id: str) -> list[tuple[int, str | None]]:
     return [
         (r[0], r[1])
         for r in conn.execute(
-            "SELECT item_no, job_id FROM batch_items WHERE batch_id = %s AND status = 'running' ORDER BY item_no",
-            (batch_id,),
+            """SELECT item_no, job_id FROM overnight_batch_items
+               WHERE overnight_batch_id = %s AND status = 'running' ORDER BY item_no""",
+            (overnight_batch_id,),
         )
     ]
 
@@ -508,12 +517,12 @@ def claim_stale(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 
     """
     rows = conn.execute(
         """WITH stale AS (
-               SELECT id FROM batches
+               SELECT id FROM overnight_batches
                WHERE status IN ('scheduled', 'running')
                  AND coalesce(next_tick_at, created_at) < now() - make_interval(secs => %s)
                ORDER BY coalesce(next_tick_at, created_at) LIMIT %s
                FOR UPDATE SKIP LOCKED)
-           UPDATE batches b SET tick_token = md5(random()::text || clock_timestamp()::text),
+           UPDATE overnight_batches b SET tick_token = md5(random()::text || clock_timestamp()::text),
                   next_tick_at = now()
            FROM stale WHERE b.id = stale.id
            RETURNING b.id, b.tick_token""",
@@ -555,25 +564,25 @@ def cache_put(conn: psycopg.Connection, *, tenant: str, key: str, buffer: str, r
 # --------------------------------------------------------------------------- cancel
 
 
-def lock_for_cancel(conn: psycopg.Connection, *, batch_id: str, tenant: str) -> str | None:
+def lock_for_cancel(conn: psycopg.Connection, *, overnight_batch_id: str, tenant: str) -> str | None:
     """Inside a transaction: the tenant's batch row locked (waiting for a tick holding it); its status, or None."""
     row = conn.execute(
-        "SELECT status FROM batches WHERE id = %s AND tenant = %s FOR UPDATE", (batch_id, tenant)
+        "SELECT status FROM overnight_batches WHERE id = %s AND tenant = %s FOR UPDATE", (overnight_batch_id, tenant)
     ).fetchone()
     return row[0] if row else None
 
 
-def mark_cancelled(conn: psycopg.Connection, *, batch_id: str) -> list[str]:
+def mark_cancelled(conn: psycopg.Connection, *, overnight_batch_id: str) -> list[str]:
     """Inside a transaction holding the row: close the batch, its pending and running items.
 
     Returns the job ids that were in flight (the caller cancels the jobs).
     """
-    jobs = [j for _, j in running_job_ids(conn, batch_id=batch_id) if j]
+    jobs = [j for _, j in running_job_ids(conn, overnight_batch_id=overnight_batch_id) if j]
     cancelled = {"type": "cancelled", "message": "the batch was cancelled"}
     conn.execute(
-        """UPDATE batch_items SET status = 'cancelled', error = %s, finished_at = now()
-           WHERE batch_id = %s AND status IN ('pending', 'running')""",
-        (Jsonb(cancelled), batch_id),
+        """UPDATE overnight_batch_items SET status = 'cancelled', error = %s, finished_at = now()
+           WHERE overnight_batch_id = %s AND status IN ('pending', 'running')""",
+        (Jsonb(cancelled), overnight_batch_id),
     )
-    finish_overnight(conn, batch_id=batch_id, status="cancelled")
+    finish_overnight(conn, overnight_batch_id=overnight_batch_id, status="cancelled")
     return jobs

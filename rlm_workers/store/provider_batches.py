@@ -26,14 +26,16 @@ class ProviderBatch:
 
 def overnight_of(conn: psycopg.Connection, *, overnight_id: str) -> tuple[str, bool, str] | None:
     """(tenant, llm_batch, status) of an overnight batch; None when it is gone."""
-    row = conn.execute("SELECT tenant, llm_batch, status FROM batches WHERE id = %s", (overnight_id,)).fetchone()
+    row = conn.execute(
+        "SELECT tenant, llm_batch, status FROM overnight_batches WHERE id = %s", (overnight_id,)
+    ).fetchone()
     return (row[0], bool(row[1]), row[2]) if row else None
 
 
 def insert(
     conn: psycopg.Connection,
     *,
-    batch_id: str,
+    provider_batch_id: str,
     tenant: str,
     overnight_id: str,
     input_file_id: str,
@@ -43,7 +45,7 @@ def insert(
     conn.execute(
         """INSERT INTO provider_batches (id, tenant, overnight_id, input_file_id, status, requests)
            VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING""",
-        (batch_id, tenant, overnight_id, input_file_id, status, requests),
+        (provider_batch_id, tenant, overnight_id, input_file_id, status, requests),
     )
 
 
@@ -70,7 +72,7 @@ def claim_due(conn: psycopg.Connection, *, overnight_id: str, poll_seconds: floa
 def mark_checked(
     conn: psycopg.Connection,
     *,
-    batch_id: str,
+    provider_batch_id: str,
     status: str,
     output_file_id: str | None,
     error_file_id: str | None,
@@ -79,16 +81,16 @@ def mark_checked(
         """UPDATE provider_batches SET status = %s, output_file_id = coalesce(%s, output_file_id),
                error_file_id = coalesce(%s, error_file_id), checked_at = now()
            WHERE id = %s AND finished_at IS NULL""",
-        (status, output_file_id, error_file_id, batch_id),
+        (status, output_file_id, error_file_id, provider_batch_id),
     )
 
 
-def mark_routed(conn: psycopg.Connection, *, batch_id: str, error: dict[str, Any] | None) -> None:
+def mark_routed(conn: psycopg.Connection, *, provider_batch_id: str, error: dict[str, Any] | None) -> None:
     """Every line of the batch went back to its read (or the read fell back to an ordinary call)."""
     conn.execute(
         """UPDATE provider_batches SET status = 'routed', finished_at = now(), checked_at = now(), error = %s
            WHERE id = %s AND finished_at IS NULL""",
-        (Jsonb(error) if error else None, batch_id),
+        (Jsonb(error) if error else None, provider_batch_id),
     )
 
 
@@ -103,18 +105,18 @@ def open_ids(conn: psycopg.Connection, *, overnight_id: str) -> list[str]:
     ]
 
 
-def close_cancelled(conn: psycopg.Connection, *, batch_id: str, status: str, error: dict[str, Any]) -> int:
+def close_cancelled(conn: psycopg.Connection, *, provider_batch_id: str, status: str, error: dict[str, Any]) -> int:
     """An overnight batch was cancelled: its provider batch is finished with ``status`` and every read still
     waiting on it is closed failed (their jobs were cancelled with the batch).  The reads closed."""
     n = conn.execute(
         """UPDATE reads SET status = 'failed', finished_at = now(), error = %s
            WHERE provider_batch_id = %s AND status IN ('queued', 'submitted')""",
-        (Jsonb(error), batch_id),
+        (Jsonb(error), provider_batch_id),
     ).rowcount
     conn.execute(
         """UPDATE provider_batches SET status = %s, finished_at = now(), checked_at = now(), error = %s
            WHERE id = %s AND finished_at IS NULL""",
-        (status, Jsonb(error), batch_id),
+        (status, Jsonb(error), provider_batch_id),
     )
     return n
 

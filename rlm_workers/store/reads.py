@@ -165,8 +165,8 @@ def parked_jobs(conn: psycopg.Connection, *, overnight_id: str) -> list[ParkedJo
         ParkedJob(r[0], r[1], r[2], r[3], bool(r[4]))
         for r in conn.execute(
             """SELECT j.id, j.spec->>'read_group', j.stage, j.status, cardinality(j.task_ids) > 0
-               FROM batch_items i JOIN jobs j ON j.id = i.job_id
-               WHERE i.batch_id = %s AND i.status = 'running' AND j.spec ? 'read_group'""",
+               FROM overnight_batch_items i JOIN jobs j ON j.id = i.job_id
+               WHERE i.overnight_batch_id = %s AND i.status = 'running' AND j.spec ? 'read_group'""",
             (overnight_id,),
         )
     ]
@@ -204,8 +204,8 @@ def read_tokens(conn: psycopg.Connection, *, overnight_id: str) -> tuple[int, in
     row = conn.execute(
         """SELECT coalesce(sum(c.tokens_in), 0), coalesce(sum(coalesce(c.solo_tokens_in, c.tokens_in)), 0),
                   coalesce(sum(c.cached_tokens), 0)
-           FROM batch_items i JOIN llm_calls c ON c.job_id = i.job_id
-           WHERE i.batch_id = %s AND c.stage = 'analyst'""",
+           FROM overnight_batch_items i JOIN llm_calls c ON c.job_id = i.job_id
+           WHERE i.overnight_batch_id = %s AND c.stage = 'analyst'""",
         (overnight_id,),
     ).fetchone()
     return int(row[0]), int(row[1]), int(row[2])

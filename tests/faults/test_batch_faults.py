@@ -56,7 +56,7 @@ def progress(batch_id):
     from rlm_workers.store import overnight as store
 
     with _db() as c:
-        return store.progress(c, batch_id=batch_id).counts
+        return store.progress(c, overnight_batch_id=batch_id).counts
 
 
 def wait_batch(batch_id, timeout=240):
@@ -66,9 +66,9 @@ def wait_batch(batch_id, timeout=240):
     while time.monotonic() < deadline:
         try:
             with _db() as c:
-                b = store.get_overnight(c, batch_id=batch_id)
+                b = store.get_overnight(c, overnight_batch_id=batch_id)
                 if b.status in ("done", "cancelled"):
-                    return b, store.items(c, batch_id=batch_id)
+                    return b, store.items(c, overnight_batch_id=batch_id)
         except psycopg.OperationalError:
             pass  # the database may be restarting
         time.sleep(0.5)
