@@ -8,6 +8,11 @@ everything else.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .llm.protocol import Attempt
+
 
 class RLMError(Exception):
     """Base class: a message a user can act on."""
@@ -111,9 +116,8 @@ class LLMError(RLMError):
 
     def __init__(self, message: str, *, retryable: bool | None = None) -> None:
         super().__init__(message, retryable=retryable)
-        #: every HTTP attempt behind this error, final one included, as dicts with status,
-        #: tokens_in, tokens_out, latency_ms, error (see Completion.failed_attempts); [] if none was made
-        self.attempts: list[dict] = []
+        #: every HTTP attempt behind this error, final one included; [] if none was made
+        self.attempts: list[Attempt] = []
 
 
 class RateLimited(LLMError):
@@ -170,9 +174,9 @@ class BudgetExhausted(RLMError):
         self.detail = detail
         #: HTTP attempts the call had already sent when its retry was refused (as LLMError.attempts);
         #: [] when the refusal came before the first one, so nothing was sent
-        self.attempts: list[dict] = []
+        self.attempts: list[Attempt] = []
 
-    def after_attempts(self, attempts: list[dict]) -> None:
+    def after_attempts(self, attempts: list[Attempt]) -> None:
         """The refusal came at a retry: ``attempts`` were sent (and failed) first, so the call did run."""
         self.attempts = attempts
         tail = f": {self.detail}" if self.detail else ""

@@ -120,7 +120,7 @@ def test_failed_attempt_with_usage_reports_its_cached_tokens(srv):
     srv.responder = lambda _r: next(replies)
     c = OpenAIProvider(_settings(srv)).complete(_request())
     [failed] = c.failed_attempts  # a 200 without choices: billed, unusable, retried
-    assert failed["status"] == "retried" and (failed["tokens_in"], failed["cached_tokens"]) == (50, 32)
+    assert failed.status == "retried" and (failed.tokens_in, failed.cached_tokens) == (50, 32)
     assert (c.text, c.cached_tokens) == ("second", 48)
 
 
@@ -149,8 +149,8 @@ def test_429_retry_after_is_honoured_and_attempt_recorded(srv, monkeypatch):
     # in order: the 429 arrived, the client waited what it was told, and only then sent the retry
     assert srv.requests[0].arrived <= began and srv.requests[1].arrived >= began + wait
     [failed] = c.failed_attempts
-    assert failed["status"] == "retried" and "429" in failed["error"]
-    assert set(failed) == {"status", "tokens_in", "tokens_out", "latency_ms", "error"}
+    assert failed.status == "retried" and "429" in failed.error
+    assert (failed.tokens_in, failed.tokens_out, failed.cached_tokens) == (0, 0, 0) and failed.latency_ms is not None
 
 
 def test_retry_after_ms_header_wins():
@@ -172,7 +172,7 @@ def test_insufficient_quota_fails_at_once(srv):
         OpenAIProvider(_settings(srv)).complete(_request())
     assert srv.calls == 1
     assert ei.value.retryable is False
-    assert [a["status"] for a in ei.value.attempts] == ["error"]
+    assert [a.status for a in ei.value.attempts] == ["error"]
 
 
 def test_persistent_429_raises_rate_limited_with_every_attempt(srv):
@@ -180,7 +180,7 @@ def test_persistent_429_raises_rate_limited_with_every_attempt(srv):
     with pytest.raises(RateLimited) as ei:
         OpenAIProvider(_settings(srv, llm_retries=2)).complete(_request())
     assert srv.calls == 3 and ei.value.retryable
-    assert [a["status"] for a in ei.value.attempts] == ["retried", "retried", "error"]
+    assert [a.status for a in ei.value.attempts] == ["retried", "retried", "error"]
 
 
 def test_each_retry_asks_before_retry_first_and_a_refusal_sends_nothing_more(srv):
@@ -196,8 +196,8 @@ def test_each_retry_asks_before_retry_first_and_a_refusal_sends_nothing_more(srv
         OpenAIProvider(_settings(srv, llm_retries=5)).complete(_request(), before_retry=before_retry)
     # the first attempt is the caller's to reserve; the second retry was refused and never sent
     assert asked == [1, 2] and srv.calls == 2
-    assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
-    assert all("429" in a["error"] for a in ei.value.attempts)
+    assert [a.status for a in ei.value.attempts] == ["retried", "error"]
+    assert all("429" in a.error for a in ei.value.attempts)
 
 
 def test_persistent_500_is_retryable_after_all_retries(srv):
@@ -206,7 +206,7 @@ def test_persistent_500_is_retryable_after_all_retries(srv):
         OpenAIProvider(_settings(srv, llm_retries=2)).complete(_request())
     assert ei.value.retryable is True
     assert srv.calls == 3
-    assert len(ei.value.attempts) == 3 and all("500" in a["error"] for a in ei.value.attempts)
+    assert len(ei.value.attempts) == 3 and all("500" in a.error for a in ei.value.attempts)
 
 
 def test_timeout_is_retryable(srv):
@@ -229,7 +229,7 @@ def test_timeout_is_retryable(srv):
         gate.set()
     assert ei.value.retryable and "0.5s" in ei.value.message
     assert srv.calls == 2
-    assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
+    assert [a.status for a in ei.value.attempts] == ["retried", "error"]
 
 
 def test_timeout_grows_with_the_request_per_1k_tokens(srv):
@@ -300,7 +300,7 @@ def test_timeout_on_a_busy_local_server_waits_for_an_idle_slot_before_retrying(s
     assert c.text == "the retry" and srv.calls == 2
     assert srv.max_concurrency == 1  # the retry was sent only once the abandoned request was done
     assert srv.slot_probes >= 1
-    assert [a["status"] for a in c.failed_attempts] == ["retried"]
+    assert [a.status for a in c.failed_attempts] == ["retried"]
 
 
 def test_timeout_on_a_local_server_still_busy_is_not_retried(srv):
@@ -316,7 +316,7 @@ def test_timeout_on_a_local_server_still_busy_is_not_retried(srv):
         release.set()
     assert srv.calls == 1  # no retry queued behind the request still running
     assert not ei.value.retryable and "still busy" in ei.value.message and "/slots" in ei.value.message
-    assert [a["status"] for a in ei.value.attempts] == ["error"]
+    assert [a.status for a in ei.value.attempts] == ["error"]
 
 
 def test_timeout_on_a_local_server_without_slots_is_not_retried(srv):
@@ -343,7 +343,7 @@ def test_connection_refused_is_retryable():
     with pytest.raises(LLMError) as ei:
         OpenAIProvider(settings).complete(_request())
     assert ei.value.retryable and "cannot connect" in ei.value.message
-    assert [a["status"] for a in ei.value.attempts] == ["retried", "error"]
+    assert [a.status for a in ei.value.attempts] == ["retried", "error"]
 
 
 def test_auth_error_is_not_retried_and_says_what_to_check(srv):

@@ -1,10 +1,10 @@
 """The OpenAI Batch API (docs/contract.md#llm-batch-api): a JSONL file of chat requests in, one of answers out.
 
 A thin layer over the official ``openai`` client.  Each line's body is built by the same
-``OpenAIProvider._params`` an ordinary call uses, and each answered line becomes a ``Completion`` through the
-same usage parsing, so a read answered through a batch is indistinguishable from one answered directly except
-for its price (``prices.BATCH_API_DISCOUNT``).  No call here goes through the limiter: uploading a file or
-polling a batch takes no chat-completion slot.
+``OpenAIProvider.params`` an ordinary call uses, and each answered line becomes a ``Completion`` through the
+same usage parsing (``usage.py``), so a read answered through a batch is indistinguishable from one answered
+directly except for its price (``prices.BATCH_API_DISCOUNT``, applied when ``pipeline/accounting.py`` logs it).
+No call here goes through the limiter: uploading a file or polling a batch takes no chat-completion slot.
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import openai
+from openai.types.chat import ChatCompletion
+
 from ..errors import ConfigError, LLMError
-from .openai_provider import OpenAIProvider, _cached_tokens, _to_completion, _usage
+from .openai_provider import OpenAIProvider
 from .protocol import Completion, CompletionRequest
+from .usage import cached_tokens, to_completion, token_usage
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -71,7 +75,7 @@ class BatchClient:
 
     def line(self, custom_id: str, request: CompletionRequest) -> dict[str, Any]:
         """The JSONL line of one request, its body exactly what an ordinary call would send."""
-        return {"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": self._provider._params(request)}
+        return {"custom_id": custom_id, "method": "POST", "url": ENDPOINT, "body": self._provider.params(request)}
 
     def submit(self, lines: Sequence[dict[str, Any]], *, metadata: dict[str, str]) -> BatchState:
         """Upload the lines as one file and start a batch over it."""
@@ -142,8 +146,6 @@ class _Errors:
     def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         if exc is None or isinstance(exc, LLMError):
             return False
-        import openai
-
         if isinstance(exc, openai.APIStatusError):
             status = exc.status_code
             retryable = status in (408, 409, 429) or status >= 500
@@ -159,8 +161,6 @@ class _Errors:
 
 def parse_line(raw: str, model: str, *, where: str = "the provider") -> Line:
     """One output- or error-file line → a ``Line``; anything but a usable 200 is an error line."""
-    from openai.types.chat import ChatCompletion
-
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -175,11 +175,11 @@ def parse_line(raw: str, model: str, *, where: str = "the provider") -> Line:
         return Line(custom_id, None, f"{where} answered the batch line {status or 'without a status'}: {message}")
     try:
         parsed = ChatCompletion.model_validate(body)
-        usage = _usage(parsed)
-        completion = _to_completion(parsed, model, usage)
+        usage = token_usage(parsed)
+        completion = to_completion(parsed, model, usage)
     except Exception as exc:  # a body we cannot use is a failed line: the read falls back to an ordinary call
         return Line(custom_id, None, f"malformed batch line from {where}: {type(exc).__name__}: {str(exc)[:200]}")
-    completion.cached_tokens = _cached_tokens(parsed, usage[0])
+    completion.cached_tokens = cached_tokens(parsed, usage[0])
     return Line(custom_id, completion)
 
 

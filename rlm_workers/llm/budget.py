@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import constants
 from ..errors import BudgetExhausted
-from .limiter import _LUA_NOW_MS, _redis_call
+from .redis_scripts import LUA_NOW_MS, redis_call
 
 #: one hash per tree: KEY_PREFIX + root_id
 KEY_PREFIX = constants.LIMITER_KEY_PREFIX + "budget:"
@@ -40,7 +40,7 @@ _MIN_TTL_MS = 7 * _DAY_MS
 # then), "seed" (ARGV[2..4] = calls, tokens, cost_micro to seed a missing hash with; HSETNX, so two workers
 # seeding at once agree); ARGV[5] deadline in epoch ms or -1.  Defines key, now, ttl.
 _PREAMBLE = (
-    _LUA_NOW_MS
+    LUA_NOW_MS
     + """
 local key = KEYS[1]
 if redis.call('EXISTS', key) == 0 then
@@ -205,11 +205,11 @@ class BudgetLedger:
 
     def _run(self, script: Any, args: list[Any]) -> list[Any]:
         mode = "none" if self._seed is None else "need"
-        got = _redis_call(script, keys=[self.key], args=[mode, 0, 0, 0, self._deadline_ms, *args])
+        got = redis_call(script, keys=[self.key], args=[mode, 0, 0, 0, self._deadline_ms, *args])
         if int(got[0]) == 2:
             calls, tokens, cost = self._seed()  # type: ignore[misc]  # "need" is only sent with a seed
             seeded = [max(0, int(calls)), max(0, int(tokens)), _micro(cost)]
-            got = _redis_call(script, keys=[self.key], args=["seed", *seeded, self._deadline_ms, *args])
+            got = redis_call(script, keys=[self.key], args=["seed", *seeded, self._deadline_ms, *args])
         return got
 
     def reserve(self) -> None:
@@ -263,7 +263,7 @@ class BudgetLedger:
 
     def state(self) -> dict[str, Any]:
         """{"calls", "tokens", "cost_usd", "exhausted"}: spent so far and the first limit hit (None if none)."""
-        raw = _redis_call(self.redis.hgetall, self.key) if self.limits.any else {}
+        raw = redis_call(self.redis.hgetall, self.key) if self.limits.any else {}
         fields = {_text(k): _text(v) for k, v in raw.items()}
         return {
             "calls": int(fields.get("calls", 0)),

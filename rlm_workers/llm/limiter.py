@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import constants, metrics
 from ..errors import ConfigError, ServiceUnavailable
+from .redis_scripts import LUA_NOW_MS, redis_call
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -41,14 +42,6 @@ log = logging.getLogger("rlm.limiter")
 # Polling rather than pub/sub wake-ups: a released slot needs no notification
 # path that could be lost, and 10-50 ms of jitter spreads contending workers.
 _POLL_MIN, _POLL_MAX = 0.010, 0.050
-
-# Effects replication must be on before TIME is followed by writes on old
-# Redis (<5); newer servers ignore it, and pcall keeps servers without it happy.
-_LUA_NOW_MS = """
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
 
 # Fair share (docs/contract.md#fair-share).  Beside the lease zset K, keys in K's cluster slot ("{K}:…"):
 #   {K}:t:<tenant>  that tenant's leases (the same members and expiries as in K)
@@ -104,7 +97,7 @@ end
 
 # KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, lease id, wait_ms.  1 = acquired.
 _ACQUIRE_LUA = (
-    _LUA_NOW_MS
+    LUA_NOW_MS
     + _FAIR_LUA
     + """
 local wait_ms = tonumber(ARGV[6])
@@ -129,7 +122,7 @@ return 1
 # A lease that already expired is not revived: another holder may have its slot.
 # KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, lease id.
 _RENEW_LUA = (
-    _LUA_NOW_MS
+    LUA_NOW_MS
     + _FAIR_LUA
     + """
 local tk = pre .. 't:' .. tenant
@@ -157,12 +150,12 @@ return 1
 """
 
 # KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights.  1 = the tenant crowds another one out.
-_CROWDING_LUA = _LUA_NOW_MS + _FAIR_LUA + "return crowding() and 1 or 0\n"
+_CROWDING_LUA = LUA_NOW_MS + _FAIR_LUA + "return crowding() and 1 or 0\n"
 
 # KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, tasks (+n queued, -1 started), pending_ms, wait_ms.
 # A task that starts is about to ask for a slot: it counts as waiting until it does.
 _PENDING_LUA = (
-    _LUA_NOW_MS
+    LUA_NOW_MS
     + _FAIR_LUA
     + """
 local n, pending_ms, wait_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -200,15 +193,6 @@ DEFAULT_TENANT = "local"
 def _owner_tag() -> str:
     # Lease ids say who holds them, so `ZRANGE rlm:limiter:inflight 0 -1` is readable in an incident.
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-
-
-def _redis_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    import redis
-
-    try:
-        return fn(*args, **kwargs)
-    except redis.RedisError as exc:
-        raise ServiceUnavailable(f"LLM limiter cannot reach Redis: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -278,7 +262,7 @@ class ConcurrencyLimiter:
         tenant = tenant or DEFAULT_TENANT
         lease_id = _owner_tag()
         args = self._args(tenant, lease_id, int(WAIT_SECONDS * 1000))
-        got = _redis_call(self._acquire, keys=[self.key], args=args)
+        got = redis_call(self._acquire, keys=[self.key], args=args)
         return Lease(lease_id, self.key, tenant) if int(got) == 1 else None
 
     def acquire(self, timeout: float | None = None, tenant: str | None = None) -> Lease:
@@ -297,35 +281,35 @@ class ConcurrencyLimiter:
             time.sleep(pause)
 
     def release(self, lease: Lease) -> None:
-        _redis_call(self._release, keys=[lease.key], args=self._args(lease.tenant, lease.id))
+        redis_call(self._release, keys=[lease.key], args=self._args(lease.tenant, lease.id))
 
     def renew(self, lease: Lease) -> bool:
         """Push the lease's expiry ``lease_seconds`` ahead; False if it had already expired."""
-        return int(_redis_call(self._renew, keys=[lease.key], args=self._args(lease.tenant, lease.id))) == 1
+        return int(redis_call(self._renew, keys=[lease.key], args=self._args(lease.tenant, lease.id))) == 1
 
     def crowding(self, tenant: str | None) -> bool:
         """Whether ``tenant`` holds its share or more while another active tenant waits below its own: a task
         of it should step aside rather than take a worker thread to wait in (llm/fair.py)."""
-        return int(_redis_call(self._crowding, keys=[self.key], args=self._args(tenant or DEFAULT_TENANT))) == 1
+        return int(redis_call(self._crowding, keys=[self.key], args=self._args(tenant or DEFAULT_TENANT))) == 1
 
     def queued(self, tenant: str | None, n: int) -> int:
         """Count ``n`` tasks of ``tenant`` queued (a fan-out), or ``-1`` for one that starts; the tenant counts as
         waiting while any are queued.  Returns how many are still queued."""
         args = self._args(tenant or DEFAULT_TENANT, int(n), int(PENDING_SECONDS * 1000), int(WAIT_SECONDS * 1000))
-        return int(_redis_call(self._pending, keys=[self.key], args=args))
+        return int(redis_call(self._pending, keys=[self.key], args=args))
 
     def held_by(self, tenant: str | None) -> int:
         """Live leases of ``tenant`` right now."""
-        now_s, now_us = _redis_call(self.redis.time)
+        now_s, now_us = redis_call(self.redis.time)
         now_ms = int(now_s) * 1000 + int(now_us) // 1000
         tk = f"{{{self.key}}}:t:{tenant or DEFAULT_TENANT}"
-        return int(_redis_call(self.redis.zcount, tk, f"({now_ms}", "+inf"))
+        return int(redis_call(self.redis.zcount, tk, f"({now_ms}", "+inf"))
 
     def held(self) -> int:
         """Live leases right now (expired ones not yet swept are excluded)."""
-        now_s, now_us = _redis_call(self.redis.time)
+        now_s, now_us = redis_call(self.redis.time)
         now_ms = int(now_s) * 1000 + int(now_us) // 1000
-        return int(_redis_call(self.redis.zcount, self.key, f"({now_ms}", "+inf"))
+        return int(redis_call(self.redis.zcount, self.key, f"({now_ms}", "+inf"))
 
     @contextmanager
     def slot(self, timeout: float | None = None, tenant: str | None = None) -> Iterator[Lease]:
@@ -391,7 +375,7 @@ def limiter_from_settings(settings: Settings, redis_client: Any) -> ConcurrencyL
 # ARGV: rpm (0 = none), tpm (0 = none), estimated tokens, entry id, window ms.
 # Returns {0, entry id} when charged, else {wait_ms} until the oldest entry leaves the window.
 _CHARGE_LUA = (
-    _LUA_NOW_MS
+    LUA_NOW_MS
     + """
 local zlog, toks, total = KEYS[1], KEYS[2], KEYS[3]
 local rpm, tpm, est, window = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
@@ -472,7 +456,7 @@ class RateBudget:
         if not self.enabled:
             return Charge(None, est), 0.0
         entry = _owner_tag()
-        got = _redis_call(
+        got = redis_call(
             self._charge,
             keys=self._keys,
             args=[self.rpm, self.tpm, est, entry, int(self.window_seconds * 1000)],
@@ -501,13 +485,13 @@ class RateBudget:
         """Replace the estimate with the tokens the provider reported."""
         if charge.id is None:
             return
-        _redis_call(self._correct, keys=self._keys, args=[charge.id, max(0, int(actual_tokens))])
+        redis_call(self._correct, keys=self._keys, args=[charge.id, max(0, int(actual_tokens))])
 
     def used(self) -> tuple[int, int]:
         """(requests, tokens) in the current window, as of the last charge."""
         return (
-            int(_redis_call(self.redis.zcard, self._keys[0])),
-            int(_redis_call(self.redis.get, self._keys[2]) or 0),
+            int(redis_call(self.redis.zcard, self._keys[0])),
+            int(redis_call(self.redis.get, self._keys[2]) or 0),
         )
 
 

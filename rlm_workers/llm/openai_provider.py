@@ -20,6 +20,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import httpx  # ships with the openai client
+import openai
+
 from ..errors import (
     BudgetExhausted,
     ConfigError,
@@ -31,13 +34,13 @@ from ..errors import (
     ServiceUnavailable,
 )
 from ..local_llm import endpoint as local_llm_endpoint
+from ..tokens import CHARS_PER_TOKEN
 from .limiter import ConcurrencyLimiter, Limits, wait_bound
-from .protocol import Completion, CompletionRequest, ToolCall
+from .protocol import Attempt, Completion, CompletionRequest, ToolCall
 from .structured import FinalAnswer, ToolAction, action_schema, describe_tools, parse_action
+from .usage import BadResponse, cached_tokens, to_completion, token_usage
 
 if TYPE_CHECKING:
-    import openai
-
     from ..config import Settings
 
 log = logging.getLogger("rlm.llm")
@@ -58,10 +61,6 @@ def forget_refusals() -> None:
     """Forget every server's learned refusals (tests: a new scripted server may reuse an old one's port)."""
     with _REFUSED_LOCK:
         _REFUSED.clear()
-
-
-class _BadResponse(Exception):
-    """A 200 whose body is not a usable chat completion (proxies and gateways do this)."""
 
 
 def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
@@ -93,7 +92,7 @@ def estimate_tokens(request: CompletionRequest) -> int:
     chars = len(json.dumps(request.messages, ensure_ascii=False))
     if request.tools:
         chars += len(json.dumps(request.tools))
-    return chars // 4 + request.max_tokens
+    return chars // CHARS_PER_TOKEN + request.max_tokens
 
 
 class OpenAIProvider:
@@ -133,8 +132,6 @@ class OpenAIProvider:
                     if not api_key:
                         raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
                     self._endpoint = (base_url, api_key)
-                    import openai
-
                     self._client = openai.OpenAI(
                         api_key=api_key,
                         base_url=base_url,
@@ -151,26 +148,24 @@ class OpenAIProvider:
     # --- one logical call --------------------------------------------------
 
     def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
-        import openai
-
         if self.settings.model_context and request.max_tokens > self.settings.model_context // 4:
             # a small model's reply never needs most of its context; the cap also bounds a model that rambles
             # and the timeout that grows with the allowance (docs/contract.md#local-llm)
             request = dataclasses.replace(request, max_tokens=self.settings.model_context // 4)
-        attempts: list[dict[str, Any]] = []
+        attempts: list[Attempt] = []
         retries_left = self.settings.llm_retries
         retry_no = 0
-        client = self.client  # built before the clock starts: the first import of openai is slow
+        client = self.client  # built before the clock starts: building it may start the local model server
         while True:
             if attempts and before_retry is not None:
                 # after the backoff, right before the send: a budget (or deadline) spent meanwhile stops it here
                 try:
                     before_retry()
                 except BudgetExhausted as exc:
-                    attempts[-1]["status"] = "error"  # no attempt followed it
+                    attempts[-1] = dataclasses.replace(attempts[-1], status="error")  # no attempt followed it
                     exc.after_attempts(attempts)
                     raise
-            params = self._params(request)
+            params = self.params(request)
             timeout = self.attempt_timeout(request)
             t0 = time.perf_counter()
             usage = (0, 0)
@@ -178,9 +173,9 @@ class OpenAIProvider:
             response = None
             try:
                 response = self._send(client, params, estimate_tokens(request), request.tenant, timeout)
-                usage = _usage(response)
-                cached = _cached_tokens(response, usage[0])
-                completion = _to_completion(response, request.model, usage)
+                usage = token_usage(response)
+                cached = cached_tokens(response, usage[0])
+                completion = to_completion(response, request.model, usage)
                 completion.cached_tokens = cached
             except Exception as exc:  # classified below; anything unknown before a response is re-raised
                 latency = int((time.perf_counter() - t0) * 1000)
@@ -196,18 +191,18 @@ class OpenAIProvider:
                         # retried by a caller either (docs/contract.md#llm-calls)
                         error = LLMError(f"{error.message}; not retried: {why}", retryable=False)
                         retry = False
+                # once a response arrived its tokens (cached share included) are billed, so priced
                 attempts.append(
-                    {
-                        "status": "retried" if retry else "error",
-                        "tokens_in": usage[0],
-                        "tokens_out": usage[1],
-                        "latency_ms": latency,
-                        "error": error.message,
-                    }
+                    Attempt(
+                        status="retried" if retry else "error",
+                        tokens_in=usage[0],
+                        tokens_out=usage[1],
+                        cached_tokens=cached,
+                        latency_ms=latency,
+                        error=error.message,
+                    )
                 )
-                if response is not None:  # billed, so priced: its cached share matters to the cost
-                    attempts[-1]["cached_tokens"] = cached
-                self._log(request, attempts[-1]["status"], usage, latency, error.message)
+                self._log(request, attempts[-1].status, usage, latency, error.message)
                 if adapted:
                     continue
                 if not retry:
@@ -232,7 +227,9 @@ class OpenAIProvider:
     def _server(self, model: str) -> tuple[str, str]:
         return (self.base_url or "https://api.openai.com/v1").rstrip("/"), model
 
-    def _params(self, request: CompletionRequest) -> dict[str, Any]:
+    def params(self, request: CompletionRequest) -> dict[str, Any]:
+        """The body of the chat-completion request for ``request``, as this server takes it (what it refused so
+        far left out or stepped down); the Batch API's lines carry the very same body."""
         dropped = self.refused(request.model)
         messages, tools, schema = request.messages, request.tools, request.json_schema
         json_output = request.json_output
@@ -302,8 +299,6 @@ class OpenAIProvider:
     def _slot_state(self) -> str | None:
         """ "idle" or "busy" from ``GET /slots`` (llama-server's list of slots with ``is_processing``); "opaque"
         when only ``GET /health`` answers ``{"status": "ok"}``; None for an endpoint with neither."""
-        import httpx  # ships with the openai client, imported with it
-
         root = (self.base_url or "").rstrip("/").removesuffix("/v1")
         key = self._endpoint[1]
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -339,7 +334,7 @@ class OpenAIProvider:
             with self.limits.call(estimated_tokens, tenant) as record:
                 response = client.chat.completions.create(**params)
                 try:
-                    record(sum(_usage(response)))
+                    record(sum(token_usage(response)))
                 except ServiceUnavailable as exc:  # the budget keeps its estimate; the answer is paid for
                     log.warning("could not correct the rate budget with real usage: %s", exc)
                 return response
@@ -353,8 +348,6 @@ class OpenAIProvider:
         """On a refusal naming something we can live without, stop sending it to this (base URL, model); True if
         we did.  A refused ``json_schema`` steps down to ``json_object``, and that to no response_format at all
         (RLM_STRUCTURED_OUTPUTS=auto); with RLM_STRUCTURED_OUTPUTS=json_schema the refusal is an error."""
-        import openai
-
         if not isinstance(exc, openai.APIStatusError) or exc.status_code not in (400, 422, 500):
             return False
         text = f"{exc.message} {getattr(exc, 'param', None) or ''}".lower()
@@ -405,8 +398,6 @@ class OpenAIProvider:
         """The user-facing error for a failed attempt, and the server's Retry-After if any; an unknown
         error is re-raised unless the server had ``answered`` (then it is a response we could not use).
         ``timeout``: the attempt's own (``attempt_timeout``)."""
-        import openai
-
         where = self.base_url or "api.openai.com"
         if isinstance(exc, LLMError):
             return exc, None
@@ -422,7 +413,7 @@ class OpenAIProvider:
             return LLMError(f"cannot connect to the LLM endpoint {where}: {exc.__cause__ or exc}", retryable=True), None
         if isinstance(exc, openai.APIStatusError):
             return _status_error(exc, request.model, where)
-        if isinstance(exc, _BadResponse | json.JSONDecodeError | openai.APIResponseValidationError):
+        if isinstance(exc, BadResponse | json.JSONDecodeError | openai.APIResponseValidationError):
             return LLMError(f"malformed response from {where}: {exc}", retryable=True), None
         if answered:
             return LLMError(
@@ -497,59 +488,6 @@ def _status_error(exc: openai.APIStatusError, model: str, where: str) -> tuple[L
         404: f"check the model name {model!r} (RLM_*_MODEL) and OPENAI_BASE_URL",
     }.get(status, f"check the model name {model!r} and the request parameters")
     return LLMError(f"{where} rejected the request ({status}): {detail}; {hint}", retryable=False), None
-
-
-def _usage(response: Any) -> tuple[int, int]:
-    usage = getattr(response, "usage", None)
-    if usage is None:
-        return 0, 0
-
-    def count(name: str) -> int:
-        try:
-            return max(0, int(getattr(usage, name, 0) or 0))
-        except (TypeError, ValueError):  # a gateway's garbage is no count; the call is still logged
-            return 0
-
-    return count("prompt_tokens"), count("completion_tokens")
-
-
-def _cached_tokens(response: Any, tokens_in: int) -> int:
-    """Input tokens served from the provider's prompt cache (``usage.prompt_tokens_details.cached_tokens``);
-    0 when absent, and never more than ``tokens_in``, of which they are a part."""
-    details = getattr(getattr(response, "usage", None), "prompt_tokens_details", None)
-    try:
-        cached = int(getattr(details, "cached_tokens", 0) or 0)
-    except (TypeError, ValueError):  # a gateway's garbage: the call is priced as uncached
-        return 0
-    return min(max(0, cached), tokens_in)
-
-
-def _to_completion(response: Any, model: str, usage: tuple[int, int]) -> Completion:
-    choices = getattr(response, "choices", None)
-    if not choices or getattr(choices[0], "message", None) is None:
-        raise _BadResponse(f"no choices in the response: {str(response)[:200]}")
-    message = choices[0].message
-    finish_reason = getattr(choices[0], "finish_reason", None)
-    tool_calls = [
-        ToolCall(id=tc.id, name=tc.function.name, arguments=tc.function.arguments or "")
-        for tc in (message.tool_calls or [])
-        if getattr(tc, "function", None) is not None
-    ]
-    raw: dict[str, Any] = {"role": "assistant", "content": message.content}
-    if tool_calls:
-        raw["tool_calls"] = [
-            {"id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
-            for tc in tool_calls
-        ]
-    return Completion(
-        text=message.content or "",
-        model=getattr(response, "model", None) or model,
-        tokens_in=usage[0],
-        tokens_out=usage[1],
-        tool_calls=tool_calls,
-        raw_message=raw,
-        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
-    )
 
 
 def _has_tool_turns(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:

@@ -9,18 +9,17 @@ seeded again from the calls logged in PostgreSQL.  See docs/contract.md#budgets.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..llm.budget import BudgetLedger, BudgetLimits
+from ..llm.budget import BudgetLedger, BudgetLimits
+from ..models import BudgetReport
+from ..resources import redis_client
+from ..store import jobs as job_store
+from ..store.db import connection
 
 
 @functools.lru_cache(maxsize=4096)
 def _root_and_limits(job_id: str) -> tuple[str, BudgetLimits] | None:
-    from ..llm.budget import BudgetLimits
-    from ..store import jobs as job_store
-    from ..store.db import connection
-
     with connection() as conn:
         found = job_store.root_options(conn, job_id=job_id)
     if found is None:
@@ -30,9 +29,6 @@ def _root_and_limits(job_id: str) -> tuple[str, BudgetLimits] | None:
 
 
 def _seed(root_id: str) -> tuple[int, int, float]:
-    from ..store import jobs as job_store
-    from ..store.db import connection
-
     with connection() as conn:
         usage = job_store.tree_usage(conn, root_id=root_id)
     return usage.calls, usage.tokens_in + usage.tokens_out, usage.cost_usd
@@ -52,17 +48,12 @@ def ledger_for_job(job_id: str | None) -> BudgetLedger | None:
 def _ledger(root_id: str, limits: BudgetLimits) -> BudgetLedger | None:
     if not limits.any:
         return None
-    from ..llm.budget import BudgetLedger
-    from ..resources import redis_client
-
     return BudgetLedger(redis_client(), root_id, limits, seed=functools.partial(_seed, root_id))
 
 
 def report(root_id: str, options: dict[str, Any], used: tuple[int, int, float], exhausted_hint: str | None):
     """The result's ``budget``: the limits as asked, what the tree used (exact, from the call log) and the limit
     that stopped it."""
-    from ..models import BudgetReport
-
     ledger = ledger_for_job(root_id)
     exhausted = None
     if ledger is not None:

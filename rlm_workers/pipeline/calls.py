@@ -1,9 +1,9 @@
 """One logical LLM call of a stage, logged on its job (simonw/llm style): model, tokens, latency, outcome.
 
-Every HTTP attempt behind the call (retries included) becomes one ``llm_calls`` row,
-so a job's ``total_tokens`` is the exact sum of what was billed.  The log is written
-after the call with ``durable_write``: tokens already bought are recorded even if
-PostgreSQL blinks meanwhile, and the call is never repeated just to log it.
+Every HTTP attempt behind the call (retries included) is reserved on the tree's budget before it is sent, then
+paid through ``accounting.record``: one ``llm_calls`` row each, written after the call with ``durable_write``,
+so tokens already bought are recorded even if PostgreSQL blinks meanwhile, and the call is never repeated just
+to log it.
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .. import metrics
-from ..errors import BudgetExhausted, LLMError, ParseError
+from ..config import get_settings
+from ..errors import BudgetExhausted, JobCancelled, LLMError, ParseError
 from ..llm import fair
-from ..llm.protocol import Completion, CompletionRequest
+from ..llm.prices import prices
+from ..llm.protocol import Attempt, Completion, CompletionRequest
 from ..logs import stage_context
-from ..models import LLMCall
 from ..resources import provider
 from ..store import jobs as job_store
-from ..store.db import durable_write
+from ..store.db import connection
+from . import accounting
+from .budget import ledger_for_job
 
 if TYPE_CHECKING:
     import psycopg
@@ -52,10 +54,6 @@ def call_llm(
     the reply parsed (``parse_ok``, docs/contract.md#structured-outputs); the completion carries the value
     (``parsed``), or the ``ParseError`` (``parse_error``) for the stage to re-ask or fail as it does.  A parser
     returning None counts as a failure too."""
-    from ..config import get_settings
-    from ..llm.prices import cost_usd, prices
-    from .budget import ledger_for_job
-
     p = provider()
     table = prices(get_settings())
     if check_open:
@@ -77,48 +75,26 @@ def call_llm(
 
     t0 = time.perf_counter()
 
-    def attempt(a: dict, status: str, *, model: str = request.model, error: str | None = None) -> LLMCall:
-        """One HTTP attempt as a log row (``a`` as the provider reports it: tokens, latency, error)."""
-        latency = a.get("latency_ms", int((time.perf_counter() - t0) * 1000))
-        tin, tout, cached = a.get("tokens_in", 0), a.get("tokens_out", 0), a.get("cached_tokens", 0)
-        return LLMCall(
+    def pay(attempts: list[Attempt]) -> None:
+        # an attempt nothing timed (an error before any was sent) took what the call has taken so far
+        calls = accounting.priced(
+            attempts,
             stage=stage,
+            provider=p,
+            model=request.model,
             batch=batch,
-            provider=p.name,
-            model=model,
-            status=status,
-            tokens_in=tin,
-            tokens_out=tout,
-            cached_tokens=cached,
-            cost_usd=0.0 if p.local else cost_usd(model, tin, cached, tout, table),
-            latency_ms=latency,
-            error=a.get("error") or error,
+            latency_ms=int((time.perf_counter() - t0) * 1000),
+            table=table,
         )
-
-    def charge(calls: list[LLMCall]) -> None:
-        if ledger is not None:
-            ledger.charge(
-                sum(c.tokens_in + c.tokens_out for c in calls),
-                sum(c.cost_usd or 0.0 for c in calls),
-                extra_calls=len(calls) - reserved,
-            )
+        accounting.record(conn, job_id, calls, ledger=ledger, reserved=reserved, model=request.model)
 
     try:
         with stage_context(stage):  # the provider's own lines (each attempt) name the stage that called
             completion = p.complete(request, before_retry=reserve_retry)
-    except BudgetExhausted as exc:
-        # a retry refused: the attempts already made were sent and may have been billed
-        calls = [attempt(a, "error", error=exc.message) for a in exc.attempts]
-        if calls:
-            _log_calls(conn, job_id, calls)
-            charge(calls)
-            metrics.llm_calls(request.model, calls)
-        raise
-    except LLMError as exc:
-        calls = [attempt(a, "error", error=exc.message) for a in exc.attempts or [{}]]
-        _log_calls(conn, job_id, calls)
-        charge(calls)
-        metrics.llm_calls(request.model, calls)
+    except (BudgetExhausted, LLMError) as exc:
+        # the attempts made were sent and may have been billed; a budget that refused the first one left none
+        if attempts := accounting.failed(exc):
+            pay(attempts)
         raise
     crash: Exception | None = None
     if parse is not None:
@@ -129,22 +105,7 @@ def call_llm(
             completion.parse_error, completion.parse_ok = exc, False
         except Exception as exc:  # a parser's bug: the call is paid for and logged all the same, then it surfaces
             crash, completion.parse_ok = exc, False
-    calls = [attempt(a, "retried") for a in completion.failed_attempts]
-    calls.append(
-        attempt(
-            {
-                "tokens_in": completion.tokens_in,
-                "tokens_out": completion.tokens_out,
-                "cached_tokens": completion.cached_tokens,
-                "latency_ms": completion.latency_ms,
-            },
-            "ok",
-            model=completion.model or request.model,
-        ).model_copy(update={"parse_ok": completion.parse_ok})
-    )
-    _log_calls(conn, job_id, calls)
-    charge(calls)
-    metrics.llm_calls(request.model, calls)
+    pay(accounting.answered(completion, parse_ok=completion.parse_ok))
     log.info(
         "llm %s job=%s batch=%s provider=%s model=%s in=%d out=%d %dms",
         stage,
@@ -163,9 +124,6 @@ def call_llm(
 
 def _still_open(conn: psycopg.Connection | None, job_id: str) -> None:
     """A job cancelled (or ended) while this stage waited — for a slot, a limiter, a retry — starts no call."""
-    from ..errors import JobCancelled
-    from ..store.db import connection
-
     if conn is not None:
         open_ = job_store.is_open(conn, job_id=job_id)
     else:
@@ -173,13 +131,3 @@ def _still_open(conn: psycopg.Connection | None, job_id: str) -> None:
             open_ = job_store.is_open(c, job_id=job_id)
     if not open_:
         raise JobCancelled(f"job {job_id} has ended (cancelled or finished); no LLM call was started")
-
-
-def _log_calls(conn: psycopg.Connection | None, job_id: str, calls: list[LLMCall]) -> None:
-    def write(c: psycopg.Connection) -> None:
-        # all rows or none: a retry after the database dropped half-way must not log (and bill) a call twice
-        with c.transaction():
-            for call in calls:
-                job_store.record_llm_call(c, job_id=job_id, call=call)
-
-    durable_write(conn, write, what=f"llm call log of job {job_id}")
