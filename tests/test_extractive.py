@@ -1,38 +1,36 @@
-"""The offline provider answers the pipeline's real messages: plan rules, graded quotes, a cited report."""
+"""The offline provider answers what the pipeline's stages ask (their requests' ``stage_input``): plan rules,
+graded quotes, a cited report."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
+from rlm_workers.errors import LLMError
 from rlm_workers.llm.extractive import ExtractiveProvider
 from rlm_workers.llm.protocol import CompletionRequest
-from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings
-from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
+from rlm_workers.llm.stage_input import PlanInput
+from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings, read_input
+from rlm_workers.pipeline.analyst import render_messages as analyst_messages
 from rlm_workers.pipeline.collect import ChunkRef, collect
-from rlm_workers.pipeline.plan import build_messages as build_plan_messages
 from rlm_workers.pipeline.plan import parse_plan
-from rlm_workers.pipeline.synthesize import build_messages as build_synthesizer_messages
+from rlm_workers.pipeline.synthesize import synthesis_input
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 P = ExtractiveProvider()
 
 
-def _ask(role, messages):
-    return P.complete(CompletionRequest(role=role, model="m", messages=messages, max_tokens=10))
+def _ask(role, asked):
+    """The offline provider's reply to what a stage asked; it reads the record, never the messages."""
+    return P.complete(CompletionRequest(role=role, model="m", messages=[], max_tokens=10, stage_input=asked))
 
 
 def test_plan_rules():
-    quoted = parse_plan(
-        _ask("plan", build_plan_messages("S", 'find "connection refused" errors', 10, 100, ["logs"])).text
-    )
+    quoted = parse_plan(_ask("plan", PlanInput('find "connection refused" errors', 10, 100, ("logs",))).text)
     assert quoted.search_mode == "bm25"
-    assert (
-        parse_plan(
-            _ask("plan", build_plan_messages("S", "where is parse_config called?", 1, 1, ["b"])).text
-        ).search_mode
-        == "bm25"
-    )
-    plain = parse_plan(_ask("plan", build_plan_messages("S", "how do the essays describe startups?", 1, 1, ["b"])).text)
+    assert parse_plan(_ask("plan", PlanInput("where is parse_config called?", 1, 1, ("b",))).text).search_mode == "bm25"
+    plain = parse_plan(_ask("plan", PlanInput("how do the essays describe startups?", 1, 1, ("b",))).text)
     assert plain.search_mode == "hybrid"
     # only what the rules decide is set; the rest is left to scaling
     assert plain.model_fields_set == {"search_mode", "focus_topics"}
@@ -61,9 +59,7 @@ def _chunks():
 
 
 def test_analyst_finds_and_quotes_the_needle_with_its_line():
-    completion = _ask(
-        "analyst", build_analyst_messages("S", "What is the best thing to do in San Francisco?", _chunks())
-    )
+    completion = _ask("analyst", read_input("What is the best thing to do in San Francisco?", _chunks()))
     assert completion.tokens_in == completion.tokens_out == 0  # no tokens were bought
     found = {f.chunk_id: f for f in parse_findings(completion.text, batch_chunk_ids=[11, 12])}
     assert set(found) == {11, 12}
@@ -75,14 +71,14 @@ def test_analyst_finds_and_quotes_the_needle_with_its_line():
 
 def test_report_cites_chunk_and_location():
     q = "What is the best thing to do in San Francisco?"
-    findings = parse_findings(_ask("analyst", build_analyst_messages("S", q, _chunks())).text, batch_chunk_ids=[11, 12])
+    findings = parse_findings(_ask("analyst", read_input(q, _chunks())).text, batch_chunk_ids=[11, 12])
     refs = {
         11: ChunkRef(chunk_id=11, buffer="pg", ordinal=3, path="essays/a.txt", start_line=100, end_line=120),
         12: ChunkRef(chunk_id=12, buffer="pg", ordinal=4, path="essays/b.txt", start_line=1, end_line=9),
     }
     kept = collect([(f, refs[f.chunk_id]) for f in findings]).kept
     kept_dicts = [json.loads(json.dumps(k.__dict__)) for k in kept]
-    report = _ask("synthesizer", build_synthesizer_messages("S", q, kept_dicts, {"findings": 1})).text
+    report = _ask("synthesizer", synthesis_input(q, kept_dicts)).text
     assert "Dolores Park" in report
     assert "[chunk 11, pg:essays/a.txt:100-120]" in report
     assert "chunk 12" not in report
@@ -120,7 +116,7 @@ def test_offline_findings_default_to_medium_and_above(monkeypatch):
     findings = []
     for i in range(0, len(chunks), 10):
         batch = chunks[i : i + 10]
-        reply = _ask("analyst", build_analyst_messages("S", q, batch)).text
+        reply = _ask("analyst", read_input(q, batch)).text
         findings += parse_findings(reply, batch_chunk_ids=[c.chunk_id for c in batch])
     refs = {
         c.chunk_id: ChunkRef(chunk_id=c.chunk_id, buffer="pg", ordinal=k, path=c.path, start_line=1, end_line=3)
@@ -156,7 +152,7 @@ def test_the_offline_report_is_bounded_however_many_findings_come_in():
         }
         for i in range(200)
     ]
-    report = _ask("synthesizer", build_synthesizer_messages("S", q, kept, {"findings": 200})).text
+    report = _ask("synthesizer", synthesis_input(q, kept)).text
     lines = report.splitlines()
     evidence = [ln for ln in lines if ln.startswith("- ")]
     assert len(evidence) == MAX_REPORT_PASSAGES
@@ -168,16 +164,12 @@ def test_the_offline_report_is_bounded_however_many_findings_come_in():
 def test_shared_read_lists_none_chunks_compactly_and_stores_what_reads_alone_would():
     """The offline analyst answers a shared read (docs/contract.md#shared-reads) with one compact "none" list per
     question; parsed per question, it gives the very findings each question's read alone gives."""
-    from rlm_workers.pipeline.analyst import (
-        Question,
-        build_shared_messages,
-        findings_from_entries,
-        question_no,
-        reply_entries,
-    )
+    from rlm_workers.llm.stage_input import Question, ReadInput
+    from rlm_workers.pipeline.analyst import findings_from_entries, question_no, reply_entries
 
     queries = ["What is the best thing to do in San Francisco?", "What do Lisp macros make shorter?"]
-    text = _ask("analyst", build_shared_messages("S", [Question(q) for q in queries], _chunks())).text
+    shared = ReadInput(tuple(_chunks()), tuple(Question(q) for q in queries), shared=True)
+    text = _ask("analyst", shared).text
     entries = reply_entries(text)
     compact = [e for e in entries if "none" in e and "chunk_id" not in e]
     assert compact and all(e["none"] for e in compact)
@@ -185,8 +177,26 @@ def test_shared_read_lists_none_chunks_compactly_and_stores_what_reads_alone_wou
     assert not [e for e in entries if e.get("relevance") == "none" and not (e.get("findings") or e.get("summary"))]
     for n, q in enumerate(queries, 1):
         shared = findings_from_entries([e for e in entries if question_no(e) == n], batch_chunk_ids=[11, 12])
-        alone = parse_findings(
-            _ask("analyst", build_analyst_messages("S", q, _chunks())).text, batch_chunk_ids=[11, 12]
-        )
+        alone = parse_findings(_ask("analyst", read_input(q, _chunks())).text, batch_chunk_ids=[11, 12])
         assert sorted(f.model_dump_json() for f in shared) == sorted(f.model_dump_json() for f in alone)
         assert {f.chunk_id for f in shared} == {11, 12}
+
+
+def test_the_offline_provider_answers_the_record_not_the_prompt():
+    """What a stage asked travels with its request as data: a prompt that says something else is not read, and a
+    request without the record is refused plainly."""
+    q = "What is the best thing to do in San Francisco?"
+    asked = read_input(q, _chunks())
+    other = analyst_messages("S", read_input("Lisp macros?", _chunks()[1:]))
+    reply = P.complete(CompletionRequest(role="analyst", model="m", messages=other, max_tokens=10, stage_input=asked))
+    assert reply.text == _ask("analyst", asked).text
+    assert {f.chunk_id for f in parse_findings(reply.text, batch_chunk_ids=[11, 12])} == {11, 12}
+    with pytest.raises(LLMError, match="stage_input") as refused:
+        P.complete(CompletionRequest(role="analyst", model="m", messages=analyst_messages("S", asked), max_tokens=10))
+    assert refused.value.retryable is False
+    with pytest.raises(LLMError, match="PlanInput"):
+        P.complete(
+            CompletionRequest(
+                role="analyst", model="m", messages=[], max_tokens=10, stage_input=PlanInput(q, 1, 1, ("b",))
+            )
+        )

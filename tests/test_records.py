@@ -13,7 +13,7 @@ import pytest
 from rlm_workers.llm.extractive import ExtractiveProvider, extract_records
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.models import AggregateRow, QueryOptions, Record
-from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings
+from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings, read_input, render_messages
 from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
 from rlm_workers.pipeline.records import (
     MAX_RECORDS_PER_CHUNK,
@@ -184,8 +184,10 @@ def test_extracted_records_of_2000_lines_over_40_chunks_sum_to_the_true_counts()
     per_chunk: dict[int, list[Record]] = {}
     for b in range(0, 40, 10):
         batch = chunks[b : b + 10]
-        messages = build_analyst_messages("S", "how many errors of each kind?", batch, records_wanted=True)
-        reply = provider.complete(CompletionRequest(role="analyst", model="m", messages=messages, max_tokens=10)).text
+        read = read_input("how many errors of each kind?", batch, records_wanted=True)
+        messages = render_messages("S", read)
+        request = CompletionRequest(role="analyst", model="m", messages=messages, max_tokens=10, stage_input=read)
+        reply = provider.complete(request).text
         for f in parse_findings(reply, batch_chunk_ids=[c.chunk_id for c in batch]):
             per_chunk[f.chunk_id] = f.records
     assert len(per_chunk) == 40

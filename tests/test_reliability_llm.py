@@ -47,8 +47,16 @@ def online(rlm_env):
 
 def _request(model: str = "gpt-test"):
     from rlm_workers.llm.protocol import CompletionRequest
+    from rlm_workers.llm.stage_input import Question, ReadInput
 
-    return CompletionRequest(role="analyst", model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=64)
+    # what the offline provider reads (an analyst's read of no chunks); a server is sent only the message
+    return CompletionRequest(
+        role="analyst",
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=64,
+        stage_input=ReadInput((), (Question("hi"),)),
+    )
 
 
 # --------------------------------------------------------------------------- usage after a response
@@ -165,28 +173,34 @@ def test_a_batch_waiting_on_the_limiter_counts_as_progress(job):
 def test_the_offline_answer_quotes_the_document_not_the_fence():
     from rlm_workers.llm.extractive import ExtractiveProvider
     from rlm_workers.llm.protocol import CompletionRequest
-    from rlm_workers.pipeline.analyst import ChunkForPrompt
-    from rlm_workers.pipeline.analyst import build_messages as analyst_messages
-    from rlm_workers.pipeline.synthesize import build_messages as synthesizer_messages
+    from rlm_workers.pipeline.analyst import ChunkForPrompt, read_input
+    from rlm_workers.pipeline.analyst import render_messages as analyst_messages
+    from rlm_workers.pipeline.synthesize import render_messages as synthesizer_messages
+    from rlm_workers.pipeline.synthesize import synthesis_input
 
     query = "Where does the template close the content tag?"
     text = "Template notes.\n\nThe template closes the </content> tag right after the <b>footer</b>.\n"
     chunk = ChunkForPrompt(chunk_id=7, buffer="docs", path="tpl/page.md", start_line=3, end_line=5, text=text)
     offline = ExtractiveProvider()
+    read = read_input(query, [chunk])
     reply = offline.complete(
-        CompletionRequest(role="analyst", model="m", messages=analyst_messages("SYS", query, [chunk]), max_tokens=64)
+        CompletionRequest(
+            role="analyst", model="m", messages=analyst_messages("SYS", read), max_tokens=64, stage_input=read
+        )
     )
     [entry] = json.loads(reply.text)["entries"]  # the wire shape (llm/structured.py)
     assert entry["relevance"] != "none"
     assert any("closes the </content> tag right after the <b>footer</b>" in f for f in entry["findings"])
     assert not any("&lt;" in f or "&#x" in f for f in entry["findings"])
     kept = [{"chunk_id": 7, "buffer": "docs", "path": "tpl/page.md", "start_line": 3, "end_line": 5, **entry}]
+    shown = synthesis_input(query, kept)
     report = offline.complete(
         CompletionRequest(
             role="synthesizer",
             model="m",
-            messages=synthesizer_messages("SYS", query, kept, {"buffers": ["docs"]}),
+            messages=synthesizer_messages("SYS", shown, {"buffers": ["docs"]}),
             max_tokens=64,
+            stage_input=shown,
         )
     ).text
     assert "&lt;" not in report and "&#x" not in report

@@ -1,8 +1,9 @@
-"""The offline provider: answers the pipeline's own messages by rules, no model involved.
+"""The offline provider: answers what the pipeline's stages ask by rules, no model involved.
 
 Used whenever no API key is configured, so ``rlm query`` works on a machine
-with nothing installed.  It reads the messages built by
-``pipeline/`` stage modules (the same ones a real model gets) and:
+with nothing installed.  It never reads the prompt: each stage puts what it
+rendered into its prompt on the request too (``CompletionRequest.stage_input``,
+``llm/stage_input.py``), and from that record it:
 
 - plans by rules: quoted phrases or code-like terms → ``bm25``, else ``hybrid``;
 - grades each chunk by how much of the query its best passage covers and
@@ -19,27 +20,31 @@ Nothing here executes or obeys chunk text; it only measures term overlap and, th
 embedding model, closeness of meaning.
 Token counts are reported as 0 because no tokens were bought.
 
-The messages it reads are fenced (pipeline/prompts.py): it undoes the fence
-before quoting, so a quote shows the document's own characters, and writes
-them into the markdown report with tags escaped, so they show rather than act.
+It cuts and ranks a chunk's passages on the text as the prompt fences it (pipeline/prompts.py), as a model
+reads it and as ``line_rank`` was tuned; it undoes the fence before quoting, so a quote shows the document's
+own characters, and writes them into the markdown report with tags escaped, so they show rather than act.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import LLMError
 from ..models import RELEVANCE_RANK, Record
-from ..pipeline.prompts import unescape_content, unquote_field
+from ..pipeline.prompts import escape_content, unescape_content
 from ..pipeline.records import (
     CODE_LINE,
     MAX_RECORDS_PER_CHUNK,
+    TABLE_SUFFIXES,
     aggregate,
     is_record_line,
+    is_table,
     records_markdown,
     stem_terms,
 )
@@ -47,6 +52,7 @@ from ..pipeline.replies import cited_chunk_ids
 from ..search.tokenize import tokenize
 from . import line_rank
 from .protocol import Completion, CompletionRequest
+from .stage_input import ChunkForPrompt, DirectInput, FindingsInput, PlanInput, Question, ReadInput, ShownFinding
 
 MODEL = "extractive"
 #: quotes per chunk, and their length, in the findings
@@ -55,13 +61,6 @@ MAX_QUOTE_CHARS = 400
 #: cited passages in a report (one per chunk, strongest first); the rest are only counted
 MAX_REPORT_PASSAGES = 8
 
-_QUERY = re.compile(
-    r"## Query\n\n(.*?)(?:\n\n## (?:Dataset|Focus topics|Records|Asked already|Findings|Chunks|Reply)\n|\Z)", re.S
-)
-#: the section a job that totals records adds to the analyst's (or the direct answer's) message
-_RECORDS_SECTION = re.compile(r"\n\n## Records\n\n")
-_CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: ([^\n]*)\n\n<content>\n(.*?)\n</content>", re.S)
-_SOURCE = re.compile(r"^(?P<loc>.*):(?P<start>\d+)-(?P<end>\d+)$")
 #: a phrase the question quotes: the marks open and close a word run (not an apostrophe's "don't", not the gap
 #: between two quoted bits: ``'.' and '..'``)
 _QUOTED = re.compile(r"(?<!\w)[\"“'`]([^\s\"”'`][^\"”'`]+[^\s\"”'`])[\"”'`](?!\w)")
@@ -82,30 +81,14 @@ class _Unit:
 _terms = stem_terms
 
 
-def _user_text(request: CompletionRequest) -> str:
-    for m in request.messages:
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            return m["content"]
-    return ""
+def _location(chunk: ChunkForPrompt | ShownFinding) -> str:
+    """``buffer:path``, as a source line names it."""
+    return f"{chunk.buffer}:{chunk.path}"
 
 
-#: a fenced block of untrusted text (chunks, an earlier conversation): never read for the message's own sections
-_FENCED = re.compile(r"<content>\n.*?\n</content>", re.S)
-
-
-def _query_of(text: str) -> str:
-    # the chunks come before the query (docs/contract.md#prompt-caching): a chunk spelling "## Query" must not
-    # pose as it
-    m = _QUERY.search(_FENCED.sub("", text))
-    return unescape_content(m.group(1).strip()) if m else ""
-
-
-def _location(source: str) -> tuple[str, int, int]:
-    """(``buffer:path``, start, end) of a prompt's ``source:`` line, the quoted location read back."""
-    m = _SOURCE.match(source.strip())
-    if not m:
-        return unquote_field(source.strip()), 1, 1
-    return unquote_field(m.group("loc")), int(m.group("start")), int(m.group("end"))
+def _fenced(chunk: ChunkForPrompt) -> str:
+    """The chunk's text as its prompt's content block holds it: the passages are cut and ranked on that."""
+    return escape_content(chunk.text)
 
 
 def _md_text(text: str) -> str:
@@ -114,9 +97,8 @@ def _md_text(text: str) -> str:
     return _MD_HTML.sub(r"\\<", _LINE_BREAKS.sub(" ", text))
 
 
-def _shown_source(source: str) -> str:
-    loc, start, end = _location(source)
-    return f"{_md_text(loc)}:{start}-{end}"
+def _shown_source(chunk: ChunkForPrompt | ShownFinding) -> str:
+    return f"{_md_text(_location(chunk))}:{int(chunk.start_line)}-{int(chunk.end_line)}"
 
 
 def _units(text: str) -> list[_Unit]:
@@ -189,28 +171,26 @@ def plan_by_rules(query: str) -> dict:
     return {"search_mode": mode, "focus_topics": terms[:5]}
 
 
-def analyse_chunks(user_text: str) -> list[dict]:
-    return [entry for entry, _score in _analysed(user_text)]
+def analyse_chunks(query: str, chunks: Sequence[ChunkForPrompt]) -> list[dict]:
+    return [entry for entry, _score in _analysed(query, chunks)]
 
 
-def _analysed(user_text: str, *, relative: bool = False) -> list[tuple[dict, float]]:
+def _analysed(query: str, chunks: Sequence[ChunkForPrompt], *, relative: bool = False) -> list[tuple[dict, float]]:
     """The analyst's entries, each with the fused score of its best passage (``line_rank.fuse``), which orders
     the quotes and the direct answer's chunks.  A grade is the share of the query a passage covers; with
     ``relative`` (the direct answer: one message holding the search's best chunks) it is raised for a passage
     ranked near the message's best by meaning and words together.  An analyst's batch may hold nothing
     relevant at all, so there its best is no evidence by itself."""
-    query = _query_of(user_text)
     q_terms = _terms(query)
     phrases = [p.lower() for p in _QUOTED.findall(query)]
-    chunks = _CHUNK.findall(user_text)
-    all_units = {cid: _units(body) for cid, _, body in chunks}
+    all_units = {c.chunk_id: _units(_fenced(c)) for c in chunks}
     tokens = {cid: [_terms(u.text) for u in us] for cid, us in all_units.items()}
     weights = _weights(q_terms, [t for ts in tokens.values() for t in ts])
     total = sum(weights.values()) or 1.0
     # chunk order in the message is the search's rank order (docs/contract.md#modes)
     cands = {
-        cid: line_rank.candidates(body, _location(source)[0], n, [(u.text, u.line) for u in all_units[cid]])
-        for n, (cid, source, body) in enumerate(chunks)
+        c.chunk_id: line_rank.candidates(_fenced(c), _location(c), n, [(u.text, u.line) for u in all_units[c.chunk_id]])
+        for n, c in enumerate(chunks)
     }
     fused_all = line_rank.fuse(query, [c for cs in cands.values() for c in cs])
     top_score = max(fused_all, default=0.0) or 1.0
@@ -219,8 +199,8 @@ def _analysed(user_text: str, *, relative: bool = False) -> list[tuple[dict, flo
         fused[cid] = fused_all[at : at + len(cs)]
         at += len(cs)
     out = []
-    for cid, source, _body in chunks:
-        loc, start, _end = _location(source)
+    for chunk in chunks:
+        cid, loc, start = chunk.chunk_id, _location(chunk), int(chunk.start_line)
         scored = []
         for unit, toks, score, cand in zip(all_units[cid], tokens[cid], fused[cid], cands[cid], strict=True):
             present = set(toks)
@@ -232,7 +212,7 @@ def _analysed(user_text: str, *, relative: bool = False) -> list[tuple[dict, flo
                 scored.append((score + (1.0 if phrase else 0.0), cover, phrase, unit, near))
         scored.sort(key=lambda s: (-s[0], s[3].line))
         if not scored:
-            entry = {"chunk_id": int(cid), "relevance": "none", "findings": [], "summary": "", "follow_up": []}
+            entry = {"chunk_id": cid, "relevance": "none", "findings": [], "summary": "", "follow_up": []}
             out.append((entry, 0.0))
             continue
         best = scored[0]
@@ -251,7 +231,7 @@ def _analysed(user_text: str, *, relative: bool = False) -> list[tuple[dict, flo
         out.append(
             (
                 {
-                    "chunk_id": int(cid),
+                    "chunk_id": cid,
                     "relevance": grade,
                     "findings": findings,
                     "summary": summary,
@@ -262,8 +242,6 @@ def _analysed(user_text: str, *, relative: bool = False) -> list[tuple[dict, flo
         )
     return out
 
-
-_GRADE_LINE = re.compile(r"^relevance: (\w+)$", re.M)
 
 _DISCLAIMER = (
     "_Written by the offline extractive provider: the quotes are verbatim passages ranked by "
@@ -306,13 +284,12 @@ def _answer_lines(query: str, entries: list[_Entry], totals: str | None = None, 
     return lines
 
 
-def write_report(user_text: str) -> str:
-    query = _query_of(user_text)
-    entries = []
-    for cid, source, body in _CHUNK.findall(user_text):
-        grade = (_GRADE_LINE.search(body) or [None, "low"])[1]
-        quotes = [_md_text(unescape_content(ln[2:])) for ln in body.split("\n") if ln.startswith("- ")]
-        entries.append((int(cid), _shown_source(source), grade, quotes))
+def write_report(shown: FindingsInput) -> str:
+    """The synthesizer's report: the findings shown, their quotes cited, the best one first."""
+    query = shown.query
+    entries: list[_Entry] = [
+        (f.chunk_id, _shown_source(f), f.relevance or "low", [_md_text(x) for x in f.findings]) for f in shown.findings
+    ]
     if not entries:
         return f"## No relevant findings\n\nNothing in the analysed chunks answers “{query}”."
     return "\n".join([*_answer_lines(query, entries), "", _DISCLAIMER])
@@ -444,10 +421,6 @@ def _json_records(obj: dict) -> list[tuple[str, str]]:
 def _table_records(text: str, path: str) -> list[tuple[str, str]]:
     """A CSV/TSV chunk: its first line is the header row (the analyst stage puts it there), every other line a
     row; each cell is a (column, value) record.  Columns that are unique per row (ids, times) are skipped."""
-    import csv
-
-    from ..pipeline.records import TABLE_SUFFIXES
-
     delimiter = next(d for suffix, d in TABLE_SUFFIXES.items() if path.lower().endswith(suffix))
     rows = list(csv.reader(text.split("\n"), delimiter=delimiter))
     if not rows:
@@ -475,8 +448,6 @@ def extract_records(text: str, path: str = "") -> list[dict]:
     is the header row and each cell of the other rows a (column, value) record.  At most MAX_RECORDS_PER_CHUNK
     distinct pairs, first seen first.
     """
-    from ..pipeline.records import is_table
-
     counts: dict[tuple[str, str], int] = {}
     pairs = (
         _table_records(text, path) if is_table(path) else (p for line in text.split("\n") for p in _line_records(line))
@@ -489,74 +460,55 @@ def extract_records(text: str, path: str = "") -> list[dict]:
     return [{"label": label, "value": value, "count": n} for (label, value), n in counts.items()]
 
 
-def analyst_reply(user_text: str) -> list[dict]:
-    """The analyst's entries; with a ``## Records`` section, every entry (even one graded none) has records."""
-    entries = analyse_chunks(user_text)
-    if _RECORDS_SECTION.search(user_text):
-        bodies = {int(cid): (source, body) for cid, source, body in _CHUNK.findall(user_text)}
+def analyst_reply(chunks: Sequence[ChunkForPrompt], question: Question) -> list[dict]:
+    """The analyst's entries; when the question wants records, every entry (even one graded none) has them."""
+    entries = analyse_chunks(question.query, chunks)
+    if question.records_wanted:
+        by_id = {c.chunk_id: c for c in chunks}
         for e in entries:
-            source, body = bodies.get(e["chunk_id"], ("", ""))
-            e["records"] = extract_records(unescape_content(body), _location(source)[0])
+            chunk = by_id.get(e["chunk_id"])
+            e["records"] = extract_records(chunk.text, _location(chunk)) if chunk else []
     return entries
 
 
-_QUESTIONS_HEAD = "\n\n## Questions\n\n"
-_QUESTION = re.compile(r"### Question (\d+)\n\n(.*?)(?=\n\n### Question \d+\n\n|\n\n## Reply\n|\Z)", re.S)
-
-
-def is_shared_read(user_text: str) -> bool:
-    return _QUESTIONS_HEAD in _FENCED.sub("", user_text)
-
-
-def shared_analyst_reply(user_text: str) -> list[dict]:
+def shared_analyst_reply(read: ReadInput) -> list[dict]:
     """A shared read (docs/contract.md#shared-reads): each numbered question answered over the same chunks, as
     if it were a read of its own, every entry tagged with its question's number.  The chunks a question grades
     none with nothing to say (nor to count) go into that question's one compact ``"none"`` list."""
-    outside = _FENCED.sub("", user_text)
-    section = outside.rpartition(_QUESTIONS_HEAD)[2]
-    blocks = "\n\n".join(
-        f"### Chunk {cid}\n\nsource: {source}\n\n<content>\n{body}\n</content>"
-        for cid, source, body in _CHUNK.findall(user_text)
-    )
     out: list[dict] = []
-    for n, body in _QUESTION.findall(section):
-        query = body.split("\n\nFocus topics: ", 1)[0].split("\n\n(records wanted)", 1)[0]
-        records = "\n\n## Records\n\n" if "(records wanted)" in body else ""
+    for n, question in enumerate(read.questions, 1):
         nothing: list[int] = []
-        for entry in analyst_reply(f"## Chunks\n\n{blocks}{records}\n\n## Query\n\n{query}"):
+        for entry in analyst_reply(read.chunks, question):
             empty = not any(entry.get(k) for k in ("findings", "summary", "follow_up", "records"))
             if entry["relevance"] == "none" and empty:
                 nothing.append(entry["chunk_id"])
             else:
-                out.append({**entry, "question": int(n)})
+                out.append({**entry, "question": n})
         if nothing:
-            out.append({"question": int(n), "none": nothing})
+            out.append({"question": n, "none": nothing})
     return out
 
 
 # --------------------------------------------------------------------------- direct answer
 
 
-def direct_answer(user_text: str) -> str:
+def direct_answer(asked: DirectInput) -> str:
     """One answer straight from the chunks (instant mode, auto's direct route): the analyst's grading of the
     raw chunks, written up as the report is, plus exact totals of the records the chunks show when asked."""
-    query = _query_of(user_text)
-    chunks = {int(cid): (source, body) for cid, source, body in _CHUNK.findall(user_text)}
+    query = asked.query
+    chunks = {c.chunk_id: c for c in asked.chunks}
     floor = RELEVANCE_RANK["medium"]  # as Collect does offline: "low" only means "shares a query term"
     analysed = sorted(
-        _analysed(user_text, relative=True), key=lambda es: -es[1]
+        _analysed(query, asked.chunks, relative=True), key=lambda es: -es[1]
     )  # best passage first, search rank on ties
     entries: list[_Entry] = [
-        (e["chunk_id"], _shown_source(chunks[e["chunk_id"]][0]), e["relevance"], [_md_text(f) for f in e["findings"]])
+        (e["chunk_id"], _shown_source(chunks[e["chunk_id"]]), e["relevance"], [_md_text(f) for f in e["findings"]])
         for e, _score in analysed
         if RELEVANCE_RANK.get(e["relevance"], 0) >= floor
     ]
     totals = None
-    if _RECORDS_SECTION.search(user_text):
-        per_chunk = {
-            cid: [Record(**r) for r in extract_records(unescape_content(body), _location(s)[0])]
-            for cid, (s, body) in chunks.items()
-        }
+    if asked.records_wanted:
+        per_chunk = {cid: [Record(**r) for r in extract_records(c.text, _location(c))] for cid, c in chunks.items()}
         totals = records_markdown(aggregate(per_chunk), query)
     if entries:
         return "\n".join([*_answer_lines(query, entries, totals, ranked=True), "", _DISCLAIMER])
@@ -574,8 +526,6 @@ def direct_answer(user_text: str) -> str:
 
 MAX_RULE_FOLLOW_UPS = 3
 MAX_RULE_GAPS = 5
-_FINDINGS_SECTION = "\n\n## Findings\n\n"
-_ASKED = re.compile(r"\n\n## Asked already\n\n(.*?)(?=\n\n## Findings\n)", re.S)
 #: an extractive finding: a verbatim quote and where it is, `"…" (a.md:12)`; only the quote names things
 _QUOTE_AND_PLACE = re.compile(r'^"(.*)" \([^()\n]*:\d+\)$', re.S)
 _IDENTIFIER = re.compile(
@@ -622,17 +572,15 @@ def _entities(text: str) -> list[str]:
     return [w for _, w in sorted(found)]
 
 
-def _finding_texts(body: str) -> list[str]:
+def _finding_texts(finding: ShownFinding) -> list[str]:
     out = []
-    for line in unescape_content(body).split("\n"):
-        if line.startswith("- "):
-            text = line[2:].strip()
-            m = _QUOTE_AND_PLACE.match(text)
-            out.append(m.group(1) if m else text)
+    for text in finding.findings:
+        m = _QUOTE_AND_PLACE.match(text.strip())
+        out.append(m.group(1) if m else text.strip())
     return out
 
 
-def check_by_rules(user_text: str) -> dict:
+def check_by_rules(shown: FindingsInput) -> dict:
     """The completeness check by rules: follow up what the findings name and the question does not.
 
     Candidates are the names in the findings' lines (see ``_entities``) whose terms appear neither in the
@@ -640,15 +588,9 @@ def check_by_rules(user_text: str) -> dict:
     Each follow-up is the name as a quoted phrase, so that the offline planner searches it exactly.
     Confidence is the weighted share of query terms the findings mention.
     """
-    query = _query_of(user_text)
-    asked_terms: set[str] = set()
-    if m := _ASKED.search(user_text):
-        for line in m.group(1).split("\n"):
-            if line.startswith("- "):
-                asked_terms.update(_terms(unquote_field(line[2:].strip())))
-    at = user_text.find(_FINDINGS_SECTION)
-    section = user_text[at + len(_FINDINGS_SECTION) :] if at >= 0 else ""
-    texts_by_chunk = [(int(cid), _finding_texts(body)) for cid, _source, body in _CHUNK.findall(section)]
+    query = shown.query
+    asked_terms = {t for q in shown.asked for t in _terms(q)}
+    texts_by_chunk = [(f.chunk_id, _finding_texts(f)) for f in shown.findings]
     q_terms = _terms(query)
     known = set(q_terms) | asked_terms
     names: dict[str, str] = {}  # casefolded → first spelling
@@ -693,19 +635,29 @@ class ExtractiveProvider:
 
     def complete(self, request: CompletionRequest, *, before_retry: Callable[[], None] | None = None) -> Completion:
         t0 = time.perf_counter()
-        text = _user_text(request)
-        if request.role == "plan":
-            out = json.dumps(plan_by_rules(_query_of(text)))
-        elif request.role == "analyst":
-            reply = shared_analyst_reply(text) if is_shared_read(text) else analyst_reply(text)
-            out = json.dumps({"entries": reply}, ensure_ascii=False)  # the wire shape (llm/structured.py)
-        elif request.role == "check":
-            out = json.dumps(check_by_rules(text), ensure_ascii=False)
-        elif request.role == "direct":
-            out = direct_answer(text)
-            if request.json_output:  # the answer object (llm/structured.py), citing what the text cites
-                cited = cited_chunk_ids(out, [int(cid) for cid, _, _ in _CHUNK.findall(text)])
-                out = json.dumps({"answer": out, "cited_chunks": cited}, ensure_ascii=False)
-        else:
-            out = write_report(text)
+        match request.role, request.stage_input:
+            case "plan", PlanInput() as asked:
+                out = json.dumps(plan_by_rules(asked.query))
+            case "analyst", ReadInput(shared=True) as read:
+                out = json.dumps({"entries": shared_analyst_reply(read)}, ensure_ascii=False)
+            case "analyst", ReadInput(questions=(question,)) as read:
+                reply = analyst_reply(read.chunks, question)
+                out = json.dumps({"entries": reply}, ensure_ascii=False)  # the wire shape (llm/structured.py)
+            case "check", FindingsInput() as shown:
+                out = json.dumps(check_by_rules(shown), ensure_ascii=False)
+            case "direct", DirectInput() as asked:
+                out = direct_answer(asked)
+                if request.json_output:  # the answer object (llm/structured.py), citing what the text cites
+                    cited = cited_chunk_ids(out, [c.chunk_id for c in asked.chunks])
+                    out = json.dumps({"answer": out, "cited_chunks": cited}, ensure_ascii=False)
+            case "synthesizer", FindingsInput() as shown:
+                out = write_report(shown)
+            case role, given:
+                # the prompt is for a model: reading it back would tie these rules to its wording
+                raise LLMError(
+                    f"the offline provider answers from the request's stage_input (llm/stage_input.py); this "
+                    f"{role} request carries {type(given).__name__ if given is not None else 'none'}",
+                    retryable=False,
+                )
+
         return Completion(text=out, model=MODEL, latency_ms=int((time.perf_counter() - t0) * 1000))

@@ -1,7 +1,7 @@
 """Which line of the chunks answers the question: the offline provider's ranking of the passages it may quote.
 
-The extractive provider (``extractive.py``) sees only the messages the pipeline builds, so it ranks with what
-they hold and with what the worker already has at hand:
+The extractive provider (``extractive.py``) sees only what a stage put in its prompt (the request's
+``stage_input``), so it ranks with what that holds and with what the worker already has at hand:
 
 - **search rank**: chunks appear in the message in the order the search ranked them (the direct answer's
   chunks, an analyst batch's slice of the ranking), so a chunk's position is a prior;
@@ -34,8 +34,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..config import get_settings
+from ..ingest.embed import get_embedder, resolve_runtime
 from ..pipeline.prompts import unescape_content
 from ..pipeline.records import CODE_LINE
+from ..search.service import query_vector
 from ..search.tokenize import tokenize
 
 log = logging.getLogger("rlm.llm.line_rank")
@@ -496,12 +501,6 @@ def meaning(query: str, texts: Sequence[str]) -> list[float] | None:
     if _encoder_failed or not texts:
         return None
     try:
-        import numpy as np
-
-        from ..config import get_settings
-        from ..ingest.embed import get_embedder, resolve_runtime
-        from ..search.service import query_vector
-
         model = get_settings().embedding_model
         runtime = resolve_runtime(model)
         qvec = query_vector(model, query, runtime)

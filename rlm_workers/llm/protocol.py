@@ -1,8 +1,9 @@
 """The one interface every LLM provider implements.
 
 Stages build chat messages, call ``complete()``, and parse the text.  The
-offline extractive provider answers the very same messages by rules, so the
-pipeline has a single code path whether or not a model is configured.
+offline extractive provider answers by rules from the same request (its
+``stage_input``, the values the messages were rendered from), so the pipeline
+has a single code path whether or not a model is configured.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from .stage_input import StageInput
 
 #: "check": the completeness check of thinking mode; "direct": one answer straight from chunks (instant/direct)
 Role = Literal["plan", "analyst", "synthesizer", "check", "direct"]
@@ -39,6 +42,31 @@ class CompletionRequest:
     #: whose job the call serves: the global in-flight limit is shared between active tenants
     #: (docs/contract.md#fair-share); None counts as the default tenant
     tenant: str | None = None
+    #: what the stage put in the prompt, as data (``llm/stage_input.py``): the offline provider answers from it;
+    #: never sent to a server nor logged as prompt text
+    stage_input: StageInput | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One HTTP attempt behind a call, as the provider saw it: how it ended and what it was billed.
+
+    Providers report the attempts that failed (``Completion.failed_attempts``, ``LLMError.attempts``); the
+    accounting (``pipeline/accounting.py``) makes each attempt one ``llm_calls`` row, so a job's tokens are the
+    exact sum of what was billed, retries included (docs/contract.md#llm-accounting)."""
+
+    status: Literal["ok", "error", "retried"] = "ok"
+    tokens_in: int = 0
+    tokens_out: int = 0
+    #: input tokens served from the provider's prompt cache (part of ``tokens_in``, priced apart)
+    cached_tokens: int = 0
+    #: None when nothing was timed (an error raised before any attempt): the caller says what it waited
+    latency_ms: int | None = None
+    error: str | None = None
+    #: the model that answered, when the server named it (None: the one asked for)
+    model: str | None = None
+    #: whether the stage could use the reply as it came (docs/contract.md#structured-outputs); None: not parsed
+    parse_ok: bool | None = None
 
 
 @dataclass
@@ -53,8 +81,8 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     #: the assistant message to append to the conversation when tools were called
     raw_message: dict[str, Any] | None = None
-    #: attempts that failed before this one succeeded, as (status, tokens_in, tokens_out, latency_ms, error)
-    failed_attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: attempts that failed before this one succeeded
+    failed_attempts: list[Attempt] = field(default_factory=list)
     #: why the model stopped, as the server said ("stop", "length", "tool_calls"…); "length" means the reply was
     #: cut at max_tokens, so whatever it holds may be incomplete
     finish_reason: str | None = None

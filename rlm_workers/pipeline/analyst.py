@@ -20,17 +20,19 @@ import functools
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
 from ..errors import BudgetExhausted, JobCancelled, LimiterBusy, ParseError, error_record
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
+from ..llm.limiter import ConcurrencyLimiter, wait_bound
 from ..llm.protocol import CompletionRequest
+from ..llm.stage_input import ChunkForPrompt, Question, ReadInput
 from ..llm.structured import ANALYST_SCHEMA, GRADES, NONE_KEY, SHARED_SCHEMA, as_chunk_id, validate_entry
 from ..models import RELEVANCE_RANK, Finding, Relevance
-from ..resources import provider
+from ..resources import provider, redis_client
 from ..sessions import conversation_section, evidence_ids
 from ..store import jobs as job_store
 from ..store.buffers import chunks_for_counting, get_chunks
@@ -38,7 +40,7 @@ from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
 from .flow import Heartbeat
 from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
-from .records import RECORDS_INSTRUCTION, merge_records, parse_records
+from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from .replies import clip, json_candidates, leading_objects
 
 log = logging.getLogger("rlm.pipeline.analyst")
@@ -50,16 +52,6 @@ PARSE_RETRIES = 1
 PRIOR_REPLY_CHARS = 2000
 
 # --------------------------------------------------------------------------- messages
-
-
-@dataclass(frozen=True)
-class ChunkForPrompt:
-    chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
-    text: str
 
 
 #: after the block of a chunk an earlier answer of the conversation cited (a chat turn's carried evidence)
@@ -74,6 +66,40 @@ def _chunk_blocks(chunks: Sequence[ChunkForPrompt], carried: Collection[int] = (
     )
 
 
+def read_input(
+    query: str, chunks: Sequence[ChunkForPrompt], focus_topics: Sequence[str] = (), *, records_wanted: bool = False
+) -> ReadInput:
+    """One question's read of a batch, as the request carries it (``CompletionRequest.stage_input``).
+    ``records_wanted``: the job totals typed records (``--scope all``), so every entry is asked for them."""
+    return ReadInput(tuple(chunks), (Question(query, tuple(focus_topics), records_wanted),))
+
+
+def render_messages(
+    system_prompt: str, read: ReadInput, *, conversation: str = "", carried: Collection[int] = ()
+) -> list[dict[str, str]]:
+    """One question's read (its only question).  ``conversation``: a chat turn's earlier turns (quoted, before
+    the query); ``carried``: chunks an earlier answer of the conversation cited, marked as such after their block
+    (docs/contract.md#sessions).
+
+    What repeats between calls comes first and what varies last (docs/contract.md#prompt-caching): the system
+    prompt, the chunks (read again by a retry, a follow-up or another question), the records instruction, and
+    only then the conversation, the query and its focus topics."""
+    (question,) = read.questions
+    # The query is the user's own words, but it must not open or close a content block either; the
+    # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
+    parts = [_chunk_blocks(read.chunks, carried)]
+    if question.records_wanted:
+        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
+    parts.append(f"{conversation}## Query\n\n{escape_content(question.query)}")
+    if question.focus_topics:
+        parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in question.focus_topics))
+    parts.append(
+        f'## Reply\n\nReply with a JSON object {{"entries": [...]}} holding exactly {len(read.chunks)} entries, one '
+        "per chunk id above."
+    )
+    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+
+
 def build_messages(
     system_prompt: str,
     query: str,
@@ -84,43 +110,16 @@ def build_messages(
     conversation: str = "",
     carried: Collection[int] = (),
 ) -> list[dict[str, str]]:
-    """``records_wanted``: the job totals typed records (``--scope all``), so every entry is asked for them.
-    ``conversation``: a chat turn's earlier turns (quoted, before the query); ``carried``: chunks an earlier
-    answer of the conversation cited, marked as such after their block (docs/contract.md#sessions).
-
-    What repeats between calls comes first and what varies last (docs/contract.md#prompt-caching): the system
-    prompt, the chunks (read again by a retry, a follow-up or another question), the records instruction, and
-    only then the conversation, the query and its focus topics."""
-    # The query is the user's own words, but it must not open or close a content block either; the
-    # planner's topics came from a model that read chunk text, and paths and buffer names from uploads.
-    parts = [_chunk_blocks(chunks, carried)]
-    if records_wanted:
-        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
-    parts.append(f"{conversation}## Query\n\n{escape_content(query)}")
-    if focus_topics:
-        parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in focus_topics))
-    parts.append(
-        f'## Reply\n\nReply with a JSON object {{"entries": [...]}} holding exactly {len(chunks)} entries, one per '
-        "chunk id above."
-    )
-    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+    """The analyst's messages, rendered from ``read_input`` of these values (see ``render_messages``)."""
+    read = read_input(query, chunks, focus_topics, records_wanted=records_wanted)
+    return render_messages(system_prompt, read, conversation=conversation, carried=carried)
 
 
-@dataclass(frozen=True)
-class Question:
-    """One question of a shared read (docs/contract.md#shared-reads), numbered from 1 in the message."""
-
-    query: str
-    focus_topics: tuple[str, ...] = ()
-    records_wanted: bool = False
-
-
-def build_shared_messages(
-    system_prompt: str, questions: Sequence[Question], chunks: Sequence[ChunkForPrompt]
-) -> list[dict[str, str]]:
+def render_shared_messages(system_prompt: str, read: ReadInput) -> list[dict[str, str]]:
     """One read of a chunk batch for several questions: the chunks first (the part every question shares, and
     the prefix a provider's prompt cache keeps), then the questions, numbered, each quoted like a single
     analyst's query."""
+    chunks, questions = read.chunks, read.questions
     parts = [_chunk_blocks(chunks)]
     if any(q.records_wanted for q in questions):
         parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
@@ -141,6 +140,13 @@ def build_shared_messages(
         '"question" set to the question\'s number.'
     )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def build_shared_messages(
+    system_prompt: str, questions: Sequence[Question], chunks: Sequence[ChunkForPrompt]
+) -> list[dict[str, str]]:
+    """A shared read's messages, rendered from a shared ``ReadInput`` of these values."""
+    return render_shared_messages(system_prompt, ReadInput(tuple(chunks), tuple(questions), shared=True))
 
 
 def retry_messages(
@@ -278,8 +284,6 @@ def _job_slot(job_id: str, limit: int | None, batches: int | None, settings: Set
     if not limit or provider().local or (batches and batches <= int(limit)):
         # a cap at or above the job's batch count can never bind: skip two Redis round trips
         return contextlib.nullcontext()
-    from ..llm.limiter import ConcurrencyLimiter, wait_bound
-    from ..resources import redis_client
 
     limiter = ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}")
     return limiter.slot(wait_bound(settings))
@@ -359,12 +363,10 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
             job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
             return {"batch": batch_no, "status": "failed", "error": err}
     params = job.params or {}
-    messages = build_messages(
+    read = read_input(job.query, chunks, params.get("focus_topics") or [], records_wanted=job.route == "exhaustive")
+    messages = render_messages(
         load_prompt("subcall", prompt_dir=settings.prompt_dir),
-        job.query,
-        chunks,
-        params.get("focus_topics") or [],
-        records_wanted=job.route == "exhaustive",
+        read,
         conversation=conversation_section(job.spec),
         carried=set(evidence_ids(job.spec)),
     )
@@ -380,7 +382,7 @@ def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: lis
             ) from exc
         # the claim saw the job open; only a wait for the job's slot leaves time for a cancel to come in between
         waited = not isinstance(slot, contextlib.nullcontext)
-        findings, unanswered = _ask(job_id, batch_no, messages, present, settings, check_open=waited)
+        findings, unanswered = _ask(job_id, batch_no, messages, read, present, settings, check_open=waited)
     if unanswered:
         log.warning(
             "job %s batch %s: no answer for chunks %s even when asked again; reported as unanswered",
@@ -419,10 +421,11 @@ def prompt_chunks(conn: Any, *, tenant: str, ids: Sequence[int], counting: bool)
 
 
 def analyst_request(
-    messages: list[dict[str, str]], settings: Settings, *, tenant: str | None = None, shared: bool = False
+    messages: list[dict[str, str]], settings: Settings, read: ReadInput, *, tenant: str | None = None
 ) -> CompletionRequest:
-    """An analyst call: the subcall model, deterministic, a JSON reply of the analyst's schema (``shared``: a
-    read for several questions, whose entries carry question numbers and may list none-graded chunks)."""
+    """An analyst call: the subcall model, deterministic, a JSON reply of the analyst's schema (a shared ``read``
+    is one for several questions, whose entries carry question numbers and may list none-graded chunks).
+    ``messages`` were rendered from ``read``, or are a retry's conversation that opened with them."""
     return CompletionRequest(
         role="analyst",
         model=settings.subcall_model,
@@ -430,16 +433,13 @@ def analyst_request(
         max_tokens=ANALYST_MAX_TOKENS,
         temperature=0.0,
         json_output=True,
-        json_schema=SHARED_SCHEMA if shared else ANALYST_SCHEMA,
+        json_schema=SHARED_SCHEMA if read.shared else ANALYST_SCHEMA,
         tenant=tenant,
+        stage_input=read,
     )
 
 
 def _owned(chunk: ChunkForPrompt, counted: Any) -> ChunkForPrompt:
-    from dataclasses import replace
-
-    from .records import is_table, own_lines
-
     first, text = own_lines(chunk.text, chunk.start_line, chunk.end_line, counted.prev_end_line, counted.tail)
     if first > 1 and is_table(chunk.path) and counted.first_line:
         # a table's rows name their columns only through the header: every chunk of it starts with that row
@@ -453,6 +453,7 @@ def _ask(
     job_id: str,
     batch_no: int,
     messages: list[dict[str, str]],
+    read: ReadInput,
     present: list[int],
     settings: Settings,
     *,
@@ -467,7 +468,7 @@ def _ask(
     answered: dict[int, Finding] = {}
     wanted = list(present)
     for attempt in range(PARSE_RETRIES + 1):
-        request = analyst_request(messages, settings)
+        request = analyst_request(messages, settings, read)
         completion = call_llm(
             None,
             job_id=job_id,

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from ..errors import ParseError
-from .prompts import escape_content, findings_blocks, quote_field, system_message
+from ..llm.stage_input import FindingsInput
+from .prompts import escape_content, findings_blocks, quote_field, shown_findings, system_message
 from .replies import clip, json_candidates
 
 CHECK_MAX_TOKENS = 1024
@@ -33,19 +34,30 @@ MAX_FOLLOW_UP_BYTES = 500
 # --------------------------------------------------------------------------- messages
 
 
+def check_input(query: str, kept: Sequence[Mapping[str, Any]], asked: Sequence[str]) -> FindingsInput:
+    """What the checker is shown: the query, the findings that fit, the questions asked already."""
+    shown, omitted = shown_findings(kept, MAX_CHECK_FINDINGS_CHARS)
+    return FindingsInput(query=query, findings=shown, omitted=omitted, asked=tuple(asked))
+
+
+def render_messages(system_prompt: str, shown: FindingsInput) -> list[dict[str, str]]:
+    """The query, the questions asked already (follow-ups of earlier rounds) and the findings in collect order."""
+    user = f"## Query\n\n{escape_content(shown.query)}"
+    if shown.asked:
+        user += "\n\n## Asked already\n\n" + "\n".join(f"- {quote_field(q)}" for q in shown.asked)
+    blocks = findings_blocks(shown.findings)
+    user += "\n\n## Findings\n\n" + ("\n\n".join(blocks) if blocks else "(none)")
+    if shown.omitted:
+        user += f"\n\n({shown.omitted} lower-ranked findings omitted for length.)"
+    user += "\n\nReply with the JSON verdict only."
+    return [system_message(system_prompt), {"role": "user", "content": user}]
+
+
 def build_messages(
     system_prompt: str, query: str, kept: Sequence[Mapping[str, Any]], asked: Sequence[str]
 ) -> list[dict[str, str]]:
-    """The query, the questions asked already (follow-ups of earlier rounds) and the findings in collect order."""
-    user = f"## Query\n\n{escape_content(query)}"
-    if asked:
-        user += "\n\n## Asked already\n\n" + "\n".join(f"- {quote_field(q)}" for q in asked)
-    blocks, omitted = findings_blocks(kept, MAX_CHECK_FINDINGS_CHARS)
-    user += "\n\n## Findings\n\n" + ("\n\n".join(blocks) if blocks else "(none)")
-    if omitted:
-        user += f"\n\n({omitted} lower-ranked findings omitted for length.)"
-    user += "\n\nReply with the JSON verdict only."
-    return [system_message(system_prompt), {"role": "user", "content": user}]
+    """The checker's messages, rendered from ``check_input``."""
+    return render_messages(system_prompt, check_input(query, kept, asked))
 
 
 # --------------------------------------------------------------------------- the verdict

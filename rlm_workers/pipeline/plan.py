@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetExhausted, BufferNotFound, ParseError
 from ..llm.protocol import CompletionRequest
+from ..llm.stage_input import PlanInput
 from ..llm.structured import PLAN_SCHEMA, PlanReply
 from ..models import AnalysisPlan
+from ..search.service import query_vector
+from ..sessions import conversation_section, resolve_question
 from ..store import jobs as job_store
 from ..store.buffers import list_buffers
 from ..store.db import durable_write
@@ -34,6 +37,16 @@ log = logging.getLogger("rlm.pipeline.plan")
 PLAN_MAX_TOKENS = 1024
 
 
+def render_messages(system_prompt: str, asked: PlanInput, *, conversation: str = "") -> list[dict[str, str]]:
+    """``conversation``: a chat turn's earlier turns (``sessions.conversation_section``), quoted, before the query."""
+    user = (
+        f"{conversation}## Query\n\n{asked.query}\n\n## Dataset\n\n"
+        f"- buffers: {', '.join(asked.buffers)}\n- chunks: {asked.chunk_count}\n- bytes: {asked.byte_size}\n\n"
+        "Reply with the JSON plan only."
+    )
+    return [system_message(system_prompt), {"role": "user", "content": user}]
+
+
 def build_messages(
     system_prompt: str,
     query: str,
@@ -43,13 +56,10 @@ def build_messages(
     *,
     conversation: str = "",
 ) -> list[dict[str, str]]:
-    """``conversation``: a chat turn's earlier turns (``sessions.conversation_section``), quoted, before the query."""
-    user = (
-        f"{conversation}## Query\n\n{query}\n\n## Dataset\n\n"
-        f"- buffers: {', '.join(buffers)}\n- chunks: {chunk_count}\n- bytes: {byte_size}\n\n"
-        "Reply with the JSON plan only."
+    """The planner's messages, rendered from a ``PlanInput`` of these values."""
+    return render_messages(
+        system_prompt, PlanInput(query, chunk_count, byte_size, tuple(buffers)), conversation=conversation
     )
-    return [system_message(system_prompt), {"role": "user", "content": user}]
 
 
 def parse_plan(text: str) -> AnalysisPlan:
@@ -94,8 +104,6 @@ def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> 
 
 def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) -> None:
     """Embed the query while the planner thinks, so the search that follows finds the vector cached."""
-    from ..search.service import query_vector
-
     if runtime is None:
         return  # no vectors to search
 
@@ -109,8 +117,6 @@ def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) 
 
 
 def run(ctx: StageContext) -> str:
-    from ..sessions import conversation_section, resolve_question
-
     conn, settings = ctx.conn, ctx.settings
     # a chat turn first becomes a standalone question (docs/contract.md#sessions), whatever the mode
     job = ctx.job = resolve_question(conn, ctx.job, settings)
@@ -118,13 +124,9 @@ def run(ctx: StageContext) -> str:
         return OK  # instant never plans: its one call is the answer
     chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
     _prefetch_query_vector(job.query, settings, runtime)
-    messages = build_messages(
-        load_prompt("primary", prompt_dir=settings.prompt_dir),
-        job.query,
-        chunks,
-        size,
-        job.buffers,
-        conversation=conversation_section(job.spec),
+    asked = PlanInput(job.query, chunks, size, tuple(job.buffers))
+    messages = render_messages(
+        load_prompt("primary", prompt_dir=settings.prompt_dir), asked, conversation=conversation_section(job.spec)
     )
     try:
         completion = call_llm(
@@ -138,6 +140,7 @@ def run(ctx: StageContext) -> str:
                 max_tokens=PLAN_MAX_TOKENS,
                 json_output=True,
                 json_schema=PLAN_SCHEMA,
+                stage_input=asked,
             ),
             parse=planned_fields,
         )

@@ -18,6 +18,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from ..llm.stage_input import ShownFinding
+
 PROMPT_NAMES = ("primary", "subcall", "synthesizer", "check", "direct", "rewrite", "shared")
 #: a prompt file larger than this is a mistake, not a prompt
 MAX_PROMPT_BYTES = 256 * 1024
@@ -102,42 +104,44 @@ def source_line(buffer: str, path: str, start_line: int, end_line: int) -> str:
     return f"source: {quote_field(f'{buffer}:{path}')}:{int(start_line)}-{int(end_line)}"
 
 
-def unquote_field(text: str) -> str:
-    """``quote_field`` undone (for the offline provider, which reads the prompt back); unquoted text as is."""
-    try:
-        value = json.loads(unescape_content(text))
-    except ValueError:
-        return text
-    return value if isinstance(value, str) else text
-
-
-def finding_block(f: Mapping[str, Any]) -> str:
+def finding_block(f: ShownFinding) -> str:
     """A collected finding as the synthesizer and the completeness check read it (inside a content block:
     the analysts' words derive from untrusted text)."""
-    lines = [f"relevance: {f['relevance']}"]
-    if f.get("summary"):
-        lines.append(f"summary: {f['summary']}")
-    lines += [f"- {x}" for x in f.get("findings") or []]
-    if f.get("follow_up"):
-        lines.append("follow-up: " + "; ".join(f["follow_up"]))
+    lines = [f"relevance: {f.relevance}"]
+    if f.summary:
+        lines.append(f"summary: {f.summary}")
+    lines += [f"- {x}" for x in f.findings]
+    if f.follow_up:
+        lines.append("follow-up: " + "; ".join(f.follow_up))
     return "\n".join(lines)
 
 
-def findings_blocks(kept: Sequence[Mapping[str, Any]], max_chars: int) -> tuple[list[str], int]:
-    """Collected findings as ``### Chunk`` blocks in collect order, up to ``max_chars`` (always at least one):
-    (blocks, how many lower-ranked ones were left out)."""
-    blocks, used, omitted = [], 0, 0
-    for f in kept:
-        block = (
-            f"### Chunk {f['chunk_id']}\n\n{source_line(f['buffer'], f['path'], f['start_line'], f['end_line'])}"
-            f"\n\n{content_block(finding_block(f))}"
-        )
-        if used + len(block) > max_chars and blocks:
+def _chunk_finding_block(f: ShownFinding) -> str:
+    return (
+        f"### Chunk {f.chunk_id}\n\n{source_line(f.buffer, f.path, f.start_line, f.end_line)}"
+        f"\n\n{content_block(finding_block(f))}"
+    )
+
+
+def shown_findings(kept: Sequence[Mapping[str, Any]], max_chars: int) -> tuple[tuple[ShownFinding, ...], int]:
+    """The collected findings a prompt shows, in collect order, while their blocks fit ``max_chars`` (always at
+    least one): (those findings, how many lower-ranked ones were left out)."""
+    shown: list[ShownFinding] = []
+    used, omitted = 0, 0
+    for k in kept:
+        f = ShownFinding.of(k)
+        size = len(_chunk_finding_block(f))
+        if used + size > max_chars and shown:
             omitted += 1
             continue
-        blocks.append(block)
-        used += len(block)
-    return blocks, omitted
+        shown.append(f)
+        used += size
+    return tuple(shown), omitted
+
+
+def findings_blocks(shown: Sequence[ShownFinding]) -> list[str]:
+    """The findings ``shown_findings`` chose, as ``### Chunk`` blocks."""
+    return [_chunk_finding_block(f) for f in shown]
 
 
 def system_message(prompt: str) -> dict[str, str]:

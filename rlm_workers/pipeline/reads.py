@@ -28,16 +28,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import metrics
+from ..celery_app import get_app
 from ..config import Settings, get_settings
-from ..errors import LLMError, ParseError, ServiceUnavailable, error_record
+from ..errors import LLMError, ParseError, error_record
 from ..llm import fair
-from ..llm.protocol import Completion, CompletionRequest
-from ..models import Finding, LLMCall
+from ..llm.protocol import Attempt, Completion, CompletionRequest
+from ..llm.stage_input import ReadInput
+from ..models import Finding
 from ..resources import provider
 from ..store import jobs as job_store
 from ..store import reads as store
 from ..store.db import DB_OUTAGE, connection, durable_write
+from . import accounting
 from .analyst import (
     NONE_KEY,
     PRIOR_REPLY_CHARS,
@@ -45,15 +47,16 @@ from .analyst import (
     Question,
     analyst_request,
     batch_lease_seconds,
-    build_messages,
-    build_shared_messages,
     findings_from_entries,
     prompt_chunks,
     question_no,
+    render_messages,
+    render_shared_messages,
     reply_entries,
 )
 from .flow import Heartbeat
 from .prompts import load_prompt
+from .salvage import watchdog_countdown
 
 if TYPE_CHECKING:
     import psycopg
@@ -136,11 +139,7 @@ def _parts(members: list[tuple[str, int]], size: int) -> list[list[tuple[str, in
 
 def send_launch(launch: Launch, *, priority: int | None = None) -> None:
     """Send what ``launch_group`` decided (after its transaction committed)."""
-    from ..celery_app import get_app
-    from .salvage import watchdog_countdown
-
     app = get_app()
-
     settings = get_settings()
     fair.note_queued(launch.tenant, len(launch.reads))
     for read_id, task_id in launch.reads:
@@ -155,11 +154,7 @@ def send_launch(launch: Launch, *, priority: int | None = None) -> None:
 
 
 def send_collect(job_id: str) -> None:
-    from ..celery_app import get_app
-
-    app = get_app()
-
-    app.send_task("rlm.collect", (job_id,), argsrepr=f"job={job_id}")
+    get_app().send_task("rlm.collect", (job_id,), argsrepr=f"job={job_id}")
 
 
 def tenant_of(read_id: int) -> str | None:
@@ -171,10 +166,7 @@ def tenant_of(read_id: int) -> str | None:
 
 def send_read(read_id: int) -> None:
     """An ordinary call for a read (a Batch API line that failed or expired falls back to this)."""
-    from ..celery_app import get_app
-
     app = get_app()
-
     with connection() as conn:
         store.set_status(conn, read_id=read_id, status="pending")
     app.send_task(TASK, (read_id,), argsrepr=f"read={read_id}")
@@ -212,17 +204,16 @@ def _prepare(conn: psycopg.Connection, read: store.ReadRow, members: list[_Membe
         )
         for m in members
     ]
-    solos = [
-        build_messages(system, q.query, chunks, q.focus_topics, records_wanted=q.records_wanted) for q in questions
-    ]
+    solos = [render_messages(system, ReadInput(tuple(chunks), (q,))) for q in questions]
     if len(members) == 1:
-        messages = solos[0]
+        asked, messages = ReadInput(tuple(chunks), (questions[0],)), solos[0]
     else:
-        messages = build_shared_messages(
-            system + "\n\n" + load_prompt(SHARED_PROMPT, prompt_dir=settings.prompt_dir), questions, chunks
+        asked = ReadInput(tuple(chunks), tuple(questions), shared=True)
+        messages = render_shared_messages(
+            system + "\n\n" + load_prompt(SHARED_PROMPT, prompt_dir=settings.prompt_dir), asked
         )
     size = len(json.dumps(messages, ensure_ascii=False)) or 1
-    request = analyst_request(messages, settings, tenant=read.tenant, shared=len(members) > 1)
+    request = analyst_request(messages, settings, asked, tenant=read.tenant)
     return _Prepared(read, members, chunks, request, [len(json.dumps(s, ensure_ascii=False)) / size for s in solos])
 
 
@@ -343,7 +334,7 @@ def apply_completion(read_id: int, completion: Completion, *, via: str = "sync")
                     store.set_status(conn, read_id=read_id, status="done")
                 return "skipped"
             prepared = _prepare(conn, read, members, get_settings())
-        answered, problem = _parse_logged(prepared, [], completion, via)
+        answered, problem = _parse_logged(prepared, completion, via)
         if not answered and problem:
             _store(prepared, {}, error={"type": "parse", "message": problem})
             return "failed"
@@ -360,37 +351,25 @@ def apply_completion(read_id: int, completion: Completion, *, via: str = "sync")
 # --------------------------------------------------------------------------- call, parse, store
 
 
-def _attempt(completion: Completion, status: str) -> dict[str, Any]:
-    return {
-        "status": status,
-        "tokens_in": completion.tokens_in,
-        "tokens_out": completion.tokens_out,
-        "cached_tokens": completion.cached_tokens,
-        "latency_ms": completion.latency_ms,
-    }
-
-
 def _call(prepared: _Prepared, *, via: str) -> tuple[Completion, dict[int, dict[int, Finding]], str | None]:
     """One provider call for the read, every attempt logged on every member job (its share); the reply parsed
     as ``_parse`` does."""
-    p = provider()
     try:
-        completion = p.complete(prepared.request)
+        completion = provider().complete(prepared.request)
     except LLMError as exc:
-        attempts = [{**a, "status": "error", "error": a.get("error") or exc.message} for a in exc.attempts or [{}]]
-        _log(prepared, attempts, prepared.request.model, via)
+        _log(prepared, accounting.failed(exc), prepared.request.model, via)
         raise
-    failed = [{**a, "status": "retried"} for a in completion.failed_attempts]
-    answered, problem = _parse_logged(prepared, failed, completion, via)
+    answered, problem = _parse_logged(prepared, completion, via)
     return completion, answered, problem
 
 
 def _parse_logged(
-    prepared: _Prepared, failed: list[dict[str, Any]], completion: Completion, via: str
+    prepared: _Prepared, completion: Completion, via: str
 ) -> tuple[dict[int, dict[int, Finding]], str | None]:
-    """Parse the reply, then log the call: its ``ok`` rows say whether the reply parsed as it came (``parse_ok``,
-    as ``call_llm`` records it for every other JSON stage; docs/contract.md#structured-outputs).  A parser that
-    crashes still leaves the paid call logged (parse_ok false) before the crash surfaces."""
+    """Parse the reply, then log the call (the attempts that failed before it too): its ``ok`` rows say whether
+    the reply parsed as it came (``parse_ok``, as ``call_llm`` records it for every other JSON stage;
+    docs/contract.md#structured-outputs).  A parser that crashes still leaves the paid call logged (parse_ok
+    false) before the crash surfaces."""
     crash: Exception | None = None
     answered: dict[int, dict[int, Finding]] = {}
     problem: str | None = None
@@ -398,84 +377,21 @@ def _parse_logged(
         answered, problem = _parse(prepared, completion.text)
     except Exception as exc:
         crash = exc
-    ok = {**_attempt(completion, "ok"), "parse_ok": crash is None and problem is None}
-    _log(prepared, [*failed, ok], completion.model or prepared.request.model, via)
+    attempts = accounting.answered(completion, parse_ok=crash is None and problem is None)
+    _log(prepared, attempts, completion.model or prepared.request.model, via)
     if crash is not None:
         raise crash
     return answered, problem
 
 
-def _split(total: int, shares: int) -> list[int]:
-    base, extra = divmod(max(0, int(total)), shares)
-    return [base + (1 if i < extra else 0) for i in range(shares)]
-
-
-def _log(prepared: _Prepared, attempts: list[dict[str, Any]], model: str, via: str) -> None:
+def _log(prepared: _Prepared, attempts: list[Attempt], model: str, via: str) -> None:
     """Each attempt as one row per member job, holding that job's share: the batch's sum is the exact bill."""
-    from ..llm.prices import cost_usd, prices
-
-    p = provider()
-    table = prices(get_settings())
-    n = len(prepared.members)
-    rows: list[tuple[str, LLMCall]] = []
-    whole: list[LLMCall] = []
-    for a in attempts:
-        tin, tout, cached = a.get("tokens_in", 0), a.get("tokens_out", 0), a.get("cached_tokens", 0)
-        cost = 0.0 if p.local else cost_usd(model, tin, cached, tout, table, batch_api=via == "batch_api")
-        common = {
-            "stage": "analyst",
-            "provider": p.name,
-            "model": model,
-            "status": a.get("status", "ok"),
-            "latency_ms": a.get("latency_ms", 0),
-            "error": a.get("error"),
-            "via": via,
-            "parse_ok": a.get("parse_ok"),
-        }
-        whole.append(LLMCall(**common, tokens_in=tin, tokens_out=tout, cached_tokens=cached, cost_usd=cost))
-        for m, ti, to, ca, solo in zip(
-            prepared.members, _split(tin, n), _split(tout, n), _split(cached, n), prepared.solo_share, strict=True
-        ):
-            call = LLMCall(
-                **common,
-                batch=m.batch_no,
-                tokens_in=ti,
-                tokens_out=to,
-                cached_tokens=ca,
-                cost_usd=None if cost is None else cost / n,
-                shared=n,
-                solo_tokens_in=round(tin * solo) if n > 1 else None,
-            )
-            rows.append((m.job.id, call))
-
-    def write(c: psycopg.Connection) -> None:
-        with c.transaction():  # all rows or none: a retried write must not bill a call twice
-            for job_id, call in rows:
-                job_store.record_llm_call(c, job_id=job_id, call=call)
-
-    durable_write(None, write, what=f"llm call log of read {prepared.read.id}")
-    _charge(rows, calls=len(attempts))
-    metrics.llm_calls(model, whole)
-
-
-def _charge(rows: list[tuple[str, LLMCall]], *, calls: int) -> None:
-    """Each member job's share on its tree's budget (``--max-tokens``, ``--max-cost``; docs/contract.md#budgets),
-    so the job's next call is refused once the share spent it.  Not checked before the read: one job's budget
-    cannot refuse a call that answers the others too."""
-    from .budget import ledger_for_job
-
-    spent: dict[str, list[float]] = {}
-    for job_id, call in rows:
-        t = spent.setdefault(job_id, [0, 0.0])
-        t[0] += call.tokens_in + call.tokens_out
-        t[1] += call.cost_usd or 0.0
-    for job_id, (tokens, cost) in spent.items():
-        try:
-            ledger = ledger_for_job(job_id)
-            if ledger is not None:
-                ledger.charge(int(tokens), cost, extra_calls=calls)
-        except ServiceUnavailable as exc:  # the calls are logged: a ledger seeded again from the log has them
-            log.warning("read: could not charge job %s's budget (%s)", job_id, exc)
+    calls = accounting.priced(attempts, stage="analyst", provider=provider(), model=model, via=via)
+    shares = [
+        accounting.Share(m.job.id, m.batch_no, solo)
+        for m, solo in zip(prepared.members, prepared.solo_share, strict=True)
+    ]
+    accounting.record_shared(prepared.read.id, shares, calls, model=model)
 
 
 def _parse(prepared: _Prepared, text: str) -> tuple[dict[int, dict[int, Finding]], str | None]:
