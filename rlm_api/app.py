@@ -6,15 +6,31 @@ connections are opened per request from the process pool.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import logging
+import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlm_workers.config import get_settings
 from rlm_workers.errors import RLMError
+from rlm_workers.store.db import POOL_MAX_SIZE
+
+from .deps import UNAUTHORIZED, tenant_from_header
+from .routes import batches, buffers, chunks, health, queries, search, sessions, uploads
+from .schemas import ErrorBody, ErrorResponse, describe_errors
+from .ui import routes as ui_routes
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -84,8 +100,6 @@ async def _too_large(send: Send, limit: int) -> None:
 
 async def _send_error(send: Send, status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> None:
     """An error in the API's one shape, sent by a middleware (no route, no exception handler involved)."""
-    import json
-
     body = json.dumps({"error": {"type": kind, "message": message}}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
@@ -158,11 +172,6 @@ class KeyFirst:
         if path is None or (self.prefix and not (path == self.prefix or path.startswith(self.prefix + "/"))):
             await self.app(scope, receive, send)
             return
-        import psycopg
-        from starlette.concurrency import run_in_threadpool
-
-        from .deps import UNAUTHORIZED, tenant_from_header
-
         authorization = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         try:
             tenant = await run_in_threadpool(tenant_from_header, authorization)
@@ -170,8 +179,6 @@ class KeyFirst:
             await _send_error(send, _status_of(exc), exc.type, exc.api_message)
             return
         except psycopg.OperationalError as exc:  # the database is down or the pool is full: the operator's 503
-            import logging
-
             logging.getLogger("rlm.api").warning("cannot check an API key: database unavailable: %s", exc)
             await _send_error(send, 503, "service_unavailable", "database unavailable")
             return
@@ -206,11 +213,6 @@ class CatchAll:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:
-            import logging
-            import uuid
-
-            import psycopg
-
             if started:  # half a response is out: nothing left to answer with
                 raise
             request_id = uuid.uuid4().hex[:16]
@@ -231,8 +233,6 @@ class CatchAll:
 def _document_errors(spec: dict) -> None:
     """Make the spec say what the handlers above send: ``{"error": {"type", "message"}}`` for every error
     status (FastAPI would advertise its own 422 ``detail`` list), 401 on /v1, 413 on bodies."""
-    from .schemas import ErrorBody, ErrorResponse
-
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorBody"] = ErrorBody.model_json_schema()
     schemas["ErrorResponse"] = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -260,9 +260,6 @@ DOCS_ASSETS = "/docs-assets"
 
 def _docs_assets_dir() -> str | None:
     """The Swagger UI and ReDoc files shipped by the ``fastapi-offline`` package, or None without it."""
-    import importlib.util
-    from pathlib import Path
-
     spec = importlib.util.find_spec("fastapi_offline")  # only its static files are used: no import
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -272,10 +269,6 @@ def _docs_assets_dir() -> str | None:
 
 def _serve_docs(app: FastAPI, assets: str) -> None:
     """/docs and /redoc from local files (FastAPI's own pages load them from a CDN: blank when offline)."""
-    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-    from fastapi.responses import HTMLResponse
-    from fastapi.staticfiles import StaticFiles
-
     app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
 
     def root(request: Request) -> str:
@@ -311,12 +304,6 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
 
 
 def create_app() -> FastAPI:
-    from rlm_workers.config import get_settings
-    from rlm_workers.store.db import POOL_MAX_SIZE
-
-    from .routes import batches, buffers, chunks, health, queries, search, sessions, uploads
-    from .ui import routes as ui_routes
-
     settings = get_settings()
     assets = _docs_assets_dir()
     app = FastAPI(
@@ -330,8 +317,6 @@ def create_app() -> FastAPI:
     if assets:
         _serve_docs(app, assets)
     else:
-        import logging
-
         logging.getLogger("rlm.api").warning("fastapi-offline is not installed: /docs and /redoc load from a CDN")
     for module in (health, buffers, uploads, queries, batches, chunks, search, sessions, ui_routes):
         app.include_router(module.router)
@@ -353,8 +338,6 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        from .schemas import describe_errors
-
         return JSONResponse(
             {"error": {"type": "invalid_input", "message": describe_errors(list(exc.errors()))}},
             status_code=422,

@@ -18,10 +18,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
 from rlm_workers.errors import InvalidInput
+from rlm_workers.limits import MAX_RUN_AT_AHEAD_DAYS
 from rlm_workers.models import Scope
 
-from .cli_types import SearchModeOpt, TenantOpt, new_typer, resolve_tenant, unique_prefix
+from .cli_output import err
+from .cli_types import SearchModeOpt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix
+from .cli_wait import sigint_as_flag
 
 if TYPE_CHECKING:
     import psycopg
@@ -50,7 +54,8 @@ def parse_at(value: str, *, now: datetime | None = None) -> datetime:
     No zone means this machine's local time (the API, with no local time to go by, refuses a zone-less
     ``run_at``): the result always carries its offset, so what is stored is never ambiguous.
     """
-    from rlm_workers.limits import MAX_RUN_AT_AHEAD_DAYS
+    # overnight.submit, the overnight store and celery pull in psycopg and kombu: each command loads what it
+    # uses, so `rlm --help` does not (cli_types)
     from rlm_workers.overnight.submit import check_run_at
 
     now = now or datetime.now(UTC)
@@ -90,7 +95,6 @@ def read_queries(path: str) -> list[str]:
 
 def _warn_if_no_worker() -> None:
     from rlm_workers.celery_app import get_app
-    from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
     from rlm_workers.ephemeral import served_queues
 
     celery_app = get_app()
@@ -165,8 +169,6 @@ def submit(
     from rlm_workers.overnight.submit import start_overnight, store_overnight
     from rlm_workers.submit import validate_options
 
-    from .cli import _db, _err, _sigint_as_flag
-
     tenant = resolve_tenant(tenant)
     texts = read_queries(queries)
     run_at = parse_at(at) if at else None
@@ -184,7 +186,7 @@ def submit(
     committed: str | None = None
     shown = False
     try:
-        with _db() as (_settings, _url, conn):
+        with open_db() as (_settings, _url, conn):
             # Ctrl-C up to the commit closes the connection with the batch's transaction open: nothing is kept.
             stored = store_overnight(
                 conn,
@@ -200,13 +202,13 @@ def submit(
                 llm_batch=llm_batch,
             )
             # A Ctrl-C inside the commit would leave it unknown whether the batch was kept: it waits for the end.
-            with _sigint_as_flag() as interrupted:
+            with sigint_as_flag() as interrupted:
                 conn.commit()
-                committed = stored.batch_id
+                committed = stored.overnight_batch_id
             if interrupted.is_set():
                 raise KeyboardInterrupt
         start_overnight(stored)
-        typer.echo(stored.batch_id)
+        typer.echo(stored.overnight_batch_id)
         shown = True
         if run_at is not None:
             # stdout stays the bare id for scripts; the resolved time (a zone-less --at is local) goes to stderr
@@ -216,25 +218,27 @@ def submit(
             _warn_if_no_worker()
     except KeyboardInterrupt:
         if committed is None:
-            _err("interrupted; nothing was submitted")
+            err("interrupted; nothing was submitted")
             raise typer.Exit(130) from None
         if not shown:
             typer.echo(committed)
         # Kept and due to run (the reconciler sends a tick that never left): say so, and how to stop it.
-        _err(f"interrupted, but batch {committed} was stored and will run; stop it with `rlm batch cancel {committed}`")
+        err(f"interrupted, but batch {committed} was stored and will run; stop it with `rlm batch cancel {committed}`")
         raise typer.Exit(130) from None
 
 
-def _get(conn: psycopg.Connection, batch_id: str, tenant: str) -> OvernightRow:
-    from rlm_workers.store.overnight import batch_ids_starting, get_overnight
+def _get_overnight_batch(conn: psycopg.Connection, batch_id: str, tenant: str) -> OvernightRow:
+    from rlm_workers.store.overnight import get_overnight, overnight_batch_ids_starting
 
-    batch = get_overnight(conn, batch_id=batch_id, tenant=tenant)
-    if batch is None:
-        found = unique_prefix(batch_id, lambda p: batch_ids_starting(conn, tenant=tenant, prefix=p), what="batch")
-        batch = get_overnight(conn, batch_id=found, tenant=tenant) if found else None
-    if batch is None:
+    overnight_batch = get_overnight(conn, overnight_batch_id=batch_id, tenant=tenant)
+    if overnight_batch is None:
+        found = unique_prefix(
+            batch_id, lambda p: overnight_batch_ids_starting(conn, tenant=tenant, prefix=p), what="batch"
+        )
+        overnight_batch = get_overnight(conn, overnight_batch_id=found, tenant=tenant) if found else None
+    if overnight_batch is None:
         raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
-    return batch
+    return overnight_batch
 
 
 def _status_line(st: dict) -> str:
@@ -259,11 +263,9 @@ def status(
     """Counts by state, tokens spent, ETA."""
     from rlm_workers.overnight.submit import status_of
 
-    from .cli import _db
-
     tenant = resolve_tenant(tenant)
-    with _db() as (_settings, _url, conn):
-        st = status_of(conn, _get(conn, batch_id, tenant))
+    with open_db() as (_settings, _url, conn):
+        st = status_of(conn, _get_overnight_batch(conn, batch_id, tenant))
     typer.echo(json.dumps(st) if fmt == StatusFmt.json else _status_line(st))
 
 
@@ -274,11 +276,9 @@ def results(
     """Every item, in order: JSON lines {batch_id, query, buffer, status, result, …} or CSV."""
     from rlm_workers.overnight.submit import iter_csv, iter_jsonl
 
-    from .cli import _db
-
     tenant = resolve_tenant(tenant)
-    with _db() as (_settings, _url, conn):
-        batch_id = _get(conn, batch_id, tenant).id
+    with open_db() as (_settings, _url, conn):
+        batch_id = _get_overnight_batch(conn, batch_id, tenant).id
         out = sys.stdout
         for chunk in (iter_csv if fmt == ResultFmt.csv else iter_jsonl)(conn, batch_id):
             out.write(chunk)
@@ -290,12 +290,10 @@ def cancel(batch_id: str, tenant: TenantOpt = None) -> None:
     """Stop a batch: nothing new starts, running items' jobs are cancelled."""
     from rlm_workers.overnight.submit import cancel_overnight, status_of
 
-    from .cli import _db
-
     tenant = resolve_tenant(tenant)
-    with _db() as (_settings, _url, conn):
-        batch_id = _get(conn, batch_id, tenant).id
-        st = status_of(conn, cancel_overnight(conn, tenant=tenant, batch_id=batch_id))
+    with open_db() as (_settings, _url, conn):
+        batch_id = _get_overnight_batch(conn, batch_id, tenant).id
+        st = status_of(conn, cancel_overnight(conn, tenant=tenant, overnight_batch_id=batch_id))
     typer.echo(_status_line(st))
 
 
@@ -309,10 +307,8 @@ def list_cmd(
     from rlm_workers.overnight.submit import status_of
     from rlm_workers.store.overnight import list_overnight
 
-    from .cli import _db
-
     tenant = resolve_tenant(tenant)
-    with _db() as (_settings, _url, conn):
+    with open_db() as (_settings, _url, conn):
         rows = [status_of(conn, b) for b in list_overnight(conn, tenant=tenant, limit=limit)]
     if fmt == StatusFmt.json:
         typer.echo(json.dumps(rows))

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlm_workers.errors import InvalidInput
-from rlm_workers.models import Mode
+from rlm_workers.errors import InvalidInput, RLMError
+from rlm_workers.models import Mode, QueryResult
 
 from .cli_types import TenantOpt, resolve_tenant
+from .cli_wait import Interrupted, sigint_as_flag, timed_out
 
 if TYPE_CHECKING:
     import psycopg
@@ -40,6 +41,7 @@ def chat_command(
     timeout: Annotated[float, typer.Option(help="Give up waiting for one answer after this many seconds.")] = 3600.0,
 ) -> None:
     """Chat with your buffers: each question may follow up on the earlier ones (docs/contract.md#sessions)."""
+    # celery, psycopg and the sessions load with the command, not for `rlm --help` (cli_types)
     from rlm_workers.celery_app import get_app
     from rlm_workers.config import get_settings
     from rlm_workers.ephemeral import ensure_workers
@@ -110,12 +112,8 @@ def _turn(
     conn: psycopg.Connection, *, tenant: str, session_id: str, question: str, timeout: float, ephemeral: bool
 ) -> bool:
     """Ask one question and print its answer and status line; False when the turn has no answer."""
-    from rlm_workers.errors import RLMError
-    from rlm_workers.models import QueryResult
     from rlm_workers.sessions import cited_sources, post_message
     from rlm_workers.submit import cancel_query, wait_for_job
-
-    from .cli import _Interrupted, _sigint_as_flag, _timed_out
 
     try:
         posted = post_message(conn, tenant=tenant, session_id=session_id, content=question)
@@ -126,15 +124,15 @@ def _turn(
     if posted is None:
         raise InvalidInput(f"session {session_id} is gone")
     turn, job_id = posted
-    with _sigint_as_flag() as interrupted:
+    with sigint_as_flag() as interrupted:
 
         def progress(_job: Any, _done: int, _total: int) -> None:
             if interrupted.is_set():
-                raise _Interrupted
+                raise Interrupted
 
         try:
             job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
-        except _Interrupted:
+        except Interrupted:
             cancel_query(conn, job_id=job_id, tenant=tenant)
             conn.commit()
             typer.echo(f"[turn {turn} | job {job_id} | cancelled]", err=True)
@@ -142,7 +140,7 @@ def _turn(
         except TimeoutError:
             # as `rlm query`: a job only this command's in-process worker could finish is cancelled, so the
             # session is not left busy with it after the chat ends
-            _timed_out(conn, job_id, timeout, ephemeral, tenant)
+            timed_out(conn, job_id, timeout, ephemeral, tenant)
             conn.commit()
             return False
     result = QueryResult.model_validate(job.result) if job.result else None

@@ -1,6 +1,6 @@
 """`rlm jobs` and `rlm job show|result|cancel`: the query jobs of one tenant, as the API shows them.
 
-The JSON is built by the API's own builders (rlm_api.routes.queries ``job_summaries`` / ``job_view``), so
+The JSON is built by the API's own builders (rlm_api.views ``job_page`` / ``job_view``), so
 ``rlm jobs --format json`` is a ``GET /v1/queries`` page and ``rlm job show ID --format json`` is exactly
 ``GET /v1/queries/{id}`` (docs/contract.md#cli-jobs).  Another tenant's job is "not found", as over HTTP.
 """
@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
-from rlm_workers.models import JobStatus
+from rlm_workers.models import JobStatus, QueryResult
 
-from .cli_types import Fmt, TenantOpt, new_typer, resolve_tenant, unique_prefix
+from .cli_output import print_json, print_result
+from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,6 +31,8 @@ job_app = new_typer(help="One query job: show it, print its result, cancel it.")
 
 def _job(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
     """The tenant's job by its id or a unique prefix of it (``1e96c35a``)."""
+    # the job store, the views and submit pull in psycopg: each command loads what it uses, so `rlm --help`
+    # does not (cli_types)
     from rlm_workers.store.jobs import get_job, job_ids_starting
 
     job = get_job(conn, job_id=job_id, tenant=tenant) if len(job_id) <= 64 else None
@@ -66,16 +69,15 @@ def jobs_command(
     tenant: TenantOpt = None,
 ) -> None:
     """The tenant's query jobs, newest first: id, status, stage, mode, age, tokens, cost, query."""
-    from .cli import _db, _print_json
-    from .routes.queries import job_page
+    from .views import job_page
 
     tenant = resolve_tenant(tenant)
-    with _db() as (_s, _u, conn):
+    with open_db() as (_s, _u, conn):
         page = job_page(
             conn, tenant=tenant, status=status.value if status else None, buffer=buffer, children=all_, limit=limit
         )
     if fmt == Fmt.json:
-        _print_json(json.loads(page.model_dump_json()))
+        print_json(json.loads(page.model_dump_json()))
         return
     summaries = page.jobs
     if not summaries:
@@ -103,11 +105,10 @@ def show(
     tenant: TenantOpt = None,
 ) -> None:
     """Everything about one job: stages with timings, batches, LLM calls, child jobs (JSON: the API's JobView)."""
-    from .cli import _db
-    from .routes.queries import job_view
+    from .views import job_view
 
     tenant = resolve_tenant(tenant)
-    with _db() as (_s, _u, conn):
+    with open_db() as (_s, _u, conn):
         view = job_view(conn, _job(conn, job_id, tenant))
     if fmt == Fmt.json:
         typer.echo(view.model_dump_json())
@@ -172,17 +173,13 @@ def result(
     tenant: TenantOpt = None,
 ) -> None:
     """The report of a finished job (JSON: its QueryResult); exit 1 while it is not done."""
-    from rlm_workers.models import QueryResult
-
-    from .cli import _db, _print_result
-
     tenant = resolve_tenant(tenant)
-    with _db() as (_s, _u, conn):
+    with open_db() as (_s, _u, conn):
         job = _job(conn, job_id, tenant)
     if job.status != "done" or not job.result:
         why = f" ({job.error.get('type')}: {_one_line(str(job.error.get('message')), 150)})" if job.error else ""
         raise RLMError(f"job {job.id} is {job.status}, stage {job.stage}{why}: no result to print")
-    _print_result(QueryResult.model_validate(job.result), fmt)
+    print_result(QueryResult.model_validate(job.result), fmt)
 
 
 @job_app.command("cancel")
@@ -190,10 +187,8 @@ def cancel(job_id: Annotated[str, typer.Argument(metavar="ID")], tenant: TenantO
     """Cancel a queued or running job (its tasks stop at their next check; queued ones are revoked)."""
     from rlm_workers.submit import cancel_query
 
-    from .cli import _db
-
     tenant = resolve_tenant(tenant)
-    with _db() as (_s, _u, conn):
+    with open_db() as (_s, _u, conn):
         job = _job(conn, job_id, tenant)
         if job.terminal:
             typer.echo(f"job {job.id} already {job.status}: nothing to cancel")
@@ -213,11 +208,10 @@ def chunk_show(
     tenant: TenantOpt = None,
 ) -> None:
     """Print one chunk: a `buffer path:start-end` header, then its text (JSON: the API's ChunkView)."""
-    from .cli import _db
-    from .routes.chunks import chunk_views
+    from .views import chunk_views
 
     tenant = resolve_tenant(tenant)
-    with _db() as (_s, _u, conn):
+    with open_db() as (_s, _u, conn):
         found = chunk_views(conn, tenant=tenant, ids=[chunk_id])
     if not found:
         raise InvalidInput(f"no chunk {chunk_id}; chunk ids come from citations and `rlm search`")

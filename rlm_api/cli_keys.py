@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from rlm_workers.errors import InvalidInput
+
+from .auth import KEY_PREFIX, create_key, list_keys, revoke_key
 from .cli_types import new_typer
 
 if TYPE_CHECKING:
@@ -17,6 +20,7 @@ keys_app = new_typer(help="API keys: create (printed once), list, revoke.")
 
 
 def _conn() -> psycopg.Connection:
+    # psycopg loads with a command that connects, not for `rlm --help` (cli_types)
     from rlm_workers.store.db import connect
 
     return connect()
@@ -28,8 +32,6 @@ def create(
     name: Annotated[str, typer.Option("--name", help="A label to tell keys apart.")] = "",
 ) -> None:
     """Create a key; it is printed once on stdout and only its hash is stored."""
-    from .auth import create_key
-
     conn = _conn()
     try:
         key, info = create_key(conn, tenant=tenant, name=name)
@@ -43,8 +45,6 @@ def create(
 @keys_app.command("list")
 def list_(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> None:
     """Keys by prefix (never the keys themselves)."""
-    from .auth import list_keys
-
     conn = _conn()
     try:
         for k in list_keys(conn, tenant=tenant):
@@ -66,10 +66,6 @@ def revoke(
     ],
 ) -> None:
     """Revoke a key at once; requests with it answer 401 from then on."""
-    from rlm_workers.errors import InvalidInput
-
-    from .auth import KEY_PREFIX, revoke_key
-
     if key == "-":
         key = sys.stdin.readline().strip()
         if not key:
@@ -102,6 +98,7 @@ def api_command(
     ] = 2048,
 ) -> None:
     """Serve the HTTP API (OpenAPI at /docs)."""
+    # uvicorn and the settings load with the command, not for `rlm --help` (cli_types)
     import uvicorn
 
     from rlm_workers.config import get_settings

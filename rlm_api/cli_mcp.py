@@ -5,11 +5,16 @@ Registered in cli.py as the ``mcp`` command; ``python -m rlm_api.cli_mcp ARGS`` 
 
 from __future__ import annotations
 
+import runpy
 import sys
 from enum import Enum
 from typing import Annotated
 
 import typer
+
+from rlm_workers.errors import InvalidInput
+
+from .auth import validate_tenant
 
 #: the HTTP transport's port when --port is not given (the API's is RLM_API_PORT, 8000)
 DEFAULT_HTTP_PORT = 8001
@@ -33,11 +38,9 @@ def mcp_command(
     ] = None,
 ) -> None:
     """Serve the MCP tools list_buffers, search, query, get_job and get_chunks to a coding agent."""
+    # the settings and the servers load with the command, not for `rlm --help` (cli_types)
     from rlm_workers.config import get_settings
-    from rlm_workers.errors import InvalidInput
     from rlm_workers.local_servers import broker_url, database_url
-
-    from .auth import validate_tenant
 
     settings = get_settings()
     if transport == Transport.stdio:
@@ -49,6 +52,7 @@ def mcp_command(
             raise InvalidInput("over --transport http each request's API key names the tenant: drop --tenant")
         if port is not None and not 0 < port < 65536:
             raise InvalidInput(f"--port must be between 1 and 65535, got {port}")
+    # the MCP SDK is a heavy edge: loaded once the options are known good, and only by `rlm mcp`
     from . import mcp_server
 
     # stdio: stdout is the protocol's before anything (an embedded server starting, say) could write to it
@@ -63,7 +67,7 @@ def mcp_command(
 
 
 if __name__ == "__main__":
-    from .cli import app, main
-
-    app.command("mcp")(mcp_command)
-    sys.exit(main(["mcp", *sys.argv[1:]]))
+    # `rlm mcp ARGS`, run as `python -m rlm_api.cli` runs: its errors and exit codes, without this module
+    # importing the CLI that imports it
+    sys.argv[1:1] = ["mcp"]
+    runpy.run_module("rlm_api.cli", run_name="__main__", alter_sys=True)

@@ -1,20 +1,32 @@
 """What every ``rlm`` command group shares: how a group is built, the option types both `query` and
-`batch submit` take, and how click's exceptions are recognised (typer >= 0.25 vendors click as
-``typer._click``; older typer uses the ``click`` package — both must end as a one-line usage error).
+`batch submit` take, the tenant and the database connection a command acts with, and how click's exceptions
+are recognised (typer >= 0.25 vendors click as ``typer._click``; older typer uses the ``click`` package — both
+must end as a one-line usage error).
+
+Every ``cli_*`` module is imported for ``rlm --help``: what needs the settings, the database (psycopg), the
+broker (celery), rich or the loader is imported inside the command that uses it, so the CLI starts fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rlm_workers.errors import InvalidInput
 from rlm_workers.models import SearchMode
+
+from .auth import validate_tenant
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from rlm_workers.config import Settings
 
 #: ``-h`` everywhere; click passes these settings down to every sub-command's context.
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -53,9 +65,22 @@ def resolve_tenant(tenant: str | None) -> str:
     """``--tenant`` or the configured default, checked like an API key's tenant (bad name: exit 2)."""
     from rlm_workers.config import get_settings
 
-    from .auth import validate_tenant
-
     return validate_tenant(get_settings().tenant if tenant is None else tenant)
+
+
+@contextlib.contextmanager
+def open_db() -> Iterator[tuple[Settings, str, psycopg.Connection]]:
+    """``(settings, database url, connection)`` for one command; the connection is closed on the way out."""
+    from rlm_workers.config import get_settings
+    from rlm_workers.store.db import connect, resolve_url
+
+    settings = get_settings()
+    url = resolve_url(settings)
+    conn = connect(settings, url=url)
+    try:
+        yield settings, url, conn
+    finally:
+        conn.close()
 
 
 #: what may be a job or batch id given short: 4 or more of its hex digits (ids are 32), as git takes commits

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
 from rlm_workers.errors import InvalidInput
+
+from .auth import create_key, tenant_for_key
 
 if TYPE_CHECKING:
     import psycopg
@@ -24,8 +28,7 @@ FLOWER_AUTH_FILE = "flower-auth"
 
 def flower_credentials(data_dir: Path) -> tuple[str, Path]:
     """user:password for Flower when none is configured: generated once into the data dir (0600), reused."""
-    import secrets
-
+    # the settings' and servers' modules load with a command, not for `rlm --help` (cli_types)
     from rlm_workers.local_servers import write_private
 
     path = data_dir / FLOWER_AUTH_FILE
@@ -104,8 +107,6 @@ def flower_command(
 
 def local_api_key(conn: psycopg.Connection, key_file: Path) -> tuple[str, bool]:
     """The local tenant's key: created on first start (file 0600 under the data dir), reused later."""
-    from .auth import create_key, tenant_for_key
-
     if key_file.is_file():
         key = key_file.read_text().strip()
         if tenant_for_key(conn, key):
@@ -307,8 +308,6 @@ def _shutdown(running: dict[str, subprocess.Popen], timeout: float = 30.0) -> No
 
 
 def _redact(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(url)
     if parts.password:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")

@@ -12,10 +12,12 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from rlm_workers.store.db import connection
+
+from .auth import tenant_for_key
+
 
 def get_conn() -> Iterator:
-    from rlm_workers.store.db import connection
-
     with connection() as conn:
         yield conn
 
@@ -28,10 +30,6 @@ UNAUTHORIZED = "missing or invalid API key: send Authorization: Bearer <key>"
 
 def tenant_from_header(authorization: str | None) -> str | None:
     """The tenant of ``Authorization: Bearer <key>``, or None (blocking: one pooled connection)."""
-    from rlm_workers.store.db import connection
-
-    from .auth import tenant_for_key
-
     scheme, _, key = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         return None

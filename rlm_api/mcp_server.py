@@ -54,8 +54,7 @@ from rlm_workers.store.jobs import get_job as stored_job
 from rlm_workers.submit import submit_query, validate_options, wait_for_job
 
 from .app import KeyFirst
-from .routes.chunks import chunk_views
-from .routes.queries import job_view
+from .views import chunk_views, job_view
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -7,12 +7,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rlm_workers.errors import InvalidInput
+from rlm_workers.ingest.files import path_problem
 from rlm_workers.limits import (
     MAX_CHUNK_SIZE,
     MAX_QUERY_BYTES,
     MIN_CHUNK_SIZE,
 )
 from rlm_workers.models import BufferInfo, LLMCall, QueryOptions, QueryResult, check_storable_text
+from rlm_workers.store.buffers import validate_buffer_name
 
 #: most files one upload may carry (JSON documents or multipart parts)
 MAX_UPLOAD_FILES = 10_000
@@ -61,15 +64,14 @@ class ErrorResponse(BaseModel):
 
 def upload_name_ok(name: str) -> str:
     """A client's file name as the loader will take it: the one path rule `rlm load` and the worker apply."""
-    from rlm_workers.ingest.files import path_problem
-
     check_storable_text(name, "file name", nul_ok=True)  # a NUL is a control character: path_problem names it
     if problem := path_problem(name):
         raise ValueError(f"invalid file name {name[:80]!r}: the path {problem}")
     return name
 
 
-def _query_ok(v: str) -> str:
+def query_ok(v: str) -> str:
+    """A query or chat message as every surface takes it: not blank, storable, at most MAX_QUERY_BYTES."""
     if not v.strip():
         raise ValueError("query is empty")
     check_storable_text(v, "query")
@@ -83,14 +85,12 @@ class QueryRequest(Strict):
     buffers: list[str] = Field(..., min_length=1, max_length=50, description="Buffers to search.")
     options: QueryOptions = Field(default_factory=QueryOptions)
 
-    _check_query = field_validator("query")(classmethod(lambda cls, v: _query_ok(v)))
-    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [_buffer_name_ok(n) for n in v]))
+    _check_query = field_validator("query")(classmethod(lambda cls, v: query_ok(v)))
+    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [buffer_name_ok(n) for n in v]))
 
 
-def _buffer_name_ok(name: str) -> str:
-    from rlm_workers.errors import InvalidInput
-    from rlm_workers.store.buffers import validate_buffer_name
-
+def buffer_name_ok(name: str) -> str:
+    """A buffer name checked as every surface checks it, for a pydantic validator."""
     try:
         return validate_buffer_name(name)
     except InvalidInput as exc:  # pydantic reports ValueErrors only
@@ -250,7 +250,7 @@ class BufferOptions(Strict):
     )
     overlap: int = Field(500, ge=0, le=50_000, description="Characters shared by consecutive chunks.")
 
-    _check_name = field_validator("name")(classmethod(lambda cls, v: _buffer_name_ok(v)))
+    _check_name = field_validator("name")(classmethod(lambda cls, v: buffer_name_ok(v)))
 
 
 class BufferCreate(BufferOptions):
@@ -293,7 +293,7 @@ class SessionCreate(Strict):
     buffers: list[str] = Field(..., min_length=1, max_length=50, description="Buffers every turn searches.")
     options: QueryOptions = Field(default_factory=QueryOptions, description="Query options every turn runs with.")
 
-    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [_buffer_name_ok(n) for n in v]))
+    _check_buffers = field_validator("buffers")(classmethod(lambda cls, v: [buffer_name_ok(n) for n in v]))
 
 
 class SessionCreated(BaseModel):
@@ -306,7 +306,7 @@ class SessionCreated(BaseModel):
 class MessageRequest(Strict):
     content: str = Field(..., description="The next question (at most 10 KB); a follow-up may lean on earlier turns.")
 
-    _check_content = field_validator("content")(classmethod(lambda cls, v: _query_ok(v)))
+    _check_content = field_validator("content")(classmethod(lambda cls, v: query_ok(v)))
 
 
 class MessageAccepted(BaseModel):

@@ -241,7 +241,7 @@ def test_jobs_limit_pages(env, done_job, workers):
 
 
 def test_job_show_has_stages_batches_calls(env, conn, done_job):
-    from rlm_api.routes.queries import job_view
+    from rlm_api.views import job_view
     from rlm_workers.store.jobs import get_job
 
     data = json.loads(run_rlm(env, "job", "show", done_job, "--format", "json", check=0).stdout)
@@ -283,7 +283,7 @@ def test_job_and_batch_ids_are_taken_by_a_unique_prefix(env, conn):
     for batch_id in (x, y):
         create_overnight(
             conn,
-            batch_id=batch_id,
+            overnight_batch_id=batch_id,
             tenant="local",
             queries=["q"],
             buffers=["essays"],
@@ -369,10 +369,10 @@ def test_query_progress_lines_when_stderr_is_not_a_tty(env, model, fresh):
 
 
 def test_load_progress_lines(capsys):
-    from rlm_api import cli
+    from rlm_api import cli_load
 
     clock = iter(float(t) for t in [1, 3, 3, 4, 5, 6, 9])
-    prog = cli._LogProgress()
+    prog = cli_load._LogProgress()
     prog.tick._clock = lambda: next(clock)
     prog.tick.t0 = 0.0
     prog.files_total(10)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlm_api.cli import resolve_pool, worker_argv
+from rlm_api.cli_worker import resolve_pool, worker_argv
 from rlm_workers.errors import InvalidInput
 
 
@@ -38,7 +38,7 @@ def test_ingest_never_lands_on_threads_without_an_explicit_pool():
 
 
 def test_default_worker_command_resolves_to_threads_without_ingest():
-    from rlm_api.cli import worker
+    from rlm_api.cli_worker import worker
 
     default_queues = worker.__defaults__[0]
     argv = worker_argv(default_queues, None, concurrency=None, loglevel="INFO", hostname=None)

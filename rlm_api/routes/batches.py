@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import QueryOptions, check_storable_text
+from rlm_workers.overnight.submit import cancel_overnight, iter_csv, iter_jsonl, status_of, submit_overnight
+from rlm_workers.store.db import connection
+from rlm_workers.store.overnight import get_overnight, list_overnight
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 
@@ -101,10 +104,8 @@ def _urls(batch_id: str) -> tuple[str, str]:
     return f"/v1/batches/{batch_id}", f"/v1/batches/{batch_id}/results"
 
 
-def _batch_or_404(conn: psycopg.Connection, tenant: str, batch_id: str) -> OvernightRow:
-    from rlm_workers.store.overnight import get_overnight
-
-    return found_or_404(lambda i: get_overnight(conn, batch_id=i, tenant=tenant), batch_id, "batch")
+def _overnight_batch_or_404(conn: psycopg.Connection, tenant: str, batch_id: str) -> OvernightRow:
+    return found_or_404(lambda i: get_overnight(conn, overnight_batch_id=i, tenant=tenant), batch_id, "batch")
 
 
 @router.post(
@@ -124,8 +125,6 @@ def create_batch(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> BatchCreated:
     """Queue every (query, buffer) pair as one item; workers run them, at most RLM_BATCH_PARALLEL at a time."""
-    from rlm_workers.overnight.submit import submit_overnight
-
     batch_id, created = submit_overnight(
         conn,
         tenant=tenant,
@@ -151,18 +150,13 @@ def list_batches(
     conn: ConnDep, tenant: TenantDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
 ) -> list[dict[str, Any]]:
     """The tenant's most recent batches, newest first."""
-    from rlm_workers.overnight.submit import status_of
-    from rlm_workers.store.overnight import list_overnight
-
     return [status_of(conn, b) for b in list_overnight(conn, tenant=tenant, limit=limit)]
 
 
 @router.get("/{batch_id}", response_model=BatchStatus)
 def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
     """Counts by state, tokens spent, ETA."""
-    from rlm_workers.overnight.submit import status_of
-
-    return status_of(conn, _batch_or_404(conn, tenant, batch_id))
+    return status_of(conn, _overnight_batch_or_404(conn, tenant, batch_id))
 
 
 # POST …/cancel is the name the contract and `rlm batch cancel` use; the older delete route stays for existing clients.
@@ -170,9 +164,9 @@ def get_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]
 @router.delete("/{batch_id}", response_model=BatchStatus)
 def cancel_batch(batch_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, Any]:
     """Cancel: nothing new starts, running items' jobs are cancelled; finished items keep their results."""
-    from rlm_workers.overnight.submit import cancel_overnight, status_of
-
-    return status_of(conn, found_or_404(lambda i: cancel_overnight(conn, tenant=tenant, batch_id=i), batch_id, "batch"))
+    return status_of(
+        conn, found_or_404(lambda i: cancel_overnight(conn, tenant=tenant, overnight_batch_id=i), batch_id, "batch")
+    )
 
 
 @router.get(
@@ -193,13 +187,10 @@ def batch_results(
     format: Annotated[Literal["jsonl", "csv"], Query()] = "jsonl",
 ) -> StreamingResponse:
     """Every item in order, finished or not (``status`` tells), streamed from the database."""
-    _batch_or_404(conn, tenant, batch_id)
+    _overnight_batch_or_404(conn, tenant, batch_id)
 
     def lines() -> Iterator[str]:
         # its own pooled connection: the request's may be returned before streaming ends
-        from rlm_workers.overnight.submit import iter_csv, iter_jsonl
-        from rlm_workers.store.db import connection
-
         with connection() as c:
             yield from (iter_csv if format == "csv" else iter_jsonl)(c, batch_id)
 

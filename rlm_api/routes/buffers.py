@@ -13,9 +13,26 @@ from typing import IO, Annotated, Any
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
+from rlm_workers.celery_app import get_app
+from rlm_workers.config import get_settings
 from rlm_workers.errors import BufferNotFound, InvalidInput
+from rlm_workers.ingest.staging import check_names, load_files
+from rlm_workers.limits import MAX_INLINE_UPLOAD_BYTES
 from rlm_workers.models import BufferInfo, FileInfo
+from rlm_workers.store.buffers import (
+    buffer_info,
+    buffer_not_found,
+    delete_buffer,
+    get_buffer,
+    list_buffers,
+    list_files,
+    validate_buffer_name,
+)
+from rlm_workers.store.db import connect, connection
+from rlm_workers.store.uploads import create_upload
 
 from ..deps import ConnDep, TenantDep
 from ..schemas import (
@@ -25,6 +42,7 @@ from ..schemas import (
     LoadResponse,
     UploadAccepted,
     describe_errors,
+    upload_name_ok,
 )
 
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
@@ -32,11 +50,6 @@ log = logging.getLogger("rlm.api")
 
 
 def _load(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> LoadResponse:
-    from rlm_workers.config import get_settings
-    from rlm_workers.ingest.staging import check_names, load_files
-    from rlm_workers.store.buffers import buffer_info
-    from rlm_workers.store.db import connect
-
     check_names(name for name, _ in files)  # a bad name is a 422 before anything else is tried
     settings = get_settings()
     conn = connect(settings)  # one transaction: a failed upload leaves the previous buffer intact
@@ -62,8 +75,6 @@ _FORM_FIELDS = set(BufferOptions.model_fields)
 
 
 async def _from_multipart(request: Request) -> tuple[BufferOptions, list[tuple[str, object]]]:
-    from starlette.datastructures import UploadFile
-
     # Starlette spools parts over 1 MB to disk; the body limit middleware has already bounded the total.
     form = await request.form(max_files=MAX_UPLOAD_FILES, max_fields=len(_FORM_FIELDS) + 10)
     fields: dict[str, str] = {}
@@ -88,8 +99,6 @@ async def _from_multipart(request: Request) -> tuple[BufferOptions, list[tuple[s
 def _check_part_names(names: list[str]) -> None:
     """A part's filename is its path in the buffer.  curl sends only the base name of ``-F files=@dir/a.md``,
     so two files of the same name from different directories collide: the message says how to send paths."""
-    from ..schemas import upload_name_ok
-
     seen: set[str] = set()
     for name in names:
         try:
@@ -116,8 +125,6 @@ def _size(files: list[tuple[str, object]]) -> int:
 
 
 def _validated(model: type[BufferOptions], data: object) -> BufferOptions:
-    from pydantic import ValidationError
-
     try:
         if isinstance(data, bytes):
             return model.model_validate_json(data)
@@ -158,12 +165,6 @@ _MULTIPART_SCHEMA = {
 
 def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> UploadAccepted:
     """Stage the files in PostgreSQL and send their id to the ingest queue (the API never embeds)."""
-    from rlm_workers.celery_app import get_app
-    from rlm_workers.ingest.staging import check_names
-    from rlm_workers.store.buffers import validate_buffer_name
-    from rlm_workers.store.db import connection
-    from rlm_workers.store.uploads import create_upload
-
     app = get_app()
 
     validate_buffer_name(opts.name)
@@ -234,8 +235,6 @@ async def create_buffer(
     Files already there with the same content and chunking are kept without re-embedding; files under an
     uploaded top-level directory that this upload no longer has are removed (as `rlm load DIR` does).
     """
-    from rlm_workers.limits import MAX_INLINE_UPLOAD_BYTES
-
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         opts, files = await _from_multipart(request)
     else:
@@ -263,15 +262,11 @@ async def create_buffer(
 @router.get("", response_model=list[BufferInfo])
 def list_all(conn: ConnDep, tenant: TenantDep) -> list[BufferInfo]:
     """The caller's buffers (other tenants' are never listed)."""
-    from rlm_workers.store.buffers import list_buffers
-
     return list_buffers(conn, tenant=tenant)
 
 
 def _possible(name: str) -> str:
     """A name no buffer can have (bad characters, NUL, too long) is simply not found; never sent to SQL."""
-    from rlm_workers.store.buffers import validate_buffer_name
-
     try:
         return validate_buffer_name(name)
     except InvalidInput:
@@ -281,8 +276,6 @@ def _possible(name: str) -> str:
 @router.get("/{name}", response_model=BufferInfo, responses={404: {"description": "no such buffer"}})
 def show(name: str, conn: ConnDep, tenant: TenantDep) -> BufferInfo:
     """Files, chunks, bytes, chunking and embedding model of one buffer."""
-    from rlm_workers.store.buffers import buffer_info
-
     return buffer_info(conn, tenant=tenant, name=_possible(name))
 
 
@@ -299,8 +292,6 @@ def files(
     after: Annotated[str | None, Query(max_length=1024, description="Last path of the previous page.")] = None,
 ) -> list[FileInfo]:
     """The buffer's files in path order, with their size and chunk count, a page at a time."""
-    from rlm_workers.store.buffers import buffer_not_found, get_buffer, list_files
-
     row = get_buffer(conn, tenant=tenant, name=_possible(name))
     if row is None:
         raise buffer_not_found(conn, tenant=tenant, name=name)
@@ -312,8 +303,6 @@ def files(
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses={404: {"description": "no such buffer"}})
 def delete(name: str, conn: ConnDep, tenant: TenantDep) -> Response:
     """Delete the buffer with its chunks and embeddings (jobs that already ran keep their results)."""
-    from rlm_workers.store.buffers import buffer_not_found, delete_buffer
-
     if not delete_buffer(conn, tenant=tenant, name=_possible(name)):
         raise buffer_not_found(conn, tenant=tenant, name=name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

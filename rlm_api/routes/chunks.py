@@ -11,26 +11,12 @@ from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import ChunkView
 
 from ..deps import ConnDep, TenantDep
+from ..views import chunk_views
 
 router = APIRouter(prefix="/v1/chunks", tags=["chunks"])
 
 #: most chunks one ``GET /v1/chunks?ids=`` returns
 MAX_IDS = 200
-
-
-def chunk_views(conn, *, tenant: str, ids: list[int]) -> list[ChunkView]:
-    """The tenant's chunks among ``ids``, in the order asked; unknown ids are left out, and so are ids no
-    chunk can have (a bigint is what PostgreSQL would be asked to compare them with)."""
-    from rlm_workers.store.buffers import get_chunks
-
-    rows = get_chunks(conn, tenant=tenant, chunk_ids=[i for i in ids if 0 < i <= MAX_BIGINT])
-    return [
-        ChunkView(
-            chunk_id=r.id, buffer=r.buffer, path=r.path, start_line=r.start_line, end_line=r.end_line, text=r.text
-        )
-        for r in (rows.get(i) for i in dict.fromkeys(ids))
-        if r is not None
-    ]
 
 
 def parse_ids(raw: str) -> list[int]:

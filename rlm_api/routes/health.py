@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
 
+import psycopg
+import redis
 from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-if TYPE_CHECKING:
-    import psycopg
+from rlm_workers import metrics as worker_metrics
+from rlm_workers.config import get_settings
+from rlm_workers.constants import ALL_QUEUES
+from rlm_workers.local_servers import broker_url, database_url
+from rlm_workers.store.db import connection
+from rlm_workers.store.metrics import jobs_in_flight, ping
+
+from ..auth import tenant_for_key
 
 router = APIRouter(tags=["health"])
 
@@ -27,13 +35,6 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", responses={503: {"description": "database or broker unreachable"}})
 def readyz() -> JSONResponse:
     """Database and broker both answer within a few seconds."""
-    import psycopg
-    import redis
-
-    from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import broker_url, database_url
-    from rlm_workers.store.metrics import ping
-
     s = get_settings()
     checks: dict[str, str] = {}
     try:
@@ -67,26 +68,16 @@ def metrics(request: Request, authorization: str | None = Header(None)) -> Plain
     reach it.  uvicorn runs without proxy headers: behind a reverse proxy on the same host every caller
     looks local, so block or authenticate /metrics at the proxy.
     """
-    from rlm_workers.store.db import connection
-
     with connection() as conn:
         if not _loopback(request):
-            from ..auth import tenant_for_key
-
             scheme, _, key = (authorization or "").partition(" ")
             if scheme.lower() != "bearer" or tenant_for_key(conn, key.strip()) is None:
                 raise HTTPException(401, "metrics off loopback need an API key", headers={"WWW-Authenticate": "Bearer"})
         # the classic text format every Prometheus reads (all our names are legacy-valid)
-        from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-
         return PlainTextResponse(render_metrics(conn), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
 def render_metrics(conn: psycopg.Connection) -> bytes:
     """O(number of series): in-flight jobs from the partial index, everything else from the Redis counters
     the workers keep (docs/contract.md#metrics)."""
-    from rlm_workers import metrics
-    from rlm_workers.constants import ALL_QUEUES
-    from rlm_workers.store.metrics import jobs_in_flight
-
-    return metrics.render(jobs_in_flight(conn), ALL_QUEUES)
+    return worker_metrics.render(jobs_in_flight(conn), ALL_QUEUES)

@@ -9,10 +9,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from rlm_workers.config import get_settings
+from rlm_workers.local_servers import database_url
 from rlm_workers.models import SearchHit, SearchMode, Threshold, TopK
+from rlm_workers.search.service import search as run_search
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep
-from ..schemas import Strict, _buffer_name_ok, _query_ok
+from ..schemas import Strict, buffer_name_ok, query_ok
 
 router = APIRouter(prefix="/v1/search", tags=["search"], route_class=ParseOffLoop)
 
@@ -32,17 +35,17 @@ class SearchRequest(Strict):
         None, description="Minimum cosine similarity for the semantic arm; default: no minimum."
     )
 
-    _check_query = field_validator("query")(classmethod(lambda cls, v: _query_ok(v)))
+    _check_query = field_validator("query")(classmethod(lambda cls, v: query_ok(v)))
 
     @field_validator("buffers")
     @classmethod
     def _names(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else [_buffer_name_ok(n) for n in v]
+        return None if v is None else [buffer_name_ok(n) for n in v]
 
     @field_validator("buffer")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        return None if v is None else _buffer_name_ok(v)
+        return None if v is None else buffer_name_ok(v)
 
     @model_validator(mode="after")
     def _one_way(self) -> SearchRequest:
@@ -68,10 +71,6 @@ class SearchResults(BaseModel):
 )
 def search(body: SearchRequest, conn: ConnDep, tenant: TenantDep) -> SearchResults:
     """Best chunks first; an empty ``results`` when nothing matched (not an error, unlike the CLI's exit 3)."""
-    from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import database_url
-    from rlm_workers.search.service import search as run_search
-
     settings = get_settings()
     hits = run_search(
         conn,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
+from rlm_workers import sessions
+
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import MessageAccepted, MessageRequest, SessionCreate, SessionCreated, SessionView
 
@@ -23,9 +25,7 @@ NOT_FOUND = {404: {"description": "no such session for this tenant"}}
 )
 def create(body: SessionCreate, response: Response, conn: ConnDep, tenant: TenantDep) -> SessionCreated:
     """Start a session over some buffers; every turn runs with these buffers and options."""
-    from rlm_workers.sessions import create_session
-
-    row = create_session(conn, tenant=tenant, buffers=body.buffers, options=body.options.stored())
+    row = sessions.create_session(conn, tenant=tenant, buffers=body.buffers, options=body.options.stored())
     url = f"{router.prefix}/{row.id}"
     response.headers["Location"] = url
     return SessionCreated(session_id=row.id, buffers=row.buffers, options=row.options, session_url=url)
@@ -46,8 +46,6 @@ def post_message(
     session_id: str, body: MessageRequest, response: Response, conn: ConnDep, tenant: TenantDep
 ) -> MessageAccepted:
     """Ask the next question; it runs as a query job whose context carries the earlier turns."""
-    from rlm_workers import sessions
-
     posted = found_or_404(
         lambda i: sessions.post_message(conn, tenant=tenant, session_id=i, content=body.content),
         session_id,
@@ -62,7 +60,5 @@ def post_message(
 @router.get("/{session_id}", response_model=SessionView, responses=NOT_FOUND)
 def get_session(session_id: str, conn: ConnDep, tenant: TenantDep) -> SessionView:
     """The session and its turns: each question, its job's status, and once done the answer and its citations."""
-    from rlm_workers.sessions import session_view
-
-    view = found_or_404(lambda i: session_view(conn, tenant=tenant, session_id=i), session_id, "session")
+    view = found_or_404(lambda i: sessions.session_view(conn, tenant=tenant, session_id=i), session_id, "session")
     return SessionView.model_validate(view)

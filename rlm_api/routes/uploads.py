@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 
+from rlm_workers.store.uploads import get_upload as stored_upload
+
 from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import ErrorBody, UploadView
 
@@ -39,6 +41,4 @@ def upload_view(up: UploadRow) -> UploadView:
 )
 def get_upload(upload_id: str, conn: ConnDep, tenant: TenantDep) -> UploadView:
     """``queued`` → ``running`` → ``done`` (with the loader's report) or ``failed`` (with the reason)."""
-    from rlm_workers.store.uploads import get_upload as load
-
-    return upload_view(found_or_404(lambda i: load(conn, upload_id=i, tenant=tenant), upload_id, "upload"))
+    return upload_view(found_or_404(lambda i: stored_upload(conn, upload_id=i, tenant=tenant), upload_id, "upload"))

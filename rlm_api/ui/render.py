@@ -7,6 +7,8 @@ import html as html_lib
 import re
 import secrets
 
+from markdown_it import MarkdownIt
+
 # A citation as the synthesizer writes it, ``[chunk 12, path/to/file.md:10-58]``, or a direct answer's
 # ``[chunk 12]``.  Matched on the markdown before it is parsed: a path is literal text, and markdown would
 # read ``kombu/__init__.py`` as emphasis and cut the citation in pieces (a backslash escape such as ``\]`` is
@@ -26,7 +28,6 @@ _SAFE_LINK = re.compile(r"^(?:https?://|#)", re.I)
 
 
 def _parser():
-    from markdown_it import MarkdownIt
 
     # html=False: any <script>, <img onerror=…> the model wrote becomes text; images are off so a report
     # cannot make the browser fetch a URL by itself being opened.

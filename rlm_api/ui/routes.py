@@ -11,6 +11,10 @@ from pathlib import Path
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from rlm_workers.config import get_settings
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
@@ -31,14 +35,10 @@ SECURITY_HEADERS = {
 
 @lru_cache(maxsize=1)
 def _templates():
-    from jinja2 import Environment, FileSystemLoader, select_autoescape
-
     return Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
 
 
 def _page(template: str, **context: object) -> HTMLResponse:
-    from rlm_workers.config import get_settings
-
     flower = get_settings().flower_url or ""
     # Only a web address becomes a link target; anything else configured is ignored rather than trusted.
     flower = flower.rstrip("/") if flower.lower().startswith(("http://", "https://")) else ""
@@ -48,8 +48,6 @@ def _page(template: str, **context: object) -> HTMLResponse:
 
 def static_files():
     """The app mounts this at /ui/static: the script and style sheet, no build step."""
-    from fastapi.staticfiles import StaticFiles
-
     return StaticFiles(directory=STATIC_DIR)
 
 
