@@ -14,18 +14,26 @@ import threading
 from collections.abc import Mapping
 
 from celery import Celery, signals
+from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
 
+from .broker import transport_for
 from .config import Settings, get_settings, share_cores
 from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
+from .local_servers import broker_url, result_backend_url
+from .logs import connect_logging_signals
 
-#: the thin task adapters, by area; the logic they call lives in pipeline/, overnight/ and ingest/
-TASK_MODULES = ["rlm_workers.tasks.pipeline", "rlm_workers.tasks.overnight", "rlm_workers.tasks.ingest"]
+#: what a worker imports when it starts: the thin task adapters, by area (the logic they call lives in pipeline/,
+#: overnight/ and ingest/), and the reconciler, whose signals run its sweep beside every worker
+WORKER_MODULES = [
+    "rlm_workers.tasks.pipeline",
+    "rlm_workers.tasks.overnight",
+    "rlm_workers.tasks.ingest",
+    "rlm_workers.pipeline.reconcile",
+]
 
 
 def celery_config(settings: Settings) -> dict:
-    from .local_servers import broker_url, result_backend_url
-
     broker = broker_url(settings)
     backend = result_backend_url(settings) if settings.result_backend else broker
     transport = {"visibility_timeout": settings.visibility_timeout}
@@ -102,7 +110,7 @@ def build_app(settings: Settings | None = None) -> Celery:
 
 
 def _new_app(config: _LazyConfig) -> Celery:
-    new = Celery("rlm_workers", include=TASK_MODULES, set_as_current=False)
+    new = Celery("rlm_workers", include=WORKER_MODULES, set_as_current=False)
     new.config_from_object(config)
     return new
 
@@ -142,50 +150,13 @@ def get_app() -> Celery:
         return _switched[1]
 
 
-def _patch_kombu_redis_reconnect() -> None:
-    """Keep a worker alive when Redis goes away under it (kombu 5.x).
-
-    On connection loss the consumer closes its channel; closing tries to put unacked messages
-    back, which needs a fresh client, whose parameters come from a connection already torn down
-    (``conninfo`` is None) -> AttributeError -> "Unrecoverable error" and the worker exits
-    (same family as kombu#582, celery#8030).  Raising the transport's own ConnectionError
-    instead lets kombu's ignore_errors() swallow it; the messages are redelivered later by
-    Redis after the visibility timeout, as for any lost connection.
-    """
-    try:
-        import redis
-        from kombu.transport import redis as kredis
-    except ImportError:
-        return
-    original = kredis.Channel._connparams
-    if getattr(original, "_rlm_patched", False):
-        return
-
-    def _connparams(self, asynchronous=False):
-        if self.connection is None or self.connection.client is None:
-            raise redis.exceptions.ConnectionError("connection already closed")
-        return original(self, asynchronous=asynchronous)
-
-    _connparams._rlm_patched = True  # type: ignore[attr-defined]
-    kredis.Channel._connparams = _connparams
-
-
-_patch_kombu_redis_reconnect()
-
-
 def _connect_worker_signals() -> None:
-    """Every worker runs the reconciler (one of them sweeps per interval) while it serves."""
-    stop = threading.Event()
-
-    @signals.worker_ready.connect(weak=False)
-    def _ready(**_kw: object) -> None:
-        from .pipeline.reconcile import start_reconciler
-
-        start_reconciler(stop)
-
-    @signals.worker_shutting_down.connect(weak=False)
-    def _stopping(**_kw: object) -> None:
-        stop.set()
+    @signals.celeryd_init.connect(weak=False)
+    def _reconnecting_transport(conf: object = None, **_kw: object) -> None:
+        """A worker consumes through ``broker.Transport``, which survives the broker going away under it.  Only
+        workers: clients and Flower keep the URL's own transport, whose name Flower reads to find the broker."""
+        if conf is not None and not conf.broker_transport:
+            conf.broker_transport = transport_for(conf.broker_url)
 
     @signals.celeryd_after_setup.connect(weak=False)
     def _share_cores(instance: object = None, **_kw: object) -> None:
@@ -215,8 +186,6 @@ class _CancelIsNotAnError(logging.Filter):
 
 
 def _revoked(exc: BaseException) -> bool:
-    from celery.exceptions import TaskRevokedError
-
     return isinstance(exc.__cause__, TaskRevokedError) or "TaskRevokedError" in str(exc)
 
 
@@ -225,7 +194,5 @@ for _name in ("celery.backends.redis", "celery.backends.base"):
 
 
 # Signals only (cheap): JSON or text logs with job id and stage, configured when a worker starts.
-from .logs import connect_logging_signals  # noqa: E402
-
 connect_logging_signals()
 _connect_worker_signals()

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import platformdirs
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
+from .llm.prices import parse_prices
+from .local_models import MODELS, resolve_model
 
 
 def _default_data_dir() -> Path:
-    import platformdirs
-
     return Path(platformdirs.user_data_dir("rlm-pipeline", appauthor=False))
 
 
@@ -291,9 +293,6 @@ class Settings(BaseSettings):
     @classmethod
     def _prices(cls, v: str | None) -> str | None:
         """Checked at start-up, so a typo fails every command at once rather than the first priced call."""
-        from .errors import ConfigError
-        from .llm.prices import parse_prices
-
         try:
             parse_prices(v)
         except ConfigError as exc:
@@ -303,8 +302,6 @@ class Settings(BaseSettings):
     @field_validator("local_llm")
     @classmethod
     def _local_model(cls, v: str | None) -> str | None:
-        from .local_llm import MODELS
-
         if v and v not in MODELS:
             raise ValueError(f"unknown local model {v!r}: one of {', '.join(MODELS)}")
         return v or None
@@ -329,8 +326,6 @@ class Settings(BaseSettings):
         the timeout, the concurrency and the prompt sizes are ones it can meet (docs/contract.md#local-llm)."""
         if not self.local_llm:
             return self
-        from .local_llm import resolve_model
-
         model = resolve_model(self.local_llm)
         given = self.model_fields_set
         for name in ("primary_model", "subcall_model", "synthesizer_model"):
@@ -377,7 +372,6 @@ class Settings(BaseSettings):
     def resolved_local_llm_dir(self) -> Path:
         if self.local_llm_dir:
             return self.local_llm_dir.expanduser()
-        import platformdirs
 
         return Path(platformdirs.user_cache_dir("rlm-pipeline", appauthor=False)) / "local-llm"
 
@@ -428,6 +422,16 @@ def reset_settings() -> None:
     The next use builds a provider and Redis client from the new settings, and ``celery_app.get_app()`` an app
     for a new broker; Celery's own app is never reconfigured (a worker's -Q choice lives in it)."""
     get_settings.cache_clear()
-    from . import resources
+    for drop in _ON_RESET:
+        drop()
 
-    resources.reset()
+
+#: what a process built from its settings and must build again after ``reset_settings`` (``resources`` adds its
+#: reset when imported: a process that never imported it built nothing to drop)
+_ON_RESET: list[Callable[[], None]] = []
+
+
+def on_settings_reset(drop: Callable[[], None]) -> None:
+    """Call ``drop`` whenever the settings are re-read."""
+    if drop not in _ON_RESET:
+        _ON_RESET.append(drop)

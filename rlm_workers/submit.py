@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -9,9 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from .celery_app import get_app
 from .config import get_settings
 from .errors import IdempotencyKeyReused, InvalidInput, TooManyJobs
+from .llm.prices import price_for, prices
 from .models import QueryOptions, allowed_values
+from .pipeline.params import check_job_caps
 from .search.service import validate_query
 from .store import jobs as job_store
 from .store.buffers import require_buffers
@@ -26,9 +30,6 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
 
     One pydantic model (``QueryOptions``) holds every bound; its first complaint becomes a one-line error.
     """
-    from .config import get_settings
-    from .pipeline.params import check_job_caps
-
     given = {k: v for k, v in options.items() if v is not None}
     try:
         opts = QueryOptions.model_validate(given)
@@ -51,8 +52,6 @@ def validate_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def check_priced(settings) -> None:
     """--max-cost needs a price for every model the tree may call; a missing one would make the limit a lie."""
-    from .llm.prices import price_for, prices
-
     if settings.offline:
         return  # the offline provider costs nothing
     table = prices(settings)
@@ -81,8 +80,6 @@ def submit_query(
     a chat turn attaches its session context there (docs/contract.md#sessions); raising in it stores nothing."""
     # Sent by name through our app: shared tasks would bind to Celery's default app in a process
     # (CLI, API, tests) that never made ours current.
-    from .celery_app import get_app
-
     app = get_app()
 
     query = validate_query(query)
@@ -187,10 +184,6 @@ def cancel_query(conn: psycopg.Connection, *, job_id: str, tenant: str) -> job_s
 
 def revoke_tasks(task_ids: Sequence[str]) -> None:
     """Best effort: tasks check the job's status before doing work, so a missed revoke only costs a dequeue."""
-    import logging
-
-    from .celery_app import get_app
-
     app = get_app()
 
     try:

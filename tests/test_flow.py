@@ -40,7 +40,8 @@ def _get(job_id: str):
 
 
 def test_the_order_is_written_once_and_covers_every_task():
-    from rlm_workers.pipeline.flow import CHAINED, ORDER, RESEND, RUNNERS, TASK, Stage, position
+    from rlm_workers.pipeline.flow import CHAINED, ORDER, RESEND, TASK, Stage, position
+    from rlm_workers.pipeline.stages import RUNNERS
 
     assert ORDER[0] == Stage.queued and set(ORDER) == set(Stage)
     # a chained stage always comes after the one that chains it (a thinking job loops only through a task: merge)
@@ -53,7 +54,8 @@ def test_the_order_is_written_once_and_covers_every_task():
 
 
 def test_a_redelivered_plan_never_moves_a_job_back(settings):
-    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.pipeline.flow import Stage
+    from rlm_workers.pipeline.stages import run_stage
 
     job_id = _job("fan_out", batches=[[1]], task_ids=["chord-id"])
     # plan and search pass on (the job is past them) and the fan-out sees its chord already sent
@@ -63,7 +65,8 @@ def test_a_redelivered_plan_never_moves_a_job_back(settings):
 
 
 def test_a_known_error_ends_the_job_with_its_message_and_the_stage_timing(settings):
-    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.pipeline.flow import Stage
+    from rlm_workers.pipeline.stages import run_stage
 
     job_id = _job("queued")  # its buffer does not exist: the search's known error
     assert run_stage(job_id, Stage.search) == "failed"
@@ -73,14 +76,14 @@ def test_a_known_error_ends_the_job_with_its_message_and_the_stage_timing(settin
 
 
 def test_a_crash_ends_the_job_as_the_stage_failing(settings, monkeypatch):
-    from rlm_workers.pipeline import flow
+    from rlm_workers.pipeline import flow, stages
 
     def boom(ctx: object) -> str:
         raise ZeroDivisionError("bad arithmetic")
 
-    monkeypatch.setattr(flow, "_runner", lambda stage: boom)
+    monkeypatch.setattr(stages, "RUNNERS", dict.fromkeys(flow.Stage, boom))
     job_id = _job("queued")
-    assert flow.run_stage(job_id, flow.Stage.collect) == "failed"
+    assert stages.run_stage(job_id, flow.Stage.collect) == "failed"
     job = _get(job_id)
     assert job.status == "failed" and job.error == {
         "type": "ZeroDivisionError",
@@ -89,7 +92,8 @@ def test_a_crash_ends_the_job_as_the_stage_failing(settings, monkeypatch):
 
 
 def test_an_ended_job_is_skipped_untouched(settings):
-    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.pipeline.flow import Stage
+    from rlm_workers.pipeline.stages import run_stage
     from rlm_workers.store import jobs as job_store
     from rlm_workers.store.db import connection
 
@@ -104,15 +108,15 @@ def test_an_ended_job_is_skipped_untouched(settings):
 def test_a_database_outage_is_left_to_the_task_to_retry(settings, monkeypatch, stage):
     import psycopg
 
-    from rlm_workers.pipeline import flow
+    from rlm_workers.pipeline import flow, stages
 
     def away(ctx: object) -> str:
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(flow, "_runner", lambda s: away)
+    monkeypatch.setattr(stages, "RUNNERS", dict.fromkeys(flow.Stage, away))
     job_id = _job("queued")
     with pytest.raises(psycopg.OperationalError):
-        flow.run_stage(job_id, flow.Stage(stage))
+        stages.run_stage(job_id, flow.Stage(stage))
     assert _get(job_id).status == "running"  # not failed: a retry goes on where it was
 
 
@@ -145,7 +149,8 @@ def test_a_delivery_beside_a_launch_in_progress_sends_no_second_chord(settings):
     mid-send) finds the job's launch lock taken and sends nothing; once released, a stored launch is seen."""
     import psycopg
 
-    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.pipeline.flow import Stage
+    from rlm_workers.pipeline.stages import run_stage
     from rlm_workers.store import jobs as job_store
 
     job_id = _job("search", batches=[[1], [2]])
@@ -165,14 +170,14 @@ def test_a_broker_outage_leaves_the_job_where_it_was(settings, monkeypatch):
     batch's broker-epoch check) picks the job up where it stopped."""
     import kombu.exceptions
 
-    from rlm_workers.pipeline import flow
+    from rlm_workers.pipeline import flow, stages
 
     def away(ctx: object) -> str:
         raise kombu.exceptions.OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(flow, "_runner", lambda s: away)
+    monkeypatch.setattr(stages, "RUNNERS", dict.fromkeys(flow.Stage, away))
     job_id = _job("search", batches=[[1]])
     with pytest.raises(kombu.exceptions.OperationalError):
-        flow.run_stage(job_id, flow.Stage.fan_out)
+        stages.run_stage(job_id, flow.Stage.fan_out)
     job = _get(job_id)
     assert job.status == "running" and job.stage == "fan_out" and job.error is None

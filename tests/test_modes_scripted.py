@@ -844,7 +844,8 @@ def test_instant_over_a_small_model_context_reads_what_fits_and_names_the_rest(c
     quarter of it, and the matched chunks left out are named in the gaps (a 1.5B model was sent 17 chunks)."""
     import uuid
 
-    from rlm_workers.pipeline.flow import Stage, run_stage
+    from rlm_workers.pipeline.flow import Stage
+    from rlm_workers.pipeline.stages import run_stage
     from rlm_workers.store import jobs as job_store
     from tests.support.envpatch import patched_env
 

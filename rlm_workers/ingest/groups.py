@@ -20,9 +20,11 @@ import logging
 import tempfile
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..celery_app import get_app
 from ..config import Settings, get_settings
 from ..errors import InvalidInput, RLMError, error_record
 from ..store import buffers as bstore
@@ -30,19 +32,18 @@ from ..store import uploads as store
 from ..store import vectors
 from ..store.db import DB_OUTAGE, connect, connection
 from .chunkers import chunk_text
+from .embed import get_embedder
 from .failures import final_error, gave_up, internal_error
-from .files import discover, read_text
+from .files import discover, read_text, under
 from .loader import (
     ENCODE_GROUP_BATCHES,
     LoadReport,
-    _Ids,
-    _nothing_to_load,
-    _under,
-    _Writer,
     chunk_fields,
     encode_queued,
     same_cut,
 )
+from .staging import write_files
+from .writes import IdBlocks, Writer
 
 if TYPE_CHECKING:
     import psycopg
@@ -87,8 +88,6 @@ def plan(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> l
 
 
 def send_groups(upload_id: str, group_nos: Sequence[int]) -> None:
-    from ..celery_app import get_app
-
     app = get_app()
 
     for n in group_nos:
@@ -170,9 +169,6 @@ def _stage(
     """Chunk and embed the group's files into the staging tables and count the group done, in one transaction
     (the caller commits or rolls back).  Unchanged files (same bytes, same chunking and model as the buffer's
     base version) are recorded, not embedded."""
-    from .embed import get_embedder
-    from .staging import write_files
-
     t0 = time.perf_counter()
     opts = up.options
     chunker = opts.get("chunker", "semantic")
@@ -196,8 +192,8 @@ def _stage(
         candidates, disc = discover(sorted(root.iterdir()), max_file_bytes=settings.max_file_bytes)
         report.files_seen = len(candidates)
         report.discovered(disc)
-        writer = _Writer(conn)
-        file_ids, chunk_ids = _Ids(writer, "files_id_seq", 256), _Ids(writer, "chunks_id_seq", 4096)
+        writer = Writer(conn)
+        file_ids, chunk_ids = IdBlocks(writer, "files_id_seq", 256), IdBlocks(writer, "chunks_id_seq", 4096)
         windows: list[str] = []
         owners: list[tuple[int, int]] = []
         batch = settings.embed_batch_size
@@ -255,7 +251,7 @@ def _check_base(up: store.UploadRow, buf: bstore.BufferRow | None) -> None:
 
 
 def _submit_file(
-    writer: _Writer, upload_id: str, group_no: int, path: str, fid: int | None, digest: str, size: int, chunks: int
+    writer: Writer, upload_id: str, group_no: int, path: str, fid: int | None, digest: str, size: int, chunks: int
 ) -> None:
     writer.submit(
         lambda: store.stage_file(
@@ -272,7 +268,7 @@ def _submit_file(
 
 
 def _embed(
-    writer: _Writer,
+    writer: Writer,
     upload_id: str,
     group_no: int,
     windows: list[str],
@@ -338,7 +334,7 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
         merged.seconds = max(merged.seconds, float(p.get("seconds", 0.0)))
     staged = store.staged_file_list(conn, upload_id=up.id)
     if not staged:
-        raise InvalidInput(_nothing_to_load(merged, up.buffer))
+        raise InvalidInput(merged.nothing_to_load(up.buffer))
     opts = up.options
     buf = bstore.lock_or_create_buffer(conn, tenant=up.tenant, name=up.buffer)
     _check_base(up, buf)
@@ -347,7 +343,7 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
     seen = {path for path, _ in staged}
     roots = _roots(name for name, _ in store.staged_sizes(conn, upload_id=up.id))
     replaced = [existing[path].id for path, fid in staged if fid is not None and path in existing]
-    gone = [f.id for path, f in existing.items() if path not in seen and _under(path, roots)]
+    gone = [f.id for path, f in existing.items() if path not in seen and under(path, roots)]
     merged.files_removed = len(gone)
     bstore.delete_files(conn, buffer_id=buf.id, file_ids=replaced + gone)
     store.move_staged(conn, upload_id=up.id, buffer_id=buf.id)
@@ -371,8 +367,6 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
     )
     out = dict(merged.__dict__)
     if up.started_at is not None:  # the load's wall time, split to commit (the groups' own seconds overlap)
-        from datetime import UTC, datetime
-
         out["seconds"] = round(max(0.0, (datetime.now(UTC) - up.started_at).total_seconds()), 3)
     out["groups"] = up.groups
     out["commit_seconds"] = round(time.perf_counter() - t0, 3)

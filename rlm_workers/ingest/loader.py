@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +23,9 @@ from ..search.tokenize import tokenize
 from ..store import buffers as store
 from ..store import vectors
 from .chunkers import chunk_text, validate_chunk_params
-from .files import discover, read_text
+from .embed import get_embedder
+from .files import discover, read_text, under
+from .writes import IdBlocks, Writer
 
 if TYPE_CHECKING:
     import psycopg
@@ -59,6 +59,17 @@ class LoadReport:
         if n:
             self.skipped[reason] = self.skipped.get(reason, 0) + n
 
+    def nothing_to_load(self, buffer: str) -> str:
+        """Why a load that found nothing to write changes nothing, as the one-line error says it."""
+        skipped = sum(self.skipped.values())
+        if not skipped:
+            return f"nothing to load: no files found; buffer {buffer!r} was not changed"
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
+        return (
+            f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text files "
+            f"are loaded (binary and non-UTF-8 files are skipped); buffer {buffer!r} was not changed"
+        )
+
     def discovered(self, disc: Any) -> None:
         """What ``files.discover`` passed over, counted by reason (the too-large files also by name)."""
         self.skip("too-large", len(disc.skipped_too_large))
@@ -76,68 +87,6 @@ class Progress:
     def file_done(self, path: str) -> None: ...
     def windows_added(self, n: int) -> None: ...
     def windows_embedded(self, n: int) -> None: ...
-
-
-class _Writer:
-    """Runs database writes in order on one thread that owns the connection."""
-
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self.conn = conn
-        self.q: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=8)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="rlm-load-writer", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            job = self.q.get()
-            if job is None:
-                return
-            if self.error is None:
-                try:
-                    job()
-                except BaseException as exc:  # re-raised on the main thread
-                    self.error = exc
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self._raise()
-        self.q.put(job)
-
-    def close(self) -> None:
-        self.q.put(None)
-        self.thread.join()
-        self._raise()
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-class _Ids:
-    """Sequence values reserved in blocks, so the main thread never waits on the writer for an id."""
-
-    def __init__(self, writer: _Writer, sequence: str, block: int) -> None:
-        self.writer, self.sequence, self.block = writer, sequence, block
-        self.free: list[int] = []
-
-    def take(self, n: int) -> list[int]:
-        if len(self.free) < n:
-            self.free.extend(self._reserve(max(self.block, n - len(self.free))))
-        out, self.free = self.free[:n], self.free[n:]
-        return out
-
-    def _reserve(self, want: int) -> list[int]:
-        got: list[int] = []
-        done = threading.Event()
-
-        def job() -> None:
-            got.extend(store.reserve_ids(self.writer.conn, sequence=self.sequence, n=want))
-            done.set()
-
-        self.writer.submit(job)
-        while not done.wait(0.05):
-            self.writer._raise()
-        return got
 
 
 def _roots(paths: Sequence[Path]) -> list[tuple[str, bool]]:
@@ -180,10 +129,8 @@ def load_paths(
     report = LoadReport(buffer=buffer, files_seen=len(candidates))
     report.discovered(disc)
     if not candidates:  # before the embedder is loaded: there is nothing to encode
-        raise InvalidInput(_nothing_to_load(report, buffer))
+        raise InvalidInput(report.nothing_to_load(buffer))
     if embedder is None:
-        from .embed import get_embedder
-
         embedder = get_embedder()
     progress.files_total(len(candidates))
 
@@ -194,8 +141,8 @@ def load_paths(
         existing = store.files_of(conn, buffer_id=buf.id)
         seen: set[str] = set()
         changed = False
-        writer = _Writer(conn)
-        file_ids, chunk_ids = _Ids(writer, "files_id_seq", 256), _Ids(writer, "chunks_id_seq", 4096)
+        writer = Writer(conn)
+        file_ids, chunk_ids = IdBlocks(writer, "files_id_seq", 256), IdBlocks(writer, "chunks_id_seq", 4096)
         windows: list[str] = []
         owners: list[tuple[int, int]] = []
         # Windows are encoded in groups of several batches: sorted by length within the group (less padding),
@@ -243,9 +190,9 @@ def load_paths(
             if not seen:
                 # Every file was skipped: an empty new buffer, or an old one emptied by a directory of images,
                 # is never what the user meant.  Raising here rolls the whole load back.
-                raise InvalidInput(_nothing_to_load(report, buffer))
+                raise InvalidInput(report.nothing_to_load(buffer))
             _embed(writer, windows, owners, len(windows), embed_batch_size, embedder, buf.id, report, progress)
-            gone = [f.id for path, f in existing.items() if path not in seen and _under(path, _roots(paths))]
+            gone = [f.id for path, f in existing.items() if path not in seen and under(path, _roots(paths))]
             if gone:
                 changed = True
                 report.files_removed = len(gone)
@@ -271,26 +218,11 @@ def load_paths(
     return report
 
 
-def _nothing_to_load(report: LoadReport, buffer: str) -> str:
-    skipped = sum(report.skipped.values())
-    if not skipped:
-        return f"nothing to load: no files found; buffer {buffer!r} was not changed"
-    why = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
-    return (
-        f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text files "
-        f"are loaded (binary and non-UTF-8 files are skipped); buffer {buffer!r} was not changed"
-    )
-
-
-def _under(path: str, roots: list[tuple[str, bool]]) -> bool:
-    return any(path.startswith(prefix) if is_dir else path == prefix for prefix, is_dir in roots)
-
-
 def _queue_file(
     conn: psycopg.Connection,
-    writer: _Writer,
-    file_ids: _Ids,
-    chunk_ids: _Ids,
+    writer: Writer,
+    file_ids: IdBlocks,
+    chunk_ids: IdBlocks,
     windows: list[str],
     owners: list[tuple[int, int]],
     buffer_id: int,
@@ -374,7 +306,7 @@ def encode_queued(
 
 
 def _embed(
-    writer: _Writer,
+    writer: Writer,
     windows: list[str],
     owners: list[tuple[int, int]],
     n: int,

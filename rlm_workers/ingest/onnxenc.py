@@ -14,15 +14,23 @@ keyed by the model files and ``EXPORT_VERSION``; several processes may ask at on
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import importlib.util
+import inspect
 import json
 import logging
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from ..errors import ConfigError
 from .windows import DEFAULT_WINDOWS, WindowSpec, cut, query_windows
@@ -63,8 +71,6 @@ def pooling_of(model_dir: Path) -> str | None:
 
 def available() -> bool:
     """Whether the ``onnxruntime`` package can be imported (without importing it)."""
-    import importlib.util
-
     return importlib.util.find_spec("onnxruntime") is not None
 
 
@@ -111,8 +117,6 @@ def exported_path(model_id: str, model_dir: Path, runtime: str, cache_dir: Path)
 
 @contextlib.contextmanager
 def _file_lock(path: Path):
-    import fcntl
-
     with open(path, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -126,8 +130,6 @@ def _export(model_dir: Path, dest: Path, pooling: str) -> None:
 
     Normalized always, as ``Embedder.encode`` asks sentence-transformers to (cosine is all search uses).
     """
-    import inspect
-    import warnings
 
     import torch
     from transformers import AutoModel
@@ -179,8 +181,6 @@ def _quantize(src: Path, dest: Path) -> None:
     the float32 reference's (docs/architecture.md#encoder-runtimes).  The embedding lookups stay float32:
     they cost nothing.
     """
-    import onnx
-    from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(src))
@@ -253,8 +253,6 @@ class OnnxEncoder:
 
     # -- vectors ------------------------------------------------------------------------------------------
     def encode(self, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
-        import numpy as np
-
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
@@ -287,8 +285,6 @@ class OnnxEncoder:
 
     def encode_query(self, query: str) -> np.ndarray:
         """A long query is embedded in model-sized pieces and their mean taken, as the torch encoder does."""
-        import numpy as np
-
         vecs = self.encode(self.window_texts(query, query_windows(self.window_tokens)) or [query])
         v = vecs.mean(axis=0)
         return (v / (float(np.linalg.norm(v)) or 1.0)).astype(np.float32)

@@ -12,9 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..config import get_settings
 from ..errors import BufferNotFound
 from ..store import buffers as store
 from ..store import vectors
+from ..store.db import connect
+from .embed import get_embedder, model_id_for, resolve_runtime
+from .windows import DEFAULT_WINDOWS
 
 if TYPE_CHECKING:
     import psycopg
@@ -56,12 +60,8 @@ def reembed_buffer(
     ``on_chunks(done, total)`` is told the progress.  The version is bumped: cached results keyed by the
     old version are not served for the new vectors.
     """
-    from .embed import get_embedder, model_id_for, resolve_runtime
-
     t0 = time.perf_counter()
     if embedder is None:
-        from ..config import get_settings
-
         model = get_settings().embedding_model
         want, want_runtime = model_id_for(model), resolve_runtime(model)
     else:
@@ -71,7 +71,6 @@ def reembed_buffer(
         if buf is None:
             raise BufferNotFound(name)
         report = ReembedReport(buffer=name, model=want, previous_model=buf.embedding_model, version=buf.version)
-        from .windows import DEFAULT_WINDOWS
 
         current = (buf.embedding_model, buf.embedding_windows, buf.runtime)
         if current == (want, DEFAULT_WINDOWS.label, want_runtime) and not force:
@@ -127,9 +126,6 @@ def run_embed(buffer_id: int) -> str:
 
     One transaction, so a redelivery simply redoes it.
     """
-    from ..config import get_settings
-    from ..store.db import connect
-
     settings = get_settings()
     conn = connect(settings)
     try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import InvalidInput
 from .files import path_problem
+from .loader import load_paths
 
 if TYPE_CHECKING:
     import psycopg
@@ -92,8 +93,6 @@ def load_files(
 
     The embedder is the process-wide one (cached), loaded on the first load.
     """
-    from .loader import load_paths
-
     with tempfile.TemporaryDirectory(prefix="rlm-upload-") as tmp:
         root = Path(tmp)
         write_files(root, files)

@@ -22,6 +22,7 @@ from ..store import uploads as store
 from ..store.db import DB_OUTAGE, connect, connection
 from . import groups
 from .failures import final_error, gave_up, internal_error
+from .staging import load_files
 
 if TYPE_CHECKING:
     import psycopg
@@ -101,8 +102,6 @@ def run_ingest(upload_id: str) -> str:
 
 
 def _load(conn: psycopg.Connection, up: store.UploadRow, settings: Settings) -> dict[str, Any]:
-    from .staging import load_files
-
     opts = up.options
     report = load_files(
         conn,

@@ -19,8 +19,13 @@ import random
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from celery import current_task
+
 from .. import metrics
 from ..errors import ServiceUnavailable
+from ..resources import provider
+from ..store import jobs as job_store
+from ..store.db import connection
 from .limiter import ConcurrencyLimiter
 
 log = logging.getLogger("rlm.fair")
@@ -41,8 +46,6 @@ DEFER_CAP = 5.0
 
 
 def _limiter() -> ConcurrencyLimiter | None:
-    from ..resources import provider
-
     p = provider()
     if p.local:
         return None
@@ -61,8 +64,6 @@ def tenant_of(job_id: str) -> str | None:
     tenant = _TENANTS.get(job_id)
     if tenant is not None:
         return tenant
-    from ..store import jobs as job_store
-    from ..store.db import connection
 
     with connection() as conn:
         job = job_store.get_job(conn, job_id=job_id)
@@ -100,8 +101,6 @@ def header_priorities(n: int, *, own: int | None, head: int) -> list[int]:
 
 def current_priority() -> int:
     """The broker priority of the task running now (0 outside a task, or when it was sent without one)."""
-    from celery import current_task
-
     request = getattr(current_task, "request", None)
     info = getattr(request, "delivery_info", None) or {}
     try:

@@ -10,21 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .extractive import ExtractiveProvider
+from .limiter import Limits
+from .openai_provider import OpenAIProvider
+
 if TYPE_CHECKING:
     from ..config import Settings
     from .protocol import LLMProvider
 
 
 def _extractive(settings: Settings, redis: Callable[[], Any]) -> LLMProvider:
-    from .extractive import ExtractiveProvider
-
     return ExtractiveProvider()
 
 
 def _openai(settings: Settings, redis: Callable[[], Any]) -> LLMProvider:
-    from .limiter import Limits
-    from .openai_provider import OpenAIProvider
-
     return OpenAIProvider(settings, limiter=Limits.from_settings(settings, redis()))
 
 

@@ -18,25 +18,24 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from ..errors import BudgetExhausted
+from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
+from ..llm.stage_input import ChunkForPrompt, DirectInput
 from ..llm.structured import answer_schema, parse_answer
+from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
-from .analyst import ChunkForPrompt
+from ..tokens import CHARS_PER_TOKEN, estimate_tokens
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
-from .prompts import content_block, escape_content, source_line, system_message
+from .prompts import content_block, escape_content, load_prompt, source_line, system_message
 from .records import RECORDS_INSTRUCTION
 from .replies import cited_chunk_ids
+from .report import store_report
+from .route import direct_answer_tokens, direct_budget
 
-#: a rough tokenizer-free estimate, on the safe side for English and code
-CHARS_PER_TOKEN = 4
 CUT_MARKER = "[…cut to fit the context]"
-
-
-def estimate_tokens(text: str) -> int:
-    return -(-len(text) // CHARS_PER_TOKEN)
 
 
 def _block(c: ChunkForPrompt) -> str:
@@ -78,6 +77,21 @@ def fit_chunks(chunks: Sequence[ChunkForPrompt], budget_tokens: int) -> list[Chu
     return out
 
 
+def render_messages(system_prompt: str, asked: DirectInput, *, conversation: str = "") -> list[dict[str, str]]:
+    """The analyst's message layout, asking for a cited markdown answer instead of findings JSON
+    (``conversation``: a chat turn's earlier turns, quoted, before the query)."""
+    # the question after the chunks, as in an analyst's message: a small model answers what it read last
+    parts = ["## Chunks\n\n" + "\n\n".join(_block(c) for c in asked.chunks)]
+    if asked.records_wanted:
+        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
+    parts.append(f"{conversation}## Query\n\n{escape_content(asked.query)}")
+    parts.append(
+        "## Reply\n\nAnswer the query from these chunks only. Reply with a JSON object: "
+        '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
+    )
+    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+
+
 def build_messages(
     system_prompt: str,
     query: str,
@@ -86,18 +100,9 @@ def build_messages(
     records_wanted: bool = False,
     conversation: str = "",
 ) -> list[dict[str, str]]:
-    """The analyst's message layout, asking for a cited markdown answer instead of findings JSON
-    (``conversation``: a chat turn's earlier turns, quoted, before the query)."""
-    # the question after the chunks, as in an analyst's message: a small model answers what it read last
-    parts = ["## Chunks\n\n" + "\n\n".join(_block(c) for c in chunks)]
-    if records_wanted:
-        parts.append(f"## Records\n\n{RECORDS_INSTRUCTION}")
-    parts.append(f"{conversation}## Query\n\n{escape_content(query)}")
-    parts.append(
-        "## Reply\n\nAnswer the query from these chunks only. Reply with a JSON object: "
-        '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
-    )
-    return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
+    """The direct answer's messages, rendered from a ``DirectInput`` of these values."""
+    asked = DirectInput(query, tuple(chunks), records_wanted)
+    return render_messages(system_prompt, asked, conversation=conversation)
 
 
 def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:
@@ -120,15 +125,10 @@ def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:
 
 log = logging.getLogger("rlm.pipeline.answer")
 
-DIRECT_MAX_TOKENS = 4096
 SNIPPET_CHARS = 300
 
 
 def run(ctx: StageContext) -> str:
-    from .prompts import load_prompt
-    from .route import direct_answer_tokens, direct_budget
-    from .synthesize import _store_report
-
     conn, settings = ctx.conn, ctx.settings
     with StageLease(conn, ctx.job.id, settings) as lease:
         if not lease.acquired:
@@ -148,13 +148,10 @@ def run(ctx: StageContext) -> str:
             if (c := rows.get(cid))
         ]
         chunks = fit_chunks(chunks, direct_budget(settings))
-        from ..sessions import conversation_section
 
-        messages = build_messages(
-            load_prompt("direct", prompt_dir=settings.prompt_dir),
-            job.query,
-            chunks,
-            conversation=conversation_section(job.spec),
+        asked = DirectInput(job.query, tuple(chunks))
+        messages = render_messages(
+            load_prompt("direct", prompt_dir=settings.prompt_dir), asked, conversation=conversation_section(job.spec)
         )
         request = CompletionRequest(
             role="direct",
@@ -163,6 +160,7 @@ def run(ctx: StageContext) -> str:
             max_tokens=direct_answer_tokens(settings),
             json_output=True,
             json_schema=answer_schema([c.chunk_id for c in chunks]),
+            stage_input=asked,
         )
         by_id = {c.chunk_id: c for c in chunks}
         error: BaseException | None = None
@@ -171,8 +169,6 @@ def run(ctx: StageContext) -> str:
                 completion = call_llm(conn, job_id=job.id, stage="answer", request=request, parse=parse_answer)
                 response = render_answer(completion.text, by_id)
             except BudgetExhausted as exc:
-                from ..llm.extractive import ExtractiveProvider
-
                 offline = render_answer(ExtractiveProvider().complete(request).text, by_id)
                 response = (
                     f"_The budget was exhausted ({exc.reason}) before a model could answer: what follows was "
@@ -196,7 +192,7 @@ def run(ctx: StageContext) -> str:
                     unanswered=unread,
                 )
                 job_store.save_collected(c, job_id=job.id, collected=collected)
-                _store_report(c, job_store.get_job(c, job_id=job.id), response, kept, collected, error, settings)
+                store_report(c, job_store.get_job(c, job_id=job.id), response, collected, error)
 
         durable_write(conn, store, what=f"direct answer of job {job.id}")
     return OK

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..store import jobs as job_store
@@ -52,6 +52,13 @@ class CollectedFinding(ChunkRef):
 class CollectResult:
     kept: list[CollectedFinding]
     filtered_count: int
+
+
+#: the error a batch that never reported ends with, when collect or the watchdog finishes its job without it
+LOST = {
+    "type": "lost",
+    "message": "the batch never reported (worker lost or task failed); finished without it",
+}
 
 
 def collect_order(relevance: str, buffer: str, ordinal: int, chunk_id: int) -> tuple:
@@ -118,10 +125,36 @@ def collected_of(conn: psycopg.Connection, job: JobRow, default_threshold: str) 
     return {"kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count, "records": records}
 
 
+def unite(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Collected findings of several jobs as one: per chunk the strongest grade and every distinct finding;
+    records are per chunk too, so a chunk read twice is counted once (the first reading's)."""
+    by_chunk: dict[int, dict[str, Any]] = {}
+    records: dict[str, list] = {}
+    filtered = 0
+    for part in parts:
+        filtered += int(part.get("filtered") or 0)
+        for cid, recs in (part.get("records") or {}).items():
+            records.setdefault(str(cid), recs)
+        for f in part.get("kept") or []:
+            cid = f["chunk_id"]
+            prev = by_chunk.get(cid)
+            if prev is None:
+                by_chunk[cid] = dict(
+                    f, findings=list(f.get("findings") or []), follow_up=list(f.get("follow_up") or [])
+                )
+                continue
+            if RELEVANCE_RANK[f["relevance"]] > RELEVANCE_RANK[prev["relevance"]]:
+                prev["relevance"] = f["relevance"]
+            prev["findings"] += [x for x in f.get("findings") or [] if x not in prev["findings"]]
+            prev["summary"] = prev.get("summary") or f.get("summary") or ""
+    kept = sorted(
+        by_chunk.values(), key=lambda k: collect_order(k["relevance"], k["buffer"], k["ordinal"], k["chunk_id"])
+    )
+    return {"kept": kept, "filtered": filtered, "records": records}
+
+
 def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -> int:
     """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
-    from .tree import unite
-
     collected = collected_of(conn, job, default_threshold)
     # a salvage of a job with children keeps what they found (merge would have united them the same way)
     kids = [k.collected for k in job_store.children_of(conn, job_id=job.id) if k.terminal and k.collected]
@@ -132,8 +165,6 @@ def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -
 
 
 def run(ctx: StageContext) -> str:
-    from .salvage import LOST
-
     # Every header task has returned; a batch still pending never ran (its task was skipped or lost).
     job_store.fail_unfinished_batches(ctx.conn, job_id=ctx.job.id, reason=LOST)
     filtered = collect_job(ctx.conn, ctx.job, finding_threshold(ctx.settings))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from celery import chord
 
+from ..celery_app import get_app
 from ..llm import fair
 from ..store import jobs as job_store
 from .flow import TASK, Stage, StageContext
@@ -39,8 +40,6 @@ def run(ctx: StageContext) -> str:
 
 
 def _launch(ctx: StageContext, job: JobRow) -> str:
-    from ..celery_app import get_app
-
     app = get_app()
 
     n = job.batches_total

@@ -17,10 +17,10 @@ See docs/architecture.md.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,12 +30,11 @@ import kombu.exceptions
 import redis.exceptions
 
 from .. import metrics
-from ..config import Settings, get_settings
-from ..errors import RLMError, error_record
-from ..logs import stage_context
+from ..config import Settings
+from ..errors import error_record
 from ..models import JobStatus
 from ..store import jobs as job_store
-from ..store.db import DB_OUTAGE, connection
+from ..store.db import connection
 
 if TYPE_CHECKING:
     import psycopg
@@ -114,17 +113,6 @@ RESEND: dict[Stage, Stage] = {
 FINISHING: frozenset[Stage] = frozenset({Stage.collect, Stage.synthesize})
 #: stages of a fan-out that has ended, where the watchdog has nothing to salvage (the reconciler watches them)
 PAST_FANOUT: frozenset[Stage] = frozenset({Stage.check, Stage.children, Stage.merge})
-#: where each stage's ``run(ctx) -> str`` lives (module, or module:function); "ok" means: go on to the next stage
-RUNNERS: dict[Stage, str] = {
-    Stage.plan: "plan",
-    Stage.search: "search",
-    Stage.answer: "answer",
-    Stage.fan_out: "fanout",
-    Stage.collect: "collect",
-    Stage.check: "tree:run_check",
-    Stage.merge: "tree:run_merge",
-    Stage.synthesize: "synthesize",
-}
 #: stages that time themselves: synthesize ends the job, so its time must be stored before the report is
 SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize, Stage.answer})
 #: the broker (or Celery's Redis result backend) away while a stage sends a task: not the job's fault either.
@@ -137,6 +125,7 @@ BROKER_OUTAGE: tuple[type[BaseException], ...] = (
 )
 #: said on the job's error when a stage fails with a known error
 FAIL_PREFIX: dict[Stage, str] = {Stage.plan: "planning failed"}
+#: a stage's outcome meaning: go on to the next stage (any other outcome ends the chain)
 OK = "ok"
 
 
@@ -246,8 +235,6 @@ class StageLease:
     """
 
     def __init__(self, conn: psycopg.Connection, job_id: str, settings: Settings, owner: str | None = None) -> None:
-        import uuid
-
         self.conn, self.job_id, self.settings = conn, job_id, settings
         self.owner = owner or uuid.uuid4().hex
         self.seconds = lease_seconds(settings)
@@ -277,63 +264,3 @@ class StageLease:
                 job_store.release_lease(self.conn, job_id=self.job_id, owner=self.owner)
             except Exception:  # the lease lapses by itself; the stage's own outcome matters more
                 log.warning("job %s: could not release its lease", self.job_id, exc_info=True)
-
-
-def _runner(stage: Stage) -> Callable[[StageContext], str]:
-    module, _, func = RUNNERS[stage].partition(":")
-    return getattr(importlib.import_module(f"{__package__}.{module}"), func or "run")
-
-
-def run_stage(job_id: str, stage: Stage) -> str:
-    """Run ``stage`` of the job, then every stage chained after it; returns the last one's outcome.  A child job
-    that ended here tells its parent (``tree.py``), whose next step waits for that."""
-    current: Stage | None = stage
-    outcome = OK
-    parent: str | None = None
-    try:
-        while current is not None:
-            outcome, job = _run_one(job_id, current)
-            if job is None:
-                return outcome
-            parent = job.parent_id
-            if outcome != OK:
-                return outcome
-            current = next_stage(current, job)
-        return outcome
-    finally:
-        if parent is not None:
-            from .tree import notify_parent_if_ended
-
-            notify_parent_if_ended(job_id)
-
-
-def _run_one(job_id: str, stage: Stage) -> tuple[str, JobRow | None]:
-    """The stage's outcome, and the job as the stage found it (None when it is gone)."""
-    settings = get_settings()
-    with connection() as conn:
-        job = job_store.get_job(conn, job_id=job_id)
-        if job is None or job.terminal:
-            return "skipped", job
-        if position(job.stage) > position(stage):
-            # a redelivery of an earlier stage: the job is past it; pass on without moving it back
-            return (OK if stage in PASS_ON else "skipped"), job
-        job_store.set_stage(conn, job_id=job_id, stage=stage)
-        ctx = StageContext(conn=conn, job=job, settings=settings)
-        try:
-            # a task runs the stages chained after its own: each one's lines carry its name
-            with stage_context(stage.value):
-                if stage in SELF_TIMED:
-                    return _runner(stage)(ctx), job
-                with StageTimer(conn, job_id, stage):
-                    return _runner(stage)(ctx), job
-        except DB_OUTAGE:
-            raise  # not the job's fault: the task retries
-        except BROKER_OUTAGE:
-            log.warning("%s of job %s: broker unavailable; the job stays in %s for recovery", stage, job_id, stage)
-            raise
-        except RLMError as exc:
-            fail_job(conn, job_id=job_id, exc=exc, prefix=FAIL_PREFIX.get(stage))
-        except Exception as exc:  # the job must end, whatever broke
-            log.exception("%s stage crashed for job %s", stage, job_id)
-            fail_job(conn, job_id=job_id, exc=exc, prefix=f"{stage} failed")
-    return "failed", job

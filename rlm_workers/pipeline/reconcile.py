@@ -17,10 +17,17 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from celery import signals
+
+from ..celery_app import get_app
 from ..config import Settings, get_settings
 from ..constants import RECONCILE_LOCK_KEY
+from ..ingest.groups import send_groups
+from ..overnight.scheduler import reconcile_overnight
+from ..resources import redis_client
 from ..store import jobs as job_store
 from ..store.db import connection
+from ..store.uploads import stale_groups, stale_uploads
 from .flow import RESEND, TASK, Stage
 from .salvage import salvage_job
 
@@ -70,12 +77,9 @@ def reconcile_uploads(
     a broker that was down when the API stored it.  A delivery that finds the upload being loaded leaves it.
     Likewise ``rlm.ingest.group`` for a file group still open (``send_group``: the group sender)."""
     if send_group is None:
-        from ..ingest.groups import send_groups
 
         def send_group(upload_id: str, group_no: int) -> None:
             send_groups(upload_id, [group_no])
-
-    from ..store.uploads import stale_groups, stale_uploads
 
     actions = []
     for upload_id in stale_uploads(conn, idle_seconds=idle_seconds):
@@ -94,10 +98,6 @@ def reconcile_uploads(
 
 def sweep_once(settings: Settings | None = None) -> list[str]:
     """Sweep if no other worker did within the interval; [] when another holds the turn."""
-    from ..celery_app import get_app
-    from ..overnight.scheduler import reconcile_overnight
-    from ..resources import redis_client
-
     app = get_app()
 
     settings = settings or get_settings()
@@ -114,6 +114,22 @@ def sweep_once(settings: Settings | None = None) -> list[str]:
         actions += reconcile_uploads(conn, send=sender("upload"), idle_seconds=settings.job_timeout)
         actions += reconcile_overnight(conn, settings=settings)
     return actions
+
+
+#: set when the worker shuts down: the sweep thread ends with it
+_STOP = threading.Event()
+
+
+@signals.worker_ready.connect(weak=False)
+def _start_with_the_worker(**_kw: object) -> None:
+    """Every worker runs the reconciler while it serves (one of them sweeps per interval); a worker imports
+    this module when it starts (``celery_app.WORKER_MODULES``)."""
+    start_reconciler(_STOP)
+
+
+@signals.worker_shutting_down.connect(weak=False)
+def _stop_with_the_worker(**_kw: object) -> None:
+    _STOP.set()
 
 
 def start_reconciler(stop: threading.Event) -> threading.Thread:

@@ -11,8 +11,23 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..models import AnalysisPlan, BatchError, QueryResult, Source, ToolCallRecord
+from ..models import (
+    AggregateRow,
+    AnalysisPlan,
+    AnalystBatchError,
+    ChildSummary,
+    JobStatus,
+    QueryResult,
+    Record,
+    Source,
+    ToolCallRecord,
+)
+from ..resources import provider
+from ..store import jobs as job_store
 from ..store.jobs import BatchRecord
+from .budget import report as budget_report
+from .flow import fail_job
+from .records import aggregate, is_aggregation_question, records_markdown
 
 if TYPE_CHECKING:
     import psycopg
@@ -93,7 +108,7 @@ def build_result(
         batches_not_run=len(not_run),
         chunk_load_failures=chunk_load_failures,
         batch_errors=[
-            BatchError(
+            AnalystBatchError(
                 batch=b.batch_no,
                 type=(b.error or {}).get("type", "error"),
                 message=(b.error or {}).get("message", ""),
@@ -133,8 +148,6 @@ def completeness(
     (failed batches, unanswered chunks, a spent budget) named as a gap.  On the direct route the one "batch" is
     the answer's call and an unanswered chunk is one that did not fit its context: the gaps say so, naming the
     error (``batch_errors``) and the chunks left out (``unanswered_ids``)."""
-    from .records import is_aggregation_question
-
     verdict = checks[-1] if checks else {}
     confidence = verdict.get("confidence")
     complete = verdict.get("complete")
@@ -173,12 +186,6 @@ def result_for(
     conn: psycopg.Connection, job: JobRow, response: str, collected: dict[str, Any], tool_log: list[dict[str, Any]]
 ) -> QueryResult:
     """The job's QueryResult; for a root, over its whole tree (children's batches, calls and findings)."""
-    from ..models import AggregateRow, ChildSummary, Record
-    from ..resources import provider
-    from ..store import jobs as job_store
-    from .budget import report as budget_report
-    from .records import aggregate, records_markdown
-
     kept = collected.get("kept") or []
     root = job.parent_id is None
     tree = job_store.tree_of(conn, root_id=job.id) if root else []
@@ -289,3 +296,20 @@ def status_line(r: QueryResult) -> str:
     if r.budget.exhausted:
         modes += f" | Budget exhausted: {r.budget.exhausted}"
     return f"{scale}\n{modes}"
+
+
+def store_report(
+    conn: psycopg.Connection,
+    job: JobRow,
+    response: str,
+    collected: dict,
+    error: BaseException | None,
+    tool_log: list[dict[str, Any]] | None = None,
+) -> None:
+    """End the job with its report: done, or failed with the report it had (the direct answer and the
+    synthesizer end a job the same way)."""
+    result = result_for(conn, job, response, collected, tool_log or []).model_dump()
+    if error is not None:
+        fail_job(conn, job_id=job.id, exc=error, result=result, prefix="synthesis failed")
+    else:
+        job_store.finish_job(conn, job_id=job.id, status=JobStatus.done, result=result)

@@ -19,12 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..models import Mode, QueryOptions, Route, Scope
+from ..tokens import CHARS_PER_TOKEN
+from .records import aggregation_reason
 
 if TYPE_CHECKING:
     from ..config import Settings
 
 #: a chunk's block in a prompt carries a heading and a source line besides its text
 BLOCK_OVERHEAD_CHARS = 120
+#: the direct answer's output allowance at most (less under a small RLM_MODEL_CONTEXT: ``direct_answer_tokens``)
+DIRECT_MAX_TOKENS = 4096
 #: the direct context of ``instant`` when RLM_DIRECT_MAX_TOKENS is 0 (auto never goes direct then)
 INSTANT_TOKENS = 16_000
 
@@ -39,8 +43,6 @@ class Routing:
 
 def block_tokens(size: int) -> int:
     """Tokens of one chunk's prompt block, estimated from its characters (docs/contract.md#modes)."""
-    from .answer import CHARS_PER_TOKEN
-
     return -(-(size + BLOCK_OVERHEAD_CHARS) // CHARS_PER_TOKEN)
 
 
@@ -56,8 +58,6 @@ MIN_DIRECT_TOKENS = 256
 
 def direct_answer_tokens(settings: Settings) -> int:
     """The direct answer's output allowance: 4,096 tokens, or a quarter of RLM_MODEL_CONTEXT when that is less."""
-    from .answer import DIRECT_MAX_TOKENS
-
     if settings.model_context:
         return max(128, min(DIRECT_MAX_TOKENS, settings.model_context // 4))
     return DIRECT_MAX_TOKENS
@@ -94,8 +94,6 @@ def first_routing(
 ) -> Routing:
     """The route before the search: everything but the fit of the selected chunks.  ``has_records`` says whether
     the buffers hold records to count; it reads a sample of them, so it is asked only of an aggregation question."""
-    from .records import aggregation_reason
-
     mode = Mode(opts.mode or Mode.auto)
     if is_child:
         return Routing(Route.fanout, "a child job: its own plan, search and fan-out")
@@ -145,8 +143,6 @@ def checked_plan(plan: dict[str, Any] | None, query: str, default_threshold: flo
     cap on how many are read (``max_chunks``, ``top_k``) and a similarity threshold above the configured one
     are dropped, so the search finds them all; the route is checked by ``first_routing``.  Any other plan is
     returned as it is (docs/contract.md#plan-validation)."""
-    from .records import aggregation_reason
-
     out = dict(plan or {})
     phrase = aggregation_reason(query)
     if not phrase:

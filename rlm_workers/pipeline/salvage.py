@@ -14,20 +14,20 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+from ..celery_app import get_app
 from ..config import Settings, get_settings
 from ..store import jobs as job_store
 from ..store.db import connection
+from .collect import LOST, collect_job, finding_threshold
 from .flow import FINISHING, PAST_FANOUT, fail_job, lease_seconds
+from .synthesize import finish_with_report
+from .tree import notify_parent_if_ended
 
 if TYPE_CHECKING:
     import psycopg
 
 log = logging.getLogger("rlm.pipeline.salvage")
 
-LOST = {
-    "type": "lost",
-    "message": "the batch never reported (worker lost or task failed); finished without it",
-}
 #: how often the watchdog re-arms while collect/synthesize are still legitimately running
 MAX_REARMS = 3
 
@@ -45,9 +45,6 @@ def salvage_job(conn: psycopg.Connection, job_id: str, reason: str, *, min_idle_
     The idle check and the marking of unfinished batches happen under the job's row lock, the same
     lock an analyst takes to claim a batch: a batch starting right now makes the salvage back off.
     """
-    from .collect import collect_job, finding_threshold
-    from .synthesize import finish_with_report
-
     settings = get_settings()
     # The salvage takes the job's lease with the row lock: a job whose synthesizer is alive (lease renewed)
     # is left to it, and the salvage's own synthesis is protected the same way.
@@ -69,7 +66,6 @@ def salvage_job(conn: psycopg.Connection, job_id: str, reason: str, *, min_idle_
     except Exception as exc:  # last resort: end the job, never leave it running
         log.exception("salvage of job %s failed", job_id)
         fail_job(conn, job_id=job_id, exc=exc, prefix="salvage failed")
-    from .tree import notify_parent_if_ended
 
     notify_parent_if_ended(job_id)  # a salvaged child still lets its parent go on
     return True
@@ -82,8 +78,6 @@ def salvage(job_id: str) -> str:
 
 
 def watchdog(job_id: str, rearms: int = 0) -> str:
-    from ..celery_app import get_app
-
     app = get_app()
 
     settings = get_settings()

@@ -7,22 +7,36 @@ synthesis that fails still ends the job, with its findings and the error.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetExhausted, ContextExceeded, LLMError
 from ..limits import MAX_TOOL_CALLS_PER_TURN
+from ..llm.extractive import write_report
 from ..llm.protocol import CompletionRequest
+from ..llm.stage_input import FindingsInput
 from ..llm.structured import FinalAnswer, parse_action, stray_action
-from ..models import JobStatus
+from ..local_servers import database_url
+from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.db import durable_write
 from .calls import call_llm
-from .flow import OK, Stage, StageContext, StageLease, StageTimer, fail_job
-from .prompts import escape_content, findings_blocks, load_prompt, quote_field, system_message
+from .flow import OK, Stage, StageContext, StageLease, StageTimer
+from .prompts import escape_content, findings_blocks, load_prompt, quote_field, shown_findings, system_message
 from .replies import clip
-from .report import not_run_for_budget
+from .report import not_run_for_budget, store_report
+from .tools import (
+    QUERY_SUBSET_SPEC,
+    TOOL_SPECS,
+    ToolContext,
+    ToolError,
+    parse_subset_call,
+    run_tool_logged,
+    tool_record,
+)
+from .tree import budget_spent, child_id, max_depth, start_children
 
 if TYPE_CHECKING:
     import psycopg
@@ -44,6 +58,31 @@ MAX_SYNTH_FINDINGS_CHARS = 300_000
 # --------------------------------------------------------------------------- messages
 
 
+def synthesis_input(query: str, kept: Sequence[Mapping[str, Any]]) -> FindingsInput:
+    """What the synthesizer is shown: the query and the findings that fit, in collect order."""
+    shown, omitted = shown_findings(kept, MAX_SYNTH_FINDINGS_CHARS)
+    return FindingsInput(query=query, findings=shown, omitted=omitted)
+
+
+def render_messages(
+    system_prompt: str, shown: FindingsInput, stats: Mapping[str, Any], *, conversation: str = ""
+) -> list[dict[str, str]]:
+    """Findings in collect order; the analysts' words came from untrusted text, so they are data too.
+    ``conversation``: a chat turn's earlier turns, quoted, before the query (docs/contract.md#sessions)."""
+    blocks = findings_blocks(shown.findings)
+    # buffer names are untrusted like paths: quoted, as in the source lines
+    stat_lines = "\n".join(
+        f"- {k}: {', '.join(map(quote_field, v)) if isinstance(v, list | tuple) else v}" for k, v in stats.items()
+    )
+    user = (
+        f"{conversation}## Query\n\n{escape_content(shown.query)}\n\n## Dataset\n\n{stat_lines}\n\n## Findings\n\n"
+        + "\n\n".join(blocks)
+    )
+    if shown.omitted:
+        user += f"\n\n({shown.omitted} lower-ranked findings omitted for length; use the tools to look further.)"
+    return [system_message(system_prompt), {"role": "user", "content": user}]
+
+
 def build_messages(
     system_prompt: str,
     query: str,
@@ -52,20 +91,8 @@ def build_messages(
     *,
     conversation: str = "",
 ) -> list[dict[str, str]]:
-    """Findings in collect order; the analysts' words came from untrusted text, so they are data too.
-    ``conversation``: a chat turn's earlier turns, quoted, before the query (docs/contract.md#sessions)."""
-    blocks, omitted = findings_blocks(kept, MAX_SYNTH_FINDINGS_CHARS)
-    # buffer names are untrusted like paths: quoted, as in the source lines
-    stat_lines = "\n".join(
-        f"- {k}: {', '.join(map(quote_field, v)) if isinstance(v, list | tuple) else v}" for k, v in stats.items()
-    )
-    user = (
-        f"{conversation}## Query\n\n{escape_content(query)}\n\n## Dataset\n\n{stat_lines}\n\n## Findings\n\n"
-        + "\n\n".join(blocks)
-    )
-    if omitted:
-        user += f"\n\n({omitted} lower-ranked findings omitted for length; use the tools to look further.)"
-    return [system_message(system_prompt), {"role": "user", "content": user}]
+    """The synthesizer's messages, rendered from ``synthesis_input`` of these values."""
+    return render_messages(system_prompt, synthesis_input(query, kept), stats, conversation=conversation)
 
 
 def canned_no_findings_report(query: str, *, route: str | None = None, counted: bool = False, not_run: int = 0) -> str:
@@ -128,12 +155,10 @@ def run_synthesizer(
     A reply that is a tool call written as JSON for a tool not offered on its turn is no report: the turn is
     asked again, at most MAX_REASKS times in all, and then the findings are written up without the model.
     """
-    from ..local_servers import database_url
-    from .tools import TOOL_SPECS, ToolContext, run_tool_logged
-    from .tree import max_depth
-
     log_ = tool_log if tool_log is not None else []
     state = job.synth_state or {}
+    # what the first turn was shown (a resumed conversation opened with it too)
+    shown = synthesis_input(job.query, kept)
     if state:
         messages = list(state["messages"])
         log_[:] = list(state.get("tool_log") or [])
@@ -142,12 +167,10 @@ def run_synthesizer(
         reasks = int(state.get("reasks") or 0)
     else:
         stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
-        from ..sessions import conversation_section
 
-        messages = build_messages(
+        messages = render_messages(
             load_prompt("synthesizer", prompt_dir=settings.prompt_dir),
-            job.query,
-            kept,
+            shown,
             stats,
             conversation=conversation_section(job.spec),
         )
@@ -174,6 +197,7 @@ def run_synthesizer(
                     messages=messages,
                     max_tokens=SYNTH_MAX_TOKENS,
                     tools=None if last else tools,
+                    stage_input=shown,
                 ),
                 parse=lambda text, offered=offered: _report_of(text, offered),
             )
@@ -271,29 +295,6 @@ def _reask(name: str | None, tools: list[dict[str, Any]]) -> str:
     )
 
 
-#: the RLM paper's llm_query as a tool: a bounded child job over chosen chunks or a search
-QUERY_SUBSET_SPEC: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "query_subset",
-        "description": (
-            "Ask a sub-question over a subset of the data: a child job (its own analysts) reads the given chunk ids "
-            "or the chunks a search finds, and its findings come back as this call's result. Use it when the "
-            "findings point at something not yet read. Bounded by depth and budget."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "question": {"type": "string"},
-                "chunk_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 200},
-                "search": {"type": "string"},
-            },
-            "required": ["question"],
-            "additionalProperties": False,
-        },
-    },
-}
-MAX_SUBSET_QUESTION_CHARS = 2000
 MAX_SUBSET_RESULT_CHARS = 30_000
 
 
@@ -301,39 +302,15 @@ def _subset_call(
     job: JobRow, raw: str | None, *, turn: int, may_recurse: bool
 ) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
     """Validate a query_subset call (untrusted arguments): (error content, record, None) or ("", record, task)."""
-    import json
-
-    from ..models import check_storable_text
-    from .tools import ToolError, parse_arguments, tool_record
-    from .tree import _budget_spent
-
     try:
-        args = parse_arguments(raw)
-        question = args.get("question")
-        if not isinstance(question, str) or not question.strip() or len(question) > MAX_SUBSET_QUESTION_CHARS:
-            raise ToolError(f"question must be a non-empty string of at most {MAX_SUBSET_QUESTION_CHARS} characters")
-        ids, search = args.get("chunk_ids"), args.get("search")
-        if (ids is None) == (search is None):
-            raise ToolError("give exactly one of chunk_ids or search")
-        if ids is not None and (
-            not isinstance(ids, list) or not ids or len(ids) > 200 or not all(type(i) is int for i in ids)
-        ):
-            raise ToolError("chunk_ids must be a list of 1 to 200 integers")
-        if search is not None and (not isinstance(search, str) or not search.strip() or len(search) > 500):
-            raise ToolError("search must be a non-empty string of at most 500 characters")
+        call = parse_subset_call(raw)
         if not may_recurse:
             raise ToolError("the depth limit is reached: answer with what you have")
-        if _budget_spent(job):
+        if budget_spent(job):
             raise ToolError("the budget is spent: answer with what you have")
-        try:
-            check_storable_text(question, "question")
-            if search:
-                check_storable_text(search, "search")
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
     except ToolError as exc:
         return json.dumps({"error": str(exc)}), tool_record("query_subset", raw, turn=turn, error=str(exc)), None
-    task = {"question": question.strip(), "chunk_ids": ids, "search": search}
+    task = {"question": call.question.strip(), "chunk_ids": call.chunk_ids, "search": call.search}
     return "", tool_record("query_subset", raw, turn=turn, error=None), task
 
 
@@ -349,8 +326,6 @@ def _pause(
 ) -> None:
     """Store the conversation, then start one child per query_subset call (a subset child reads exactly the
     chunk ids given, or what its own search finds)."""
-    from .tree import _start_children, child_id
-
     tag = f"s{turn}"
     tasks = [
         (
@@ -363,19 +338,17 @@ def _pause(
     # the conversation first: once the children exist, their end may resume it at any moment
     state = {"messages": messages, "turn": turn, "tool_log": tool_log, "pending": pending, "reasks": reasks}
     job_store.save_synth_state(conn, job_id=job.id, state=state)
-    _start_children(conn, job, tasks, depth=job.depth + 1, tag=tag)
+    start_children(conn, job, tasks, depth=job.depth + 1, tag=tag)
 
 
 def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, str]) -> list[dict[str, Any]]:
     """Each paused query_subset call answered with its child's findings (data, fenced like all findings)."""
-    import json
-
     out = []
-    for call_id, child_id in pending.items():
-        child = job_store.get_job(conn, job_id=child_id)
+    for call_id, kid in pending.items():
+        child = job_store.get_job(conn, job_id=kid)
         if child is None or child.status != "done":
             err = (child.error or {}).get("message") if child and child.error else "the child job did not finish"
-            content = json.dumps({"job_id": child_id, "status": child.status if child else "missing", "error": err})
+            content = json.dumps({"job_id": kid, "status": child.status if child else "missing", "error": err})
         else:
             kept = (child.collected or {}).get("kept") or []
             rows, used = [], 0
@@ -393,7 +366,7 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
                 rows.append(row)
                 used += size
             content = json.dumps(
-                {"job_id": child_id, "status": "done", "findings": rows, "omitted": len(kept) - len(rows)},
+                {"job_id": kid, "status": "done", "findings": rows, "omitted": len(kept) - len(rows)},
                 ensure_ascii=False,
             )
         out.append({"role": "tool", "tool_call_id": call_id, "content": content})
@@ -410,11 +383,7 @@ def budget_fallback_report(
 
 def _extractive_report(conn: psycopg.Connection, job: JobRow, kept: list[dict], settings: Settings, why: str) -> str:
     """The findings written up by the offline extractive writer, opening with ``why`` no model wrote them up."""
-    from ..llm.extractive import write_report
-
-    stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
-    messages = build_messages(load_prompt("synthesizer", prompt_dir=settings.prompt_dir), job.query, kept, stats)
-    body = write_report(messages[-1]["content"]) if kept else _canned(conn, job)
+    body = write_report(synthesis_input(job.query, kept)) if kept else _canned(conn, job)
     return f"_{why}: what follows was assembled from the findings without one._\n\n{body}"
 
 
@@ -460,29 +429,10 @@ def finish_with_report(
         # The report is paid for: from here on, a database blink is waited out, never answered by a rerun.
         durable_write(
             conn,
-            lambda c: _store_report(c, job, response, kept, collected, error, settings, tool_log),
+            lambda c: store_report(c, job, response, collected, error, tool_log),
             what=f"report of job {job.id}",
         )
     return True
-
-
-def _store_report(
-    conn: psycopg.Connection,
-    job: JobRow,
-    response: str,
-    kept: list[dict],
-    collected: dict,
-    error: BaseException | None,
-    settings: Settings,
-    tool_log: list[dict[str, Any]] | None = None,
-) -> None:
-    from .report import result_for
-
-    result = result_for(conn, job, response, collected, tool_log or []).model_dump()
-    if error is not None:
-        fail_job(conn, job_id=job.id, exc=error, result=result, prefix="synthesis failed")
-    else:
-        job_store.finish_job(conn, job_id=job.id, status=JobStatus.done, result=result)
 
 
 def run(ctx: StageContext) -> str:

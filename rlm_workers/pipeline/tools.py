@@ -12,8 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import re2
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, model_validator
+
 from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES, MAX_TOOL_ARGS_SUMMARY_CHARS, MAX_TOOL_CALLS_PER_TURN
-from ..models import SearchMode
+from ..models import SearchMode, check_storable_text
+from ..search.service import search
+from ..store.buffers import buffer_info, get_chunks, iter_chunk_texts, list_buffers, require_buffers
 
 MAX_CHUNKS_PER_CALL = 20
 MAX_TEXT_CHARS = 4000
@@ -75,6 +80,82 @@ TOOL_NAMES = {spec["function"]["name"] for spec in TOOL_SPECS}
 
 class ToolError(Exception):
     """A bad tool call; its message goes back to the model."""
+
+
+MAX_SUBSET_QUESTION_CHARS = 2000
+MAX_SUBSET_CHUNK_IDS = 200
+MAX_SUBSET_SEARCH_CHARS = 500
+
+
+def _tool_schema(schema: dict[str, Any]) -> None:
+    """The tool's parameters as the model sees them: no titles, no docstring, no other argument."""
+    schema.pop("title", None)
+    schema.pop("description", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    schema["additionalProperties"] = False
+
+
+class SubsetCall(BaseModel):
+    """A query_subset call's arguments: the one place its limits are written — the tool's JSON Schema offered to
+    the model (``QUERY_SUBSET_SPEC``) and the validation of what the model sent (``parse_subset_call``) both come
+    from it."""
+
+    model_config = ConfigDict(json_schema_extra=_tool_schema)
+
+    question: StrictStr = Field(min_length=1, max_length=MAX_SUBSET_QUESTION_CHARS)
+    chunk_ids: list[StrictInt] | None = Field(None, min_length=1, max_length=MAX_SUBSET_CHUNK_IDS)
+    search: StrictStr | None = Field(None, min_length=1, max_length=MAX_SUBSET_SEARCH_CHARS)
+
+    @model_validator(mode="after")
+    def _one_subset(self) -> SubsetCall:
+        if (self.chunk_ids is None) == (self.search is None):
+            raise ValueError("give exactly one of chunk_ids or search")
+        return self
+
+
+#: what the model is told for each field the arguments got wrong
+_SUBSET_FIELD_ERRORS = {
+    "question": f"question must be a non-empty string of at most {MAX_SUBSET_QUESTION_CHARS} characters",
+    "chunk_ids": f"chunk_ids must be a list of 1 to {MAX_SUBSET_CHUNK_IDS} integers",
+    "search": f"search must be a non-empty string of at most {MAX_SUBSET_SEARCH_CHARS} characters",
+}
+
+#: the RLM paper's llm_query as a tool: a bounded child job over chosen chunks or a search
+QUERY_SUBSET_SPEC: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "query_subset",
+        "description": (
+            "Ask a sub-question over a subset of the data: a child job (its own analysts) reads the given chunk ids "
+            "or the chunks a search finds, and its findings come back as this call's result. Use it when the "
+            "findings point at something not yet read. Bounded by depth and budget."
+        ),
+        "parameters": SubsetCall.model_json_schema(),
+    },
+}
+
+
+def parse_subset_call(raw: str | None) -> SubsetCall:
+    """The model's query_subset arguments, validated (untrusted: ``ToolError`` says what is wrong)."""
+    args = parse_arguments(raw)
+    try:
+        call = SubsetCall.model_validate(args)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = first["loc"][0] if first["loc"] else ""
+        # blank strings pass min_length; the model is told the same as for an empty one
+        raise ToolError(_SUBSET_FIELD_ERRORS.get(field) or first["msg"].removeprefix("Value error, ")) from None
+    for name in ("question", "search"):
+        value = getattr(call, name)
+        if value is not None and not value.strip():
+            raise ToolError(_SUBSET_FIELD_ERRORS[name])
+        try:
+            if value:
+                check_storable_text(value, name)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
+    return call
 
 
 @dataclass
@@ -158,8 +239,6 @@ def _buffers(ctx: ToolContext, args: dict[str, Any]) -> list[str]:
 
 
 def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..store.buffers import get_chunks
-
     ids = args.get("chunk_ids")
     if isinstance(ids, list):
         # small models quote numbers ("5"); a digit string means the same id, anything else is refused below
@@ -186,8 +265,6 @@ def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..search.service import search
-
     query = args.get("query")
     if not isinstance(query, str):
         raise ToolError("query must be a string")
@@ -220,8 +297,6 @@ def _search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def compile_regex(pattern: Any):
-    import re2
-
     if not isinstance(pattern, str) or not pattern:
         raise ToolError("pattern must be a non-empty string")
     if len(pattern.encode()) > MAX_REGEX_BYTES:
@@ -236,8 +311,6 @@ def compile_regex(pattern: Any):
 
 
 def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..store.buffers import iter_chunk_texts, require_buffers
-
     regex = compile_regex(args.get("pattern"))
     limit = args.get("max_results", 20)
     if not isinstance(limit, int) or not 1 <= limit <= MAX_GREP_RESULTS:
@@ -270,8 +343,6 @@ def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _get_buffer(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..store.buffers import buffer_info
-
     name = args.get("name")
     if not isinstance(name, str):
         raise ToolError("name must be a string")
@@ -279,8 +350,6 @@ def _get_buffer(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _list_buffers(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..store.buffers import list_buffers
-
     return {
         "buffers": [
             {"name": b.name, "files": b.files, "chunks": b.chunks, "bytes": b.bytes}
@@ -290,8 +359,6 @@ def _list_buffers(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _storage_stats(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    from ..store.buffers import list_buffers
-
     infos = list_buffers(ctx.conn, tenant=ctx.tenant)
     return {
         "buffers": len(infos),

@@ -17,15 +17,18 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..celery_app import get_app
 from ..errors import BudgetExhausted, ParseError, RLMError
 from ..llm.protocol import CompletionRequest
-from ..models import RELEVANCE_RANK
+from ..llm.structured import response_schema
 from ..store import jobs as job_store
 from ..store.db import connection, durable_write
+from .budget import ledger_for_job
 from .calls import call_llm
-from .check import fresh_follow_ups
-from .collect import collect_job, collect_order, finding_threshold
+from .check import CHECK_MAX_TOKENS, CheckVerdict, check_input, fresh_follow_ups, parse_check, render_messages
+from .collect import collect_job, finding_threshold
 from .flow import OK, Stage, StageContext
+from .prompts import load_prompt
 
 if TYPE_CHECKING:
     import psycopg
@@ -97,10 +100,10 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
             return OK
         if rnd + 1 > max_depth(job, settings):
             return OK
-        if _budget_spent(job):
+        if budget_spent(job):
             return OK
         tasks = [(q, {"kind": "follow_up"}) for q in follow]
-        kids = _start_children(conn, job, tasks, depth=job.depth + rnd + 1, tag=f"r{rnd + 1}")
+        kids = start_children(conn, job, tasks, depth=job.depth + rnd + 1, tag=f"r{rnd + 1}")
         return f"waiting on {len(kids)} children"
 
 
@@ -108,12 +111,9 @@ def _ask_checker(
     conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int, asked: list[str]
 ) -> dict[str, Any] | None:
     """Round ``rnd``'s verdict (``asked``: the follow-ups asked so far); None when the budget is spent."""
-    from ..llm.structured import response_schema
-    from .check import CHECK_MAX_TOKENS, CheckVerdict, build_messages, parse_check
-    from .prompts import load_prompt
-
     kept = (job.collected or {}).get("kept") or []
-    messages = build_messages(load_prompt("check", prompt_dir=settings.prompt_dir), job.query, kept, asked)
+    shown = check_input(job.query, kept, asked)
+    messages = render_messages(load_prompt("check", prompt_dir=settings.prompt_dir), shown)
     try:
         completion = call_llm(
             conn,
@@ -126,6 +126,7 @@ def _ask_checker(
                 max_tokens=CHECK_MAX_TOKENS,
                 json_output=True,
                 json_schema=response_schema("check_verdict", CheckVerdict),
+                stage_input=shown,
             ),
             parse=parse_check,
         )
@@ -144,9 +145,7 @@ def _ask_checker(
         return {"round": rnd, "complete": None, "confidence": None, "gaps": [gap], "follow_ups": []}
 
 
-def _budget_spent(job: JobRow) -> bool:
-    from .budget import ledger_for_job
-
+def budget_spent(job: JobRow) -> bool:
     ledger = ledger_for_job(job.tree)
     return ledger is not None and ledger.state().get("exhausted") is not None
 
@@ -157,7 +156,7 @@ def child_id(parent_id: str, tag: str, k: int) -> str:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"rlm:{parent_id}/{tag}/{k}").hex
 
 
-def _start_children(
+def start_children(
     conn: psycopg.Connection,
     parent: JobRow,
     tasks: Iterable[tuple[str, Mapping[str, Any]]],
@@ -170,8 +169,6 @@ def _start_children(
     already there, or it would wake the parent too early.  A child whose message is lost sits in ``queued``
     until the reconciler resends it.
     """
-    from ..celery_app import get_app
-
     app = get_app()
 
     ids = []
@@ -207,7 +204,6 @@ def notify_parent_if_ended(job_id: str) -> None:
                 return
             if any(not k.terminal for k in job_store.children_of(conn, job_id=parent.id)):
                 return
-        from ..celery_app import get_app
 
         app = get_app()
 
@@ -229,31 +225,3 @@ def run_merge(ctx: StageContext) -> str:
     if job.options.get("mode") == "thinking" and job.parent_id is None:
         return check_and_branch(conn, job, ctx.settings)
     return OK
-
-
-def unite(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Collected findings of several jobs as one: per chunk the strongest grade and every distinct finding;
-    records are per chunk too, so a chunk read twice is counted once (the first reading's)."""
-    by_chunk: dict[int, dict[str, Any]] = {}
-    records: dict[str, list] = {}
-    filtered = 0
-    for part in parts:
-        filtered += int(part.get("filtered") or 0)
-        for cid, recs in (part.get("records") or {}).items():
-            records.setdefault(str(cid), recs)
-        for f in part.get("kept") or []:
-            cid = f["chunk_id"]
-            prev = by_chunk.get(cid)
-            if prev is None:
-                by_chunk[cid] = dict(
-                    f, findings=list(f.get("findings") or []), follow_up=list(f.get("follow_up") or [])
-                )
-                continue
-            if RELEVANCE_RANK[f["relevance"]] > RELEVANCE_RANK[prev["relevance"]]:
-                prev["relevance"] = f["relevance"]
-            prev["findings"] += [x for x in f.get("findings") or [] if x not in prev["findings"]]
-            prev["summary"] = prev.get("summary") or f.get("summary") or ""
-    kept = sorted(
-        by_chunk.values(), key=lambda k: collect_order(k["relevance"], k["buffer"], k["ordinal"], k["chunk_id"])
-    )
-    return {"kept": kept, "filtered": filtered, "records": records}

@@ -9,6 +9,7 @@ rebuilding.  A new load bumps the buffer version, which is the invalidation.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..store.buffers import BufferRow, iter_terms
+from .bm25 import BM25Index
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,14 +41,10 @@ def _cache_path(cache_dir: Path, db_key: str, buf: BufferRow) -> Path:
 
 def db_key(url: str) -> str:
     """Different databases must not share cache files (ids collide across them)."""
-    import hashlib
-
     return hashlib.sha256(url.encode()).hexdigest()[:12]
 
 
 def index_for(conn: psycopg.Connection, buf: BufferRow, *, cache_dir: Path, dbk: str) -> BM25Index:
-    from .bm25 import BM25Index
-
     key = (dbk, buf.id, buf.version, TOKENIZER_VERSION)
     with _lock:
         idx = _mem.get(key)
@@ -77,8 +75,6 @@ def index_for(conn: psycopg.Connection, buf: BufferRow, *, cache_dir: Path, dbk:
 
 def merged_index(dbk: str, bufs: Sequence[BufferRow], parts: Sequence[BM25Index]) -> BM25Index:
     """One index over several buffers (``parts`` in ``bufs`` order), kept in memory with the single ones."""
-    from .bm25 import BM25Index
-
     key = (dbk, "merged", tuple((b.id, b.version) for b in bufs), TOKENIZER_VERSION)
     with _lock:
         merged = _mem.get(key)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .tokenize import tokenize
+
 
 @dataclass(frozen=True)
 class Preview:
@@ -30,8 +32,6 @@ def matched_lines(text: str, query: str, *, start_line: int = 1, width: int = 3)
     """The ``width`` consecutive non-blank lines of ``text`` holding the most query terms; the first
     non-blank lines when none holds any.  Among equal runs the earliest that starts on a matching line wins,
     so the match is the first line shown rather than the last."""
-    from .tokenize import tokenize
-
     terms = set(tokenize(query))
     numbered = [(start_line + i, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
     if not numbered:

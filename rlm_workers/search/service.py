@@ -11,11 +11,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pydantic import TypeAdapter, ValidationError
+
 from ..config import Settings
 from ..errors import InvalidInput
+from ..ingest.embed import get_query_encoder, model_id_for, resolve_runtime
+from ..ingest.windows import DEFAULT_WINDOWS, WindowSpec
 from ..limits import MAX_QUERY_BYTES
-from ..models import SearchHit, check_storable_text
+from ..models import SearchHit, SearchMode, Threshold, TopK, check_storable_text
+from ..search.tokenize import tokenize
 from ..store.buffers import BufferRow, get_chunks, require_buffers
+from . import bm25_cache
+from .rrf import RRF_K, rrf_fuse
+from .semantic import semantic_search
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,10 +54,6 @@ def validate_query(query: str) -> str:
 
 def validate_search_params(mode: str, top_k: int, threshold: float | None) -> None:
     """The bounds of ``QueryOptions`` (one place), said as a person at the command line would fix them."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from ..models import SearchMode, Threshold, TopK
-
     modes = [m.value for m in SearchMode]
     if mode not in modes:
         raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(modes)}")
@@ -64,8 +68,6 @@ def validate_search_params(mode: str, top_k: int, threshold: float | None) -> No
 
 
 def _bm25_index(conn: psycopg.Connection, rows: Sequence[BufferRow], settings: Settings, url: str) -> BM25Index:
-    from . import bm25_cache
-
     dbk = bm25_cache.db_key(url)
     parts = [bm25_cache.index_for(conn, r, cache_dir=settings.data_dir / "cache", dbk=dbk) for r in rows]
     if len(parts) == 1:
@@ -79,9 +81,6 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[Buffer
     Scores from different window sizes are not comparable (a shorter window scores a matching
     sentence higher), nor are vectors of two runtimes (the query is embedded by one of them).
     """
-    from ..ingest.embed import model_id_for, resolve_runtime
-    from ..ingest.windows import DEFAULT_WINDOWS
-
     want = model_id_for(settings.embedding_model)
     have = [r for r in rows if r.embedding_dim]
     for r in have:
@@ -127,8 +126,6 @@ def _refuse_mixed(have: list[BufferRow], kind_of, what: str, target, setting: st
 def query_vector(model: str | None, query: str, runtime: str = "torch") -> np.ndarray:
     """The query's embedding by ``runtime`` (the buffers'), memoised per process (a job's plan stage computes
     it ahead of its search)."""
-    from ..ingest.embed import get_query_encoder
-
     vec = get_query_encoder(model, runtime).encode_query(query)
     vec.setflags(write=False)  # shared between callers
     return vec
@@ -146,16 +143,12 @@ def rank(
     threshold: float | None,
 ) -> list[Ranked]:
     """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses with RRF (k=60)."""
-    from ..search.tokenize import tokenize
-
     depth = top_k * 2 if mode == "hybrid" else top_k
     lexical: list[tuple[int, float]] = []
     dense: list[tuple[int, float, int]] = []
     if mode in ("bm25", "hybrid"):
         lexical = _bm25_index(conn, rows, settings, url).top_k(tokenize(query), depth)
     if mode in ("semantic", "hybrid"):
-        from .semantic import semantic_search
-
         vec_rows = _semantic_rows(rows, settings)
         if vec_rows:
             vec = query_vector(settings.embedding_model, query, vec_rows[0].runtime)
@@ -170,7 +163,6 @@ def rank(
         return [Ranked(c, s) for c, s in lexical[:top_k]]
     if mode == "semantic":
         return [Ranked(c, s, w) for c, s, w in dense[:top_k]]
-    from .rrf import RRF_K, rrf_fuse
 
     fused = rrf_fuse([[c for c, _ in lexical], [c for c, _, _ in dense]], k=RRF_K)
     window = {c: w for c, _, w in dense}
@@ -226,8 +218,6 @@ def _passage(settings: Settings, text: str, label: str | None, runtime: str | No
     """The text of the chunk's window nearest the query: the sentence(s) the semantic arm matched."""
     if window is None or label is None or runtime is None:
         return None
-    from ..ingest.embed import get_query_encoder
-    from ..ingest.windows import WindowSpec
 
     try:
         spec = WindowSpec.from_label(label)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BufferNotFound, InvalidInput
 from ..models import BufferInfo, FileInfo
+from . import vectors
 
 if TYPE_CHECKING:
     import psycopg
@@ -70,8 +72,6 @@ def get_buffer_by_id(conn: psycopg.Connection, *, buffer_id: int) -> BufferRow |
 def buffer_not_found(conn: psycopg.Connection, *, tenant: str, name: str) -> BufferNotFound:
     """The not-found error for ``name``, suggesting the tenant's closest buffer name when one is near
     (a typo such as ``doc`` for ``docs``); only this tenant's names are ever offered."""
-    import difflib
-
     known = [r[0] for r in conn.execute("SELECT name FROM buffers WHERE tenant = %s", (tenant,)).fetchall()]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return BufferNotFound(name, suggestion=close[0] if close else None)
@@ -173,8 +173,6 @@ def delete_buffer(conn: psycopg.Connection, *, tenant: str, name: str) -> bool:
     """Delete the buffer and everything it holds: files, chunks, embeddings and the overnight result-cache rows
     answered from it (all ON DELETE CASCADE; the vectors' table is dropped), so a buffer reloaded under the same
     name never serves them."""
-    from . import vectors
-
     row = conn.execute("DELETE FROM buffers WHERE tenant = %s AND name = %s RETURNING id", (tenant, name)).fetchone()
     if row is None:
         return False
@@ -211,8 +209,6 @@ def list_files(
 
 def delete_files(conn: psycopg.Connection, *, buffer_id: int, file_ids: Iterable[int]) -> int:
     """The files, their chunks, and the chunks' vectors."""
-    from . import vectors
-
     ids = list(file_ids)
     if not ids:
         return 0

@@ -14,8 +14,14 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg_pool import ConnectionPool
+
 from ..config import Settings, get_settings
 from ..errors import ServiceUnavailable
+from ..local_servers import database_url, ensure_pgvector
+from .migrations import MIGRATION_LOCK, migrate
 
 if TYPE_CHECKING:
     import psycopg
@@ -33,11 +39,6 @@ POOL_MAX_SIZE = 20
 
 
 def _prepare(conn: psycopg.Connection, url: str) -> None:
-    from pgvector.psycopg import register_vector
-
-    from ..local_servers import ensure_pgvector
-    from .migrations import MIGRATION_LOCK, migrate
-
     if url not in _migrated:
         with _migrate_lock:
             if url not in _migrated:
@@ -56,14 +57,10 @@ def _prepare(conn: psycopg.Connection, url: str) -> None:
 
 
 def resolve_url(settings: Settings | None = None) -> str:
-    from ..local_servers import database_url
-
     return database_url(settings or get_settings())
 
 
 def connect(settings: Settings | None = None, *, url: str | None = None) -> psycopg.Connection:
-    import psycopg
-
     url = url or resolve_url(settings)
     try:
         conn = psycopg.connect(url, connect_timeout=10)
@@ -89,8 +86,6 @@ def connection(settings: Settings | None = None, *, timeout: float | None = None
     url = resolve_url(settings)
     pool = _pools.get(url)
     if pool is None:
-        from psycopg_pool import ConnectionPool
-
         with _migrate_lock:
             pool = _pools.get(url)
             if pool is None:
@@ -145,8 +140,6 @@ def close_pools() -> None:
 
 
 def _outage_errors() -> tuple[type[BaseException], ...]:
-    import psycopg
-
     return (psycopg.OperationalError, psycopg.InterfaceError, ServiceUnavailable)
 
 

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from pgvector import HalfVector
 from psycopg.types.json import Jsonb
 
 from ..constants import UPLOAD_ENDED_CHANNEL
 from .buffers import CHUNK_COPY_COLS, CHUNK_COPY_TYPES
 from .db import session_lock_key, try_session_lock
+from .vectors import vector_table
 
 if TYPE_CHECKING:
     import psycopg
@@ -313,8 +315,6 @@ def copy_staged_vectors(
     conn: psycopg.Connection, *, upload_id: str, group_no: int, rows: Sequence[tuple[int, int, Any]]
 ) -> None:
     """rows: (chunk_id, window, float32 vector), stored as halfvec like the buffer's own table."""
-    from pgvector import HalfVector
-
     with (
         conn.cursor() as cur,
         cur.copy(
@@ -369,8 +369,6 @@ def staged_file_list(conn: psycopg.Connection, *, upload_id: str) -> list[tuple[
 def move_staged(conn: psycopg.Connection, *, upload_id: str, buffer_id: int) -> int:
     """The groups' files, chunks and vectors into the buffer (the caller deleted the files they replace);
     returns the chunks moved.  In the commit's transaction: readers see all of it or none."""
-    from .vectors import vector_table
-
     conn.execute(
         """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
            SELECT file_id, %s, path, content_hash, size_bytes, chunk_count FROM ingest_staged_files

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pgvector import HalfVector
+
 from ..errors import ConfigError
 from ..limits import MAX_INDEXED_EMBEDDING_DIM
 
@@ -140,8 +142,6 @@ def copy(
     conn: psycopg.Connection, *, buffer_id: int, rows: Iterable[tuple[int, int, Any]], staging: bool = False
 ) -> None:
     """rows: (chunk_id, window, float32 vector)."""
-    from pgvector import HalfVector
-
     table = vector_table(buffer_id, staging=staging)
     with (
         conn.cursor() as cur,
@@ -175,7 +175,6 @@ def nearest_windows(
     ]
     if not present:
         return []
-    from pgvector import HalfVector
 
     arms = " UNION ALL ".join(
         f"(SELECT chunk_id, win, embedding <=> %(q)s AS d FROM {vector_table(b)} ORDER BY d LIMIT %(n)s)"

@@ -14,7 +14,8 @@ from ..llm import fair
 from ..pipeline import analyst as analyst_stage
 from ..pipeline import reads as reads_stage
 from ..pipeline import salvage as salvage_stage
-from ..pipeline.flow import Stage, run_stage
+from ..pipeline.flow import Stage
+from ..pipeline.stages import run_stage
 from .base import DurableTask
 
 
