@@ -52,7 +52,8 @@ def services_setup_llm(
     The build takes 6 to 13 minutes on two cores and needs cmake and a C++ compiler; later runs find both done.
     """
     from rlm_workers.config import get_settings
-    from rlm_workers.local_llm import DEFAULT_MODEL, resolve_model, setup
+    from rlm_workers.local_llm import setup
+    from rlm_workers.local_models import DEFAULT_MODEL, resolve_model
 
     s = get_settings()
     chosen = resolve_model(model or s.local_llm or DEFAULT_MODEL)

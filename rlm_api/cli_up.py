@@ -155,6 +155,7 @@ def up_command(
     """
     from rlm_workers import local_llm as llm
     from rlm_workers.config import get_settings, reset_settings
+    from rlm_workers.local_models import resolve_model
     from rlm_workers.local_servers import broker_url, database_url, postgres_status, valkey_status
     from rlm_workers.store.db import connect
 
@@ -165,7 +166,7 @@ def up_command(
     llm_url = None
     llm_started = False
     if s.local_llm and not s.base_url:
-        model = llm.resolve_model(s.local_llm)
+        model = resolve_model(s.local_llm)
         # set up before anything starts: a 20-minute first build must not run inside a worker's first call
         llm.setup(s.resolved_local_llm_dir, model, say=lambda line: typer.echo(line, err=True))
         llm_started = llm.server_status(s.data_dir) is None

@@ -36,8 +36,6 @@ from .search.service import validate_query
 from .store import sessions as store
 from .store.buffers import require_buffers, validate_buffer_name
 from .store.db import commit, durable_write
-from .store.sessions import create_session as insert
-from .store.sessions import save_question
 from .submit import submit_query, validate_options
 from .tokens import CHARS_PER_TOKEN
 
@@ -74,7 +72,7 @@ def create_session(
         raise InvalidInput("name at least one --buffer for the session", api_message="name at least one buffer")
     clean = validate_options(dict(options or {}))
     require_buffers(conn, tenant=tenant, names=names)
-    row = insert(conn, session_id=uuid.uuid4().hex, tenant=tenant, buffers=names, options=clean)
+    row = store.create_session(conn, session_id=uuid.uuid4().hex, tenant=tenant, buffers=names, options=clean)
     commit(conn)
     return row
 
@@ -353,7 +351,9 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
         how = "rules" if question != asked else "none"
     spec = {**spec, "question": question, "rewrite": how}
     durable_write(
-        conn, lambda c: save_question(c, job_id=job.id, query=question, spec=spec), what=f"question of job {job.id}"
+        conn,
+        lambda c: store.save_question(c, job_id=job.id, query=question, spec=spec),
+        what=f"question of job {job.id}",
     )
     return dataclasses.replace(job, query=question, spec=spec)
 
