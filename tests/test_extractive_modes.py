@@ -11,7 +11,7 @@ from rlm_workers.llm.extractive import ExtractiveProvider, check_by_rules, direc
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.llm.stage_input import DirectInput
 from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings, read_input
-from rlm_workers.pipeline.answer import CUT_MARKER, cited_chunk_ids, estimate_tokens, fit_chunks
+from rlm_workers.pipeline.answer import CUT_MARKER, fit_chunks
 from rlm_workers.pipeline.answer import build_messages as build_answer_messages
 from rlm_workers.pipeline.check import (
     MAX_CHECK_FINDINGS_CHARS,
@@ -23,6 +23,8 @@ from rlm_workers.pipeline.check import (
 from rlm_workers.pipeline.check import build_messages as build_check_messages
 from rlm_workers.pipeline.prompts import PROMPT_NAMES, load_prompt
 from rlm_workers.pipeline.records import RECORDS_INSTRUCTION
+from rlm_workers.pipeline.replies import cited_chunk_ids
+from rlm_workers.tokens import estimate_tokens
 
 P = ExtractiveProvider()
 
