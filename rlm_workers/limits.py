@@ -29,3 +29,15 @@ MAX_TOOL_ARGS_SUMMARY_CHARS = 200
 MAX_BIGINT = 2**63 - 1
 #: uploads up to this size load in the request by default (POST /v1/buffers); larger ones go to an ingest worker
 MAX_INLINE_UPLOAD_BYTES = 256 * 1024
+
+# Documents (docs/contract.md#documents): what one converted file may cost the ingest process.
+#: pages (PDF), slides (PPTX) or sheets (XLSX) converted; a 2,000-page manual is large, more is an archive or a scan
+MAX_DOCUMENT_PAGES = 2000
+#: characters of converted text kept (~20 MB): a dozen of the longest books; bounds the memory one file can take
+MAX_DOCUMENT_CHARS = 20_000_000
+#: declared uncompressed size of a zip container (DOCX/PPTX/XLSX/EPUB), checked before anything is unpacked
+MAX_UNPACKED_BYTES = 500 * 1024 * 1024
+#: compression ratio allowed per zip member over 1 MiB: real documents' XML packs under ~100:1, zip bombs ~1000:1
+MAX_ZIP_RATIO = 200
+#: seconds of conversion per file, checked between pages and elements; a slow file must not hold a worker for long
+MAX_CONVERT_SECONDS = 300
