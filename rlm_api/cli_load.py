@@ -171,12 +171,38 @@ def load(
         )
     if len(report.too_large) > 5:
         typer.echo(f"warning: … and {len(report.too_large) - 5} more files over the size limit", err=True)
+    _warn_documents(report.named, report.skipped, report.cut)
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
+    cut = "".join(f", {n} {why}" for why, n in sorted(report.cut.items()))
     typer.echo(
         f"buffer {report.buffer} v{report.version}: {report.files_loaded} files loaded, "
         f"{report.files_unchanged} unchanged, {report.files_removed} removed; {report.chunks_written} chunks, "
-        f"{report.windows_embedded} windows embedded; skipped: {skipped} ({report.seconds:.1f}s)"
+        f"{report.windows_embedded} windows embedded; skipped: {skipped}{cut} ({report.seconds:.1f}s)"
     )
+
+
+#: what each document skip or cut means, for the warning that names the files (docs/contract.md#documents)
+_DOCUMENT_REASONS = {
+    "encrypted": "skipped: encrypted (no password is tried but the empty one)",
+    "corrupt": "skipped: corrupt (the file cannot be parsed as its format)",
+    "no-text-layer": "skipped: no text layer (a scanned PDF; OCR it first)",
+    "unpack-limit": "skipped: unpacks to more than the limit (a zip bomb?)",
+    "cut-pages": "loaded in part: over the page limit, the rest is not loaded",
+    "cut-text": "loaded in part: the converted text is over the limit",
+    "cut-time": "loaded in part: conversion ran over the time limit",
+}
+
+
+def _warn_documents(named: dict[str, list[str]], skipped: dict[str, int], cut: dict[str, int]) -> None:
+    """One warning line per document skip or cut reason, naming the files (the first five)."""
+    for reason, names in sorted(named.items()):
+        n = skipped.get(reason) or cut.get(reason) or len(names)
+        more = f" and {n - 5} more" if n > 5 else ""
+        typer.echo(
+            f"warning: {n} document{'s' if n != 1 else ''} {_DOCUMENT_REASONS.get(reason, reason)}: "
+            f"{', '.join(names[:5])}{more}",
+            err=True,
+        )
 
 
 def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: str, fmt: Fmt, wait: bool) -> None:
@@ -239,6 +265,7 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
         print_json({"upload_id": upload_id, "status": up.status, "report": up.report, "error": up.error})
     elif up.status == "done" and up.report:
         r = up.report
+        _warn_documents(r.get("named") or {}, r.get("skipped") or {}, r.get("cut") or {})
         typer.echo(
             f"buffer {buffer} v{r['version']}: {r['files_loaded']} files loaded, {r['files_unchanged']} unchanged, "
             f"{r['files_removed']} removed; {r['chunks_written']} chunks, {r['windows_embedded']} windows embedded"

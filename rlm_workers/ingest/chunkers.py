@@ -19,12 +19,17 @@ the pieces greedily, repeating whole trailing pieces as overlap.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 from ..limits import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+
+if TYPE_CHECKING:
+    from .documents import Document
 
 CHUNKERS = ("semantic", "fixed", "code")
 
@@ -36,6 +41,10 @@ class Chunk:
     end_line: int  # 1-based line of the last char (inclusive)
     start_byte: int  # UTF-8 byte offset in the (newline-normalised) file text
     end_byte: int  # exclusive
+    # Where a converted document's chunk sits (docs/contract.md#documents); None / () for plain text and code.
+    page_start: int | None = None
+    page_end: int | None = None
+    heading_path: tuple[str, ...] = ()
 
 
 def validate_chunk_params(chunker: str, chunk_size: int, overlap: int) -> None:
@@ -121,6 +130,11 @@ def _trim(text: str, s: int, e: int) -> tuple[int, int]:
 
 
 def _to_chunks(text: str, spans: list[tuple[int, int]]) -> list[Chunk]:
+    return _chunks_at(text, _kept(text, spans))
+
+
+def _kept(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans trimmed, empty ones dropped and ordering kept strict."""
     kept: list[tuple[int, int]] = []
     for raw_s, raw_e in spans:
         s, e = _trim(text, raw_s, raw_e)
@@ -132,6 +146,10 @@ def _to_chunks(text: str, spans: list[tuple[int, int]]) -> list[Chunk]:
         while kept and s <= kept[-1][0]:
             kept.pop()
         kept.append((s, e))
+    return kept
+
+
+def _chunks_at(text: str, kept: list[tuple[int, int]]) -> list[Chunk]:
     loc = _Locator(text)
     out = []
     for s, e in kept:
@@ -421,3 +439,110 @@ def _code_spans(text: str, lang: Language, size: int, overlap: int) -> list[tupl
         spans.extend(_pack(_split(text, a, b, size, _code_splitters(indent, size, overlap)), size, overlap))
     spans.extend(_pack(small, size, 0))
     return spans
+
+
+# --- documents ------------------------------------------------------------------------------------
+
+
+def chunk_document(
+    doc: Document, *, path: str, chunker: str = "semantic", chunk_size: int = 3000, overlap: int = 500
+) -> list[Chunk]:
+    """A converted document's chunks, broken at its headings where they can be, each with its heading path and
+    pages (docs/contract.md#documents).  A document with neither headings nor pages is cut exactly as
+    ``chunk_text`` cuts it, so plain text, code and heading-less Markdown keep their chunks."""
+    if not doc.headings and not doc.pages:
+        return chunk_text(doc.text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
+    validate_chunk_params(chunker, chunk_size, overlap)
+    text = doc.text
+    if chunker == "fixed":
+        spans = _fixed_spans(text, chunk_size, overlap)
+    else:
+        spans = _section_spans(text, [h.start for h in doc.headings], chunk_size, overlap)
+    kept = _kept(text, spans)
+    sections = _section_bounds(doc, len(text))
+    return [
+        replace(
+            ch,
+            page_start=_page_at(doc.pages, s),
+            page_end=_page_at(doc.pages, e - 1),
+            heading_path=_path_of(sections, s, e),
+        )
+        for ch, (s, e) in zip(_chunks_at(text, kept), kept, strict=True)
+    ]
+
+
+def _section_spans(text: str, starts: list[int], size: int, overlap: int) -> list[tuple[int, int]]:
+    """Each section its own chunk; sections too small to stand alone (under a third of ``size``, e.g. a heading
+    right above its first subheading) join the next while they fit; a section over ``size`` is cut like prose,
+    with overlap inside it but never across a heading."""
+    bounds = sorted({0, *(s for s in starts if 0 < s < len(text)), len(text)})
+    spans: list[tuple[int, int]] = []
+    open_start: int | None = None  # a chunk of small sections still taking more
+    for a, b in pairwise(bounds):
+        c = _content_end(text, a, b)
+        if c - a > size:
+            if open_start is not None:
+                spans.append((open_start, a))
+                open_start = None
+            spans.extend(_pack(_split(text, a, b, size, _prose_splitters(size, overlap)), size, overlap))
+            continue
+        if open_start is not None and c - open_start > size:
+            spans.append((open_start, a))
+            open_start = None
+        if open_start is None:
+            open_start = a
+        if c - open_start >= size // 3:
+            spans.append((open_start, b))
+            open_start = None
+    if open_start is not None:
+        spans.append((open_start, len(text)))
+    return spans
+
+
+def _page_at(pages: list[int], i: int) -> int | None:
+    """1-based page of the character at ``i``; None for a format without pages."""
+    return bisect_right(pages, i) if pages else None
+
+
+def _section_bounds(doc: Document, n: int) -> list[tuple[int, int, tuple[str, ...]]]:
+    """(start, end, heading path) of each heading's own text, up to the next heading of any level."""
+    ends = [h.start for h in doc.headings[1:]] + [n]
+    return [(h.start, end, h.path) for h, end in zip(doc.headings, ends, strict=False)]
+
+
+def _path_of(sections: list[tuple[int, int, tuple[str, ...]]], s: int, e: int) -> tuple[str, ...]:
+    """The heading path of the section holding most of [s, e): a chunk that starts with a section's last lines
+    and then runs through the next is cited by the one it is mostly about."""
+    best, best_len = (), 0
+    before = sections[0][0] - s if sections else 0  # text above the first heading belongs to no section
+    if before > 0:
+        best_len = min(before, e - s)
+    for a, b, path in sections:
+        if a >= e:
+            break
+        covered = min(b, e) - max(a, s)
+        if covered > best_len:
+            best, best_len = path, covered
+    return best
+
+
+def outline(doc: Document) -> list[dict[str, object]]:
+    """A document's headings as stored with its file: level, title, path, lines (a section runs to the next
+    heading of its level or above, subsections included) and page."""
+    text, heads = doc.text, doc.headings
+    loc = _Locator(text)
+    out: list[dict[str, object]] = []
+    for i, h in enumerate(heads):
+        end = next((n.start for n in heads[i + 1 :] if n.level <= h.level), len(text))
+        last = max(h.start, _content_end(text, h.start, end) - 1)
+        out.append(
+            {
+                "level": h.level,
+                "title": h.title,
+                "path": list(h.path),
+                "start_line": loc.line(h.start),
+                "end_line": loc.line(last),
+                "page": _page_at(doc.pages, h.start),
+            }
+        )
+    return out

@@ -31,12 +31,13 @@ from ..store import buffers as bstore
 from ..store import uploads as store
 from ..store import vectors
 from ..store.db import DB_OUTAGE, connect, connection
-from .chunkers import chunk_text
+from .chunkers import chunk_document, outline
 from .embed import get_embedder
 from .failures import final_error, gave_up, internal_error
-from .files import discover, read_text, under
+from .files import discover, under
 from .loader import (
     ENCODE_GROUP_BATCHES,
+    MAX_NAMED,
     LoadReport,
     chunk_fields,
     encode_queued,
@@ -200,23 +201,39 @@ def _stage(
         encode_at = batch * ENCODE_GROUP_BATCHES
         try:
             for cand in candidates:
-                text, reason, digest = read_text(cand)
-                if reason is not None:
-                    report.skip(reason)
-                    continue
+                doc, keep_old, digest = report.read(cand)
                 old = existing.get(cand.rel_path)
+                if doc is None:
+                    if keep_old and old is not None:  # staged as unchanged: the commit keeps the buffer's copy
+                        _submit_file(
+                            writer, up.id, g.group_no, cand.rel_path, None, old.content_hash, 0, old.chunk_count
+                        )
+                    continue
                 if old is not None and same_params and old.content_hash == digest:
                     report.files_unchanged += 1
                     _submit_file(writer, up.id, g.group_no, cand.rel_path, None, digest, cand.size, old.chunk_count)
                     continue
-                chunks = chunk_text(text, path=cand.rel_path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
+                chunks = chunk_document(
+                    doc, path=cand.rel_path, chunker=chunker, chunk_size=chunk_size, overlap=overlap
+                )
                 fid = file_ids.take(1)[0]
                 ids = chunk_ids.take(len(chunks))
                 rows = [
                     (cid, fid, seq, cand.rel_path, *chunk_fields(cid, ch, embedder, windows, owners))
                     for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True))
                 ]
-                _submit_file(writer, up.id, g.group_no, cand.rel_path, fid, digest, len(text.encode()), len(chunks))
+                _submit_file(
+                    writer,
+                    up.id,
+                    g.group_no,
+                    cand.rel_path,
+                    fid,
+                    digest,
+                    len(doc.text.encode()),
+                    len(chunks),
+                    doc.format,
+                    outline(doc) if doc.headings else None,
+                )
                 writer.submit(
                     lambda rows=rows: store.copy_staged_chunks(conn, upload_id=up.id, group_no=g.group_no, rows=rows)
                 )
@@ -251,7 +268,16 @@ def _check_base(up: store.UploadRow, buf: bstore.BufferRow | None) -> None:
 
 
 def _submit_file(
-    writer: Writer, upload_id: str, group_no: int, path: str, fid: int | None, digest: str, size: int, chunks: int
+    writer: Writer,
+    upload_id: str,
+    group_no: int,
+    path: str,
+    fid: int | None,
+    digest: str,
+    size: int,
+    chunks: int,
+    doc_format: str = "text",
+    headings: list[dict[str, Any]] | None = None,
 ) -> None:
     writer.submit(
         lambda: store.stage_file(
@@ -263,6 +289,8 @@ def _submit_file(
             content_hash=digest,
             size_bytes=size,
             chunk_count=chunks,
+            doc_format=doc_format,
+            outline=headings,
         )
     )
 
@@ -331,6 +359,11 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
         merged.too_large += list(p.get("too_large", []))
         for reason, n in (p.get("skipped") or {}).items():
             merged.skip(reason, int(n))
+        for reason, n in (p.get("cut") or {}).items():
+            merged.cut[reason] = merged.cut.get(reason, 0) + int(n)
+        for reason, names in (p.get("named") or {}).items():
+            kept = merged.named.setdefault(reason, [])
+            kept += list(names)[: max(0, MAX_NAMED - len(kept))]
         merged.seconds = max(merged.seconds, float(p.get("seconds", 0.0)))
     staged = store.staged_file_list(conn, upload_id=up.id)
     if not staged:

@@ -22,9 +22,10 @@ from ..errors import InvalidInput
 from ..search.tokenize import tokenize
 from ..store import buffers as store
 from ..store import vectors
-from .chunkers import chunk_text, validate_chunk_params
+from .chunkers import chunk_document, outline, validate_chunk_params
+from .documents import Document, read_document
 from .embed import get_embedder
-from .files import discover, read_text, under
+from .files import discover, under
 from .writes import IdBlocks, Writer
 
 if TYPE_CHECKING:
@@ -37,6 +38,11 @@ log = logging.getLogger("rlm.ingest")
 
 #: encoder batches per group handed to ``encode`` at once (see load_paths)
 ENCODE_GROUP_BATCHES = 8
+#: skip reasons worth the file's name in the summary: a document the user will want to look at, not a binary
+#: that was never meant to load
+NAMED_SKIPS = frozenset({"encrypted", "corrupt", "no-text-layer", "unpack-limit"})
+#: names kept per reason; the count stays exact
+MAX_NAMED = 100
 
 
 @dataclass
@@ -53,11 +59,38 @@ class LoadReport:
     skipped: dict[str, int] = field(default_factory=dict)
     #: names of files refused for size, so the CLI can say which (never read, only stat'ed)
     too_large: list[str] = field(default_factory=list)
+    #: documents loaded but shortened, by reason (cut-pages, cut-text, cut-time)
+    cut: dict[str, int] = field(default_factory=dict)
+    #: the files behind the documents' skip and cut reasons (NAMED_SKIPS, every cut), at most MAX_NAMED each
+    named: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def skip(self, reason: str, n: int = 1) -> None:
+    def skip(self, reason: str, n: int = 1, *, path: str | None = None) -> None:
         if n:
             self.skipped[reason] = self.skipped.get(reason, 0) + n
+            if path is not None and reason in NAMED_SKIPS:
+                self._name(reason, path)
+
+    def cut_short(self, reason: str, path: str) -> None:
+        self.cut[reason] = self.cut.get(reason, 0) + 1
+        self._name(reason, path)
+
+    def _name(self, reason: str, path: str) -> None:
+        names = self.named.setdefault(reason, [])
+        if len(names) < MAX_NAMED:
+            names.append(path)
+
+    def read(self, cand: Any) -> tuple[Document | None, bool, str]:
+        """The candidate converted (its skip or cuts counted here), whether a skipped file is a document that
+        keeps its earlier version (it did not convert this time: bad input loses nothing already stored), and
+        the sha256 of its bytes."""
+        doc, reason, digest = read_document(cand.abs_path, cand.rel_path, cand.size)
+        if doc is None:
+            self.skip(reason or "unreadable", path=cand.rel_path)
+            return None, reason in NAMED_SKIPS, digest
+        for cut in doc.cuts:
+            self.cut_short(cut, cand.rel_path)
+        return doc, False, digest
 
     def nothing_to_load(self, buffer: str) -> str:
         """Why a load that found nothing to write changes nothing, as the one-line error says it."""
@@ -66,8 +99,8 @@ class LoadReport:
             return f"nothing to load: no files found; buffer {buffer!r} was not changed"
         why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
         return (
-            f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text files "
-            f"are loaded (binary and non-UTF-8 files are skipped); buffer {buffer!r} was not changed"
+            f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text and "
+            f"documents (PDF, DOCX, PPTX, XLSX, HTML, EPUB) are loaded; buffer {buffer!r} was not changed"
         )
 
     def discovered(self, disc: Any) -> None:
@@ -150,9 +183,10 @@ def load_paths(
         group = embed_batch_size * ENCODE_GROUP_BATCHES
         try:
             for cand in candidates:
-                text, reason, digest = read_text(cand)
-                if reason is not None:
-                    report.skip(reason)
+                doc, keep_old, digest = report.read(cand)
+                if doc is None:
+                    if keep_old and cand.rel_path in existing:
+                        seen.add(cand.rel_path)
                     progress.file_done(cand.rel_path)
                     continue
                 seen.add(cand.rel_path)
@@ -173,7 +207,7 @@ def load_paths(
                     buf.id,
                     old,
                     cand.rel_path,
-                    text,
+                    doc,
                     digest,
                     chunker,
                     chunk_size,
@@ -228,7 +262,7 @@ def _queue_file(
     buffer_id: int,
     old: store.FileRow | None,
     path: str,
-    text: str,
+    doc: Document,
     digest: str,
     chunker: str,
     chunk_size: int,
@@ -236,14 +270,15 @@ def _queue_file(
     embedder: Embedder,
 ) -> int:
     """Chunk one file, send its rows to the writer, and queue its windows for encoding."""
-    chunks = chunk_text(text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
+    chunks = chunk_document(doc, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
     file_id = file_ids.take(1)[0]
     ids = chunk_ids.take(len(chunks))
     rows = [
         (cid, buffer_id, file_id, 0, seq, path, *chunk_fields(cid, ch, embedder, windows, owners))
         for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True))
     ]
-    size = len(text.encode())
+    size = len(doc.text.encode())
+    headings = outline(doc) if doc.headings else None
 
     def write() -> None:
         if old is not None:
@@ -256,6 +291,8 @@ def _queue_file(
             content_hash=digest,
             size_bytes=size,
             chunk_count=len(chunks),
+            doc_format=doc.format,
+            outline=headings,
         )
         store.copy_chunks(conn, rows)
 
@@ -277,8 +314,8 @@ def same_cut(buf: Any, chunker: str, chunk_size: int, overlap: int, embedder: An
 
 
 def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: list[tuple[int, int]]) -> tuple:
-    """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms), and its
-    windows queued for encoding under ``cid``."""
+    """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms, pages,
+    heading path), and its windows queued for encoding under ``cid``."""
     terms = tokenize(ch.text)
     for w, piece in enumerate(embedder.window_texts(ch.text)):
         windows.append(piece)
@@ -292,6 +329,9 @@ def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: l
         len(terms),
         hashlib.sha256(ch.text.encode()).hexdigest(),
         " ".join(terms),
+        ch.page_start,
+        ch.page_end,
+        list(ch.heading_path) or None,
     )
 
 

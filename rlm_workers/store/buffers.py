@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from psycopg.types.json import Jsonb
+
 from ..errors import BufferNotFound, InvalidInput
 from ..models import BufferInfo, FileInfo
 from . import vectors
@@ -225,12 +227,18 @@ def insert_file(
     content_hash: str,
     size_bytes: int,
     chunk_count: int,
+    doc_format: str = "text",
+    outline: list[dict[str, Any]] | None = None,
 ) -> None:
     conn.execute(
-        """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
-           VALUES (%s, %s, %s, %s, %s, %s)""",
-        (file_id, buffer_id, path, content_hash, size_bytes, chunk_count),
+        """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count, format, outline)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+        (file_id, buffer_id, path, content_hash, size_bytes, chunk_count, doc_format, _jsonb(outline)),
     )
+
+
+def _jsonb(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
 
 
 _SEQUENCES = ("files_id_seq", "chunks_id_seq")
@@ -261,6 +269,9 @@ CHUNK_COPY_COLS = (
     "token_count",
     "content_hash",
     "terms",
+    "page_start",
+    "page_end",
+    "heading_path",
 )
 CHUNK_COPY_TYPES = [
     "int8",
@@ -277,6 +288,9 @@ CHUNK_COPY_TYPES = [
     "int4",
     "text",
     "text",
+    "int4",
+    "int4",
+    "text[]",
 ]
 
 
@@ -320,6 +334,19 @@ class ChunkRow:
     start_line: int
     end_line: int
     text: str
+    #: where a converted document's chunk sits (provenance.cite); None / () for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    heading_path: tuple[str, ...] = ()
+
+
+#: the provenance columns every displayed chunk carries, in ChunkRow's order after ``text``
+_PROVENANCE_COLS = "c.page_start, c.page_end, c.heading_path"
+
+
+def _chunk_row(r: Sequence[Any]) -> ChunkRow:
+    """A ChunkRow from id, buffer, ordinal, path, start, end, text, then the provenance columns."""
+    return ChunkRow(*r[:7], r[7], r[8], tuple(r[9] or ()))
 
 
 def get_chunks(
@@ -332,12 +359,12 @@ def get_chunks(
         return {}
     text = "c.text" if with_text else "''"
     rows = conn.execute(
-        f"""SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, {text}
+        f"""SELECT c.id, b.name, c.ordinal, c.path, c.start_line, c.end_line, {text}, {_PROVENANCE_COLS}
             FROM chunks c JOIN buffers b ON b.id = c.buffer_id
             WHERE c.id = ANY(%s) AND b.tenant = %s""",
         (list(chunk_ids), tenant),
     ).fetchall()
-    return {r[0]: ChunkRow(*r) for r in rows}
+    return {r[0]: _chunk_row(r) for r in rows}
 
 
 @dataclass(frozen=True)
@@ -365,7 +392,7 @@ def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Seq
                        WHEN n.start_line = c.end_line
                        THEN convert_to(repeat(' ', (n.start_byte - c.end_byte)::int) || left(n.text, 65536), 'UTF8')
                   END,
-                  left(split_part(h.text, E'\n', 1), 10000)
+                  left(split_part(h.text, E'\n', 1), 10000), c.page_start, c.page_end, c.heading_path
            FROM chunks c JOIN buffers b ON b.id = c.buffer_id
            LEFT JOIN chunks p ON p.file_id = c.file_id AND p.seq = c.seq - 1
            LEFT JOIN chunks n ON n.file_id = c.file_id AND n.seq = c.seq + 1
@@ -375,7 +402,10 @@ def chunks_for_counting(conn: psycopg.Connection, *, tenant: str, chunk_ids: Seq
     ).fetchall()
     return {
         r[0]: CountedChunk(
-            ChunkRow(*r[:7]), r[7], bytes(r[8]).decode("utf-8", "ignore") if r[8] is not None else "", r[9] or ""
+            _chunk_row((*r[:7], *r[10:13])),
+            r[7],
+            bytes(r[8]).decode("utf-8", "ignore") if r[8] is not None else "",
+            r[9] or "",
         )
         for r in rows
     }
@@ -452,3 +482,64 @@ def iter_terms(conn: psycopg.Connection, *, buffer_id: int, batch: int = 5000) -
         cur.execute("SELECT id, terms FROM chunks WHERE buffer_id = %s ORDER BY id", (buffer_id,))
         for cid, terms in cur:
             yield cid, terms.split()
+
+
+# --- documents: outlines and sections (the get_outline / get_section tools) ------------------------------
+
+
+@dataclass(frozen=True)
+class FileOutline:
+    """A loaded file as the section tools need it: ``outline`` is None for a file without headings."""
+
+    id: int
+    path: str
+    format: str
+    outline: list[dict[str, Any]] | None
+
+
+def file_outline(conn: psycopg.Connection, *, buffer_id: int, path: str) -> FileOutline | None:
+    row = conn.execute(
+        "SELECT id, path, format, outline FROM files WHERE buffer_id = %s AND path = %s", (buffer_id, path)
+    ).fetchone()
+    return FileOutline(*row) if row else None
+
+
+def paths_ending(conn: psycopg.Connection, *, buffer_id: int, suffix: str, limit: int = 10) -> list[str]:
+    """The buffer's file paths that end with ``suffix`` (compared as text, so ``%`` and ``_`` are no wildcards)."""
+    rows = conn.execute(
+        "SELECT path FROM files WHERE buffer_id = %s AND right(path, %s) = %s ORDER BY path LIMIT %s",
+        (buffer_id, len(suffix), suffix, limit),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+@dataclass(frozen=True)
+class SpanChunk:
+    """A chunk with where it lies in its file: what stitching a section back together needs."""
+
+    id: int
+    seq: int
+    start_line: int
+    end_line: int
+    start_byte: int
+    end_byte: int
+    page_start: int | None
+    page_end: int | None
+    text: str
+
+
+def chunks_in_lines(
+    conn: psycopg.Connection, *, buffer_id: int, file_id: int, start_line: int, end_line: int, max_chars: int
+) -> list[SpanChunk]:
+    """The file's chunks that touch lines ``start_line``..``end_line``, in file order, stopping once the chunks
+    already read hold ``max_chars`` characters: a whole book's top-level section is never read to show its start."""
+    rows = conn.execute(
+        """SELECT id, seq, start_line, end_line, start_byte, end_byte, page_start, page_end, text FROM (
+               SELECT id, seq, start_line, end_line, start_byte, end_byte, page_start, page_end, text,
+                      sum(length(text)) OVER (ORDER BY seq) - length(text) AS before
+               FROM chunks
+               WHERE file_id = %s AND buffer_id = %s AND start_line <= %s AND end_line >= %s
+           ) s WHERE before < %s ORDER BY seq""",
+        (file_id, buffer_id, end_line, start_line, max_chars),
+    ).fetchall()
+    return [SpanChunk(*r) for r in rows]

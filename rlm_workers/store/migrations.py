@@ -493,6 +493,17 @@ ALTER TABLE overnight_batch_items
 ALTER TABLE overnight_batch_items RENAME CONSTRAINT batch_items_job_id_fkey TO overnight_batch_items_job_id_fkey;
 """
 
+# Documents (docs/contract.md#documents): where a chunk sits in its document (pages or slides, the heading path of
+# the section holding most of it) and each file's format and outline, for citations and get_section.  NULL for
+# plain text and code, whose chunks stay as they were.
+M019_DOCUMENT_PROVENANCE = """
+ALTER TABLE chunks ADD COLUMN page_start integer, ADD COLUMN page_end integer, ADD COLUMN heading_path text[];
+ALTER TABLE ingest_staged_chunks ADD COLUMN page_start integer, ADD COLUMN page_end integer,
+    ADD COLUMN heading_path text[];
+ALTER TABLE files ADD COLUMN format text NOT NULL DEFAULT 'text', ADD COLUMN outline jsonb;
+ALTER TABLE ingest_staged_files ADD COLUMN format text NOT NULL DEFAULT 'text', ADD COLUMN outline jsonb;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -512,6 +523,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m016_ingest_groups", M016_INGEST_GROUPS),
     ("m017_llm_call_parse_ok", M017_LLM_CALL_PARSE_OK),
     ("m018_overnight_batch_names", M018_OVERNIGHT_BATCH_NAMES),
+    ("m019_document_provenance", M019_DOCUMENT_PROVENANCE),
 ]
 
 

@@ -282,17 +282,30 @@ def stage_file(
     content_hash: str,
     size_bytes: int,
     chunk_count: int,
+    doc_format: str = "text",
+    outline: list[dict[str, Any]] | None = None,
 ) -> None:
     conn.execute(
-        """INSERT INTO ingest_staged_files (upload_id, group_no, path, file_id, content_hash, size_bytes, chunk_count)
-           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
-        (upload_id, group_no, path, file_id, content_hash, size_bytes, chunk_count),
+        """INSERT INTO ingest_staged_files
+               (upload_id, group_no, path, file_id, content_hash, size_bytes, chunk_count, format, outline)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+        (
+            upload_id,
+            group_no,
+            path,
+            file_id,
+            content_hash,
+            size_bytes,
+            chunk_count,
+            doc_format,
+            None if outline is None else Jsonb(outline),
+        ),
     )
 
 
 #: a staged chunk has the columns of ``chunks`` (``buffers.CHUNK_COPY_COLS``) but the buffer's and the ordinal,
 #: given at the commit: (id, file_id, seq, path, start_line, end_line, start_byte, end_byte, text, token_count,
-#: content_hash, terms)
+#: content_hash, terms, page_start, page_end, heading_path)
 _GIVEN_AT_COMMIT = ("buffer_id", "ordinal")
 STAGED_CHUNK_COLS = tuple(c for c in CHUNK_COPY_COLS if c not in _GIVEN_AT_COMMIT)
 #: upload id and group number first, then the chunk's own columns as ``chunks`` types them
@@ -370,8 +383,8 @@ def move_staged(conn: psycopg.Connection, *, upload_id: str, buffer_id: int) -> 
     """The groups' files, chunks and vectors into the buffer (the caller deleted the files they replace);
     returns the chunks moved.  In the commit's transaction: readers see all of it or none."""
     conn.execute(
-        """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count)
-           SELECT file_id, %s, path, content_hash, size_bytes, chunk_count FROM ingest_staged_files
+        """INSERT INTO files (id, buffer_id, path, content_hash, size_bytes, chunk_count, format, outline)
+           SELECT file_id, %s, path, content_hash, size_bytes, chunk_count, format, outline FROM ingest_staged_files
            WHERE upload_id = %s AND file_id IS NOT NULL ORDER BY path""",
         (buffer_id, upload_id),
     )
