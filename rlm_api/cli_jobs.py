@@ -15,6 +15,7 @@ import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import JobStatus, QueryResult
+from rlm_workers.provenance import cite
 
 from .cli_output import print_json, print_result
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix
@@ -207,7 +208,8 @@ def chunk_show(
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
     tenant: TenantOpt = None,
 ) -> None:
-    """Print one chunk: a `buffer path:start-end` header, then its text (JSON: the API's ChunkView)."""
+    """Print one chunk: a `buffer path:start-end` header (`buffer spec.pdf p. 4 § Intro` for a document), then
+    its text (JSON: the API's ChunkView)."""
     from .views import chunk_views
 
     tenant = resolve_tenant(tenant)
@@ -219,6 +221,7 @@ def chunk_show(
     if fmt == Fmt.json:
         typer.echo(c.model_dump_json())
         return
-    typer.echo(f"{c.buffer} {c.path}:{c.start_line}-{c.end_line}  (chunk {c.chunk_id})")
+    where = cite(c.path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)
+    typer.echo(f"{c.buffer} {where}  (chunk {c.chunk_id})")
     typer.echo("")
     typer.echo(c.text.rstrip("\n"))

@@ -281,8 +281,18 @@ class LoadResponse(BaseModel):
     )
     chunks_written: int
     windows_embedded: int
-    skipped: dict[str, int] = Field(description="Files not loaded, by reason (binary, not-utf8, too-large, …).")
+    skipped: dict[str, int] = Field(
+        description="Files not loaded, by reason (binary, not-utf8, too-large, encrypted, corrupt, no-text-layer, "
+        "unpack-limit, …)."
+    )
     too_large: list[str]
+    cut: dict[str, int] = Field(
+        default_factory=dict, description="Documents loaded in part, by reason (cut-pages, cut-text, cut-time)."
+    )
+    named: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="The documents behind each document skip or cut reason (at most 100 names per reason).",
+    )
     seconds: float
 
 
@@ -324,6 +334,11 @@ class Citation(BaseModel):
     path: str
     start_line: int
     end_line: int
+    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    section: str | None = None
+    heading_path: list[str] = Field(default_factory=list)
 
 
 class TurnView(BaseModel):

@@ -10,6 +10,7 @@ from rlm_workers.errors import InvalidInput
 from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import ChunkView, QueryResult
 from rlm_workers.pipeline.flow import ORDER
+from rlm_workers.provenance import fields
 from rlm_workers.store import jobs as store
 from rlm_workers.store.buffers import get_chunks
 
@@ -152,7 +153,13 @@ def chunk_views(conn: psycopg.Connection, *, tenant: str, ids: list[int]) -> lis
     rows = get_chunks(conn, tenant=tenant, chunk_ids=[i for i in ids if 0 < i <= MAX_BIGINT])
     return [
         ChunkView(
-            chunk_id=r.id, buffer=r.buffer, path=r.path, start_line=r.start_line, end_line=r.end_line, text=r.text
+            chunk_id=r.id,
+            buffer=r.buffer,
+            path=r.path,
+            start_line=r.start_line,
+            end_line=r.end_line,
+            text=r.text,
+            **fields(r.page_start, r.page_end, r.heading_path),
         )
         for r in (rows.get(i) for i in dict.fromkeys(ids))
         if r is not None

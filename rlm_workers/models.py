@@ -211,6 +211,11 @@ class ChunkView(BaseModel):
     start_line: int
     end_line: int
     text: str
+    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    section: str | None = None
+    heading_path: list[str] = Field(default_factory=list)
 
 
 class SearchHit(BaseModel):
@@ -225,6 +230,11 @@ class SearchHit(BaseModel):
     text: str
     #: the chunk's window nearest the query (the sentences the semantic arm matched); None for a bm25-only hit
     passage: str | None = None
+    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    section: str | None = None
+    heading_path: list[str] = Field(default_factory=list)
 
 
 class AnalysisPlan(BaseModel):
@@ -283,6 +293,11 @@ class Source(BaseModel):
     end_line: int
     relevance: Relevance
     snippet: str
+    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    section: str | None = None
+    heading_path: list[str] = Field(default_factory=list)
 
 
 class AnalystBatchError(BaseModel):

@@ -31,6 +31,7 @@ from .models import check_storable_text
 from .pipeline.calls import call_llm
 from .pipeline.prompts import content_block, escape_content, load_prompt, quote_field, system_message
 from .pipeline.replies import cited_chunk_ids, json_candidates
+from .provenance import cite, fields
 from .resources import provider
 from .search.service import validate_query
 from .store import sessions as store
@@ -117,14 +118,25 @@ def _history_chars() -> int:
 
 def cited_sources(result: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The sources an answer actually cites, in order of first citation: ``{chunk_id, buffer, path, start_line,
-    end_line}`` (a source the report never cites is not carried forward)."""
+    end_line}`` and the provenance fields (a source the report never cites is not carried forward)."""
     if not result:
         return []
     sources = {s["chunk_id"]: s for s in result.get("sources") or [] if isinstance(s, dict) and "chunk_id" in s}
-    return [
-        {k: sources[cid][k] for k in ("chunk_id", "buffer", "path", "start_line", "end_line")}
-        for cid in cited_chunk_ids(result.get("response") or "", sources)
-    ]
+    out = []
+    for cid in cited_chunk_ids(result.get("response") or "", sources):
+        s = sources[cid]
+        out.append(
+            {k: s[k] for k in ("chunk_id", "buffer", "path", "start_line", "end_line")}
+            # a result stored before documents had pages has no such keys: plain text, cited by lines
+            | fields(s.get("page_start"), s.get("page_end"), s.get("heading_path"))
+        )
+    return out
+
+
+def cited_place(c: dict[str, Any], path: str) -> str:
+    """Where a cited source lies, ``path`` as the caller shows it: ``a.md:3-9`` or ``spec.pdf p. 4 § Intro``
+    (a history stored before documents had pages has no page keys: cited by lines, as then)."""
+    return cite(path, c["start_line"], c["end_line"], c.get("page_start"), c.get("page_end"), c.get("heading_path"))
 
 
 def session_spec(
@@ -208,8 +220,7 @@ def conversation_section(spec: dict[str, Any] | None) -> str:
             lines.append(f"Turn {int(e['turn'])} answer: (none: the job ended {e.get('status')})")
         if e.get("cited"):
             cites = ", ".join(
-                f"[chunk {int(c['chunk_id'])}, {quote_field(c['path'])}:{int(c['start_line'])}-{int(c['end_line'])}]"
-                for c in e["cited"]
+                f"[chunk {int(c['chunk_id'])}, {cited_place(c, quote_field(c['path']))}]" for c in e["cited"]
             )
             lines.append(f"Turn {int(e['turn'])} cited: {cites}")
     carried = ", ".join(str(c) for c in evidence_ids(ctx))

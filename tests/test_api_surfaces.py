@@ -13,7 +13,7 @@ import pytest
 from tests.support.api import Api
 from tests.support.pipeline_model import NEEDLE, QUESTION, write_essays
 from tests.support.workers import running_workers, scripted_env
-from tests.test_cli import run_rlm
+from tests.test_cli import CHUNK_VIEW_KEYS, run_rlm
 
 pytestmark = pytest.mark.slow
 
@@ -252,7 +252,7 @@ def test_chunks_by_id_are_tenant_scoped(a, b):
     theirs = b.post("/v1/search", json={"query": "widgets Friday", "buffer": "memo", "top_k": 1}).json()["results"]
     one = a.get(f"/v1/chunks/{mine[0]['chunk_id']}")
     assert one.status_code == 200
-    assert one.json() == {k: mine[0][k] for k in ("chunk_id", "buffer", "path", "start_line", "end_line", "text")}
+    assert one.json() == {k: mine[0][k] for k in CHUNK_VIEW_KEYS}
     assert b.get(f"/v1/chunks/{mine[0]['chunk_id']}").status_code == 404
     ids = [mine[1]["chunk_id"], theirs[0]["chunk_id"], mine[0]["chunk_id"]]
     many = a.get("/v1/chunks", params={"ids": ",".join(map(str, ids))}).json()

@@ -12,6 +12,12 @@ import pytest
 
 from tests.support.corpus import write_mixed_tree
 
+#: what ``rlm chunk show --format json`` and ``GET /v1/chunks/{id}`` show of a chunk (docs/contract.md#http-chunks)
+CHUNK_VIEW_KEYS = (
+    *("chunk_id", "buffer", "path", "start_line", "end_line", "text"),
+    *("page_start", "page_end", "section", "heading_path"),
+)
+
 
 def run_rlm(env, *args, check=None):
     proc = subprocess.run(
@@ -45,7 +51,12 @@ def test_search_json_shape(cli_env, loaded):
     data = json.loads(proc.stdout)
     assert set(data) == {"results"}
     first = data["results"][0]
-    assert set(first) == {"chunk_id", "buffer", "path", "start_line", "end_line", "score", "text", "passage"}
+    assert set(first) == {
+        *("chunk_id", "buffer", "path", "start_line", "end_line", "score", "text", "passage"),
+        # where a document's chunk sits (docs/contract.md#documents); null / [] for code like this hit
+        *("page_start", "page_end", "section", "heading_path"),
+    }
+    assert (first["page_start"], first["page_end"], first["section"], first["heading_path"]) == (None, None, None, [])
     assert first["passage"] is None or first["passage"] in first["text"]
     assert first["path"] == "proj/pkg/billing.py"
     assert first["buffer"] == "proj"

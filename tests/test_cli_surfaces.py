@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.pipeline_model import NEEDLE, QUESTION, write_essays
 from tests.support.workers import ROOT, running_workers, scripted_env
-from tests.test_cli import run_rlm
+from tests.test_cli import CHUNK_VIEW_KEYS, run_rlm
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +145,7 @@ def test_chunk_show_prints_what_a_citation_points_at(env, essays, acme_notes):
         run_rlm(env, "search", "Dolores Park sandwich", "--buffer", "essays", "--format", "json", check=0).stdout
     )["results"][0]
     as_json = json.loads(run_rlm(env, "chunk", "show", str(hit["chunk_id"]), "--format", "json", check=0).stdout)
-    assert as_json == {k: hit[k] for k in ("chunk_id", "buffer", "path", "start_line", "end_line", "text")}
+    assert as_json == {k: hit[k] for k in CHUNK_VIEW_KEYS}
     text = run_rlm(env, "chunk", "show", str(hit["chunk_id"]), check=0).stdout
     header = f"essays {hit['path']}:{hit['start_line']}-{hit['end_line']}"
     assert text.splitlines()[0].startswith(header)

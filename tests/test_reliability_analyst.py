@@ -32,7 +32,8 @@ pytestmark = pytest.mark.slow
 #: query markers: cut the first analyst reply of every batch, or every analyst reply
 CUT_ONCE, CUT_ALWAYS = "CUT-ONCE", "CUT-ALWAYS"
 _ASKED_FOR = re.compile(r"one per chunk id \(([\d, ]+)\)")
-_SOURCE = re.compile(r"^source: (.*):(\d+)-(\d+)$", re.M)
+# a document's pages and section may follow the lines (docs/contract.md#analyst-message)
+_SOURCE = re.compile(r'^source: (".*?(?<!\\)"):(\d+)-(\d+)(?: p\. [\d–]+)?(?: § ".*")?$', re.M)
 
 
 class CuttingModel(Model):

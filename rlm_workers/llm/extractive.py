@@ -49,6 +49,7 @@ from ..pipeline.records import (
     stem_terms,
 )
 from ..pipeline.replies import cited_chunk_ids
+from ..provenance import page_span
 from ..search.tokenize import tokenize
 from . import line_rank
 from .protocol import Completion, CompletionRequest
@@ -98,7 +99,16 @@ def _md_text(text: str) -> str:
 
 
 def _shown_source(chunk: ChunkForPrompt | ShownFinding) -> str:
-    return f"{_md_text(_location(chunk))}:{int(chunk.start_line)}-{int(chunk.end_line)}"
+    """``buffer:path:12-30``, or ``buffer:spec.pdf p. 4–5 § Transport`` for a document (``provenance.cite``)."""
+    return _md_text(chunk.place(_location(chunk)))
+
+
+def _quote_place(chunk: ChunkForPrompt, line: int) -> str:
+    """Where a quoted line is: ``a.txt:105``; a converted document's line numbers are of its converted text,
+    which no reader has, so there the chunk's pages: ``spec.pdf p. 4``."""
+    name = _location(chunk).rsplit(":", 1)[-1]
+    pages = page_span(chunk.page_start, chunk.page_end)
+    return f"{name} {pages}" if pages else f"{name}:{line}"
 
 
 def _units(text: str) -> list[_Unit]:
@@ -200,7 +210,7 @@ def _analysed(query: str, chunks: Sequence[ChunkForPrompt], *, relative: bool = 
         at += len(cs)
     out = []
     for chunk in chunks:
-        cid, loc, start = chunk.chunk_id, _location(chunk), int(chunk.start_line)
+        cid, start = chunk.chunk_id, int(chunk.start_line)
         scored = []
         for unit, toks, score, cand in zip(all_units[cid], tokens[cid], fused[cid], cands[cid], strict=True):
             present = set(toks)
@@ -220,9 +230,7 @@ def _analysed(query: str, chunks: Sequence[ChunkForPrompt], *, relative: bool = 
         grade = _grade(max(best[1], lifted), best[2])
         keep = [s for s in scored if s[0] >= best[0] * line_rank.KEEP_SHARE][:MAX_QUOTES]
         # verbatim: the document's text, not the fence's escaping of it
-        findings = [
-            f'"{_clip(unescape_content(s[3].text))}" ({loc.rsplit(":", 1)[-1]}:{start + s[3].line})' for s in keep
-        ]
+        findings = [f'"{_clip(unescape_content(s[3].text))}" ({_quote_place(chunk, start + s[3].line)})' for s in keep]
         matched = sorted({t for t in weights if any(t in set(tk) for tk in tokens[cid])})
         summary = (
             f"Matches {len(matched)} of {len(weights)} query terms ({', '.join(matched[:8])}); "

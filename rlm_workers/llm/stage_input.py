@@ -14,9 +14,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..provenance import cite
+
+
+class Placed:
+    """What a chunk or a finding record has to say where its chunk lies."""
+
+    path: str
+    start_line: int
+    end_line: int
+    page_start: int | None
+    page_end: int | None
+    heading_path: tuple[str, ...]
+
+    def place(self, path: str | None = None) -> str:
+        """Where the chunk lies, as a report cites it (``provenance.cite``): ``a.py:3-9``, ``spec.pdf p. 4 § Intro``;
+        ``path``: the path as the caller shows it (quoted, prefixed with the buffer), when not as it is."""
+        return cite(
+            self.path if path is None else path,
+            self.start_line,
+            self.end_line,
+            self.page_start,
+            self.page_end,
+            self.heading_path,
+        )
+
 
 @dataclass(frozen=True)
-class ChunkForPrompt:
+class ChunkForPrompt(Placed):
     """A chunk as a prompt shows it: its id, where it comes from and its text."""
 
     chunk_id: int
@@ -25,6 +50,25 @@ class ChunkForPrompt:
     start_line: int
     end_line: int
     text: str
+    #: a converted document's pages and section (provenance.cite); None / () for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    heading_path: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, row: Any) -> ChunkForPrompt:
+        """From a stored chunk (``store.buffers.ChunkRow``), its place in the document included."""
+        return cls(
+            chunk_id=row.id,
+            buffer=row.buffer,
+            path=row.path,
+            start_line=row.start_line,
+            end_line=row.end_line,
+            text=row.text,
+            page_start=row.page_start,
+            page_end=row.page_end,
+            heading_path=tuple(row.heading_path),
+        )
 
 
 @dataclass(frozen=True)
@@ -37,7 +81,7 @@ class Question:
 
 
 @dataclass(frozen=True)
-class ShownFinding:
+class ShownFinding(Placed):
     """A collected finding as the synthesizer and the completeness check are shown it."""
 
     chunk_id: int
@@ -49,6 +93,9 @@ class ShownFinding:
     summary: str = ""
     findings: tuple[str, ...] = ()
     follow_up: tuple[str, ...] = ()
+    page_start: int | None = None
+    page_end: int | None = None
+    heading_path: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, kept: Mapping[str, Any]) -> ShownFinding:
@@ -63,6 +110,10 @@ class ShownFinding:
             summary=kept.get("summary") or "",
             findings=tuple(kept.get("findings") or ()),
             follow_up=tuple(kept.get("follow_up") or ()),
+            # findings collected before documents had pages have no such keys
+            page_start=kept.get("page_start"),
+            page_end=kept.get("page_end"),
+            heading_path=tuple(kept.get("heading_path") or ()),
         )
 
 

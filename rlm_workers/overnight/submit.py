@@ -23,6 +23,7 @@ from ..config import Settings, get_settings
 from ..errors import IdempotencyKeyReused, InvalidInput
 from ..limits import MAX_RUN_AT_AHEAD_DAYS, MAX_RUN_AT_BEHIND_DAYS
 from ..models import JobStatus
+from ..provenance import cite
 from ..search.service import validate_query
 from ..store import jobs as job_store
 from ..store import overnight as store
@@ -359,7 +360,15 @@ def iter_csv(conn: psycopg.Connection, overnight_batch_id: str) -> Iterable[str]
     for item in store.iter_items(conn, overnight_batch_id=overnight_batch_id):
         result = item.result or {}
         sources = "; ".join(
-            f"{s.get('buffer')}:{s.get('path')}:{s.get('start_line')}-{s.get('end_line')}"
+            cite(
+                f"{s.get('buffer')}:{s.get('path')}",
+                s.get("start_line") or 0,
+                s.get("end_line") or 0,
+                # a result stored before documents had pages has no such keys: cited by lines, as then
+                s.get("page_start"),
+                s.get("page_end"),
+                s.get("heading_path"),
+            )
             for s in result.get("sources") or []
         )
         error = (item.error or {}).get("message", "") if item.error else ""

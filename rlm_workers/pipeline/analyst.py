@@ -39,7 +39,7 @@ from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
 from .flow import Heartbeat
-from .prompts import content_block, escape_content, load_prompt, quote_field, source_line, system_message
+from .prompts import chunk_source_line, content_block, escape_content, load_prompt, quote_field, system_message
 from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from .replies import clip, json_candidates, leading_objects
 
@@ -60,7 +60,7 @@ CARRIED_MARK = "\n\n(carried evidence: cited by an earlier answer in this conver
 
 def _chunk_blocks(chunks: Sequence[ChunkForPrompt], carried: Collection[int] = ()) -> str:
     return "## Chunks\n\n" + "\n\n".join(
-        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
+        f"### Chunk {c.chunk_id}\n\n{chunk_source_line(c)}\n\n"
         f"{content_block(c.text)}" + (CARRIED_MARK if c.chunk_id in carried else "")
         for c in chunks
     )
@@ -414,9 +414,7 @@ def prompt_chunks(conn: Any, *, tenant: str, ids: Sequence[int], counting: bool)
         rows = {cid: cc.row for cid, cc in counted.items()}
     else:
         rows = get_chunks(conn, tenant=tenant, chunk_ids=ids)
-    chunks = [
-        ChunkForPrompt(c.id, c.buffer, c.path, c.start_line, c.end_line, c.text) for cid in ids if (c := rows.get(cid))
-    ]
+    chunks = [ChunkForPrompt.of(c) for cid in ids if (c := rows.get(cid))]
     return [_owned(c, counted[c.chunk_id]) for c in chunks] if counting else chunks
 
 

@@ -29,7 +29,7 @@ from ..store.db import durable_write
 from ..tokens import CHARS_PER_TOKEN, estimate_tokens
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
-from .prompts import content_block, escape_content, load_prompt, source_line, system_message
+from .prompts import chunk_source_line, content_block, escape_content, load_prompt, system_message
 from .records import RECORDS_INSTRUCTION
 from .replies import cited_chunk_ids
 from .report import store_report
@@ -39,10 +39,7 @@ CUT_MARKER = "[…cut to fit the context]"
 
 
 def _block(c: ChunkForPrompt) -> str:
-    return (
-        f"### Chunk {c.chunk_id}\n\n{source_line(c.buffer, c.path, c.start_line, c.end_line)}\n\n"
-        f"{content_block(c.text)}"
-    )
+    return f"### Chunk {c.chunk_id}\n\n{chunk_source_line(c)}\n\n{content_block(c.text)}"
 
 
 def _cut(c: ChunkForPrompt, budget_tokens: int) -> ChunkForPrompt:
@@ -115,9 +112,7 @@ def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:
     inline = set(cited_chunk_ids(text, shown))
     extra = [cid for cid in dict.fromkeys(parsed.cited_chunks) if cid in shown and cid not in inline]
     if extra:
-        text += "\n\nSources: " + ", ".join(
-            f"[chunk {cid}, {shown[cid].path}:{shown[cid].start_line}-{shown[cid].end_line}]" for cid in extra
-        )
+        text += "\n\nSources: " + ", ".join(f"[chunk {cid}, {shown[cid].place()}]" for cid in extra)
     return text
 
 
@@ -140,13 +135,7 @@ def run(ctx: StageContext) -> str:
         rows = get_chunks(conn, tenant=job.tenant, chunk_ids=batch.chunk_ids)
         if missing := [cid for cid in batch.chunk_ids if cid not in rows]:
             job_store.add_chunk_load_failures(conn, job_id=job.id, n=len(missing))
-        chunks = [
-            ChunkForPrompt(
-                chunk_id=c.id, buffer=c.buffer, path=c.path, start_line=c.start_line, end_line=c.end_line, text=c.text
-            )
-            for cid in batch.chunk_ids
-            if (c := rows.get(cid))
-        ]
+        chunks = [ChunkForPrompt.of(c) for cid in batch.chunk_ids if (c := rows.get(cid))]
         chunks = fit_chunks(chunks, direct_budget(settings))
 
         asked = DirectInput(job.query, tuple(chunks))
@@ -207,6 +196,9 @@ def _cited(chunk, shown: str) -> dict:
         "path": chunk.path,
         "start_line": chunk.start_line,
         "end_line": chunk.end_line,
+        "page_start": chunk.page_start,
+        "page_end": chunk.page_end,
+        "heading_path": list(chunk.heading_path),
         "relevance": "high",
         "findings": [text[:SNIPPET_CHARS]],
         "summary": "cited by the answer",

@@ -36,9 +36,14 @@ class ChunkRef:
     path: str
     start_line: int
     end_line: int
+    #: a converted document's pages and section (provenance.cite); None / () for plain text and code
+    page_start: int | None = None
+    page_end: int | None = None
+    heading_path: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+# keyword-only: its own fields follow ChunkRef's defaulted provenance fields
+@dataclass(frozen=True, kw_only=True)
 class CollectedFinding(ChunkRef):
     """A kept finding, stamped with where its chunk lives."""
 
@@ -114,6 +119,9 @@ def collected_of(conn: psycopg.Connection, job: JobRow, default_threshold: str) 
                 path=c.path,
                 start_line=c.start_line,
                 end_line=c.end_line,
+                page_start=c.page_start,
+                page_end=c.page_end,
+                heading_path=c.heading_path,
             ),
         )
         for _, f in found

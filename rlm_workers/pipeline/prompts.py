@@ -18,7 +18,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from ..llm.stage_input import ShownFinding
+from ..llm.stage_input import ChunkForPrompt, ShownFinding
+from ..provenance import page_span, section_of
 
 PROMPT_NAMES = ("primary", "subcall", "synthesizer", "check", "direct", "rewrite", "shared")
 #: a prompt file larger than this is a mistake, not a prompt
@@ -98,10 +99,30 @@ def quote_field(text: str) -> str:
     return escape_content(quoted)
 
 
-def source_line(buffer: str, path: str, start_line: int, end_line: int) -> str:
+def source_line(
+    buffer: str,
+    path: str,
+    start_line: int,
+    end_line: int,
+    page_start: int | None = None,
+    page_end: int | None = None,
+    heading_path: Sequence[str] | None = None,
+) -> str:
     """Where a chunk comes from, for a prompt: ``source: "<buffer>:<path>":<start>-<end>``
-    (docs/contract.md#analyst-message)."""
-    return f"source: {quote_field(f'{buffer}:{path}')}:{int(start_line)}-{int(end_line)}"
+    (docs/contract.md#analyst-message), then a document's pages and section, so the model can cite them:
+    ``source: "docs:spec.pdf":40-52 p. 4–5 § "2.1 Transport"``.  The heading is the document's own words,
+    untrusted like the path: quoted the same way."""
+    line = f"source: {quote_field(f'{buffer}:{path}')}:{int(start_line)}-{int(end_line)}"
+    if pages := page_span(page_start, page_end):
+        line += f" {pages}"
+    if section := section_of(heading_path):
+        line += f" § {quote_field(section)}"
+    return line
+
+
+def chunk_source_line(c: ChunkForPrompt | ShownFinding) -> str:
+    """``source_line`` of a chunk or finding record, its pages and section included."""
+    return source_line(c.buffer, c.path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)
 
 
 def finding_block(f: ShownFinding) -> str:
@@ -117,10 +138,7 @@ def finding_block(f: ShownFinding) -> str:
 
 
 def _chunk_finding_block(f: ShownFinding) -> str:
-    return (
-        f"### Chunk {f.chunk_id}\n\n{source_line(f.buffer, f.path, f.start_line, f.end_line)}"
-        f"\n\n{content_block(finding_block(f))}"
-    )
+    return f"### Chunk {f.chunk_id}\n\n{chunk_source_line(f)}\n\n{content_block(finding_block(f))}"
 
 
 def shown_findings(kept: Sequence[Mapping[str, Any]], max_chars: int) -> tuple[tuple[ShownFinding, ...], int]:

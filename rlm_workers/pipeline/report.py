@@ -22,6 +22,7 @@ from ..models import (
     Source,
     ToolCallRecord,
 )
+from ..provenance import fields
 from ..resources import provider
 from ..store import jobs as job_store
 from ..store.jobs import BatchRecord
@@ -50,6 +51,8 @@ def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
                 end_line=f["end_line"],
                 relevance=f["relevance"],
                 snippet=snippet[:SNIPPET_CHARS],
+                # findings collected before documents had pages have no such keys: plain text
+                **fields(f.get("page_start"), f.get("page_end"), f.get("heading_path")),
             )
         )
     return out

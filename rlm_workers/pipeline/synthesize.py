@@ -16,7 +16,7 @@ from ..errors import BudgetExhausted, ContextExceeded, LLMError
 from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.extractive import write_report
 from ..llm.protocol import CompletionRequest
-from ..llm.stage_input import FindingsInput
+from ..llm.stage_input import FindingsInput, ShownFinding
 from ..llm.structured import FinalAnswer, parse_action, stray_action
 from ..local_servers import database_url
 from ..sessions import conversation_section
@@ -355,7 +355,7 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
             for f in kept:
                 row = {
                     "chunk_id": f["chunk_id"],
-                    "source": f"{f['buffer']}:{f['path']}:{f['start_line']}-{f['end_line']}",
+                    "source": ShownFinding.of(f).place(f"{f['buffer']}:{f['path']}"),
                     "relevance": f["relevance"],
                     "findings": f.get("findings") or [],
                     "summary": f.get("summary") or "",

@@ -19,6 +19,7 @@ from ..ingest.embed import get_query_encoder, model_id_for, resolve_runtime
 from ..ingest.windows import DEFAULT_WINDOWS, WindowSpec
 from ..limits import MAX_QUERY_BYTES
 from ..models import SearchHit, SearchMode, Threshold, TopK, check_storable_text
+from ..provenance import fields
 from ..search.tokenize import tokenize
 from ..store.buffers import BufferRow, get_chunks, require_buffers
 from . import bm25_cache
@@ -208,6 +209,7 @@ def search(
             score=round(r.score, 6),
             text=c.text,
             passage=_passage(settings, c.text, *cuts.get(c.buffer, (None, None)), r.window),
+            **fields(c.page_start, c.page_end, c.heading_path),
         )
         for r in ranked
         if (c := chunks.get(r.chunk_id)) is not None
