@@ -1,4 +1,4 @@
-"""The MCP server for coding agents (docs/contract.md#mcp): five tools over stdio or streamable HTTP.
+"""The MCP server for coding agents (docs/contract.md#mcp): seven tools over stdio or streamable HTTP.
 
 Over stdio the server acts for one tenant, the local user's (``--tenant`` / RLM_TENANT).  Over HTTP every
 request carries ``Authorization: Bearer <API key>``; the API's ``KeyFirst`` answers 401 before the SDK sees a request
@@ -47,6 +47,7 @@ from rlm_workers.models import BufferInfo, ChunkView, QueryResult, SearchHit, Se
 from rlm_workers.pipeline.report import status_line
 from rlm_workers.search.service import search as run_search
 from rlm_workers.search.service import validate_query, validate_search_params
+from rlm_workers.sections import read_outline, read_section
 from rlm_workers.store.buffers import list_buffers as stored_buffers
 from rlm_workers.store.buffers import require_buffers
 from rlm_workers.store.db import connect, connection, resolve_url
@@ -69,6 +70,10 @@ MAX_TOP_K = 100
 HIT_TEXT_CHARS = 1500
 #: most chunk ids one get_chunks call takes (the API's GET /v1/chunks bound)
 MAX_CHUNK_IDS = 200
+#: characters of one get_section result (then a cut marker): a long chapter, still a fraction of an agent's context
+SECTION_CHARS = 100_000
+#: headings of one get_outline result
+MAX_OUTLINE_HEADINGS = 2000
 #: the longest a query call waits before it returns the job id to poll
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 300.0
@@ -80,11 +85,14 @@ TENANT_KEY = "tenant"
 INSTRUCTIONS = (
     "rlm-pipeline answers questions over large text buffers. list_buffers names them; search finds passages "
     "without an LLM; query runs the whole pipeline and returns a markdown report whose citations look like "
-    "[chunk 12, path:10-58]; get_chunks shows the cited text; get_job follows a query that is still running."
+    "[chunk 12, path:10-58] or [chunk 12, spec.pdf p. 4 § Transport]; get_chunks shows the cited text; "
+    "get_outline lists a document's headings and get_section returns one section's text; get_job follows a "
+    "query that is still running."
 )
 
 BufferName = Annotated[str, Field(min_length=1, max_length=128)]
 Buffers = Annotated[list[BufferName], Field(min_length=1, max_length=MAX_BUFFERS)]
+DocPath = Annotated[str, Field(min_length=1, max_length=2000)]
 
 
 class BufferList(BaseModel):
@@ -117,6 +125,45 @@ class ChunkList(BaseModel):
     chunks: list[ChunkView]
     #: ids asked for that are not this tenant's chunks
     missing: list[int]
+
+
+class OutlineHeading(BaseModel):
+    level: int
+    title: str
+    #: what get_section takes to return this section ("A › B")
+    heading: str
+    heading_path: list[str]
+    page: int | None = None
+    #: lines of the document's converted text; a section's run to the next heading of its level or above
+    start_line: int
+    end_line: int
+
+
+class DocumentOutline(BaseModel):
+    buffer: str
+    path: str
+    format: str
+    headings: list[OutlineHeading]
+    #: why the list is empty, or that it was cut
+    message: str | None = None
+
+
+class DocumentSection(BaseModel):
+    buffer: str
+    path: str
+    heading: str
+    heading_path: list[str]
+    section: str
+    #: how a report cites it: "spec.pdf p. 4–5 § 2.1 Transport" or "guide.md:10-14 § Install"
+    cite: str
+    start_line: int
+    end_line: int
+    page_start: int | None = None
+    page_end: int | None = None
+    #: the section ran past SECTION_CHARS characters: the text ends with a cut marker
+    truncated: bool
+    text: str
+    message: str | None = None
 
 
 # --------------------------------------------------------------------------- tenant and errors
@@ -314,6 +361,57 @@ def _get_chunks(tenant: str, chunk_ids: list[int]) -> ChunkList:
     return ChunkList(chunks=found, missing=[i for i in dict.fromkeys(chunk_ids) if i not in have])
 
 
+def _get_outline(tenant: str, buffer: str, path: str) -> DocumentOutline:
+    with _pooled() as conn:
+        outline = read_outline(conn, tenant=tenant, buffer=buffer, path=path)
+    heads = outline.headings
+    if not heads:
+        message = f"{outline.path} has no headings; search or get_chunks read it"
+    elif len(heads) > MAX_OUTLINE_HEADINGS:
+        message = f"the first {MAX_OUTLINE_HEADINGS} of {len(heads)} headings"
+    else:
+        message = None
+    return DocumentOutline(
+        buffer=outline.buffer,
+        path=outline.path,
+        format=outline.format,
+        headings=[
+            OutlineHeading(
+                level=h.level,
+                title=h.title,
+                heading=h.joined,
+                heading_path=list(h.path),
+                page=h.page,
+                start_line=h.start_line,
+                end_line=h.end_line,
+            )
+            for h in heads[:MAX_OUTLINE_HEADINGS]
+        ],
+        message=message,
+    )
+
+
+def _get_section(tenant: str, buffer: str, path: str, heading: str) -> DocumentSection:
+    with _pooled() as conn:
+        s = read_section(conn, tenant=tenant, buffer=buffer, path=path, heading=heading, max_chars=SECTION_CHARS)
+    same = ", ".join(str(n) for n in s.same_path_at)
+    return DocumentSection(
+        buffer=s.buffer,
+        path=s.path,
+        heading=s.heading.joined,
+        heading_path=list(s.heading.path),
+        section=s.heading.title,
+        cite=s.cite,
+        start_line=s.start_line,
+        end_line=s.end_line,
+        page_start=s.page_start,
+        page_end=s.page_end,
+        truncated=s.truncated,
+        text=s.text,
+        message=f"other sections with this same heading path start at lines {same}" if same else None,
+    )
+
+
 async def _in_thread(fn, *args, stop: threading.Event | None = None):
     """Run blocking work off the event loop; a cancelled call abandons the thread after telling it to stop."""
     try:
@@ -413,6 +511,34 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
     ) -> ChunkList:
         """Whole chunks by id (what a citation [chunk 12, path:10-58] points at), in the order asked."""
         return await _in_thread(_get_chunks, tenant_of(ctx, local_tenant), chunk_ids)
+
+    @server.tool(annotations=read_only)
+    async def get_outline(
+        buffer: Annotated[BufferName, Field(description="The buffer holding the document.")],
+        path: Annotated[DocPath, Field(description="The document's path in the buffer (or its unique tail).")],
+        ctx: Context,
+    ) -> DocumentOutline:
+        """A document's headings (PDF, DOCX, Markdown, …): level, title, heading path, page and lines.  A file
+        without headings (plain text, code) says so."""
+        return await _in_thread(_get_outline, tenant_of(ctx, local_tenant), buffer, path)
+
+    @server.tool(annotations=read_only)
+    async def get_section(
+        buffer: Annotated[BufferName, Field(description="The buffer holding the document.")],
+        path: Annotated[DocPath, Field(description="The document's path in the buffer (or its unique tail).")],
+        heading: Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=2000,
+                description='The heading path, "Install › Linux" (or "Install > Linux"), or a title alone.',
+            ),
+        ],
+        ctx: Context,
+    ) -> DocumentSection:
+        """The text of one section, from its heading to the next heading of its level or above (subsections
+        included), with its citation; a heading several sections match gives their paths to choose from."""
+        return await _in_thread(_get_section, tenant_of(ctx, local_tenant), buffer, path, heading)
 
     return server
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.api import free_port
+from tests.support.mcp_client import stdio_run
 from tests.support.workers import ROOT, running_workers
 
 pytestmark = pytest.mark.slow
@@ -103,23 +104,6 @@ def http_server(env, keys, tmp_path_factory):
 # --------------------------------------------------------------------------- client helpers
 
 
-def _stdio_run(env: dict[str, str], script, *args: str):
-    """``script(session)`` against a stdio server the SDK's client spawns; returns what it returns."""
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "rlm_api.cli_mcp", *args], env={**os.environ, **env}, cwd=str(ROOT)
-    )
-
-    async def main():
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
-            return await script(session)
-
-    return anyio.run(main)
-
-
 def _http_run(url: str, key: str | None, script):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -182,8 +166,8 @@ def test_stdio_tools_answer_for_the_local_tenant(env, corpus, workers):
         ]
         return tools, buffers, hits, chunks, answer, job, bad
 
-    tools, buffers, hits, chunks, answer, job, bad = _stdio_run(env, script)
-    assert tools == {"list_buffers", "search", "query", "get_job", "get_chunks"}
+    tools, buffers, hits, chunks, answer, job, bad = stdio_run(env, script)
+    assert tools == {"list_buffers", "search", "query", "get_job", "get_chunks", "get_outline", "get_section"}
     # the local tenant's buffer only: acme's handbook is another tenant's
     assert [b["name"] for b in buffers["buffers"]] == ["docs"] and buffers["buffers"][0]["files"] == 3
     top = hits["results"][0]
@@ -225,7 +209,7 @@ def test_tool_calls_sent_together_after_initialize_all_answer(env, corpus, run):
             tg.start_soon(one, "get_job", {"job_id": "f" * 32})
         return results
 
-    results = _stdio_run(env, script)
+    results = stdio_run(env, script)
     assert [b["name"] for b in ok(results["list_buffers"])["buffers"]] == ["docs"]
     assert ok(results["search"])["results"][0]["buffer"] == "docs"
     assert "missing" in ok(results["get_chunks"])
@@ -246,7 +230,7 @@ def test_a_query_no_worker_can_run_is_refused_before_it_is_stored(env, conn, cor
     before = jobs()
     workers["man"].stop()
     try:
-        message = _stdio_run(env, script)
+        message = stdio_run(env, script)
     finally:
         workers["man"].start()
     assert message == "no worker serves rlm.analyst, so a query cannot run; start them with `rlm up` or `rlm worker`"

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES, MAX_TOOL_ARGS_SUMMARY_CHARS, MAX_TOOL_CALLS_PER_TURN
 from ..models import SearchMode, check_storable_text
+from ..provenance import cite
 from ..search.service import search
+from ..sections import read_outline, read_section
 from ..store.buffers import buffer_info, get_chunks, iter_chunk_texts, list_buffers, require_buffers
 
 MAX_CHUNKS_PER_CALL = 20
@@ -25,6 +27,10 @@ MAX_TEXT_CHARS = 4000
 MAX_GREP_RESULTS = 50
 #: stop grepping after this much text, so one call stays cheap on huge buffers
 MAX_GREP_SCAN_BYTES = 50 * 1024 * 1024
+#: a section's text in one get_section result: five chunks' worth, as get_chunks shows (then a cut marker)
+MAX_SECTION_CHARS = 5 * MAX_TEXT_CHARS
+#: headings in one get_outline result (a manual's outline can run to thousands)
+MAX_OUTLINE_HEADINGS = 200
 
 
 def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -70,6 +76,18 @@ TOOL_SPECS: list[dict[str, Any]] = [
             "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_GREP_RESULTS},
         },
         ["pattern"],
+    ),
+    _fn(
+        "get_outline",
+        "The headings of one document (PDF, DOCX, Markdown…): level, title, heading path, page and lines.",
+        {"buffer": {"type": "string"}, "path": {"type": "string"}},
+        ["path"],
+    ),
+    _fn(
+        "get_section",
+        'The text of one section of a document, subsections included; heading is its path ("A › B") or title.',
+        {"buffer": {"type": "string"}, "path": {"type": "string"}, "heading": {"type": "string"}},
+        ["path", "heading"],
     ),
     _fn("get_buffer", "Size, chunking and model of one buffer.", {"name": {"type": "string"}}, ["name"]),
     _fn("list_buffers", "All buffers you may read.", {}, []),
@@ -255,6 +273,7 @@ def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
                 "buffer": c.buffer,
                 "path": c.path,
                 "lines": f"{c.start_line}-{c.end_line}",
+                **_located(c),
                 "text": c.text[:MAX_TEXT_CHARS],
             }
             for c in (rows.get(i) for i in ids)
@@ -288,12 +307,20 @@ def _search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
                 "buffer": h.buffer,
                 "path": h.path,
                 "lines": f"{h.start_line}-{h.end_line}",
+                **_located(h),
                 "score": h.score,
                 "text": h.text[:600],
             }
             for h in hits
         ]
     }
+
+
+def _located(c: Any) -> dict[str, str]:
+    """A document's chunk also says its page and section, as a report cites it; plain text needs only lines."""
+    if c.page_start is None and not c.heading_path:
+        return {}
+    return {"cite": cite(c.path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)}
 
 
 def compile_regex(pattern: Any):
@@ -342,6 +369,64 @@ def _grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     return {"matches": matches, "truncated": truncated}
 
 
+def _document_buffer(ctx: ToolContext, args: dict[str, Any]) -> Any:
+    """The buffer a document tool reads: the one named, or the job's own when it reads just one."""
+    name = args.get("buffer")
+    if name is None:
+        if len(ctx.buffers) != 1:
+            raise ToolError(f"buffer is required: this job reads {len(ctx.buffers)} buffers ({', '.join(ctx.buffers)})")
+        return ctx.buffers[0]
+    return name  # checked, and looked up among the tenant's buffers only, by sections
+
+
+def _get_outline(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    outline = read_outline(ctx.conn, tenant=ctx.tenant, buffer=_document_buffer(ctx, args), path=args.get("path"))
+    out: dict[str, Any] = {"buffer": outline.buffer, "path": outline.path, "format": outline.format}
+    if not outline.headings:
+        out["headings"] = []
+        out["message"] = f"{outline.path} has no headings; read it with search or get_chunks"
+        return out
+    out["headings"] = [
+        {
+            "level": h.level,
+            "title": h.title,
+            "heading": h.joined,
+            "page": h.page,
+            "lines": f"{h.start_line}-{h.end_line}",
+        }
+        for h in outline.headings[:MAX_OUTLINE_HEADINGS]
+    ]
+    if len(outline.headings) > MAX_OUTLINE_HEADINGS:
+        out["truncated"] = f"first {MAX_OUTLINE_HEADINGS} of {len(outline.headings)} headings"
+    return out
+
+
+def _get_section(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    section = read_section(
+        ctx.conn,
+        tenant=ctx.tenant,
+        buffer=_document_buffer(ctx, args),
+        path=args.get("path"),
+        heading=args.get("heading"),
+        max_chars=MAX_SECTION_CHARS,
+    )
+    out: dict[str, Any] = {
+        "buffer": section.buffer,
+        "path": section.path,
+        "heading": section.heading.joined,
+        "cite": section.cite,
+        "lines": f"{section.start_line}-{section.end_line}",
+        "page_start": section.page_start,
+        "page_end": section.page_end,
+        "truncated": section.truncated,
+        "text": section.text,
+    }
+    if section.same_path_at:
+        lines = ", ".join(str(n) for n in section.same_path_at)
+        out["note"] = f"other sections with this same heading path start at lines {lines}"
+    return out
+
+
 def _get_buffer(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     name = args.get("name")
     if not isinstance(name, str):
@@ -372,6 +457,8 @@ _DISPATCH = {
     "get_chunks": _get_chunks,
     "search": _search,
     "grep_chunks": _grep,
+    "get_outline": _get_outline,
+    "get_section": _get_section,
     "get_buffer": _get_buffer,
     "list_buffers": _list_buffers,
     "storage_stats": _storage_stats,

@@ -67,6 +67,19 @@ function age(iso) {
   return Math.round(s / 86400) + " d";
 }
 
+// Where a chunk sits, as provenance.cite writes it (rlm_workers/provenance.py): "spec.pdf p. 4–5 § 2.1 Transport",
+// "guide.docx:10-14 § Install" or "src/x.py:10-14". Kept in step with it: tests/test_document_tools.py compares
+// what the page shows with what provenance.cite returns.
+function cite(c) {
+  let where = c.path + ":" + c.start_line + "-" + c.end_line;
+  if (c.page_start != null) {
+    const end = c.page_end == null || c.page_end === c.page_start ? "" : "\u2013" + c.page_end;
+    where = c.path + " p. " + c.page_start + end;
+  }
+  const path = c.heading_path || [];
+  return path.length ? where + " \u00a7 " + path[path.length - 1] : where;
+}
+
 function cost(usd) { return usd == null ? "—" : "$" + Number(usd).toFixed(4); }
 function tokens(u) { return (u.tokens_in + u.tokens_out).toLocaleString(); }
 function statusBadge(status) { return el("span", { class: "status " + status, text: status }); }
@@ -227,6 +240,13 @@ function jobPage() {
     }));
     show("children-card", v.children.length > 0);
     $("children").replaceChildren(...tree(v.children));
+    const sources = v.result ? v.result.sources : [];
+    show("sources-card", sources.length > 0);
+    $("sources").replaceChildren(...sources.map((src) => el("li", { "data-chunk": String(src.chunk_id) },
+      el("a", { class: "cite", href: "#chunk-" + src.chunk_id, "data-chunk": String(src.chunk_id),
+        text: "[chunk " + src.chunk_id + ", " + cite(src) + "]" }),
+      el("span", { class: "muted", text: " " + src.relevance + " · " + src.buffer }),
+      src.snippet ? el("div", { class: "snippet", text: src.snippet }) : "")));
     $("calls").tBodies[0].replaceChildren(...v.calls.map((c) => el("tr", {},
       el("td", { text: c.model }), el("td", { text: c.stage }), el("td", { text: c.batch == null ? "" : String(c.batch) }),
       el("td", { text: String(c.tokens_in) }), el("td", { text: String(c.tokens_out) }),
@@ -254,7 +274,7 @@ function jobPage() {
     setText("chunk-text", "");
     try {
       const c = await api("/v1/chunks/" + encodeURIComponent(id));
-      setText("chunk-title", "chunk " + c.chunk_id + " · " + c.buffer + " · " + c.path + ":" + c.start_line + "-" + c.end_line);
+      setText("chunk-title", "chunk " + c.chunk_id + " · " + c.buffer + " · " + cite(c));
       setText("chunk-text", c.text);
     } catch (e) {
       if (!(e instanceof Unauthorized)) setText("chunk-title", "chunk " + id + ": " + e.message);
@@ -266,6 +286,13 @@ function jobPage() {
     if (!a) return;
     ev.preventDefault();
     openChunk(a.dataset.chunk);
+  });
+  $("sources").addEventListener("click", (ev) => {
+    const a = ev.target.closest("a.cite");
+    if (!a) return;
+    ev.preventDefault();
+    openChunk(a.dataset.chunk);
+    $("chunk").scrollIntoView({ block: "nearest" });
   });
   $("chunk-close").addEventListener("click", () => show("chunk", false));
   $("cancel").addEventListener("click", async () => {
