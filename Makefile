@@ -72,6 +72,7 @@ bench: install
 	$(PY) bench/search.py
 	$(PY) bench/ingest.py
 	$(PY) bench/chunk.py
+	$(PY) bench/documents.py --load 8
 	$(PY) bench/overhead.py
 	$(PY) bench/modes.py
 	$(PY) bench/batch.py
