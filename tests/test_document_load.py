@@ -165,3 +165,17 @@ def test_the_upload_path_stores_the_same_provenance(conn, loaded, rlm_env):
         "SELECT outline FROM files WHERE buffer_id = %s AND path = 'up/developers-reference.pdf'", (ub.id,)
     ).fetchone()[0]
     assert outline and {"level", "title", "path", "start_line", "end_line", "page"} <= set(outline[0])
+
+
+def test_a_load_of_only_unconvertible_documents_names_them_and_changes_nothing(conn, embedder, tmp_path):
+    from rlm_workers.errors import InvalidInput
+
+    for name in SKIPPED:
+        shutil.copy(DATA / name, tmp_path / name)
+    with pytest.raises(InvalidInput) as err:
+        load_paths(conn, buffer="unreadable", paths=sorted(tmp_path.iterdir()), embedder=embedder)
+    conn.rollback()
+    message = str(err.value)
+    assert "3 files skipped (2 encrypted: officer-template-encrypted.docx, pypdf-r4-aes-user-password.pdf" in message
+    assert "1 no-text-layer: pypdf-imagemagick-lzw.pdf)" in message and "\n" not in message
+    assert store.get_buffer(conn, tenant="local", name="unreadable") is None

@@ -75,6 +75,14 @@ class LoadReport:
         self.cut[reason] = self.cut.get(reason, 0) + 1
         self._name(reason, path)
 
+    def _names(self, reason: str, shown: int = 3) -> str:
+        """``": a.pdf, b.pdf"`` for a reason whose files are named (the first few), else nothing."""
+        names = self.named.get(reason) or []
+        if not names:
+            return ""
+        more = len(names) - shown
+        return ": " + ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
     def _name(self, reason: str, path: str) -> None:
         names = self.named.setdefault(reason, [])
         if len(names) < MAX_NAMED:
@@ -97,7 +105,7 @@ class LoadReport:
         skipped = sum(self.skipped.values())
         if not skipped:
             return f"nothing to load: no files found; buffer {buffer!r} was not changed"
-        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
+        why = ", ".join(f"{n} {reason}{self._names(reason)}" for reason, n in sorted(self.skipped.items()))
         return (
             f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text and "
             f"documents (PDF, DOCX, PPTX, XLSX, HTML, EPUB) are loaded; buffer {buffer!r} was not changed"
