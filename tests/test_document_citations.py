@@ -185,7 +185,7 @@ def client(env, conn, docs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workers(env, docs, tmp_path_factory):
-    pools = {"docctl": ("rlm.control", 2), "docan": ("rlm.analyst", 2)}
+    pools = {"docctl": ("rlm.control", 2), "docan": ("rlm.analyst", 2), "docing": ("rlm.ingest", 1)}
     with running_workers(env, tmp_path_factory.mktemp("doc-workers"), pools) as ws:
         yield ws
 
@@ -273,3 +273,27 @@ def test_api_job_sources_carry_page_and_section(client, workers):
     assert sources and all(set(PROVENANCE) <= set(s) for s in sources)
     pdf = [s for s in sources if s["path"] == f"docs/{PDF}"]
     assert any(s["page_start"] <= PDF_PAGE <= s["page_end"] and s["section"] == PDF_SECTION for s in pdf), sources
+
+
+def test_an_api_upload_of_documents_loads_them_and_names_what_it_skipped(client, workers):
+    """A multipart upload this large is queued for the ingest workers, which convert it there."""
+    files = [
+        ("files", (PDF, (DOCUMENTS / PDF).read_bytes())),
+        ("files", ("officer-example.docx", (DOCUMENTS / "officer-example.docx").read_bytes())),
+        ("files", ("broken.pdf", b"%PDF-1.7\n" + b"\x00garbage" * 50)),
+    ]
+    r = client.post("/v1/buffers", data={"name": "uploaded-docs"}, files=files)
+    assert r.status_code in (201, 202), r.text
+    body = r.json()
+    if r.status_code == 202:
+        deadline = time.monotonic() + 240
+        while (view := client.get(body["status_url"]).json())["status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline, (view, workers["docing"].tail())
+            time.sleep(0.5)
+        assert view["status"] == "done", view
+        body = view["report"]
+    assert body["files_loaded"] == 2 and body["skipped"] == {"corrupt": 1}, body
+    assert body["named"] == {"corrupt": ["broken.pdf"]} and body["cut"] == {}
+    hits = client.post("/v1/search", json={"query": PDF_QUESTION, "buffer": "uploaded-docs", "top_k": 5}).json()
+    hit = next(h for h in hits["results"] if h["path"] == PDF)
+    assert hit["page_start"] is not None and hit["heading_path"], hit
