@@ -15,7 +15,7 @@ import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import JobStatus, QueryResult
-from rlm_workers.provenance import cite
+from rlm_workers.provenance import cite_of
 
 from .cli_output import print_json, print_result
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix
@@ -221,7 +221,6 @@ def chunk_show(
     if fmt == Fmt.json:
         typer.echo(c.model_dump_json())
         return
-    where = cite(c.path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)
-    typer.echo(f"{c.buffer} {where}  (chunk {c.chunk_id})")
+    typer.echo(f"{c.buffer} {cite_of(c)}  (chunk {c.chunk_id})")
     typer.echo("")
     typer.echo(c.text.rstrip("\n"))

@@ -11,7 +11,7 @@ import typer
 
 from rlm_workers.errors import NoChunks
 from rlm_workers.models import SearchMode
-from rlm_workers.provenance import cite
+from rlm_workers.provenance import cite_of
 
 from .cli_output import print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
@@ -59,8 +59,7 @@ def search(
     if not hits:
         raise NoChunks("no chunks matched the query", mode_flag="--mode")
     for i, h in enumerate(hits, 1):
-        where = cite(h.path, h.start_line, h.end_line, h.page_start, h.page_end, h.heading_path)
-        typer.echo(f"{i:>3}. {h.score:.4f}  {h.buffer}:{where}  (chunk {h.chunk_id})")
+        typer.echo(f"{i:>3}. {h.score:.4f}  {h.buffer}:{cite_of(h)}  (chunk {h.chunk_id})")
         # the lines where the query's words are, numbered; when they hold only a stray word of it (a
         # paraphrased question), the sentences the semantic arm matched; failing both, the chunk's first lines
         pv = matched_lines(h.text, query, start_line=h.start_line)

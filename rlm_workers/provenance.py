@@ -43,6 +43,13 @@ def cite(
     return f"{where} § {section}" if section else where
 
 
+def cite_of(c: Any, path: str | None = None) -> str:
+    """``cite`` of anything that carries a chunk's place (``path``, lines, pages, ``heading_path``): a stored chunk,
+    a hit, a prompt record; ``path`` overrides the path when the caller shows it otherwise (quoted, with its
+    buffer)."""
+    return cite(c.path if path is None else path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)
+
+
 def fields(page_start: int | None, page_end: int | None, heading_path: Sequence[str] | None) -> dict[str, Any]:
     """The provenance fields every JSON chunk, hit and source carries."""
     path = list(heading_path or [])

@@ -133,7 +133,7 @@ def cited_sources(result: dict[str, Any] | None) -> list[dict[str, Any]]:
     return out
 
 
-def cited_place(c: dict[str, Any], path: str) -> str:
+def _cited_place(c: dict[str, Any], path: str) -> str:
     """Where a cited source lies, ``path`` as the caller shows it: ``a.md:3-9`` or ``spec.pdf p. 4 § Intro``
     (a history stored before documents had pages has no page keys: cited by lines, as then)."""
     return cite(path, c["start_line"], c["end_line"], c.get("page_start"), c.get("page_end"), c.get("heading_path"))
@@ -220,7 +220,7 @@ def conversation_section(spec: dict[str, Any] | None) -> str:
             lines.append(f"Turn {int(e['turn'])} answer: (none: the job ended {e.get('status')})")
         if e.get("cited"):
             cites = ", ".join(
-                f"[chunk {int(c['chunk_id'])}, {cited_place(c, quote_field(c['path']))}]" for c in e["cited"]
+                f"[chunk {int(c['chunk_id'])}, {_cited_place(c, quote_field(c['path']))}]" for c in e["cited"]
             )
             lines.append(f"Turn {int(e['turn'])} cited: {cites}")
     carried = ", ".join(str(c) for c in evidence_ids(ctx))

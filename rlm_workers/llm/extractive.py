@@ -49,7 +49,7 @@ from ..pipeline.records import (
     stem_terms,
 )
 from ..pipeline.replies import cited_chunk_ids
-from ..provenance import page_span
+from ..provenance import cite_of, page_span
 from ..search.tokenize import tokenize
 from . import line_rank
 from .protocol import Completion, CompletionRequest
@@ -100,7 +100,7 @@ def _md_text(text: str) -> str:
 
 def _shown_source(chunk: ChunkForPrompt | ShownFinding) -> str:
     """``buffer:path:12-30``, or ``buffer:spec.pdf p. 4–5 § Transport`` for a document (``provenance.cite``)."""
-    return _md_text(chunk.place(_location(chunk)))
+    return _md_text(cite_of(chunk, _location(chunk)))
 
 
 def _quote_place(chunk: ChunkForPrompt, line: int) -> str:

@@ -14,34 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..provenance import cite
-
-
-class Placed:
-    """What a chunk or a finding record has to say where its chunk lies."""
-
-    path: str
-    start_line: int
-    end_line: int
-    page_start: int | None
-    page_end: int | None
-    heading_path: tuple[str, ...]
-
-    def place(self, path: str | None = None) -> str:
-        """Where the chunk lies, as a report cites it (``provenance.cite``): ``a.py:3-9``, ``spec.pdf p. 4 § Intro``;
-        ``path``: the path as the caller shows it (quoted, prefixed with the buffer), when not as it is."""
-        return cite(
-            self.path if path is None else path,
-            self.start_line,
-            self.end_line,
-            self.page_start,
-            self.page_end,
-            self.heading_path,
-        )
-
 
 @dataclass(frozen=True)
-class ChunkForPrompt(Placed):
+class ChunkForPrompt:
     """A chunk as a prompt shows it: its id, where it comes from and its text."""
 
     chunk_id: int
@@ -81,7 +56,7 @@ class Question:
 
 
 @dataclass(frozen=True)
-class ShownFinding(Placed):
+class ShownFinding:
     """A collected finding as the synthesizer and the completeness check are shown it."""
 
     chunk_id: int

@@ -22,6 +22,7 @@ from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, DirectInput
 from ..llm.structured import answer_schema, parse_answer
+from ..provenance import cite_of
 from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
@@ -112,7 +113,7 @@ def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:
     inline = set(cited_chunk_ids(text, shown))
     extra = [cid for cid in dict.fromkeys(parsed.cited_chunks) if cid in shown and cid not in inline]
     if extra:
-        text += "\n\nSources: " + ", ".join(f"[chunk {cid}, {shown[cid].place()}]" for cid in extra)
+        text += "\n\nSources: " + ", ".join(f"[chunk {cid}, {cite_of(shown[cid])}]" for cid in extra)
     return text
 
 

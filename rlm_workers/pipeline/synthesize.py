@@ -19,6 +19,7 @@ from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import FindingsInput, ShownFinding
 from ..llm.structured import FinalAnswer, parse_action, stray_action
 from ..local_servers import database_url
+from ..provenance import cite_of
 from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.db import durable_write
@@ -355,7 +356,7 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
             for f in kept:
                 row = {
                     "chunk_id": f["chunk_id"],
-                    "source": ShownFinding.of(f).place(f"{f['buffer']}:{f['path']}"),
+                    "source": cite_of(ShownFinding.of(f), f"{f['buffer']}:{f['path']}"),
                     "relevance": f["relevance"],
                     "findings": f.get("findings") or [],
                     "summary": f.get("summary") or "",

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES, MAX_TOOL_ARGS_SUMMARY_CHARS, MAX_TOOL_CALLS_PER_TURN
 from ..models import SearchMode, check_storable_text
-from ..provenance import cite
+from ..provenance import cite_of
 from ..search.service import search
 from ..sections import read_outline, read_section
 from ..store.buffers import buffer_info, get_chunks, iter_chunk_texts, list_buffers, require_buffers
@@ -320,7 +320,7 @@ def _located(c: Any) -> dict[str, str]:
     """A document's chunk also says its page and section, as a report cites it; plain text needs only lines."""
     if c.page_start is None and not c.heading_path:
         return {}
-    return {"cite": cite(c.path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)}
+    return {"cite": cite_of(c)}
 
 
 def compile_regex(pattern: Any):
