@@ -47,7 +47,7 @@ def corpus() -> list[Path]:
     for path in sorted(DATA.iterdir()):
         if path.name == "README.md" or not path.is_file():
             continue
-        doc, _reason, _ = read_document(path, path.name, path.stat().st_size)
+        doc, _reason, _ = read_document(path, path.name)
         if doc is not None:
             out.append(path)
     return out
@@ -55,10 +55,9 @@ def corpus() -> list[Path]:
 
 def timed(path: Path, seconds: float) -> tuple[float, int, str, int]:
     """(seconds per conversion, repeats, format, characters out) over about ``seconds`` of converting."""
-    size = path.stat().st_size
     n, t0 = 0, time.perf_counter()
     while True:
-        doc, _, _ = read_document(path, path.name, size)
+        doc, _, _ = read_document(path, path.name)
         n += 1
         elapsed = time.perf_counter() - t0
         if elapsed >= seconds:
@@ -134,7 +133,7 @@ def load_folder(files: list[Path], copies: int) -> list[str]:
         size = sum(p.stat().st_size for p in folder.iterdir())
         t0 = time.perf_counter()
         for p in sorted(folder.iterdir()):
-            read_document(p, p.name, p.stat().st_size)
+            read_document(p, p.name)
         convert_s = time.perf_counter() - t0
         env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
         cmd = [sys.executable, "-m", "rlm_api.cli", "load", str(folder), "-b", "pdfs", "--format", "json"]

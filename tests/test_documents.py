@@ -23,7 +23,7 @@ VOTING = "Voting is conducted via OpenPGP-signed/encrypted email messages."
 
 
 def read(path: Path, rel: str | None = None) -> tuple[Document | None, str | None, str]:
-    return read_document(path, rel or path.name, path.stat().st_size)
+    return read_document(path, rel or path.name)
 
 
 def convert(path: Path, rel: str | None = None) -> Document:
@@ -496,7 +496,7 @@ def test_text_and_code_go_the_plain_path(tmp_path: Path, name: str, data: str):
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data.encode())
-    doc, reason, digest = read_document(path, name, path.stat().st_size)
+    doc, reason, digest = read_document(path, name)
     assert reason is None and doc is not None
     expected = decode_text(data.encode())[0]
     assert (doc.format, doc.text, doc.headings, doc.pages, doc.cuts) == ("text", expected, [], [], [])
@@ -518,7 +518,7 @@ def test_plain_skip_reasons_stay(tmp_path: Path, name: str, data: bytes, reason:
 
 
 def test_unreadable(tmp_path: Path):
-    assert read_document(tmp_path / "gone.pdf", "gone.pdf", 10) == (None, "unreadable", "")
+    assert read_document(tmp_path / "gone.pdf", "gone.pdf") == (None, "unreadable", "")
 
 
 def test_markdown_headings_on_their_own():

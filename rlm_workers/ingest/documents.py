@@ -84,12 +84,9 @@ class _Skip(Exception):
         self.reason = reason
 
 
-def read_document(path: Path, rel_path: str, size: int) -> tuple[Document | None, str | None, str]:
-    """``(document, None, sha256 of the raw bytes)`` or ``(None, skip_reason, sha256 or "")``.
-
-    ``size`` is what discovery saw; the bytes read decide, so a file that grew in between is still read whole
-    (``RLM_MAX_FILE_BYTES`` was checked on the size discovery saw).
-    """
+def read_document(path: Path, rel_path: str) -> tuple[Document | None, str | None, str]:
+    """``(document, None, sha256 of the raw bytes)`` or ``(None, skip_reason, sha256 or "")``.  The bytes read
+    decide, so a file that grew after discovery checked ``RLM_MAX_FILE_BYTES`` is still read whole."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()

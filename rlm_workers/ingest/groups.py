@@ -37,10 +37,10 @@ from .failures import final_error, gave_up, internal_error
 from .files import discover, under
 from .loader import (
     ENCODE_GROUP_BATCHES,
-    MAX_NAMED,
     LoadReport,
     chunk_fields,
     encode_queued,
+    read_counted,
     same_cut,
 )
 from .staging import write_files
@@ -201,7 +201,7 @@ def _stage(
         encode_at = batch * ENCODE_GROUP_BATCHES
         try:
             for cand in candidates:
-                doc, keep_old, digest = report.read(cand)
+                doc, keep_old, digest = read_counted(cand, report)
                 old = existing.get(cand.rel_path)
                 if doc is None:
                     if keep_old and old is not None:  # staged as unchanged: the commit keeps the buffer's copy
@@ -353,18 +353,7 @@ def _commit(conn: psycopg.Connection, up: store.UploadRow) -> dict[str, Any]:
     model_id, dim, windows_label, runtime = next(iter(models))
     merged = LoadReport(buffer=up.buffer)
     for p in parts:
-        for key in ("files_seen", "files_loaded", "files_unchanged", "chunks_written", "windows_embedded"):
-            setattr(merged, key, getattr(merged, key) + int(p.get(key, 0)))
-        merged.bytes_loaded += int(p.get("bytes_loaded", 0))
-        merged.too_large += list(p.get("too_large", []))
-        for reason, n in (p.get("skipped") or {}).items():
-            merged.skip(reason, int(n))
-        for reason, n in (p.get("cut") or {}).items():
-            merged.cut[reason] = merged.cut.get(reason, 0) + int(n)
-        for reason, names in (p.get("named") or {}).items():
-            kept = merged.named.setdefault(reason, [])
-            kept += list(names)[: max(0, MAX_NAMED - len(kept))]
-        merged.seconds = max(merged.seconds, float(p.get("seconds", 0.0)))
+        merged.merge(p)
     staged = store.staged_file_list(conn, upload_id=up.id)
     if not staged:
         raise InvalidInput(merged.nothing_to_load(up.buffer))

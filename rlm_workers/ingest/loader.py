@@ -88,17 +88,20 @@ class LoadReport:
         if len(names) < MAX_NAMED:
             names.append(path)
 
-    def read(self, cand: Any) -> tuple[Document | None, bool, str]:
-        """The candidate converted (its skip or cuts counted here), whether a skipped file is a document that
-        keeps its earlier version (it did not convert this time: bad input loses nothing already stored), and
-        the sha256 of its bytes."""
-        doc, reason, digest = read_document(cand.abs_path, cand.rel_path, cand.size)
-        if doc is None:
-            self.skip(reason or "unreadable", path=cand.rel_path)
-            return None, reason in NAMED_SKIPS, digest
-        for cut in doc.cuts:
-            self.cut_short(cut, cand.rel_path)
-        return doc, False, digest
+    def merge(self, part: dict[str, Any]) -> None:
+        """Add one ingest group's report (a LoadReport as the group stored it) to this one."""
+        for key in ("files_seen", "files_loaded", "files_unchanged", "chunks_written", "windows_embedded"):
+            setattr(self, key, getattr(self, key) + int(part.get(key, 0)))
+        self.bytes_loaded += int(part.get("bytes_loaded", 0))
+        self.too_large += list(part.get("too_large", []))
+        for reason, n in (part.get("skipped") or {}).items():
+            self.skip(reason, int(n))
+        for reason, n in (part.get("cut") or {}).items():
+            self.cut[reason] = self.cut.get(reason, 0) + int(n)
+        for reason, names in (part.get("named") or {}).items():
+            for path in names:
+                self._name(reason, path)
+        self.seconds = max(self.seconds, float(part.get("seconds", 0.0)))
 
     def nothing_to_load(self, buffer: str) -> str:
         """Why a load that found nothing to write changes nothing, as the one-line error says it."""
@@ -128,6 +131,19 @@ class Progress:
     def file_done(self, path: str) -> None: ...
     def windows_added(self, n: int) -> None: ...
     def windows_embedded(self, n: int) -> None: ...
+
+
+def read_counted(cand: Any, report: LoadReport) -> tuple[Document | None, bool, str]:
+    """The candidate converted (its skip or cuts counted in ``report``), whether a skipped file is a document that
+    keeps its earlier version (it did not convert this time: bad input loses nothing already stored), and the
+    sha256 of its bytes."""
+    doc, reason, digest = read_document(cand.abs_path, cand.rel_path)
+    if doc is None:
+        report.skip(reason or "unreadable", path=cand.rel_path)
+        return None, reason in NAMED_SKIPS, digest
+    for cut in doc.cuts:
+        report.cut_short(cut, cand.rel_path)
+    return doc, False, digest
 
 
 def _roots(paths: Sequence[Path]) -> list[tuple[str, bool]]:
@@ -191,7 +207,7 @@ def load_paths(
         group = embed_batch_size * ENCODE_GROUP_BATCHES
         try:
             for cand in candidates:
-                doc, keep_old, digest = report.read(cand)
+                doc, keep_old, digest = read_counted(cand, report)
                 if doc is None:
                     if keep_old and cand.rel_path in existing:
                         seen.add(cand.rel_path)
