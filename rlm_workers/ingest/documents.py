@@ -222,6 +222,11 @@ class _Builder:
             self._write(text + "\n")
             self.has_text = True
 
+    def row(self, cells: list[str]) -> None:
+        """A table row as one line of ``|``-joined cells; an empty row is left out."""
+        if any(cells):
+            self.line(" | ".join(cells))
+
     def done(self) -> bool:
         """Whether conversion must stop here (checked between pages and elements), recording why."""
         if self.size >= MAX_DOCUMENT_CHARS:
@@ -461,15 +466,15 @@ def _docx_table(out: _Builder, table: Any) -> None:
     out.gap()
     for row in table.rows:
         cells: list[str] = []
-        last = None
+        spanned = 0
         for cell in row.cells:
             # A merged cell is returned once per grid column it spans; it is one cell of text.
-            if last is not None and cell._tc is last:
+            if spanned:
+                spanned -= 1
                 continue
-            last = cell._tc
             cells.append(one_line(cell.text))
-        if any(cells):
-            out.line(" | ".join(cells))
+            spanned = max(cell.grid_span, 1) - 1
+        out.row(cells)
 
 
 # --- PPTX ----------------------------------------------------------------------------------------------------
@@ -521,9 +526,7 @@ def _pptx_shape(out: _Builder, shape: Any) -> None:
     if getattr(shape, "has_table", False) and shape.has_table:
         out.gap()
         for row in shape.table.rows:
-            cells = [one_line(cell.text) for cell in row.cells]
-            if any(cells):
-                out.line(" | ".join(cells))
+            out.row([one_line(cell.text) for cell in row.cells])
     elif getattr(shape, "has_text_frame", False) and shape.has_text_frame:
         out.para(shape.text_frame.text.replace("\x0b", "\n"))  # a vertical tab is a soft line break in a run
 
@@ -548,8 +551,7 @@ def _xlsx(data: bytes, out: _Builder) -> None:
                 cells = [_cell(v) for v in row]
                 while cells and not cells[-1]:
                     cells.pop()
-                if cells:
-                    out.line(" | ".join(cells))
+                out.row(cells)
                 if n % 1000 == 0 and out.done():
                     return
             if out.done():
@@ -692,9 +694,7 @@ def _html_walk(root: Any, out: _Builder) -> None:
             out.para(node.get_text())
         elif name == "tr":
             flush()
-            cells = [one_line(c.get_text(" ")) for c in node.find_all(("td", "th"), recursive=False)]
-            if any(cells):
-                out.line(" | ".join(cells))
+            out.row([one_line(c.get_text(" ")) for c in node.find_all(("td", "th"), recursive=False)])
         elif name == "br":
             flush()
         elif name == "li":
