@@ -155,6 +155,27 @@ def one_line(text: str) -> str:
     return " ".join(clean(text).split())
 
 
+def _heading_title(raw: str) -> str:
+    """A heading's title as stored: one line, at most MAX_HEADING_CHARS ("" when there is nothing to show)."""
+    return one_line(raw)[:MAX_HEADING_CHARS].rstrip()
+
+
+class _Nesting:
+    """Headings in text order, each given its path from the top level down: a heading closes every open one
+    of its level or deeper."""
+
+    def __init__(self) -> None:
+        self.headings: list[Heading] = []
+        self._open: list[Heading] = []
+
+    def add(self, start: int, level: int, title: str) -> None:
+        while self._open and self._open[-1].level >= level:
+            self._open.pop()
+        h = Heading(start, level, title, (*(o.title for o in self._open), title))
+        self._open.append(h)
+        self.headings.append(h)
+
+
 class _Builder:
     """The converted text as it grows, with its headings, pages and cuts; the limits are checked here."""
 
@@ -162,11 +183,10 @@ class _Builder:
         self.fmt = fmt
         self.parts: list[str] = []
         self.size = 0
-        self.headings: list[Heading] = []
+        self.nesting = _Nesting()
         self.pages: list[int] = []
         self.cuts: list[str] = []
         self.deadline = time.monotonic() + MAX_CONVERT_SECONDS
-        self._stack: list[Heading] = []
         self._ends_with = "\n\n"  # the last two characters written; nothing written counts as a paragraph break
         self.has_text = False  # any text besides heading lines
 
@@ -190,16 +210,12 @@ class _Builder:
         self.pages.append(self.size)
 
     def heading(self, level: int, title: str) -> None:
-        title = one_line(title)[:MAX_HEADING_CHARS].rstrip()
+        title = _heading_title(title)
         if not title:
             return
         level = max(1, min(level, _MAX_LEVEL))
         self._break(blank=True)
-        while self._stack and self._stack[-1].level >= level:
-            self._stack.pop()
-        h = Heading(self.size, level, title, (*(s.title for s in self._stack), title))
-        self._stack.append(h)
-        self.headings.append(h)
+        self.nesting.add(self.size, level, title)
         self._write("#" * level + " " + title + "\n")
 
     def gap(self) -> None:
@@ -243,7 +259,7 @@ class _Builder:
 
     def document(self) -> Document:
         text = "".join(self.parts)
-        headings, pages = self.headings, self.pages
+        headings, pages = self.nesting.headings, self.pages
         if len(text) > MAX_DOCUMENT_CHARS:
             self.cut("cut-text")
             text = text[:MAX_DOCUMENT_CHARS]
@@ -800,18 +816,11 @@ def markdown_headings(text: str) -> list[Heading]:
         quoted_or_listed = line.lstrip().startswith((">", "- ", "* ", "+ ", "|"))
         para_len += 1
         prev_text = None if indented or quoted_or_listed else k
-    headings: list[Heading] = []
-    stack: list[Heading] = []
+    nesting = _Nesting()
     for start, level, raw in found:
-        title = one_line(raw)[:MAX_HEADING_CHARS].rstrip()
-        if not title:
-            continue
-        while stack and stack[-1].level >= level:
-            stack.pop()
-        h = Heading(start, level, title, (*(s.title for s in stack), title))
-        stack.append(h)
-        headings.append(h)
-    return headings
+        if title := _heading_title(raw):
+            nesting.add(start, level, title)
+    return nesting.headings
 
 
 _CONVERTERS: dict[str, Callable[[bytes, _Builder], None]] = {
