@@ -1,4 +1,4 @@
-"""BM25Index: score parity with rank_bm25.BM25Okapi, persistence, merge, top_k ordering."""
+"""BM25Index: score parity with rank_bm25.BM25Okapi, persistence, merge, top_k ordering; BM25Union over buffers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from rlm_workers.search.bm25 import EPSILON, BM25Index
+from rlm_workers.search.bm25 import EPSILON, BM25Index, BM25Union
 from rlm_workers.search.tokenize import tokenize
 
 RTOL = 1e-9
@@ -234,3 +234,127 @@ def test_empty_index_and_empty_query() -> None:
     assert idx.top_k(["nonexistent"], 5) == []
     assert idx.top_k(["cat"], 0) == []
     np.testing.assert_array_equal(idx.get_scores([]), np.zeros(10))
+
+
+# ---- several buffers scored as one corpus (BM25Union) against the merged index and rank_bm25 ----
+
+
+def _parts(zipf_docs: list[list[str]]) -> tuple[list[BM25Index], list[list[str]]]:
+    """Four buffers with overlapping vocabularies (one empty) and distinct chunk ids, and their docs in order."""
+    chunks = [zipf_docs[:150], [], zipf_docs[150:420], zipf_docs[420:] + HAND_DOCS]
+    return [_build(docs, 10_000 * (i + 1)) for i, docs in enumerate(chunks)], [d for docs in chunks for d in docs]
+
+
+def _union_queries(zipf_docs: list[list[str]]) -> list[list[str]]:
+    return _zipf_queries(zipf_docs) + HAND_QUERIES + [["w0", "cat", "w0", "server"], ["w1", "w399", "w1"]]
+
+
+def test_union_scores_equal_the_merged_index_and_rank_bm25(zipf_docs: list[list[str]]) -> None:
+    parts, docs = _parts(zipf_docs)
+    union, merged, ref = BM25Union(parts), BM25Index.merge(parts), BM25Okapi(docs)
+    assert len(union) == len(merged) == len(docs)
+    assert union.stats.n_terms == merged.n_terms == len(ref.idf)
+    assert union.stats == merged.stats  # the same sum in the same order: the epsilon floor has the same bits
+    assert union.stats.average_idf == pytest.approx(ref.average_idf, rel=1e-12)
+    # the frequent terms take the epsilon floor of the union's average idf
+    assert merged.idf[merged.vocab["w0"]] == pytest.approx(EPSILON * ref.average_idf, rel=1e-12)
+    for q in _union_queries(zipf_docs):
+        got = union.get_scores(q)
+        np.testing.assert_array_equal(got, merged.get_scores(q), err_msg=str(q))
+        np.testing.assert_allclose(got, ref.get_scores(q), rtol=RTOL, atol=1e-12, err_msg=str(q))
+
+
+@pytest.mark.parametrize("k", [1, 4, 10, 57, 2000])
+def test_union_top_k_equals_the_merged_index(zipf_docs: list[list[str]], k: int) -> None:
+    parts, _ = _parts(zipf_docs)
+    union, merged = BM25Union(parts), BM25Index.merge(parts)
+    for q in _union_queries(zipf_docs):
+        # the same float operations in the same order: equal to the last bit, ties included
+        assert union.top_k(q, k) == merged.top_k(q, k), q
+
+
+def test_union_uses_the_statistics_of_all_buffers() -> None:
+    # "x" is in 4 of A's 5 docs (negative idf in A alone) but 4 of 10 overall (positive); "y" is the
+    # reverse: rare in A, in every doc of B, so negative overall and floored by the union's average idf
+    a = [["x", "y"], ["x", "p"], ["x", "q"], ["x", "r"], ["s"]]
+    b = [["y", "t"], ["y"], ["y", "u", "u"], ["y", "v"], ["y", "w"]]
+    parts = [_build(a, 100), _build(b, 200)]
+    ref = BM25Okapi(a + b)
+    union = BM25Union(parts)
+    for q in (["x"], ["y"], ["x", "y", "y"], ["u", "x"]):
+        np.testing.assert_allclose(union.get_scores(q), ref.get_scores(q), rtol=RTOL, atol=1e-12, err_msg=str(q))
+    assert ref.idf["y"] == pytest.approx(EPSILON * ref.average_idf)
+    # scoring each buffer on its own statistics would rank differently: the union must not do that
+    alone = np.concatenate([p.get_scores(["x", "y"]) for p in parts])
+    assert not np.allclose(alone, ref.get_scores(["x", "y"]))
+    assert union.top_k(["x", "y"], 3) == BM25Index.merge(parts).top_k(["x", "y"], 3)
+
+
+def test_union_ties_across_buffers_break_by_ascending_chunk_id() -> None:
+    # the same text in three buffers under interleaved ids; the cut at k falls inside the tie
+    parts = [
+        BM25Index.build([(30, ["alpha", "beta"]), (2, ["gamma"])]),
+        BM25Index.build([(10, ["alpha", "beta"]), (40, ["alpha", "beta", "beta", "delta"])]),
+        BM25Index.build([(20, ["alpha", "beta"]), (5, ["alpha", "beta"])]),
+        BM25Index.build((100 + i, ["filler", f"f{i}"]) for i in range(10)),  # alpha in 5 of 16 docs: idf > 0
+    ]
+    union = BM25Union(parts)
+    full = union.top_k(["alpha"], 10)
+    assert [c for c, _ in full] == [5, 10, 20, 30, 40]
+    assert full[0][1] == full[3][1] > full[4][1]
+    assert [c for c, _ in union.top_k(["alpha"], 2)] == [5, 10]
+    assert full == BM25Index.merge(parts).top_k(["alpha"], 10)
+    assert union.top_k(["nothing"], 3) == [] and union.top_k(["alpha"], 0) == [] and union.top_k([], 3) == []
+
+
+def test_union_of_empty_buffers_finds_nothing() -> None:
+    union = BM25Union([BM25Index.build([]), BM25Index.build([(1, [])])])
+    assert union.top_k(["a"], 5) == []
+    assert union.get_scores(["a"]).tolist() == [0.0]
+
+
+def test_saved_index_is_mapped_not_read(tmp_path: Path, zipf_docs: list[list[str]]) -> None:
+    idx = _build(zipf_docs)
+    path = tmp_path / "idx.npz"
+    idx.save(path)
+    back = BM25Index.load(path)
+    for name in ("chunk_ids", "doc_len", "term_hash", "term_off", "indptr", "post_doc", "post_tf"):
+        arr = getattr(back, name)
+        # a view of the file's map: no heap copy, aligned for numpy's fast paths, never written through
+        assert not arr.flags.owndata and not arr.flags.writeable and arr.flags.aligned, name
+    with np.load(path) as z:  # still an ordinary .npz
+        np.testing.assert_array_equal(z["post_doc"], idx.post_doc)
+    assert back.top_k(["w3", "w9"], 20) == idx.top_k(["w3", "w9"], 20)
+
+
+def test_load_rejects_an_older_format(tmp_path: Path) -> None:
+    path = tmp_path / "old.npz"
+    np.savez(path, version=np.int64(1), chunk_ids=np.zeros(0, dtype=np.int64))
+    with pytest.raises(ValueError, match="format 1"):
+        BM25Index.load(path)
+
+
+def test_term_lookup_compares_the_bytes_not_only_the_hash() -> None:
+    idx = _build(HAND_DOCS)
+    terms = ["cat", "cats", "nonexistent", "café"]
+    encoded = [t.encode() for t in terms]
+    hashes = np.array([int(idx.term_hash[idx.vocab["cat"]])] * 4, dtype=np.uint64)  # every hash "cat"'s
+    assert idx.find(encoded, hashes).tolist() == [idx.vocab["cat"], -1, -1, -1]
+
+
+def test_union_stats_are_kept_per_set_of_buffer_versions(zipf_docs: list[list[str]]) -> None:
+    from rlm_workers.search import bm25_cache
+    from rlm_workers.store.buffers import BufferRow
+
+    parts, _ = _parts(zipf_docs)
+
+    def rows(version: int) -> list[BufferRow]:
+        blank = dict.fromkeys(("chunker", "chunk_size", "chunk_overlap", "embedding_model", "embedding_dim"))
+        return [BufferRow(id=i + 1, tenant="t", name=f"b{i}", version=version, **blank) for i in range(len(parts))]
+
+    first = bm25_cache.union_of("db-test", rows(1), parts)
+    again = bm25_cache.union_of("db-test", rows(1), parts)
+    assert again.stats is first.stats  # computed once per set
+    assert first.stats == BM25Union(parts).stats
+    fewer = bm25_cache.union_of("db-test", rows(2)[:2], parts[:2])
+    assert fewer.stats.n_docs == len(parts[0]) + len(parts[1])

@@ -68,12 +68,15 @@ def validate_search_params(mode: str, top_k: int, threshold: float | None) -> No
             raise InvalidInput(message.format(value)) from None
 
 
-def _bm25_index(conn: psycopg.Connection, rows: Sequence[BufferRow], settings: Settings, url: str) -> BM25Index:
+def _bm25_index(
+    conn: psycopg.Connection, rows: Sequence[BufferRow], settings: Settings, url: str
+) -> BM25Index | bm25_cache.BM25Union:
+    """The buffers' BM25 as one index: each buffer's mapped file, scored with the statistics of them all."""
     dbk = bm25_cache.db_key(url)
     parts = [bm25_cache.index_for(conn, r, cache_dir=settings.data_dir / "cache", dbk=dbk) for r in rows]
     if len(parts) == 1:
         return parts[0]
-    return bm25_cache.merged_index(dbk, rows, parts)
+    return bm25_cache.union_of(dbk, rows, parts)
 
 
 def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[BufferRow]:
