@@ -23,7 +23,7 @@ def doctor_command(
 ) -> None:
     """Check database (pgvector, schema), broker, workers per queue and the LLM endpoint; only looks."""
     from rlm_workers.config import get_settings
-    from rlm_workers.doctor import Check, check_broker, check_database, check_llm, check_workers
+    from rlm_workers.doctor import Check, check_broker, check_database, check_encoder, check_llm, check_workers
     from rlm_workers.local_servers import running_broker_url, running_database_url
 
     s = get_settings()
@@ -56,6 +56,7 @@ def doctor_command(
             checks.append(stopped("broker", "Valkey"))
     except Exception as exc:
         checks.append(Check("broker", False, str(exc)))
+    checks += check_encoder(s)
     checks += check_llm(s)
     for c in checks:
         mark = "ok  " if c.ok and not c.warning else "warn" if c.ok else "FAIL"

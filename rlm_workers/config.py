@@ -183,6 +183,12 @@ class Settings(BaseSettings):
         "float32) or onnx-int8; auto picks onnx-int8 where onnxruntime can run the model, else torch. Recorded "
         "on every buffer; queries use the buffer's runtime.",
     )
+    embedding_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the torch runtime encodes at ingest: cuda (a GPU, half precision, recorded as "
+        "torch-cuda-fp16), cpu, or auto: cuda where this process's torch sees a CUDA device, then `auto` and "
+        "`torch` runtimes run there (docs/architecture.md#gpu-encoder).",
+    )
     encode_threads: int | None = Field(
         None, ge=1, le=256, description="Batches encoded at once by the ONNX runtimes; unset uses the usable cores."
     )

@@ -18,6 +18,8 @@ from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from .config import Settings
 from .constants import ALL_QUEUES
+from .errors import ConfigError
+from .ingest.embed import CUDA_RUNTIME, gpu_driver_present, resolve_runtime
 from .limits import DOCTOR_QUEUE_SCAN
 from .local_llm import server_status, status_line
 from .store import migrations
@@ -206,6 +208,27 @@ def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
                 )
             )
     return out
+
+
+def check_encoder(settings: Settings) -> list[Check]:
+    """What an ingest worker on this host encodes with (RLM_EMBEDDING_RUNTIME and RLM_EMBEDDING_DEVICE).
+
+    Torch is imported only where a GPU driver is present (or RLM_EMBEDDING_DEVICE=cuda asks for one)."""
+    try:
+        runtime = resolve_runtime(settings.embedding_model)
+    except ConfigError as exc:
+        return [Check("encoder", False, exc.message)]
+    if runtime == CUDA_RUNTIME:
+        import torch
+
+        return [Check("encoder", True, f"{runtime} on {torch.cuda.get_device_name(0)}")]
+    if settings.embedding_device == "cpu":
+        where = "the CPU (RLM_EMBEDDING_DEVICE=cpu)"
+    elif gpu_driver_present():
+        where = "the CPU (a GPU driver is present, but this torch sees no CUDA device: a CPU build of torch?)"
+    else:
+        where = "the CPU (no GPU on this host)"
+    return [Check("encoder", True, f"{runtime} on {where}")]
 
 
 def _host(url: str) -> str:

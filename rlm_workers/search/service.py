@@ -15,7 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from ..config import Settings
 from ..errors import InvalidInput
-from ..ingest.embed import get_query_encoder, model_id_for, resolve_runtime
+from ..ingest.embed import get_query_encoder, model_id_for, ranked_as, resolve_runtime
 from ..ingest.windows import DEFAULT_WINDOWS, WindowSpec
 from ..limits import MAX_QUERY_BYTES
 from ..models import SearchHit, SearchMode, Threshold, TopK, check_storable_text
@@ -99,9 +99,10 @@ def _semantic_rows(rows: Sequence[BufferRow], settings: Settings) -> list[Buffer
             )
     _refuse_mixed(
         have,
-        lambda r: r.runtime,
+        # a GPU's half-precision vectors are ranked with the float32 reference's (embed.COMPARABLE_COSINE)
+        lambda r: ranked_as(r.runtime),
         "by different encoder runtimes",
-        lambda: resolve_runtime(settings.embedding_model),
+        lambda: ranked_as(resolve_runtime(settings.embedding_model)),
         "RLM_EMBEDDING_RUNTIME",
     )
     _refuse_mixed(have, lambda r: r.windows_label, "with different window settings", lambda: DEFAULT_WINDOWS.label, "")
