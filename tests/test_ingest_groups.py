@@ -160,9 +160,9 @@ def test_two_ingest_workers_load_a_split_upload_as_one_new_version(env, conn, tm
     vec = get_embedder().encode(["Line 3 about lighthouse: the lighthouse log records entry 3"], batch_size=1)[0]
     hits = vectors.nearest_windows(conn, buffer_ids=[buf.id], query_vec=vec, limit=3, ef_search=40)
     conn.commit()
-    top = bstore.get_chunks(conn, tenant="acme", chunk_ids=[hits[0][0]])
+    top = bstore.get_chunks(conn, tenant="acme", chunk_ids=[hits[0].chunk_id])
     conn.commit()
-    assert top[hits[0][0]].path == "docs/lighthouse.md"
+    assert top[hits[0].chunk_id].path == "docs/lighthouse.md"
 
 
 def test_readers_see_the_old_version_until_the_last_group_commits(env, conn):

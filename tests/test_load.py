@@ -27,11 +27,11 @@ def _emb_count(conn, buffer_id):
 def _vectors_match_chunks(conn, buffer_id, embedder) -> None:
     """Every live chunk has exactly its windows' vectors, and no vector outlives its chunk."""
     want = {
-        (cid, w)
+        (cid, w, a, b)
         for cid, text in conn.execute("SELECT id, text FROM chunks WHERE buffer_id = %s", (buffer_id,))
-        for w in range(len(embedder.window_texts(text)))
+        for w, (a, b) in enumerate(embedder.window_spans(text, embedder.spec))
     }
-    have = set(conn.execute(f"SELECT chunk_id, win FROM chunk_vectors_b{buffer_id}").fetchall())
+    have = set(conn.execute(f"SELECT chunk_id, win, span_start, span_end FROM chunk_vectors_b{buffer_id}").fetchall())
     assert have == want
 
 
@@ -142,8 +142,8 @@ class _ExplodingEmbedder:
         self.real, self.calls = real, 0
         self.model_id, self.dim, self.spec, self.runtime = real.model_id, real.dim, real.spec, real.runtime
 
-    def window_texts(self, text):
-        return self.real.window_texts(text)
+    def window_spans(self, text, spec):
+        return self.real.window_spans(text, spec)
 
     def encode(self, texts, batch_size=64):
         self.calls += 1
@@ -207,6 +207,43 @@ def test_bad_input_is_rejected_before_writing(conn, tmp_path, embedder):
     assert store.get_buffer(conn, tenant="local", name="x") is None
 
 
+def test_passages_are_the_stored_window_spans_and_old_rows_are_cut_again(conn, tmp_path, embedder, settings, db_url):
+    """A hit's passage is the slice its window's stored span names; a row stored before spans were (NULL) gets
+    the same passage by cutting the chunk again."""
+    from rlm_workers.search.service import search
+
+    needle = "The lighthouse keeper logged every passing ship in a green leather book."
+    src = tmp_path / "spans"
+    src.mkdir()
+    (src / "keeper.txt").write_text(long_chunk_text(needle))
+    (src / "decoy.txt").write_text(long_chunk_text("Tomato plants need a sunny spot and steady watering."))
+    load_paths(conn, buffer="spans", paths=[src], embedder=embedder)
+    buf = store.get_buffer(conn, tenant="local", name="spans")
+    _vectors_match_chunks(conn, buf.id, embedder)
+
+    def passages() -> list[tuple[int, str | None]]:
+        hits = search(
+            conn,
+            settings=settings,
+            url=db_url,
+            tenant="local",
+            buffers=["spans"],
+            query="Where did the keeper write down the ships he saw?",
+            mode="hybrid",
+            top_k=5,
+            threshold=-1,
+        )
+        conn.commit()
+        return [(h.chunk_id, h.passage) for h in hits]
+
+    stored = passages()
+    assert any(p and needle in p for _, p in stored)
+    assert all(p is not None for _, p in stored)  # every hit was seen by the semantic arm here
+    conn.execute(f"UPDATE chunk_vectors_b{buf.id} SET span_start = NULL, span_end = NULL")
+    conn.commit()
+    assert passages() == stored
+
+
 def test_long_chunk_is_embedded_whole(conn, tmp_path, embedder):
     """A sentence at the END of a ~2,900-char chunk must still be findable semantically."""
     from rlm_workers.search.semantic import semantic_search
@@ -230,7 +267,7 @@ def test_long_chunk_is_embedded_whole(conn, tmp_path, embedder):
 
     q = embedder.encode_query("What colour was the submarine periscope?")
     hits = semantic_search(conn, buffer_ids=[buf.id], query_vec=q, limit=4, threshold=None)
-    assert hits[0][0] == target_id
+    assert hits[0].chunk_id == target_id
     # the first window alone (what a truncating embedder sees) does not know about the periscope
     first_window = embedder.encode([embedder.window_texts(ntext)[0]])[0]
-    assert float(np.dot(first_window, q)) < hits[0][1] - 0.15
+    assert float(np.dot(first_window, q)) < hits[0].similarity - 0.15

@@ -98,6 +98,13 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
                 (cid, ids[buf], f"[1,{n},0]", cid, ids[buf], f"[0,1,{n}]"),
             )
 
+        # the staging table of ingest groups as a release before m020 made it on first use
+        conn.execute(
+            """CREATE TABLE ingest_staged_vectors (
+                   upload_id text NOT NULL REFERENCES uploads(id) ON DELETE CASCADE, group_no integer NOT NULL,
+                   chunk_id bigint NOT NULL, win smallint NOT NULL, embedding halfvec NOT NULL)"""
+        )
+
         names = [name for name, _ in migrations.MIGRATIONS]
         # every migration from m011 on (later ones included, so a new migration does not break this test)
         assert migrations.migrate(conn) == names[names.index("m011_vectors_per_buffer") :]
@@ -118,6 +125,16 @@ def test_vectors_of_a_shared_table_move_to_one_table_per_buffer(test_services):
         # m012: everything embedded before runtimes were recorded was embedded by PyTorch
         runtimes = dict(conn.execute("SELECT name, embedding_runtime FROM buffers").fetchall())
         assert runtimes == {"a": "torch", "b": "torch", "empty": None}
+        # m020: every window table gains its span columns, NULL for the rows stored before (cut again when shown)
+        for table in (f"chunk_vectors_b{ids['a']}", f"chunk_vectors_b{ids['b']}", "ingest_staged_vectors"):
+            cols = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0", (table,)
+                )
+            }
+            assert {"span_start", "span_end"} <= cols, table
+        assert conn.execute(f"SELECT count(*), count(span_start) FROM chunk_vectors_b{ids['a']}").fetchone() == (4, 0)
 
 
 def test_overnight_batches_keep_their_rows_under_their_new_names(test_services):

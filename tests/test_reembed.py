@@ -86,8 +86,8 @@ def test_a_failure_half_way_keeps_the_old_vectors(rlm_env, conn, drift, embedder
         model_id, dim, spec, runtime = embedder.model_id, embedder.dim, embedder.spec, embedder.runtime
         calls = 0
 
-        def window_texts(self, text: str) -> list[str]:
-            return embedder.window_texts(text)
+        def window_spans(self, text: str, spec) -> list[tuple[int, int]]:
+            return embedder.window_spans(text, spec)
 
         def encode(self, texts, batch_size):
             Failing.calls += 1

@@ -38,6 +38,7 @@ from .files import discover, under
 from .loader import (
     ENCODE_GROUP_BATCHES,
     LoadReport,
+    Owner,
     chunk_fields,
     encode_queued,
     read_counted,
@@ -196,7 +197,7 @@ def _stage(
         writer = Writer(conn)
         file_ids, chunk_ids = IdBlocks(writer, "files_id_seq", 256), IdBlocks(writer, "chunks_id_seq", 4096)
         windows: list[str] = []
-        owners: list[tuple[int, int]] = []
+        owners: list[Owner] = []
         batch = settings.embed_batch_size
         encode_at = batch * ENCODE_GROUP_BATCHES
         try:
@@ -300,7 +301,7 @@ def _embed(
     upload_id: str,
     group_no: int,
     windows: list[str],
-    owners: list[tuple[int, int]],
+    owners: list[Owner],
     n: int,
     batch_size: int,
     embedder: Any,

@@ -201,7 +201,7 @@ def load_paths(
         writer = Writer(conn)
         file_ids, chunk_ids = IdBlocks(writer, "files_id_seq", 256), IdBlocks(writer, "chunks_id_seq", 4096)
         windows: list[str] = []
-        owners: list[tuple[int, int]] = []
+        owners: list[Owner] = []
         # Windows are encoded in groups of several batches: sorted by length within the group (less padding),
         # and the ONNX runtimes encode a group's batches on all cores at once.
         group = embed_batch_size * ENCODE_GROUP_BATCHES
@@ -282,7 +282,7 @@ def _queue_file(
     file_ids: IdBlocks,
     chunk_ids: IdBlocks,
     windows: list[str],
-    owners: list[tuple[int, int]],
+    owners: list[Owner],
     buffer_id: int,
     old: store.FileRow | None,
     path: str,
@@ -337,13 +337,17 @@ def same_cut(buf: Any, chunker: str, chunk_size: int, overlap: int, embedder: An
     ) == (chunker, chunk_size, overlap, embedder.model_id, embedder.spec.label, embedder.runtime)
 
 
-def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: list[tuple[int, int]]) -> tuple:
+#: a queued window's owner: (chunk id, window number, span start, span end in the chunk text)
+Owner = tuple[int, int, int, int]
+
+
+def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: list[Owner]) -> tuple:
     """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms, pages,
     heading path), and its windows queued for encoding under ``cid``."""
     terms = tokenize(ch.text)
-    for w, piece in enumerate(embedder.window_texts(ch.text)):
-        windows.append(piece)
-        owners.append((cid, w))
+    for w, (a, b) in enumerate(embedder.window_spans(ch.text, embedder.spec)):
+        windows.append(ch.text[a:b])
+        owners.append((cid, w, a, b))
     return (
         ch.start_line,
         ch.end_line,
@@ -360,19 +364,19 @@ def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: l
 
 
 def encode_queued(
-    windows: list[str], owners: list[tuple[int, int]], n: int, batch_size: int, embedder: Any
-) -> list[tuple[int, int, Any]]:
-    """Encode the first ``n`` queued windows (taken off the queue) as (chunk id, window, vector) rows."""
+    windows: list[str], owners: list[Owner], n: int, batch_size: int, embedder: Any
+) -> list[vectors.WindowRow]:
+    """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows."""
     batch, who = windows[:n], owners[:n]
     del windows[:n], owners[:n]
     vecs = embedder.encode(batch, batch_size=batch_size)
-    return [(cid, w, vecs[i]) for i, (cid, w) in enumerate(who)]
+    return [(cid, w, vecs[i], a, b) for i, (cid, w, a, b) in enumerate(who)]
 
 
 def _embed(
     writer: Writer,
     windows: list[str],
-    owners: list[tuple[int, int]],
+    owners: list[Owner],
     n: int,
     batch_size: int,
     embedder: Embedder | OnnxEncoder,

@@ -18,6 +18,7 @@ from ..store import buffers as store
 from ..store import vectors
 from ..store.db import connect
 from .embed import get_embedder, model_id_for, resolve_runtime
+from .loader import Owner
 from .windows import DEFAULT_WINDOWS
 
 if TYPE_CHECKING:
@@ -87,16 +88,16 @@ def reembed_buffer(
                 break
             last = rows[-1][0]
             windows: list[str] = []
-            owners: list[tuple[int, int]] = []
+            owners: list[Owner] = []
             for chunk_id, text in rows:
-                for win, piece in enumerate(embedder.window_texts(text)):
-                    windows.append(piece)
-                    owners.append((chunk_id, win))
+                for win, (a, b) in enumerate(embedder.window_spans(text, embedder.spec)):
+                    windows.append(text[a:b])
+                    owners.append((chunk_id, win, a, b))
             vecs = embedder.encode(windows, batch_size=embed_batch_size)
             vectors.copy(
                 conn,
                 buffer_id=buf.id,
-                rows=[(cid, win, vecs[i]) for i, (cid, win) in enumerate(owners)],
+                rows=[(cid, win, vecs[i], a, b) for i, (cid, win, a, b) in enumerate(owners)],
                 staging=True,
             )
             report.chunks += len(rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..store.vectors import nearest_windows
+from ..store.vectors import Near, nearest_windows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,8 +30,8 @@ def semantic_search(
     query_vec: np.ndarray,
     limit: int,
     threshold: float | None,
-) -> list[tuple[int, float, int]]:
-    """(chunk_id, cosine similarity, best window) best first, at most ``limit`` chunks, similarity ≥ threshold."""
+) -> list[Near]:
+    """Each chunk's best window, best first: at most ``limit`` chunks, similarity ≥ threshold."""
     rows = nearest_windows(
         conn,
         buffer_ids=buffer_ids,
@@ -39,11 +39,12 @@ def semantic_search(
         limit=max(1, limit) * _WINDOW_FANOUT,
         ef_search=EF_SEARCH,
     )
-    best: dict[int, tuple[float, int]] = {}
-    for cid, win, sim in rows:
-        if sim > best.get(cid, (-2.0, 0))[0]:
-            best[cid] = (sim, win)
-    ranked = sorted(((cid, sim, win) for cid, (sim, win) in best.items()), key=lambda t: (-t[1], t[0]))
+    best: dict[int, Near] = {}
+    for near in rows:
+        have = best.get(near.chunk_id)
+        if have is None or near.similarity > have.similarity:
+            best[near.chunk_id] = near
+    ranked = sorted(best.values(), key=lambda n: (-n.similarity, n.chunk_id))
     if threshold is not None:
-        ranked = [t for t in ranked if t[1] >= threshold]
+        ranked = [n for n in ranked if n.similarity >= threshold]
     return ranked[:limit]

@@ -22,8 +22,9 @@ from ..models import SearchHit, SearchMode, Threshold, TopK, check_storable_text
 from ..provenance import fields
 from ..search.tokenize import tokenize
 from ..store.buffers import BufferRow, get_chunks, require_buffers
+from ..store.vectors import Near
 from . import bm25_cache
-from .rrf import RRF_K, rrf_fuse
+from .fusion import fuse_arms
 from .semantic import semantic_search
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ class Ranked:
     score: float
     #: the chunk's window nearest the query, when the semantic arm saw the chunk
     window: int | None = None
+    #: that window's character span in the chunk text, where the store keeps it
+    span: tuple[int, int] | None = None
 
 
 def validate_query(query: str) -> str:
@@ -147,10 +150,10 @@ def rank(
     top_k: int,
     threshold: float | None,
 ) -> list[Ranked]:
-    """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses with RRF (k=60)."""
+    """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses them (``fusion.fuse_arms``)."""
     depth = top_k * 2 if mode == "hybrid" else top_k
     lexical: list[tuple[int, float]] = []
-    dense: list[tuple[int, float, int]] = []
+    dense: list[Near] = []
     if mode in ("bm25", "hybrid"):
         lexical = _bm25_index(conn, rows, settings, url).top_k(tokenize(query), depth)
     if mode in ("semantic", "hybrid"):
@@ -167,11 +170,11 @@ def rank(
     if mode == "bm25":
         return [Ranked(c, s) for c, s in lexical[:top_k]]
     if mode == "semantic":
-        return [Ranked(c, s, w) for c, s, w in dense[:top_k]]
+        return [Ranked(n.chunk_id, n.similarity, n.win, n.span) for n in dense[:top_k]]
 
-    fused = rrf_fuse([[c for c, _ in lexical], [c for c, _, _ in dense]], k=RRF_K)
-    window = {c: w for c, _, w in dense}
-    return [Ranked(c, s, window.get(c)) for c, s in fused[:top_k]]
+    fused = fuse_arms(lexical, [(n.chunk_id, n.similarity) for n in dense])
+    near = {n.chunk_id: n for n in dense}
+    return [Ranked(c, s, n.win, n.span) if (n := near.get(c)) is not None else Ranked(c, s) for c, s in fused[:top_k]]
 
 
 def search(
@@ -212,7 +215,7 @@ def search(
             end_line=c.end_line,
             score=round(r.score, 6),
             text=c.text,
-            passage=_passage(settings, c.text, *cuts.get(c.buffer, (None, None)), r.window),
+            passage=_passage(settings, c.text, *cuts.get(c.buffer, (None, None)), r),
             **fields(c.page_start, c.page_end, c.heading_path),
         )
         for r in ranked
@@ -220,10 +223,17 @@ def search(
     ]
 
 
-def _passage(settings: Settings, text: str, label: str | None, runtime: str | None, window: int | None) -> str | None:
+def _passage(settings: Settings, text: str, label: str | None, runtime: str | None, hit: Ranked) -> str | None:
     """The text of the chunk's window nearest the query: the sentence(s) the semantic arm matched."""
-    if window is None or label is None or runtime is None:
+    window = hit.window
+    if window is None:
         return None
+    if hit.span is not None:
+        a, b = hit.span
+        return text[a:b] if 0 <= a < b <= len(text) else None
+    if label is None or runtime is None:
+        return None
+    # vectors stored before their spans were: cut the chunk again
 
     try:
         spec = WindowSpec.from_label(label)

@@ -504,6 +504,27 @@ ALTER TABLE files ADD COLUMN format text NOT NULL DEFAULT 'text', ADD COLUMN out
 ALTER TABLE ingest_staged_files ADD COLUMN format text NOT NULL DEFAULT 'text', ADD COLUMN outline jsonb;
 """
 
+# Each window vector keeps its character span in the chunk, so a hit's passage is a slice, not a re-tokenising
+# (why: store/vectors.py).  Rows already stored keep NULL spans and are cut again when shown; adding a nullable
+# column rewrites no table.  The staging table of ingest groups is made on first use and may not exist yet.
+M020_WINDOW_SPANS = """
+DO $$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT c.relname AS name
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.relkind = 'r' AND n.nspname = current_schema()
+          AND (c.relname ~ '^chunk_vectors_b[0-9]+(_next)?$' OR c.relname = 'ingest_staged_vectors')
+    LOOP
+        EXECUTE format('ALTER TABLE %I ADD COLUMN IF NOT EXISTS span_start integer, '
+                       'ADD COLUMN IF NOT EXISTS span_end integer', t.name);
+    END LOOP;
+END
+$$;
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -524,6 +545,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m017_llm_call_parse_ok", M017_LLM_CALL_PARSE_OK),
     ("m018_overnight_batch_names", M018_OVERNIGHT_BATCH_NAMES),
     ("m019_document_provenance", M019_DOCUMENT_PROVENANCE),
+    ("m020_window_spans", M020_WINDOW_SPANS),
 ]
 
 

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from ..constants import UPLOAD_ENDED_CHANNEL
 from .buffers import CHUNK_COPY_COLS, CHUNK_COPY_TYPES
 from .db import session_lock_key, try_session_lock
-from .vectors import vector_table
+from .vectors import WindowRow, vector_table
 
 if TYPE_CHECKING:
     import psycopg
@@ -205,7 +205,9 @@ def ensure_staged_vectors(conn: psycopg.Connection) -> None:
                    group_no  integer NOT NULL,
                    chunk_id  bigint NOT NULL,
                    win       smallint NOT NULL,
-                   embedding halfvec NOT NULL
+                   embedding halfvec NOT NULL,
+                   span_start integer,
+                   span_end   integer
                )"""
         )
         conn.execute(
@@ -324,19 +326,18 @@ def copy_staged_chunks(
             cp.write_row((upload_id, group_no, *row))
 
 
-def copy_staged_vectors(
-    conn: psycopg.Connection, *, upload_id: str, group_no: int, rows: Sequence[tuple[int, int, Any]]
-) -> None:
-    """rows: (chunk_id, window, float32 vector), stored as halfvec like the buffer's own table."""
+def copy_staged_vectors(conn: psycopg.Connection, *, upload_id: str, group_no: int, rows: Sequence[WindowRow]) -> None:
+    """rows as ``vectors.copy`` takes them, stored as halfvec like the buffer's own table."""
     with (
         conn.cursor() as cur,
         cur.copy(
-            "COPY ingest_staged_vectors (upload_id, group_no, chunk_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)"
+            "COPY ingest_staged_vectors (upload_id, group_no, chunk_id, win, embedding, span_start, span_end)"
+            " FROM STDIN WITH (FORMAT BINARY)"
         ) as cp,
     ):
-        cp.set_types(["text", "int4", "int8", "int2", "halfvec"])
-        for cid, win, vec in rows:
-            cp.write_row((upload_id, group_no, cid, win, HalfVector(vec)))
+        cp.set_types(["text", "int4", "int8", "int2", "halfvec", "int4", "int4"])
+        for cid, win, vec, start, end in rows:
+            cp.write_row((upload_id, group_no, cid, win, HalfVector(vec), start, end))
 
 
 def finish_group(
@@ -395,8 +396,8 @@ def move_staged(conn: psycopg.Connection, *, upload_id: str, buffer_id: int) -> 
         (buffer_id, upload_id),
     ).rowcount
     conn.execute(
-        f"""INSERT INTO {vector_table(buffer_id)} (chunk_id, win, embedding)
-            SELECT chunk_id, win, embedding FROM ingest_staged_vectors WHERE upload_id = %s""",
+        f"""INSERT INTO {vector_table(buffer_id)} (chunk_id, win, embedding, span_start, span_end)
+            SELECT chunk_id, win, embedding, span_start, span_end FROM ingest_staged_vectors WHERE upload_id = %s""",
         (upload_id,),
     )
     return moved

@@ -14,6 +14,11 @@ half the table, half the graph and half the memory a search touches, and the
 rounding (about 1e-3 of a cosine) does not change which chunks rank first
 (bench/RESULTS.md#search-latency measures recall against exact search).
 
+Each window row keeps its character span in the chunk (``span_start``, ``span_end``): a hit's ``passage`` is
+then a slice of the chunk text, not a re-tokenising of it at query time (that cost more than the rest of a
+warm hybrid search together).  Rows written before the spans were stored have NULLs there, and a search cuts
+their windows again as before.
+
 There is no foreign key to ``chunks``: with one table per buffer, every chunk
 deleted anywhere would probe every buffer's table.  The functions here that
 delete chunks' owners delete their vectors first, and a search drops an id
@@ -23,6 +28,7 @@ whose chunk is gone (``store.buffers.get_chunks`` returns only live chunks).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pgvector import HalfVector
@@ -47,6 +53,10 @@ BUILD_MEMORY_MIN_MB = 64
 #: is 8 MB, sized for scans: a graph costs far more per page, so a 1 MB table, ~1,200 384-d windows, already
 #: builds faster with a helper; measured 1.36 s alone vs 1.06 s with one on 6,000 windows)
 PARALLEL_BUILD_FROM = "1MB"
+#: what the writers hand ``copy``: (chunk id, window number, float32 vector, span start, span end), the span in
+#: characters of the chunk text
+WindowRow = tuple[int, int, Any, int, int]
+
 #: pgvector's ceiling on hnsw.ef_search
 MAX_EF_SEARCH = 1000
 
@@ -88,6 +98,8 @@ def ensure_table(conn: psycopg.Connection, *, buffer_id: int, dim: int, staging:
                 chunk_id  bigint NOT NULL,
                 win       smallint NOT NULL,
                 embedding halfvec({int(dim)}) NOT NULL,
+                span_start integer,
+                span_end   integer,
                 PRIMARY KEY (chunk_id, win)
             )"""
     )
@@ -138,18 +150,18 @@ def delete_for_files(conn: psycopg.Connection, *, buffer_id: int, file_ids: Sequ
         )
 
 
-def copy(
-    conn: psycopg.Connection, *, buffer_id: int, rows: Iterable[tuple[int, int, Any]], staging: bool = False
-) -> None:
-    """rows: (chunk_id, window, float32 vector)."""
+def copy(conn: psycopg.Connection, *, buffer_id: int, rows: Iterable[WindowRow], staging: bool = False) -> None:
+    """rows: (chunk_id, window, float32 vector, span start, span end)."""
     table = vector_table(buffer_id, staging=staging)
     with (
         conn.cursor() as cur,
-        cur.copy(f"COPY {table} (chunk_id, win, embedding) FROM STDIN WITH (FORMAT BINARY)") as cp,
+        cur.copy(
+            f"COPY {table} (chunk_id, win, embedding, span_start, span_end) FROM STDIN WITH (FORMAT BINARY)"
+        ) as cp,
     ):
-        cp.set_types(["int8", "int2", "halfvec"])
-        for cid, win, vec in rows:
-            cp.write_row((cid, win, HalfVector(vec)))
+        cp.set_types(["int8", "int2", "halfvec", "int4", "int4"])
+        for cid, win, vec, start, end in rows:
+            cp.write_row((cid, win, HalfVector(vec), start, end))
 
 
 def count(conn: psycopg.Connection, *, buffer_id: int) -> int:
@@ -158,10 +170,21 @@ def count(conn: psycopg.Connection, *, buffer_id: int) -> int:
     return int(conn.execute(f"SELECT count(*) FROM {vector_table(buffer_id)}").fetchone()[0])
 
 
+@dataclass(frozen=True, slots=True)
+class Near:
+    """A window near the query: its chunk, its number in the chunk, its cosine similarity, and its character
+    span in the chunk text (None where the row predates stored spans)."""
+
+    chunk_id: int
+    win: int
+    similarity: float
+    span: tuple[int, int] | None
+
+
 def nearest_windows(
     conn: psycopg.Connection, *, buffer_ids: Sequence[int], query_vec: np.ndarray, limit: int, ef_search: int
-) -> list[tuple[int, int, float]]:
-    """(chunk id, window, cosine similarity) of the ``limit`` windows nearest the query in each buffer's graph.
+) -> list[Near]:
+    """The ``limit`` windows nearest the query in each buffer's graph.
 
     One statement: a UNION ALL of one index scan per buffer, each cut to ``limit``; the caller
     merges.  A buffer whose table is missing (embedded by nothing yet) adds nothing.
@@ -177,7 +200,8 @@ def nearest_windows(
         return []
 
     arms = " UNION ALL ".join(
-        f"(SELECT chunk_id, win, embedding <=> %(q)s AS d FROM {vector_table(b)} ORDER BY d LIMIT %(n)s)"
+        f"(SELECT chunk_id, win, span_start, span_end, embedding <=> %(q)s AS d FROM {vector_table(b)}"
+        " ORDER BY d LIMIT %(n)s)"
         for b in present
     )
     with conn.transaction():
@@ -188,6 +212,7 @@ def nearest_windows(
             conn.execute("SET LOCAL hnsw.iterative_scan = strict_order")
             conn.execute(f"SET LOCAL hnsw.max_scan_tuples = {max(20_000, 4 * int(limit))}")
         rows = conn.execute(
-            f"SELECT chunk_id, win, 1 - d FROM ({arms}) AS arms", {"q": HalfVector(query_vec), "n": limit}
+            f"SELECT chunk_id, win, 1 - d, span_start, span_end FROM ({arms}) AS arms",
+            {"q": HalfVector(query_vec), "n": limit},
         ).fetchall()
-    return [(r[0], r[1], float(r[2])) for r in rows]
+    return [Near(r[0], r[1], float(r[2]), None if r[3] is None else (r[3], r[4])) for r in rows]
