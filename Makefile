@@ -70,6 +70,9 @@ lint: install
 
 bench: install
 	$(PY) bench/search.py
+	$(PY) bench/search.py --peer
+	$(PY) bench/bm25_many.py
+	$(PY) bench/fusion.py
 	$(PY) bench/ingest.py
 	$(PY) bench/chunk.py
 	$(PY) bench/documents.py --load 8

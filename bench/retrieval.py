@@ -16,8 +16,8 @@ fact sentence.  For every window setting the chunks are cut into windows with
 ``Embedder.window_texts`` and encoded with the shipped model on PyTorch (the ``torch``
 runtime, the reference; vectors cached on disk per setting, runtime and corpus), and
 chunks rank by their best window's cosine, exactly (numpy, no index).  bm25 is the
-project's ``BM25Index`` over ``search.tokenize``; hybrid is ``rrf_fuse`` of both arms
-fetched at 2×k, as ``search.service.rank`` does.
+project's ``BM25Index`` over ``search.tokenize``; hybrid is ``search.fusion.fuse_arms`` of
+both arms fetched at 2×k, as ``search.service.rank`` does.
 
 ``--runtimes`` (issue #15): on DEFAULT_WINDOWS, torch's windows are encoded again by
 each ONNX Runtime encoder (float32, int8) and the questions embedded by it; recall,
@@ -319,12 +319,27 @@ def window_fanout() -> int:
         return 3
 
 
-def fused(bm25_ids: list[int], dense_ids: list[int], k: int, semantic_weight: float = 1.0) -> list[int]:
-    """service.rank's hybrid: each arm fetched at 2×k, RRF, top k (the service weighs both arms alike)."""
-    from rlm_workers.search.rrf import RRF_K, rrf_fuse
+def rrf(rankings: list[list[int]], weights: list[float]) -> list[int]:
+    """Reciprocal Rank Fusion (k=60), the service's fusion before issue #29: kept for the weighted study."""
+    score: dict[int, float] = {}
+    best: dict[int, int] = {}
+    for ranking, w in zip(rankings, weights, strict=True):
+        for rank, c in enumerate(dict.fromkeys(ranking), start=1):
+            score[c] = score.get(c, 0.0) + w / (60 + rank)
+            best[c] = min(best.get(c, rank), rank)
+    return sorted(score, key=lambda c: (-score[c], best[c], c))
 
-    rankings = [bm25_ids[: 2 * k], dense_ids[: 2 * k]]
-    return [c for c, _ in rrf_fuse(rankings, k=RRF_K, weights=[1.0, semantic_weight])[:k]]
+
+def fused(
+    lex: list[tuple[int, float]], dense: list[int], scores, k: int, semantic_weight: float | None = None
+) -> list[int]:
+    """service.rank's hybrid: each arm fetched at 2×k, fused by ``search.fusion.fuse_arms``, top k; with a
+    ``semantic_weight``, RRF with the semantic arm weighted so (not what the service does)."""
+    from rlm_workers.search.fusion import fuse_arms
+
+    if semantic_weight is not None:
+        return rrf([[c for c, _ in lex[: 2 * k]], dense[: 2 * k]], [1.0, semantic_weight])[:k]
+    return [c for c, _ in fuse_arms(lex[: 2 * k], [(c, float(scores[c])) for c in dense[: 2 * k]])[:k]]
 
 
 def first_hit(ranking: list[int], holders: set[int]) -> int | None:
@@ -347,7 +362,8 @@ def evaluate(corpus: Corpus, v: Vectors, bm25, qvecs: dict, qtokens: dict) -> di
         for i, f in enumerate(FACTS):
             q = getattr(f, qt)
             holders = corpus.holders[i]
-            lex = [c for c, _ in bm25.top_k(qtokens[q], len(corpus.chunks))]
+            lexs = bm25.top_k(qtokens[q], len(corpus.chunks))
+            lex = [c for c, _ in lexs]
             scores = semantic_scores(v, qvecs[q])
             dense = semantic_ranking(scores)
             cal["hit"].append(max(float(scores[c]) for c in holders))
@@ -360,18 +376,18 @@ def evaluate(corpus: Corpus, v: Vectors, bm25, qvecs: dict, qtokens: dict) -> di
                 for k in KS:
                     arms[arm]["found"][k].append(r is not None and r <= k)
             # a hybrid top 5 is not the head of its top 10: each k fuses arms fetched at 2×k
-            r10 = first_hit(fused(lex, dense, 10), holders)
-            r5 = first_hit(fused(lex, dense, 5), holders)
+            r10 = first_hit(fused(lexs, dense, scores, 10), holders)
+            r5 = first_hit(fused(lexs, dense, scores, 5), holders)
             arms["hybrid"]["ranks"].append(r10)
             arms["hybrid"]["found"][5].append(r5 is not None)
             arms["hybrid"]["found"][10].append(r10 is not None)
             for k in KS:
                 sem, distinct = store_fetch(v, qvecs[q], k, fanout)
-                hyb = fused(lex, store_fetch(v, qvecs[q], 2 * k, fanout)[0], k)
+                hyb = fused(lexs, store_fetch(v, qvecs[q], 2 * k, fanout)[0], scores, k)
                 arms["semantic/fanout"][f"hits{k}"] += first_hit(sem, holders) is not None
                 arms["hybrid/fanout"][f"hits{k}"] += first_hit(hyb, holders) is not None
                 arms["semantic/fanout"]["short"] += distinct < k  # fewer chunks than asked for
-                weighted = fused(lex, dense, k, semantic_weight=SEMANTIC_WEIGHT)
+                weighted = fused(lexs, dense, scores, k, semantic_weight=SEMANTIC_WEIGHT)
                 arms["hybrid/weighted"][f"hits{k}"] += first_hit(weighted, holders) is not None
         for a in arms.values():
             if "found" in a:
@@ -386,18 +402,21 @@ def evaluate(corpus: Corpus, v: Vectors, bm25, qvecs: dict, qtokens: dict) -> di
 
 def fact_ranks(corpus: Corpus, v: Vectors, bm25, qvecs: dict, qtokens: dict) -> dict:
     """{qtype: {"semantic": [rank per fact], "hybrid": [...]}}: the fact chunk's rank in the exact semantic
-    ranking and in RRF over both whole rankings. Unlike recall, these move when a fact moves inside the top k."""
-    from rlm_workers.search.rrf import RRF_K, rrf_fuse
+    ranking and in the service's fusion of both whole rankings. Unlike recall, these move when a fact moves inside
+    the top k."""
+    from rlm_workers.search.fusion import fuse_arms
 
     out: dict = {}
     for qt in QTYPES:
         sem, hyb = [], []
         for i, f in enumerate(FACTS):
             q = getattr(f, qt)
-            lex = [c for c, _ in bm25.top_k(qtokens[q], len(corpus.chunks))]
-            dense = semantic_ranking(semantic_scores(v, qvecs[q]))
+            lex = bm25.top_k(qtokens[q], len(corpus.chunks))
+            scores = semantic_scores(v, qvecs[q])
+            dense = semantic_ranking(scores)
             sem.append(first_hit(dense, corpus.holders[i]))
-            hyb.append(first_hit([c for c, _ in rrf_fuse([lex, dense], k=RRF_K)], corpus.holders[i]))
+            both = fuse_arms(lex, [(c, float(scores[c])) for c in dense])
+            hyb.append(first_hit([c for c, _ in both], corpus.holders[i]))
         out[qt] = {"semantic": sem, "hybrid": hyb}
     return out
 
@@ -573,12 +592,13 @@ def in_process_lists(corpus: Corpus, v: Vectors, bm25, qvecs: dict, qtokens: dic
         out[qt] = {a: {k: [] for k in KS} for a in ARMS}
         for f in FACTS:
             q = getattr(f, qt)
-            lex = [c for c, _ in bm25.top_k(qtokens[q], 2 * max(KS))]
-            dense = semantic_ranking(semantic_scores(v, qvecs[q]))
+            lexs = bm25.top_k(qtokens[q], 2 * max(KS))
+            scores = semantic_scores(v, qvecs[q])
+            dense = semantic_ranking(scores)
             for k in KS:
-                out[qt]["bm25"][k].append(lex[:k])
+                out[qt]["bm25"][k].append([c for c, _ in lexs[:k]])
                 out[qt]["semantic"][k].append(dense[:k])
-                out[qt]["hybrid"][k].append(fused(lex, dense, k))
+                out[qt]["hybrid"][k].append(fused(lexs, dense, scores, k))
     return out
 
 
@@ -999,11 +1019,10 @@ def report(run: dict) -> str:
         lines += _e2e_report(run)
     lines += [
         "",
-        f"### Hybrid with the semantic arm weighted {SEMANTIC_WEIGHT} (not what the service does)",
+        f"### RRF with the semantic arm weighted {SEMANTIC_WEIGHT} (not what the service does)",
         "",
-        "RRF with equal weights interleaves the two arms, so for a paraphrase (where bm25's list is mostly wrong) "
-        "a fused top 10 holds about the semantic top 5. Weighting the semantic arm above 1 makes its ranks win; "
-        "`rrf_fuse` takes weights, `search.service.rank` passes none.",
+        "The fusion before issue #29, Reciprocal Rank Fusion (k=60), with the semantic arm weighted above 1; "
+        '"as served" is `search.fusion.fuse_arms` (bench/fusion.py compares the candidates on three question sets).',
         "",
         "| windows | paraphrase hybrid @5 / @10 as served | weighted | lexical hybrid @5 / @10 as served | weighted |",
         "| --- | ---: | ---: | ---: | ---: |",

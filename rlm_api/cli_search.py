@@ -29,7 +29,7 @@ def search(
     fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text,
     tenant: TenantOpt = None,
 ) -> None:
-    """Search buffers without any LLM: bm25, semantic, or hybrid (RRF)."""
+    """Search buffers without any LLM: bm25, semantic, or hybrid (both arms fused)."""
     # the search service reads the settings and the embedder: loaded with the command (cli_types)
     from rlm_workers.search.preview import matched_lines
     from rlm_workers.search.service import search as run_search

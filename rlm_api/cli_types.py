@@ -51,7 +51,7 @@ def new_typer(**kwargs: Any) -> typer.Typer:
 
 SearchModeOpt = Annotated[
     SearchMode | None,
-    typer.Option("--search-mode", help="Search arm: hybrid (RRF of both), semantic or bm25."),
+    typer.Option("--search-mode", help="Search arm: hybrid (both arms fused), semantic or bm25."),
 ]
 
 

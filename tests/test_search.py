@@ -91,18 +91,19 @@ def test_hybrid_finds_paraphrase_that_bm25_misses(conn, settings, db_url, loaded
     assert "sat on the mat" in hybrid[0].text
 
 
-def test_hybrid_score_is_rrf_of_the_arms(conn, settings, db_url, loaded):
+def test_hybrid_is_the_fusion_of_the_arms_as_searched(conn, settings, db_url, loaded):
+    from rlm_workers.search.fusion import RANK_K, fuse_arms
+
     rows = [store.get_buffer(conn, tenant="local", name="notes")]
     query = "semaphore shared by workers"
     lex = rank(conn, settings=settings, url=db_url, rows=rows, query=query, mode="bm25", top_k=10, threshold=None)
     sem = rank(conn, settings=settings, url=db_url, rows=rows, query=query, mode="semantic", top_k=10, threshold=0.0)
     hyb = rank(conn, settings=settings, url=db_url, rows=rows, query=query, mode="hybrid", top_k=5, threshold=0.0)
-    lex_rank = {r.chunk_id: i + 1 for i, r in enumerate(lex)}
-    sem_rank = {r.chunk_id: i + 1 for i, r in enumerate(sem)}
-    for r in hyb:
-        expected = sum(1 / (60 + rk[r.chunk_id]) for rk in (lex_rank, sem_rank) if r.chunk_id in rk)
-        assert r.score == pytest.approx(expected)
+    want = fuse_arms([(r.chunk_id, r.score) for r in lex], [(r.chunk_id, r.score) for r in sem])[:5]
+    assert [r.chunk_id for r in hyb] == [c for c, _ in want]
+    assert [r.score for r in hyb] == pytest.approx([s for _, s in want])
     assert hyb[0].chunk_id == lex[0].chunk_id == sem[0].chunk_id  # the rate-limit note wins both arms
+    assert hyb[0].score == 1 / (RANK_K + 1)
 
 
 def test_threshold_filters_semantic_arm(conn, settings, db_url, loaded):

@@ -29,7 +29,7 @@ class SearchRequest(Strict):
         None, min_length=1, max_length=MAX_SEARCH_BUFFERS, description="Buffers to search (or ``buffer``)."
     )
     buffer: str | None = Field(None, description="One buffer to search (shorthand for ``buffers: [name]``).")
-    mode: SearchMode = Field(SearchMode.hybrid, description="hybrid (RRF of both arms), semantic or bm25.")
+    mode: SearchMode = Field(SearchMode.hybrid, description="hybrid (both arms fused), semantic or bm25.")
     top_k: TopK = Field(10, description="How many hits.")
     threshold: Threshold | None = Field(
         None, description="Minimum cosine similarity for the semantic arm; default: no minimum."

@@ -1,0 +1,80 @@
+"""Hybrid fusion (search/fusion.py): best rank across arms, the lexical arm gated by how its scores stand out."""
+
+from __future__ import annotations
+
+from rlm_workers.search.fusion import RANK_K, SHARP_AT, SHARPNESS, fuse_arms, lexical_stands_out
+
+
+def _sharp(ids: list[int]) -> list[tuple[int, float]]:
+    """A bm25 list whose first score stands far above the rest (key words, an identifier)."""
+    return [(c, 20.0 if i == 0 else 2.0 - i * 0.01) for i, c in enumerate(ids)]
+
+
+def _flat(ids: list[int]) -> list[tuple[int, float]]:
+    """A bm25 list of nearly equal scores (common words shared with many chunks)."""
+    return [(c, 5.0 - i * 0.05) for i, c in enumerate(ids)]
+
+
+def _dense(ids: list[int]) -> list[tuple[int, float]]:
+    return [(c, 0.6 - i * 0.01) for i, c in enumerate(ids)]
+
+
+def _ids(fused: list[tuple[int, float]]) -> list[int]:
+    return [c for c, _ in fused]
+
+
+def test_a_chunk_one_arm_ranks_first_is_not_buried_by_chunks_both_arms_half_like():
+    # RRF summed 1/(60+r) over arms: 10..15, in both lists at ranks 2-7, all outranked chunk 99 (semantic rank 1)
+    half_liked = [10, 11, 12, 13, 14, 15]
+    dense = _dense([99, *half_liked])
+    lexical = _sharp([50, *half_liked])
+    top = _ids(fuse_arms(lexical, dense))
+    assert top[:2] == [99, 50]  # each arm's first, the semantic one first on a tie of rank
+    assert set(top[2:8]) == set(half_liked)
+
+
+def test_a_flat_lexical_list_only_fills_in_after_the_semantic_one():
+    dense = _dense([1, 2, 3])
+    lexical = _flat([7, 2, 8, 9, 10, 11, 12, 13, 14, 15])
+    assert not lexical_stands_out([s for _, s in lexical])
+    fused = fuse_arms(lexical, dense)
+    assert _ids(fused) == [1, 2, 3, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    scores = [s for _, s in fused]
+    assert scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores)
+    assert scores[0] == 1 / (RANK_K + 1) and scores[3] == 1 / (RANK_K + 4)
+
+
+def test_a_sharp_lexical_list_takes_part():
+    dense = _dense([1, 2, 3, 4, 5])
+    lexical = _sharp([9, 8, 7, 6, 3])
+    assert lexical_stands_out([s for _, s in lexical])
+    assert _ids(fuse_arms(lexical, dense))[:4] == [1, 9, 2, 8]
+
+
+def test_one_arm_empty_keeps_the_other_arms_order():
+    for lexical in (_flat([4, 5, 6]), _sharp([4, 5, 6])):
+        assert _ids(fuse_arms(lexical, [])) == [4, 5, 6]
+    assert _ids(fuse_arms([], _dense([3, 1, 2]))) == [3, 1, 2]
+    assert fuse_arms([], []) == []
+
+
+def test_each_chunk_comes_once_scored_by_its_best_rank():
+    dense = _dense([1, 2, 3])
+    lexical = _sharp([3, 2, 1])
+    fused = fuse_arms(lexical, dense)
+    assert sorted(_ids(fused)) == [1, 2, 3]
+    assert dict(fused) == {1: 1 / (RANK_K + 1), 3: 1 / (RANK_K + 1), 2: 1 / (RANK_K + 2)}
+    assert _ids(fused) == [1, 3, 2]  # rank 1 in both arms: the semantic arm's first
+
+
+def test_when_the_lexical_arm_stands_out():
+    assert not lexical_stands_out([])
+    assert lexical_stands_out([0.5])  # one match: it picks exactly that out
+    assert not lexical_stands_out([0.0])
+    tenth = [10.0] + [4.0] * (SHARP_AT - 2) + [10.0 / SHARPNESS]
+    assert lexical_stands_out(tenth)  # exactly SHARPNESS times its tenth
+    assert not lexical_stands_out([10.0] + [4.0] * (SHARP_AT - 2) + [10.0 / SHARPNESS + 0.01])
+    # what lies past the tenth does not matter; fewer than ten compare with the last
+    assert lexical_stands_out(tenth + [0.1] * 5)
+    assert lexical_stands_out([6.0, 5.0, 2.9]) and not lexical_stands_out([6.0, 5.0, 3.1])
+    assert lexical_stands_out([3.0, 1.0, -0.5])  # a last score at or below zero: any positive best stands out
