@@ -184,6 +184,27 @@ def _served(sharpness: float | None = None) -> Callable[[Lists, int], list[int]]
     return fuse
 
 
+def _best_rank(sharpness: float) -> Callable[[Lists, int], list[int]]:
+    """A chunk ranks by its best rank in either arm (ties: the sum of reciprocal ranks, then the semantic arm),
+    the lexical arm gated as the service gates it: tried for issue #29, not served (RESULTS says why)."""
+    from rlm_workers.search import fusion
+
+    def fuse(lists: Lists, k: int) -> list[int]:
+        lex, dense = lists[0][: 2 * k], lists[1][: 2 * k]
+        on = sharpness == 0 or (lex and lex[0][1] >= sharpness * lex[min(len(lex), fusion.SHARP_AT) - 1][1])
+        key: dict[int, list] = {}
+        for arm, ranking in ((0, dense), (1, lex if on else [])):
+            for rank, (c, _) in enumerate(ranking, start=1):
+                have = key.setdefault(c, [rank, 0.0, arm])
+                have[1] -= 1 / (60 + rank)
+                if rank < have[0]:
+                    have[0], have[2] = rank, arm
+        out = sorted(key, key=lambda c: (*key[c], c))
+        return (out + [c for c, _ in lex if c not in key])[:k]
+
+    return fuse
+
+
 CANDIDATES: dict[str, Callable[[Lists, int], list[int]]] = {
     "bm25 alone": lambda lists, k: [c for c, _ in lists[0][:k]],
     "semantic alone": lambda lists, k: [c for c, _ in lists[1][:k]],
@@ -192,9 +213,10 @@ CANDIDATES: dict[str, Callable[[Lists, int], list[int]]] = {
     "RRF, semantic ×2": _rrf((1.0, 2.0)),
     "min-max sum": _scored(_minmax),
     "DBSF (mean ± 3σ)": _scored(_dbsf),
-    "best rank, lexical arm always counts": _served(0.0),
-    **{f"best rank, lexical gate {r}×": _served(r) for r in (1.5, 2.5, 3.0, 4.0)},
-    "**served**: best rank, lexical gate 2.0× (`search.fusion`)": _served(),
+    "best rank, lexical arm always counts": _best_rank(0.0),
+    "best rank, lexical gate 2.0×": _best_rank(2.0),
+    **{f"RRF, lexical gate {r}×": _served(r) for r in (1.5, 2.5, 3.0, 4.0)},
+    "**served**: RRF, lexical gate 2.0× (`search.fusion`)": _served(),
 }
 
 
@@ -258,6 +280,21 @@ def main() -> None:
                 cell = f"{by[qt][k] / n[qt]:.2f} ({by[qt][k]}/{n[qt]})"
                 cells.append(f"**{cell}**" if good else cell)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {ok}/{len(SETS) * len(KS)} |")
+    # what an answer built from the top chunk sees (the offline provider ranks its lines with the search rank as
+    # a prior): the fact's chunk first in the top 10, per set
+    lines += [
+        "",
+        "The fact's chunk ranked first (of the top 10, as a direct answer gets them):",
+        "",
+        "| fusion | " + " | ".join(SETS) + " |",
+        "| --- | " + " | ".join("---:" for _ in SETS) + " |",
+    ]
+    for name, fuse in candidates.items():
+        firsts = {
+            qt: sum(bool(set(fuse(ls, 10)[:1]) & h) for ls, h in zip(lists[qt], holders[qt], strict=True))
+            for qt in SETS
+        }
+        lines.append(f"| {name} | " + " | ".join(f"{firsts[qt]}/{n[qt]}" for qt in SETS) + " |")
     lines += ["", f"Whole bench run: {time.perf_counter() - t0:.0f} s."]
     _util.publish("fusion", "\n".join(lines), machine, write=not args.no_write)
 

@@ -454,7 +454,7 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
         query: Annotated[str, Field(min_length=1, max_length=10_000, description="What to look for.")],
         buffers: Annotated[Buffers | BufferName, Field(description="A buffer name, or a list of them.")],
         ctx: Context,
-        mode: Annotated[SearchMode, Field(description="bm25, semantic, or hybrid (both, fused by best rank).")] = (
+        mode: Annotated[SearchMode, Field(description="bm25, semantic, or hybrid (both, fused by RRF).")] = (
             SearchMode.hybrid
         ),
         top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K, description="How many chunks to return.")] = 10,

@@ -1,4 +1,4 @@
-"""Search over one or several buffers: bm25, semantic, or hybrid (both arms, fused by best rank).
+"""Search over one or several buffers: bm25, semantic, or hybrid (both arms fused: ``fusion.py``).
 
 Used by ``rlm search``, the pipeline's Search stage and the synthesizer's
 ``search`` tool alike.
