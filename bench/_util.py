@@ -312,3 +312,21 @@ def update_results(section: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
+
+
+def copy_package_sources(root: Path, package: str, budget: int | None) -> tuple[int, int]:
+    """Copy an installed package's .py files into ``root / package`` (all of them, or the first ``budget`` bytes,
+    at least one file); (files, bytes)."""
+    src_root = SITE_PACKAGES / package
+    files = total = 0
+    for src in sorted(src_root.rglob("*.py")):
+        if "__pycache__" in src.parts:
+            continue
+        data = src.read_bytes()
+        if budget is not None and total + len(data) > budget and files:
+            break
+        dest = root / package / src.relative_to(src_root)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        files, total = files + 1, total + len(data)
+    return files, total

@@ -42,19 +42,7 @@ NO_CUDA = "no CUDA device: skipped the GPU figures"
 
 def build_corpus(root: Path, budget: int | None) -> int:
     """Copy the package's .py files into ``root`` (all, or the first ``budget`` bytes); the bytes copied."""
-    src_root = _util.SITE_PACKAGES / PACKAGE
-    total = 0
-    for src in sorted(src_root.rglob("*.py")):
-        if "__pycache__" in src.parts:
-            continue
-        data = src.read_bytes()
-        if budget is not None and total + len(data) > budget and total:
-            break
-        dest = root / PACKAGE / src.relative_to(src_root)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
-        total += len(data)
-    return total
+    return _util.copy_package_sources(root, PACKAGE, budget)[1]
 
 
 def corpus_windows(root: Path, embedder) -> list[str]:

@@ -131,19 +131,7 @@ def last_json(stdout: str) -> dict:
 
 def build_corpus(root: Path, budget: int | None) -> tuple[int, int]:
     """Copy the package's .py files into ``root`` (all of them, or the first ``budget`` bytes); (files, bytes)."""
-    src_root = _util.SITE_PACKAGES / PACKAGE
-    files = total = 0
-    for src in sorted(src_root.rglob("*.py")):
-        if "__pycache__" in src.parts:
-            continue
-        data = src.read_bytes()
-        if budget is not None and total + len(data) > budget and files:
-            break
-        dest = root / PACKAGE / src.relative_to(src_root)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(data)
-        files, total = files + 1, total + len(data)
-    return files, total
+    return _util.copy_package_sources(root, PACKAGE, budget)
 
 
 def fresh_database(data_dir: Path) -> None:
