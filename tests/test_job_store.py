@@ -77,3 +77,48 @@ def test_a_claim_waits_for_a_salvage_in_progress_and_then_declines(job, settings
             job_store.fail_unfinished_batches(salvager, job_id=job, reason=LOST)
         claim.join(10)
     assert got == [None]
+
+
+def test_one_heartbeat_renews_every_pending_batch_held_and_names_them(job):
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    with connection() as conn:
+        assert job_store.claim_batch(conn, job_id=job, batch_no=0) == [1]
+        assert job_store.claim_batch(conn, job_id=job, batch_no=1) == [2]
+        assert job_store.finish_batch(conn, job_id=job, batch_no=1)  # ended: no lease left to renew
+        _age(conn, job, 600)
+        renewed = job_store.heartbeat_batches(conn, batches=[(job, 0), (job, 1), (job, 7), ("no-such-job", 0)])
+        assert renewed == {(job, 0)}
+        ages = dict(
+            conn.execute(
+                "SELECT batch_no, extract(epoch FROM now() - heartbeat_at) FROM job_batches WHERE job_id = %s",
+                (job,),
+            ).fetchall()
+        )
+        assert ages[0] < 60 and ages[1] >= 600  # only the pending batch's lease moved
+        assert job_store.heartbeat_batches(conn, batches=[]) == set()
+
+
+def test_a_batch_s_findings_are_stored_in_one_go_and_read_back_as_given(job):
+    from rlm_workers.models import Finding, Record
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    findings = [
+        Finding(chunk_id=1, relevance="high", findings=["a", 'quote "b"'], summary="s", follow_up=["f?"]),
+        Finding(chunk_id=9, relevance="none", records=[Record(label="level", value="ERROR", count=3)]),
+        Finding(chunk_id=1, relevance="low", findings=["later"], summary="t"),  # the same chunk again: it wins
+    ]
+    with connection() as conn:
+        assert job_store.claim_batch(conn, job_id=job, batch_no=0) == [1]
+        assert job_store.finish_batch(conn, job_id=job, batch_no=0, findings=findings)
+        rows = conn.execute(
+            """SELECT chunk_id, relevance, findings, summary, follow_up, records FROM job_findings
+               WHERE job_id = %s AND batch_no = 0 ORDER BY chunk_id""",
+            (job,),
+        ).fetchall()
+    assert rows == [
+        (1, "low", ["later"], "t", [], []),
+        (9, "none", [], "", [], [{"label": "level", "value": "ERROR", "count": 3}]),
+    ]

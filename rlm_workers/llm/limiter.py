@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -42,6 +43,28 @@ log = logging.getLogger("rlm.limiter")
 # Polling rather than pub/sub wake-ups: a released slot needs no notification
 # path that could be lost, and 10-50 ms of jitter spreads contending workers.
 _POLL_MIN, _POLL_MAX = 0.010, 0.050
+# Within a process a release also wakes one thread waiting on the same key at once, so the waiters of a process
+# poll Redis (for slots other processes free) at about this many threads' pace together, not each at the full
+# pace: a worker running more threads than slots would otherwise spend its CPU asking Redis.
+_POLLERS = 4
+
+
+class _Waiters:
+    """The threads of this process waiting for a slot of one limiter key."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.count = 0
+
+
+_WAITERS: dict[str, _Waiters] = {}
+_WAITERS_LOCK = threading.Lock()
+
+
+def _waiters(key: str) -> _Waiters:
+    with _WAITERS_LOCK:
+        return _WAITERS.setdefault(key, _Waiters())
+
 
 # Fair share (docs/contract.md#fair-share).  Beside the lease zset K, keys in K's cluster slot ("{K}:…"):
 #   {K}:t:<tenant>  that tenant's leases (the same members and expiries as in K)
@@ -268,20 +291,35 @@ class ConcurrencyLimiter:
     def acquire(self, timeout: float | None = None, tenant: str | None = None) -> Lease:
         """Block until a slot is free; ``TimeoutError`` after ``timeout`` seconds (None: wait forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            lease = self.try_acquire(tenant)
-            if lease is not None:
-                return lease
-            pause = random.uniform(_POLL_MIN, _POLL_MAX)
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no free slot on {self.key} (limit {self.limit}) within {timeout:g}s")
-                pause = min(pause, left)
-            time.sleep(pause)
+        lease = self.try_acquire(tenant)
+        if lease is not None:
+            return lease
+        waiters = _waiters(self.key)
+        with waiters.cond:
+            waiters.count += 1
+        try:
+            while True:
+                with waiters.cond:
+                    pause = random.uniform(_POLL_MIN, _POLL_MAX) * max(1.0, waiters.count / _POLLERS)
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"no free slot on {self.key} (limit {self.limit}) within {timeout:g}s")
+                        pause = min(pause, left)
+                    waiters.cond.wait(pause)  # a release in this process ends it early
+                lease = self.try_acquire(tenant)
+                if lease is not None:
+                    return lease
+        finally:
+            with waiters.cond:
+                waiters.count -= 1
 
     def release(self, lease: Lease) -> None:
         redis_call(self._release, keys=[lease.key], args=self._args(lease.tenant, lease.id))
+        waiters = _WAITERS.get(lease.key)
+        if waiters is not None:
+            with waiters.cond:
+                waiters.cond.notify()
 
     def renew(self, lease: Lease) -> bool:
         """Push the lease's expiry ``lease_seconds`` ahead; False if it had already expired."""
@@ -315,12 +353,11 @@ class ConcurrencyLimiter:
     def slot(self, timeout: float | None = None, tenant: str | None = None) -> Iterator[Lease]:
         """Hold one slot for the block, renewing it in the background so slow calls keep it."""
         lease = self.acquire(timeout, tenant)
-        keeper = _LeaseKeeper(self, lease)
-        keeper.start()
+        _KEEPER.keep(self, lease)
         try:
             yield lease
         finally:
-            keeper.stop()
+            _KEEPER.drop(lease)
             try:
                 self.release(lease)
             except ServiceUnavailable:
@@ -334,34 +371,70 @@ class ConcurrencyLimiter:
 
 
 class _LeaseKeeper:
-    """Renews one lease every third of its lifetime until stopped (a thread per slot, no fork hazards)."""
+    """Renews every lease this process holds, each every third of its lifetime, from one thread.
 
-    def __init__(self, limiter: ConcurrencyLimiter, lease: Lease) -> None:
-        self._limiter = limiter
-        self._lease = lease
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-keeper-{lease.id[-12:]}", daemon=True)
+    A thread per slot cost each call a thread start and a join, waited for under the GIL that every other
+    thread of a 100-thread analyst worker wants too; one thread per process renews them all instead.  It is
+    started on the first lease (again after a fork, which does not copy threads) and never stopped: a daemon
+    that waits when there is nothing to renew."""
 
-    def start(self) -> None:
-        self._thread.start()
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        #: lease id -> (limiter, lease, when its next renewal is due on the monotonic clock)
+        self._held: dict[str, tuple[ConcurrencyLimiter, Lease, float]] = {}
+        #: until when the thread sleeps (inf: until woken); None while it is awake and will look again anyway
+        self._asleep_until: float | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def keep(self, limiter: ConcurrencyLimiter, lease: Lease) -> None:
+        with self._lock:
+            due = time.monotonic() + limiter.lease_seconds / 3
+            self._held[lease.id] = (limiter, lease, due)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._asleep_until = None
+                self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+                self._thread.start()
+            elif self._asleep_until is not None and due < self._asleep_until:
+                # woken only when it would sleep past this lease's renewal: leases come in the order they fall due
+                self._lock.notify()
+
+    def drop(self, lease: Lease) -> None:
+        """Stop renewing ``lease``: a renewal already under way may still push it once, before the release."""
+        with self._lock:
+            self._held.pop(lease.id, None)
 
     def _run(self) -> None:
-        interval = self._limiter.lease_seconds / 3
-        while not self._stop.wait(interval):
-            try:
-                if not self._limiter.renew(self._lease):
-                    log.warning(
-                        "lease %s on %s expired before renewal; the limit may be briefly exceeded",
-                        self._lease.id,
-                        self._lease.key,
-                    )
-                    return
-            except ServiceUnavailable as exc:
-                log.warning("lease renewal failed, will retry: %s", exc)
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [(lim, lease) for lim, lease, at in self._held.values() if at <= now]
+                for lim, lease in due:
+                    self._held[lease.id] = (lim, lease, now + lim.lease_seconds / 3)
+                if not due:
+                    nxt = min((at for _, _, at in self._held.values()), default=None)
+                    self._asleep_until = math.inf if nxt is None else nxt
+                    self._lock.wait(None if nxt is None else nxt - now)
+                    self._asleep_until = None
+                    continue
+            for lim, lease in due:  # outside the lock: a slow Redis must not hold up keep() and drop()
+                try:
+                    if not lim.renew(lease):
+                        with self._lock:
+                            # a lease dropped (and released) while this renewal ran is no news
+                            held = self._held.pop(lease.id, None) is not None
+                        if held:
+                            log.warning(
+                                "lease %s on %s expired before renewal; the limit may be briefly exceeded",
+                                lease.id,
+                                lease.key,
+                            )
+                except ServiceUnavailable as exc:
+                    log.warning("lease renewal failed, will retry: %s", exc)
+
+
+_KEEPER = _LeaseKeeper()
 
 
 def limiter_from_settings(settings: Settings, redis_client: Any) -> ConcurrencyLimiter:

@@ -212,9 +212,12 @@ def validate_entry(raw: dict) -> dict | None:
     """One reply entry through its model, as a plain dict (canonical keys); None for one we cannot use."""
     model = AnalystEntry if "chunk_id" in raw or NONE_KEY not in raw else NoneList
     try:
-        return model.model_validate(raw).model_dump(mode="json")
+        entry = model.model_validate(raw)
     except ValidationError:
         return None
+    # the fields as validated, shallow: the values are already plain JSON (the lenient validator rebuilt them
+    # from the parsed reply), so a JSON-mode dump of each of a batch's entries only copied them at a cost
+    return dict(entry)
 
 
 # --------------------------------------------------------------------------- direct answer

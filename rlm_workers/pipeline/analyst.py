@@ -18,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
+import os
+import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -38,7 +41,6 @@ from ..store import jobs as job_store
 from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
-from .flow import Heartbeat
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, quote_field, system_message
 from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from .replies import clip, json_candidates, leading_objects
@@ -284,9 +286,17 @@ def _job_slot(job_id: str, limit: int | None, batches: int | None, settings: Set
     if not limit or provider().local or (batches and batches <= int(limit)):
         # a cap at or above the job's batch count can never bind: skip two Redis round trips
         return contextlib.nullcontext()
+    # Kept even when the global limit is as low: this slot is held from before the call's budget reservation
+    # until after its charge (the global one only around the HTTP request), which is what bounds how far the
+    # job's calls in flight can overshoot --max-tokens or --max-cost (docs/contract.md#budgets).
+    return _job_limiter(job_id, int(limit), redis_client()).slot(wait_bound(settings))
 
-    limiter = ConcurrencyLimiter(redis_client(), limit=int(limit), key=f"{LIMITER_KEY_PREFIX}job:{job_id}")
-    return limiter.slot(wait_bound(settings))
+
+@functools.lru_cache(maxsize=256)
+def _job_limiter(job_id: str, limit: int, client: Any) -> ConcurrencyLimiter:
+    # one per job (and Redis client: settings reset rebuild it) and process, not per batch: building one
+    # registers its five Lua scripts again, a SHA-1 of each
+    return ConcurrencyLimiter(client, limit=limit, key=f"{LIMITER_KEY_PREFIX}job:{job_id}")
 
 
 def batch_lease_seconds(settings: Settings) -> float:
@@ -315,6 +325,73 @@ def _claim(job_id: str, batch_no: int, lease: float) -> list[int] | None:
         time.sleep(lease / 3)
 
 
+class _BatchLeases:
+    """Renews the leases of every batch this process's analysts hold, from one thread, in one statement a round.
+
+    A heartbeat thread per batch cost every batch a thread start and a join, waited for under the GIL that the
+    other threads of a 100-thread analyst worker want too.  Each batch is renewed every ``every`` seconds until
+    its analysis ends or a renewal finds it no longer pending (ended, salvaged); a failed round (the database
+    blinked) only shortens the leases, so it is logged and tried again at the next one.  The thread starts with
+    the first batch (again after a fork, which copies no thread) and waits while there is nothing to renew.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        #: (job id, batch no) -> (seconds between renewals, when the next one is due on the monotonic clock)
+        self._held: dict[tuple[str, int], tuple[float, float]] = {}
+        #: until when the thread sleeps (inf: until woken); None while it is awake and will look again anyway
+        self._asleep_until: float | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    @contextlib.contextmanager
+    def held(self, job_id: str, batch_no: int, every: float) -> Iterator[None]:
+        key = (job_id, batch_no)
+        with self._lock:
+            due = time.monotonic() + every
+            self._held[key] = (every, due)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._asleep_until = None
+                self._thread = threading.Thread(target=self._run, name="rlm-batch-leases", daemon=True)
+                self._thread.start()
+            elif self._asleep_until is not None and due < self._asleep_until:
+                self._lock.notify()  # only when it would sleep past this batch's renewal
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [key for key, (_, at) in self._held.items() if at <= now]
+                if not due:
+                    nxt = min((at for _, at in self._held.values()), default=None)
+                    self._asleep_until = math.inf if nxt is None else nxt
+                    self._lock.wait(None if nxt is None else nxt - now)
+                    self._asleep_until = None
+                    continue
+                every = min(self._held[key][0] for key in due)
+                for key in due:
+                    self._held[key] = (self._held[key][0], now + self._held[key][0])
+            try:
+                with connection(timeout=every) as conn:
+                    pending = job_store.heartbeat_batches(conn, batches=due)
+            except Exception as exc:  # a database blink: the leases outlive a few missed rounds
+                log.warning("heartbeat of %d analyst batches failed: %s", len(due), exc)
+                continue
+            with self._lock:
+                for key in due:
+                    if key not in pending:
+                        self._held.pop(key, None)  # ended, salvaged or taken over: nothing left to keep alive
+
+
+_LEASES = _BatchLeases()
+
+
 def run(job_id: str, batch_no: int) -> dict:
     """Analyse one batch; returns ``{"batch", "status", …}`` and never raises but for a database outage."""
     try:
@@ -336,32 +413,46 @@ def run(job_id: str, batch_no: int) -> dict:
 
 def _analyse(job_id: str, batch_no: int) -> dict:
     settings = get_settings()
+    lease = batch_lease_seconds(settings)
+    # the job, the claim and the batch's chunks on one pooled connection: every checkout is a round trip more
+    # (the pool checks the connection), paid per batch in a worker whose threads share one GIL
     with connection() as conn:
         job = job_store.get_job(conn, job_id=job_id)
         if job is None or job.terminal:
             return {"batch": batch_no, "status": "skipped"}
-    lease = batch_lease_seconds(settings)
-    ids = _claim(job_id, batch_no, lease)
+        ids = job_store.claim_batch(conn, job_id=job_id, batch_no=batch_no, lease_seconds=lease)
+        chunks = None if ids is None else _load_chunks(conn, job, ids)
     if ids is None:
-        # finished or held by another delivery, or salvaged: this one must not pay for the batch again
-        return {"batch": batch_no, "status": "skipped"}
+        ids = _claim(job_id, batch_no, lease)
+        if ids is None:
+            # finished or held by another delivery, or salvaged: this one must not pay for the batch again
+            return {"batch": batch_no, "status": "skipped"}
     # the lease renewed every third of it: a redelivery finds the batch taken, and the watchdog sees a batch
     # waiting on a limiter as progress
-    beat = functools.partial(job_store.heartbeat_batch, job_id=job_id, batch_no=batch_no)
-    with Heartbeat(beat, lease / 3, f"job {job_id} batch {batch_no}"):
-        return _analyse_claimed(job_id, batch_no, job, ids, settings)
+    with _LEASES.held(job_id, batch_no, lease / 3):
+        if chunks is None:
+            with connection() as conn:
+                chunks = _load_chunks(conn, job, ids)
+        return _analyse_claimed(job_id, batch_no, job, ids, chunks, settings)
 
 
-def _analyse_claimed(job_id: str, batch_no: int, job: job_store.JobRow, ids: list[int], settings: Settings) -> dict:
-    with connection() as conn:
-        chunks = prompt_chunks(conn, tenant=job.tenant, ids=ids, counting=job.route == "exhaustive")
-        present = [c.chunk_id for c in chunks]
-        if missing := len(ids) - len(present):
-            job_store.add_chunk_load_failures(conn, job_id=job_id, n=missing)
-        if not chunks:
-            err = {"type": "chunk_load", "message": f"none of the batch's {len(ids)} chunks could be loaded"}
+def _load_chunks(conn: Any, job: job_store.JobRow, ids: list[int]) -> list[ChunkForPrompt]:
+    """The claimed batch's chunks as the prompt shows them; those that could not be loaded are counted on the job."""
+    chunks = prompt_chunks(conn, tenant=job.tenant, ids=ids, counting=job.route == "exhaustive")
+    if missing := len(ids) - len(chunks):
+        job_store.add_chunk_load_failures(conn, job_id=job.id, n=missing)
+    return chunks
+
+
+def _analyse_claimed(
+    job_id: str, batch_no: int, job: job_store.JobRow, ids: list[int], chunks: list[ChunkForPrompt], settings: Settings
+) -> dict:
+    present = [c.chunk_id for c in chunks]
+    if not chunks:
+        err = {"type": "chunk_load", "message": f"none of the batch's {len(ids)} chunks could be loaded"}
+        with connection() as conn:
             job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
-            return {"batch": batch_no, "status": "failed", "error": err}
+        return {"batch": batch_no, "status": "failed", "error": err}
     params = job.params or {}
     read = read_input(job.query, chunks, params.get("focus_topics") or [], records_wanted=job.route == "exhaustive")
     messages = render_messages(

@@ -267,6 +267,21 @@ def heartbeat_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> 
     )
 
 
+def heartbeat_batches(conn: psycopg.Connection, *, batches: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+    """``heartbeat_batch`` for many claimed batches in one statement: the (job, batch) pairs still pending, whose
+    leases were renewed (the others ended or were salvaged)."""
+    if not batches:
+        return set()
+    rows = conn.execute(
+        """UPDATE job_batches b SET heartbeat_at = now()
+           FROM unnest(%s::text[], %s::int[]) AS k(job_id, batch_no)
+           WHERE b.job_id = k.job_id AND b.batch_no = k.batch_no AND b.status = 'pending'
+           RETURNING b.job_id, b.batch_no""",
+        ([j for j, _ in batches], [b for _, b in batches]),
+    ).fetchall()
+    return {(r[0], int(r[1])) for r in rows}
+
+
 def lock_for_salvage(
     conn: psycopg.Connection,
     *,
@@ -359,27 +374,27 @@ def finish_batch(
             return False
         conn.execute("DELETE FROM job_findings WHERE job_id = %s AND batch_no = %s", (job_id, batch_no))
         if findings:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up,
-                                                 records)
-                       VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE
-                       SET relevance = EXCLUDED.relevance, findings = EXCLUDED.findings, summary = EXCLUDED.summary,
-                           follow_up = EXCLUDED.follow_up, records = EXCLUDED.records""",
-                    [
-                        (
-                            job_id,
-                            batch_no,
-                            f.chunk_id,
-                            f.relevance,
-                            Jsonb(f.findings),
-                            f.summary,
-                            Jsonb(f.follow_up),
-                            Jsonb([r.model_dump() for r in f.records]),
-                        )
-                        for f in findings
-                    ],
-                )
+            # one statement over one JSON document, not a row per finding: a batch of 50 chunks paid 50 rows of
+            # parameter adaptation (three JSON dumps each) in the analyst's thread, under the worker's one GIL
+            rows = {
+                f.chunk_id: {
+                    "chunk_id": f.chunk_id,
+                    "relevance": str(getattr(f.relevance, "value", f.relevance)),
+                    "findings": f.findings,
+                    "summary": f.summary,
+                    "follow_up": f.follow_up,
+                    "records": [r.model_dump() for r in f.records],
+                }
+                for f in findings  # a chunk twice: the later finding wins, as row-by-row upserts had it
+            }
+            conn.execute(
+                """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up,
+                                             records)
+                   SELECT %s, %s, f.chunk_id, f.relevance, f.findings, f.summary, f.follow_up, f.records
+                   FROM jsonb_to_recordset(%s) AS f(chunk_id bigint, relevance text, findings jsonb, summary text,
+                                                    follow_up jsonb, records jsonb)""",
+                (job_id, batch_no, Jsonb(list(rows.values()))),
+            )
     return True
 
 
