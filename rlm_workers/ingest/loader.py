@@ -345,9 +345,7 @@ def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: l
     """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms, pages,
     heading path), and its windows queued for encoding under ``cid``."""
     terms = tokenize(ch.text)
-    for w, (a, b) in enumerate(embedder.window_spans(ch.text, embedder.spec)):
-        windows.append(ch.text[a:b])
-        owners.append((cid, w, a, b))
+    queue_windows(cid, ch.text, embedder, windows, owners)
     return (
         ch.start_line,
         ch.end_line,
@@ -361,6 +359,13 @@ def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: l
         ch.page_end,
         list(ch.heading_path) or None,
     )
+
+
+def queue_windows(cid: int, text: str, embedder: Any, windows: list[str], owners: list[Owner]) -> None:
+    """Queue a chunk's windows for encoding under ``cid``, each with its span in ``text``."""
+    for w, (a, b) in enumerate(embedder.window_spans(text, embedder.spec)):
+        windows.append(text[a:b])
+        owners.append((cid, w, a, b))
 
 
 def encode_queued(

@@ -18,7 +18,7 @@ from ..store import buffers as store
 from ..store import vectors
 from ..store.db import connect
 from .embed import get_embedder, model_id_for, resolve_runtime
-from .loader import Owner
+from .loader import Owner, encode_queued, queue_windows
 from .windows import DEFAULT_WINDOWS
 
 if TYPE_CHECKING:
@@ -90,18 +90,12 @@ def reembed_buffer(
             windows: list[str] = []
             owners: list[Owner] = []
             for chunk_id, text in rows:
-                for win, (a, b) in enumerate(embedder.window_spans(text, embedder.spec)):
-                    windows.append(text[a:b])
-                    owners.append((chunk_id, win, a, b))
-            vecs = embedder.encode(windows, batch_size=embed_batch_size)
-            vectors.copy(
-                conn,
-                buffer_id=buf.id,
-                rows=[(cid, win, vecs[i], a, b) for i, (cid, win, a, b) in enumerate(owners)],
-                staging=True,
-            )
+                queue_windows(chunk_id, text, embedder, windows, owners)
+            queued = len(windows)
+            encoded = encode_queued(windows, owners, queued, embed_batch_size, embedder)
+            vectors.copy(conn, buffer_id=buf.id, rows=encoded, staging=True)
             report.chunks += len(rows)
-            report.windows_embedded += len(windows)
+            report.windows_embedded += queued
             if on_chunks:
                 on_chunks(report.chunks, total)
         vectors.ensure_index(conn, buffer_id=buf.id, staging=True)
