@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
     import psycopg
 
-    from .bm25 import BM25Index
+    from .bm25 import BM25Index, BM25Union
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,7 @@ class Ranked:
     chunk_id: int
     score: float
     #: the chunk's window nearest the query, when the semantic arm saw the chunk
-    window: int | None = None
-    #: that window's character span in the chunk text, where the store keeps it
-    span: tuple[int, int] | None = None
+    near: Near | None = None
 
 
 def validate_query(query: str) -> str:
@@ -73,7 +71,7 @@ def validate_search_params(mode: str, top_k: int, threshold: float | None) -> No
 
 def _bm25_index(
     conn: psycopg.Connection, rows: Sequence[BufferRow], settings: Settings, url: str
-) -> BM25Index | bm25_cache.BM25Union:
+) -> BM25Index | BM25Union:
     """The buffers' BM25 as one index: each buffer's mapped file, scored with the statistics of them all."""
     dbk = bm25_cache.db_key(url)
     parts = [bm25_cache.index_for(conn, r, cache_dir=settings.data_dir / "cache", dbk=dbk) for r in rows]
@@ -170,11 +168,11 @@ def rank(
     if mode == "bm25":
         return [Ranked(c, s) for c, s in lexical[:top_k]]
     if mode == "semantic":
-        return [Ranked(n.chunk_id, n.similarity, n.win, n.span) for n in dense[:top_k]]
+        return [Ranked(n.chunk_id, n.similarity, n) for n in dense[:top_k]]
 
     fused = fuse_arms(lexical, [(n.chunk_id, n.similarity) for n in dense])
     near = {n.chunk_id: n for n in dense}
-    return [Ranked(c, s, n.win, n.span) if (n := near.get(c)) is not None else Ranked(c, s) for c, s in fused[:top_k]]
+    return [Ranked(c, s, near.get(c)) for c, s in fused[:top_k]]
 
 
 def search(
@@ -225,23 +223,22 @@ def search(
 
 def _passage(settings: Settings, text: str, label: str | None, runtime: str | None, hit: Ranked) -> str | None:
     """The text of the chunk's window nearest the query: the sentence(s) the semantic arm matched."""
-    window = hit.window
-    if window is None:
+    near = hit.near
+    if near is None:
         return None
-    if hit.span is not None:
-        a, b = hit.span
+    if near.span is not None:
+        a, b = near.span
         return text[a:b] if 0 <= a < b <= len(text) else None
     if label is None or runtime is None:
         return None
     # vectors stored before their spans were: cut the chunk again
-
     try:
         spec = WindowSpec.from_label(label)
     except ValueError:
         return None
     # the encoder that embedded the query: every encoder cuts alike (same tokenizer.json, same cutter)
     spans = get_query_encoder(settings.embedding_model, runtime).window_spans(text, spec)
-    if not 0 <= window < len(spans):
+    if not 0 <= near.win < len(spans):
         return None  # a chunk re-cut since: no passage rather than a wrong one
-    a, b = spans[window]
+    a, b = spans[near.win]
     return text[a:b]
