@@ -18,10 +18,11 @@ Each arm is fetched at 2×k, as ``search.service.rank`` does, and every candidat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,18 +169,27 @@ def _dbsf(scores: list[float]) -> list[float]:
     return [min(1.0, max(0.0, (s - lo) / (hi - lo))) for s in scores]
 
 
+@contextlib.contextmanager
+def _gate_at(sharpness: float | None) -> Iterator[None]:
+    """``search.fusion``'s lexical gate set to ``sharpness`` for a while (None: as served)."""
+    from rlm_workers.search import fusion
+
+    keep = fusion.SHARPNESS
+    fusion.SHARPNESS = keep if sharpness is None else sharpness
+    try:
+        yield
+    finally:
+        fusion.SHARPNESS = keep
+
+
 def _served(sharpness: float | None = None) -> Callable[[Lists, int], list[int]]:
     """``search.fusion.fuse_arms``, the service's fusion; with ``sharpness``, its gate set to that instead."""
-    from rlm_workers.search import fusion
+    from rlm_workers.search.fusion import fuse_arms
 
     def fuse(lists: Lists, k: int) -> list[int]:
         lex, dense = lists
-        keep = fusion.SHARPNESS
-        fusion.SHARPNESS = keep if sharpness is None else sharpness
-        try:
-            return [c for c, _ in fusion.fuse_arms(lex[: 2 * k], dense[: 2 * k])[:k]]
-        finally:
-            fusion.SHARPNESS = keep
+        with _gate_at(sharpness):
+            return [c for c, _ in fuse_arms(lex[: 2 * k], dense[: 2 * k])[:k]]
 
     return fuse
 
@@ -187,11 +197,12 @@ def _served(sharpness: float | None = None) -> Callable[[Lists, int], list[int]]
 def _best_rank(sharpness: float) -> Callable[[Lists, int], list[int]]:
     """A chunk ranks by its best rank in either arm (ties: the sum of reciprocal ranks, then the semantic arm),
     the lexical arm gated as the service gates it: tried for issue #29, not served (RESULTS says why)."""
-    from rlm_workers.search import fusion
+    from rlm_workers.search.fusion import lexical_stands_out
 
     def fuse(lists: Lists, k: int) -> list[int]:
         lex, dense = lists[0][: 2 * k], lists[1][: 2 * k]
-        on = sharpness == 0 or (lex and lex[0][1] >= sharpness * lex[min(len(lex), fusion.SHARP_AT) - 1][1])
+        with _gate_at(sharpness):
+            on = lexical_stands_out([s for _, s in lex])
         key: dict[int, list] = {}
         for arm, ranking in ((0, dense), (1, lex if on else [])):
             for rank, (c, _) in enumerate(ranking, start=1):
