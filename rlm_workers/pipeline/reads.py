@@ -291,8 +291,7 @@ def _run(read_id: int) -> dict:
         return {"read": read_id, "status": "failed", "error": err}
 
     def beat(conn: psycopg.Connection) -> bool:
-        alive = [job_store.heartbeat_batch(conn, job_id=m.job.id, batch_no=m.batch_no) for m in claimed]
-        return any(alive)
+        return bool(job_store.heartbeat_batches(conn, batches=[(m.job.id, m.batch_no) for m in claimed]))
 
     with Heartbeat(beat, lease / 3, f"read {read_id}"):
         try:

@@ -257,18 +257,11 @@ def batch_held(conn: psycopg.Connection, *, job_id: str, batch_no: int, lease_se
 
 def heartbeat_batch(conn: psycopg.Connection, *, job_id: str, batch_no: int) -> bool:
     """Renew a claimed batch's lease (and show the job is moving); False once the batch ended or was salvaged."""
-    return (
-        conn.execute(
-            """UPDATE job_batches SET heartbeat_at = now()
-               WHERE job_id = %s AND batch_no = %s AND status = 'pending'""",
-            (job_id, batch_no),
-        ).rowcount
-        > 0
-    )
+    return (job_id, batch_no) in heartbeat_batches(conn, batches=[(job_id, batch_no)])
 
 
 def heartbeat_batches(conn: psycopg.Connection, *, batches: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
-    """``heartbeat_batch`` for many claimed batches in one statement: the (job, batch) pairs still pending, whose
+    """Renew the leases of many claimed batches in one statement: the (job, batch) pairs still pending, whose
     leases were renewed (the others ended or were salvaged)."""
     if not batches:
         return set()
