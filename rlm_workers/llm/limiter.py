@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import socket
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import constants, metrics
 from ..errors import ConfigError, ServiceUnavailable
+from ..renewals import Renewals
 from .redis_scripts import LUA_NOW_MS, redis_call
 
 if TYPE_CHECKING:
@@ -353,11 +353,11 @@ class ConcurrencyLimiter:
     def slot(self, timeout: float | None = None, tenant: str | None = None) -> Iterator[Lease]:
         """Hold one slot for the block, renewing it in the background so slow calls keep it."""
         lease = self.acquire(timeout, tenant)
-        _KEEPER.keep(self, lease)
+        _KEEPER.hold(lease.id, (self, lease), self.lease_seconds / 3)
         try:
             yield lease
         finally:
-            _KEEPER.drop(lease)
+            _KEEPER.drop(lease.id)
             try:
                 self.release(lease)
             except ServiceUnavailable:
@@ -370,71 +370,25 @@ class ConcurrencyLimiter:
                 )
 
 
-class _LeaseKeeper:
-    """Renews every lease this process holds, each every third of its lifetime, from one thread.
-
-    A thread per slot cost each call a thread start and a join, waited for under the GIL that every other
-    thread of a 100-thread analyst worker wants too; one thread per process renews them all instead.  It is
-    started on the first lease (again after a fork, which does not copy threads) and never stopped: a daemon
-    that waits when there is nothing to renew."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        #: lease id -> (limiter, lease, when its next renewal is due on the monotonic clock)
-        self._held: dict[str, tuple[ConcurrencyLimiter, Lease, float]] = {}
-        #: until when the thread sleeps (inf: until woken); None while it is awake and will look again anyway
-        self._asleep_until: float | None = None
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-
-    def keep(self, limiter: ConcurrencyLimiter, lease: Lease) -> None:
-        with self._lock:
-            due = time.monotonic() + limiter.lease_seconds / 3
-            self._held[lease.id] = (limiter, lease, due)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._asleep_until = None
-                self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
-                self._thread.start()
-            elif self._asleep_until is not None and due < self._asleep_until:
-                # woken only when it would sleep past this lease's renewal: leases come in the order they fall due
-                self._lock.notify()
-
-    def drop(self, lease: Lease) -> None:
-        """Stop renewing ``lease``: a renewal already under way may still push it once, before the release."""
-        with self._lock:
-            self._held.pop(lease.id, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                now = time.monotonic()
-                due = [(lim, lease) for lim, lease, at in self._held.values() if at <= now]
-                for lim, lease in due:
-                    self._held[lease.id] = (lim, lease, now + lim.lease_seconds / 3)
-                if not due:
-                    nxt = min((at for _, _, at in self._held.values()), default=None)
-                    self._asleep_until = math.inf if nxt is None else nxt
-                    self._lock.wait(None if nxt is None else nxt - now)
-                    self._asleep_until = None
-                    continue
-            for lim, lease in due:  # outside the lock: a slow Redis must not hold up keep() and drop()
-                try:
-                    if not lim.renew(lease):
-                        with self._lock:
-                            # a lease dropped (and released) while this renewal ran is no news
-                            held = self._held.pop(lease.id, None) is not None
-                        if held:
-                            log.warning(
-                                "lease %s on %s expired before renewal; the limit may be briefly exceeded",
-                                lease.id,
-                                lease.key,
-                            )
-                except ServiceUnavailable as exc:
-                    log.warning("lease renewal failed, will retry: %s", exc)
+def _renew_leases(due: list[tuple[str, tuple[ConcurrencyLimiter, Lease]]]) -> list[str]:
+    """Renew the slot leases that fell due, one by one; the ids of those that had already expired."""
+    lost = []
+    for lease_id, (limiter, lease) in due:
+        try:
+            if not limiter.renew(lease):
+                lost.append(lease_id)
+        except ServiceUnavailable as exc:
+            log.warning("lease renewal failed, will retry: %s", exc)
+    return lost
 
 
-_KEEPER = _LeaseKeeper()
+def _expired(gone: list[tuple[str, tuple[ConcurrencyLimiter, Lease]]]) -> None:
+    for _, (_, lease) in gone:
+        log.warning("lease %s on %s expired before renewal; the limit may be briefly exceeded", lease.id, lease.key)
+
+
+#: renews every slot lease this process holds, each every third of its lifetime
+_KEEPER: Renewals[str, tuple[ConcurrencyLimiter, Lease]] = Renewals("lease-keeper", _renew_leases, _expired)
 
 
 def limiter_from_settings(settings: Settings, redis_client: Any) -> ConcurrencyLimiter:

@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
-import os
-import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +32,7 @@ from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, Question, ReadInput
 from ..llm.structured import ANALYST_SCHEMA, GRADES, NONE_KEY, SHARED_SCHEMA, as_chunk_id, validate_entry
 from ..models import RELEVANCE_RANK, Finding, Relevance
+from ..renewals import Renewals
 from ..resources import provider, redis_client
 from ..sessions import conversation_section, evidence_ids
 from ..store import jobs as job_store
@@ -325,71 +323,20 @@ def _claim(job_id: str, batch_no: int, lease: float) -> list[int] | None:
         time.sleep(lease / 3)
 
 
-class _BatchLeases:
-    """Renews the leases of every batch this process's analysts hold, from one thread, in one statement a round.
-
-    A heartbeat thread per batch cost every batch a thread start and a join, waited for under the GIL that the
-    other threads of a 100-thread analyst worker want too.  Each batch is renewed every ``every`` seconds until
-    its analysis ends or a renewal finds it no longer pending (ended, salvaged); a failed round (the database
-    blinked) only shortens the leases, so it is logged and tried again at the next one.  The thread starts with
-    the first batch (again after a fork, which copies no thread) and waits while there is nothing to renew.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        #: (job id, batch no) -> (seconds between renewals, when the next one is due on the monotonic clock)
-        self._held: dict[tuple[str, int], tuple[float, float]] = {}
-        #: until when the thread sleeps (inf: until woken); None while it is awake and will look again anyway
-        self._asleep_until: float | None = None
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-
-    @contextlib.contextmanager
-    def held(self, job_id: str, batch_no: int, every: float) -> Iterator[None]:
-        key = (job_id, batch_no)
-        with self._lock:
-            due = time.monotonic() + every
-            self._held[key] = (every, due)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()
-                self._asleep_until = None
-                self._thread = threading.Thread(target=self._run, name="rlm-batch-leases", daemon=True)
-                self._thread.start()
-            elif self._asleep_until is not None and due < self._asleep_until:
-                self._lock.notify()  # only when it would sleep past this batch's renewal
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._held.pop(key, None)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                now = time.monotonic()
-                due = [key for key, (_, at) in self._held.items() if at <= now]
-                if not due:
-                    nxt = min((at for _, at in self._held.values()), default=None)
-                    self._asleep_until = math.inf if nxt is None else nxt
-                    self._lock.wait(None if nxt is None else nxt - now)
-                    self._asleep_until = None
-                    continue
-                every = min(self._held[key][0] for key in due)
-                for key in due:
-                    self._held[key] = (self._held[key][0], now + self._held[key][0])
-            try:
-                with connection(timeout=every) as conn:
-                    pending = job_store.heartbeat_batches(conn, batches=due)
-            except Exception as exc:  # a database blink: the leases outlive a few missed rounds
-                log.warning("heartbeat of %d analyst batches failed: %s", len(due), exc)
-                continue
-            with self._lock:
-                for key in due:
-                    if key not in pending:
-                        self._held.pop(key, None)  # ended, salvaged or taken over: nothing left to keep alive
+def _renew_batches(due: list[tuple[tuple[str, int], float]]) -> set[tuple[str, int]]:
+    """Renew the leases of the claimed batches that fell due, in one statement; those no longer pending (ended,
+    salvaged, taken over). A failed round (the database blinked) only shortens the leases: logged, tried again."""
+    try:
+        with connection(timeout=min(every for _, every in due)) as conn:
+            pending = job_store.heartbeat_batches(conn, batches=[key for key, _ in due])
+    except Exception as exc:  # a database blink: the leases outlive a few missed rounds
+        log.warning("heartbeat of %d analyst batches failed: %s", len(due), exc)
+        return set()
+    return {key for key, _ in due if key not in pending}
 
 
-_LEASES = _BatchLeases()
+#: renews the lease of every batch this process's analysts hold (value: seconds between renewals)
+_LEASES: Renewals[tuple[str, int], float] = Renewals("rlm-batch-leases", _renew_batches)
 
 
 def run(job_id: str, batch_no: int) -> dict:
@@ -429,7 +376,7 @@ def _analyse(job_id: str, batch_no: int) -> dict:
             return {"batch": batch_no, "status": "skipped"}
     # the lease renewed every third of it: a redelivery finds the batch taken, and the watchdog sees a batch
     # waiting on a limiter as progress
-    with _LEASES.held(job_id, batch_no, lease / 3):
+    with _LEASES.held((job_id, batch_no), lease / 3, lease / 3):
         if chunks is None:
             with connection() as conn:
                 chunks = _load_chunks(conn, job, ids)
