@@ -271,3 +271,45 @@ def test_long_chunk_is_embedded_whole(conn, tmp_path, embedder):
     # the first window alone (what a truncating embedder sees) does not know about the periscope
     first_window = embedder.encode([embedder.window_texts(ntext)[0]])[0]
     assert float(np.dot(first_window, q)) < hits[0].similarity - 0.15
+
+
+class _CountingEncoder:
+    """The real encoder, with the texts of each ``encode`` call written down."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: list[list[str]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, texts, **kwargs):
+        self.calls.append(list(texts))
+        return self.inner.encode(texts, **kwargs)
+
+
+def test_a_window_text_that_repeats_is_encoded_once_and_stored_for_each(conn, tmp_path, embedder):
+    """Two files that open alike (a licence, the same imports) share windows: each text goes to the encoder once,
+    yet every window of every chunk gets its row, and identical windows identical vectors."""
+    shared = " ".join(f"Clause {i} of the shared licence grants the reader one more plain right." for i in range(40))
+    src = tmp_path / "twins"
+    src.mkdir()
+    (src / "first.txt").write_text(shared + "\n\nThe first file then talks about lighthouses and their keepers.\n")
+    (src / "second.txt").write_text(shared + "\n\nThe second file then talks about orchards and their pickers.\n")
+    counting = _CountingEncoder(embedder)
+    load_paths(conn, buffer="twins", paths=[src], embedder=counting)
+    buf = store.get_buffer(conn, tenant="local", name="twins")
+    _vectors_match_chunks(conn, buf.id, embedder)
+
+    sent = [t for call in counting.calls for t in call]
+    rows = conn.execute(
+        f"SELECT c.text, v.span_start, v.span_end, v.embedding::text FROM chunk_vectors_b{buf.id} v "
+        "JOIN chunks c ON c.id = v.chunk_id"
+    ).fetchall()
+    by_text: dict[str, set[str]] = {}
+    for text, a, b, vec in rows:
+        by_text.setdefault(text[a:b], set()).add(vec)
+    assert len(sent) == len(set(sent)), "a repeated window text went to the encoder twice"
+    assert set(sent) == set(by_text)
+    assert len(rows) > len(sent), "the two files should share windows"
+    assert all(len(vecs) == 1 for vecs in by_text.values())

@@ -371,11 +371,18 @@ def queue_windows(cid: int, text: str, embedder: Any, windows: list[str], owners
 def encode_queued(
     windows: list[str], owners: list[Owner], n: int, batch_size: int, embedder: Any
 ) -> list[vectors.WindowRow]:
-    """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows."""
+    """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows.
+
+    A text that repeats within them (``def __init__(self, *args, **kwargs):``, a license line, the overlap two
+    chunks share) is encoded once and its vector stored for each: about 7 % of the windows of a Python package
+    (bench/RESULTS.md#ingest-2x).  Identical windows then also get identical vectors, which the int8 runtime's
+    per-batch scales did not quite give them."""
     batch, who = windows[:n], owners[:n]
     del windows[:n], owners[:n]
-    vecs = embedder.encode(batch, batch_size=batch_size)
-    return [(cid, w, vecs[i], a, b) for i, (cid, w, a, b) in enumerate(who)]
+    unique = list(dict.fromkeys(batch))
+    vecs = embedder.encode(unique, batch_size=batch_size)
+    at = {text: i for i, text in enumerate(unique)}
+    return [(cid, w, vecs[at[text]], a, b) for text, (cid, w, a, b) in zip(batch, who, strict=True)]
 
 
 def _embed(
