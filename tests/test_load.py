@@ -162,7 +162,7 @@ def test_failed_load_keeps_previous_version(conn, tmp_path, embedder):
     before = _chunk_ids(conn, buf.id)
     emb_before = _emb_count(conn, buf.id)
     for i in range(6):
-        (src / f"n{i}.md").write_text(f"Rewritten {i}. " + "Entirely new content about budgets. " * 20)
+        (src / f"n{i}.md").write_text(f"Rewritten {i}. " + "Entirely new content about budgets. " * 80)
     with pytest.raises(RuntimeError, match="encoder died"):
         load_paths(
             conn,
@@ -171,7 +171,7 @@ def test_failed_load_keeps_previous_version(conn, tmp_path, embedder):
             embedder=_ExplodingEmbedder(embedder),
             chunk_size=300,
             overlap=0,
-            embed_batch_size=1,  # groups of 8 windows: several encode calls
+            embed_batch_size=1,  # groups of 32 windows: several encode calls
         )
     after_buf = store.get_buffer(conn, tenant="local", name="atomic")
     assert after_buf.version == buf.version
@@ -183,7 +183,7 @@ def test_failed_first_load_leaves_no_half_buffer(conn, tmp_path, embedder):
     src = tmp_path / "fresh"
     src.mkdir()
     for i in range(4):
-        (src / f"f{i}.txt").write_text("Some text about lighthouses and tides. " * 30)
+        (src / f"f{i}.txt").write_text("Some text about lighthouses and tides. " * 120)
     with pytest.raises(RuntimeError):
         load_paths(
             conn,
@@ -192,7 +192,7 @@ def test_failed_first_load_leaves_no_half_buffer(conn, tmp_path, embedder):
             embedder=_ExplodingEmbedder(embedder),
             chunk_size=300,
             overlap=0,
-            embed_batch_size=2,
+            embed_batch_size=1,  # groups of 32 windows: several encode calls
         )
     assert store.get_buffer(conn, tenant="local", name="never") is None
 

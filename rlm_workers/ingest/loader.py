@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlm.ingest")
 
-#: encoder batches per group handed to ``encode`` at once (see load_paths)
-ENCODE_GROUP_BATCHES = 8
+#: encoder batches per group handed to ``encode`` at once (see load_paths): a wider group sorts more windows by
+#: length (less padding) and finds more repeated ones; 32 encoded Celery's windows 4 % faster than 8 on 2 cores
+#: (bench/RESULTS.md#ingest-2x), for 3 MB of windows and vectors held at a time
+ENCODE_GROUP_BATCHES = 32
 #: skip reasons worth the file's name in the summary: a document the user will want to look at, not a binary
 #: that was never meant to load
 NAMED_SKIPS = frozenset({"encrypted", "corrupt", "no-text-layer", "unpack-limit"})
