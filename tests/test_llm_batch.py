@@ -510,7 +510,8 @@ def _rows(conn, sql: str, params: tuple = ()) -> list[tuple]:
     return rows
 
 
-def _wait_for(what: str, check, workers, timeout: float = 120.0):
+def _wait_for(what: str, check, workers, timeout: float = 120.0, state=None):
+    """Wait for ``check()``; on a timeout, say what ``state()`` shows and the workers' last log lines."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -518,7 +519,7 @@ def _wait_for(what: str, check, workers, timeout: float = 120.0):
             return value
         time.sleep(0.25)
     tails = "\n".join(f"--- {n}\n{w.tail(40)}" for n, w in workers.items())
-    raise AssertionError(f"timed out waiting for {what}\n{tails}")
+    raise AssertionError(f"timed out waiting for {what}\n{state() if state else ''}\n{tails}")
 
 
 def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_restart(
@@ -557,7 +558,17 @@ def test_overnight_batch_through_the_batch_api_with_a_failed_line_and_a_control_
         queued = _rows(conn, "SELECT count(*) FROM reads WHERE overnight_id = %s AND status = 'queued'", (batch_id,))
         return jobs == 6 and queued[0][0] == 0
 
-    _wait_for("every read in a provider batch", all_submitted, e2e_workers)
+    def jobs_and_reads() -> str:
+        jobs = _rows(
+            conn,
+            "SELECT j.id, j.status, j.stage, j.error FROM jobs j JOIN overnight_batch_items i ON i.job_id = j.id "
+            "WHERE i.overnight_batch_id = %s",
+            (batch_id,),
+        )
+        reads = _rows(conn, "SELECT id, status FROM reads WHERE overnight_id = %s", (batch_id,))
+        return f"jobs: {jobs}\nreads: {reads}"
+
+    _wait_for("every read in a provider batch", all_submitted, e2e_workers, state=jobs_and_reads)
     held_since = time.monotonic()
     n_reads = _rows(conn, "SELECT count(*) FROM reads WHERE overnight_id = %s", (batch_id,))[0][0]
     assert srv.batches and all(b["metadata"] == {"rlm_overnight": batch_id} for b in srv.batches)
