@@ -375,10 +375,10 @@ def encode_queued(
 ) -> list[vectors.WindowRow]:
     """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows.
 
-    A text that repeats within them (``def __init__(self, *args, **kwargs):``, a license line, the overlap two
-    chunks share) is encoded once and its vector stored for each: about 7 % of the windows of a Python package
-    (bench/RESULTS.md#ingest-2x).  Identical windows then also get identical vectors, which the int8 runtime's
-    per-batch scales did not quite give them."""
+    A text that repeats within them is encoded once and its vector stored for each: mostly a window of the
+    overlap two neighbouring chunks share, also a repeated line (``def __init__(self, *args, **kwargs):``); about
+    7 % of the windows of a Python package (bench/RESULTS.md#ingest-2x).  Identical windows then also get
+    identical vectors, which the int8 runtime's per-batch scales did not quite give them."""
     batch, who = windows[:n], owners[:n]
     del windows[:n], owners[:n]
     unique = list(dict.fromkeys(batch))
