@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +147,34 @@ def test_save_overwrites_and_empty_round_trip(tmp_path: Path) -> None:
     back = BM25Index.load(path)
     assert len(back) == 0 and back.n_terms == 0
     assert back.top_k(["cat"], 5) == []
+
+
+def test_threads_saving_one_index_at_once_leave_a_whole_file(tmp_path: Path, zipf_docs: list[list[str]]) -> None:
+    # Worker threads of one process may build the same buffer's index at once; each must write its own
+    # temp file, so whichever rename lands last leaves a whole index, never bytes of two writers mixed.
+    idx = _build(zipf_docs * 8)
+    path = tmp_path / "idx.npz"
+    barrier = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def save_then_load() -> None:
+        try:
+            for _ in range(15):
+                barrier.wait()
+                idx.save(path)
+                back = BM25Index.load(path)
+                assert back.top_k(["w3", "w9"], 5) == idx.top_k(["w3", "w9"], 5)
+        except BaseException as exc:  # noqa: BLE001 - collected and raised below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=save_then_load) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx.npz"]  # no temp file left
 
 
 def test_load_rejects_corrupt_file(tmp_path: Path) -> None:

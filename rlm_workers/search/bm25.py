@@ -35,6 +35,7 @@ import io
 import mmap
 import os
 import struct
+import tempfile
 import zipfile
 from array import array
 from collections import Counter, defaultdict
@@ -360,11 +361,17 @@ class BM25Index:
         )
 
     def save(self, path: Path) -> None:
-        """Write atomically (temp file + rename): readers never see a half-written index."""
+        """Write atomically (temp file + rename): readers never see a half-written index.
+
+        The temp name is unique per call, not per process: threads of one worker
+        building the same buffer's index at once must not write into one file.
+        """
         path = Path(path)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
+        tmp = Path(name)
         try:
-            with open(tmp, "wb") as fh:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from a worker run as another user
+            with os.fdopen(fd, "wb") as fh:
                 _write_npz(
                     fh,
                     {

@@ -74,8 +74,8 @@ def index_for(conn: psycopg.Connection, buf: BufferRow, *, cache_dir: Path, dbk:
             idx.save(path)
             _prune(path.parent, dbk, buf, keep=path)
             idx = BM25Index.load(path)  # the mapped file, so the built arrays leave the heap
-        except (OSError, ValueError) as exc:
-            log.warning("could not write BM25 cache %s: %s", path, exc)
+        except Exception as exc:  # the cache is an optimisation: the index just built still answers
+            log.warning("could not write or map BM25 cache %s: %s", path, exc)
     with _lock:
         _mem[key] = idx
         while len(_mem) > _MEMORY_SLOTS:
