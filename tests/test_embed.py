@@ -110,3 +110,33 @@ def test_the_query_encoder_cuts_chunks_as_ingest_did(torch_embedder):
     assert WindowSpec.from_label(DEFAULT_WINDOWS.label) == DEFAULT_WINDOWS
     with pytest.raises(ValueError):
         WindowSpec.from_label("sentences:many/0")
+
+
+def test_windows_cut_while_another_thread_encodes_are_the_same_windows(torch_embedder):
+    """The loader cuts the next files' windows while a group encodes on another thread; the model's tokenizer
+    truncates at max_seq_length for each encode, so a cutter sharing it could see a text cut short."""
+    import threading
+
+    embedder = torch_embedder
+    long_text = PROSE * 4  # longer than the model's 256 tokens
+    want = embedder.window_spans(long_text, embedder.spec)
+    assert want[-1][1] > len(long_text) - 200  # the windows reach the end of the text
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def encode_until_stopped() -> None:
+        try:
+            while not stop.is_set():
+                embedder.encode(["short one", PROSE] * 4, batch_size=1)  # a tokenizer call per text
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=encode_until_stopped)
+    t.start()
+    try:
+        got = [embedder.window_spans(long_text, embedder.spec) for _ in range(3000)]
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    assert all(g == want for g in got), sum(g != want for g in got)

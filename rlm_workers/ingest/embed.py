@@ -33,6 +33,7 @@ from .windows import DEFAULT_WINDOWS, WindowSpec, cut, query_windows
 if TYPE_CHECKING:
     import numpy as np
     from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
 
     from .fastbert import FastBertEncoder
     from .onnxenc import OnnxEncoder
@@ -96,14 +97,29 @@ class Embedder:
         self.window_tokens = max(16, int(model.max_seq_length) - 2)
         self.tokenizer = model.tokenizer
         self.spec = DEFAULT_WINDOWS.capped(self.window_tokens)
+        # The window cutter gets its own copy of a fast tokenizer: the model's sets truncation and padding on its
+        # Rust tokenizer for every encode, so cutting on another thread while a group encodes (the loader's
+        # EncodeAhead, a threaded worker's searches) read a tokenization truncated at max_seq_length and cut
+        # fewer windows than the text has.
+        backend = getattr(model.tokenizer, "backend_tokenizer", None) if model.tokenizer.is_fast else None
+        self._spans_tok: Tokenizer | None = None
+        if backend is not None:
+            from tokenizers import Tokenizer  # installed with sentence-transformers, already imported by it
+
+            self._spans_tok = Tokenizer.from_str(backend.to_str())
+            self._spans_tok.no_truncation()
+            self._spans_tok.no_padding()
 
     # -- windows -------------------------------------------------------------
     def windows(self, text: str, spec: WindowSpec | None = None) -> list[Window]:
         """Char spans of ``text`` to embed (``spec`` defaults to this encoder's, ``self.spec``)."""
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        return [
-            Window(a, b) for a, b in cut(text, enc["offset_mapping"], (spec or self.spec).capped(self.window_tokens))
-        ]
+        if self._spans_tok is not None:
+            offsets = self._spans_tok.encode(text, add_special_tokens=False).offsets
+        else:
+            offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)[
+                "offset_mapping"
+            ]
+        return [Window(a, b) for a, b in cut(text, offsets, (spec or self.spec).capped(self.window_tokens))]
 
     def window_spans(self, text: str, spec: WindowSpec) -> list[tuple[int, int]]:
         return [(w.start, w.end) for w in self.windows(text, spec)]
