@@ -37,10 +37,10 @@ from .failures import final_error, gave_up, internal_error
 from .files import discover, under
 from .loader import (
     ENCODE_GROUP_BATCHES,
+    EncodeAhead,
     LoadReport,
     Owner,
     chunk_fields,
-    encode_queued,
     read_counted,
     same_cut,
 )
@@ -200,6 +200,14 @@ def _stage(
         owners: list[Owner] = []
         batch = settings.embed_batch_size
         encode_at = batch * ENCODE_GROUP_BATCHES
+
+        def store_rows(rows: list[vectors.WindowRow], n: int) -> None:
+            writer.submit(
+                lambda: store.copy_staged_vectors(writer.conn, upload_id=up.id, group_no=g.group_no, rows=rows)
+            )
+            report.windows_embedded += n
+
+        ahead = EncodeAhead(embedder, batch, store_rows)
         try:
             for cand in candidates:
                 doc, keep_old, digest = read_counted(cand, report)
@@ -242,9 +250,11 @@ def _stage(
                 report.bytes_loaded += cand.size
                 report.chunks_written += len(chunks)
                 while len(windows) >= encode_at:
-                    _embed(writer, up.id, g.group_no, windows, owners, encode_at, batch, embedder, report)
-            _embed(writer, up.id, g.group_no, windows, owners, len(windows), batch, embedder, report)
+                    ahead.submit(windows, owners, encode_at)
+            ahead.submit(windows, owners, len(windows))
+            ahead.wait()
         finally:
+            ahead.close()
             writer.close()
     report.seconds = time.perf_counter() - t0
     out = {
@@ -294,24 +304,6 @@ def _submit_file(
             outline=headings,
         )
     )
-
-
-def _embed(
-    writer: Writer,
-    upload_id: str,
-    group_no: int,
-    windows: list[str],
-    owners: list[Owner],
-    n: int,
-    batch_size: int,
-    embedder: Any,
-    report: LoadReport,
-) -> None:
-    if n <= 0:
-        return
-    rows = encode_queued(windows, owners, n, batch_size, embedder)
-    writer.submit(lambda: store.copy_staged_vectors(writer.conn, upload_id=upload_id, group_no=group_no, rows=rows))
-    report.windows_embedded += n
 
 
 def commit(conn: psycopg.Connection, upload_id: str) -> str | None:

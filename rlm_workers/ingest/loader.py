@@ -3,9 +3,10 @@
 The whole load is a single transaction, so a failure (or Ctrl-C) half-way
 leaves the previous version of the buffer exactly as it was.  Unchanged files
 (same content hash, same chunking, same model) are skipped without
-re-embedding.  Encoding is the slow part, so database writes run on a writer
-thread that owns the connection while the main thread chunks and encodes:
-COPY and the server's HNSW inserts overlap with the encoder.
+re-embedding.  Encoding is the slow part, so it runs a group of windows at a
+time on its own thread (``EncodeAhead``) while the main thread chunks the next
+files, and database writes run on a writer thread that owns the connection:
+COPY overlaps with the encoder.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -207,6 +209,13 @@ def load_paths(
         # Windows are encoded in groups of several batches: sorted by length within the group (less padding),
         # and the ONNX runtimes encode a group's batches on all cores at once.
         group = embed_batch_size * ENCODE_GROUP_BATCHES
+
+        def store_rows(rows: list[vectors.WindowRow], n: int) -> None:
+            writer.submit(lambda: vectors.copy(writer.conn, buffer_id=buf.id, rows=rows))
+            report.windows_embedded += n
+            progress.windows_embedded(n)
+
+        ahead = EncodeAhead(embedder, embed_batch_size, store_rows)
         try:
             for cand in candidates:
                 doc, keep_old, digest = read_counted(cand, report)
@@ -245,19 +254,21 @@ def load_paths(
                 report.chunks_written += n
                 progress.windows_added(len(windows) - queued_before)
                 while len(windows) >= group:
-                    _embed(writer, windows, owners, group, embed_batch_size, embedder, buf.id, report, progress)
+                    ahead.submit(windows, owners, group)
                 progress.file_done(cand.rel_path)
             if not seen:
                 # Every file was skipped: an empty new buffer, or an old one emptied by a directory of images,
                 # is never what the user meant.  Raising here rolls the whole load back.
                 raise InvalidInput(report.nothing_to_load(buffer))
-            _embed(writer, windows, owners, len(windows), embed_batch_size, embedder, buf.id, report, progress)
+            ahead.submit(windows, owners, len(windows))
+            ahead.wait()
             gone = [f.id for path, f in existing.items() if path not in seen and under(path, _roots(paths))]
             if gone:
                 changed = True
                 report.files_removed = len(gone)
                 writer.submit(lambda: store.delete_files(conn, buffer_id=buf.id, file_ids=gone))
         finally:
+            ahead.close()
             writer.close()
         if changed:
             store.renumber_ordinals(conn, buffer_id=buf.id)
@@ -373,35 +384,56 @@ def queue_windows(cid: int, text: str, embedder: Any, windows: list[str], owners
 def encode_queued(
     windows: list[str], owners: list[Owner], n: int, batch_size: int, embedder: Any
 ) -> list[vectors.WindowRow]:
-    """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows.
+    """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows."""
+    batch, who = windows[:n], owners[:n]
+    del windows[:n], owners[:n]
+    return encode_rows(batch, who, batch_size, embedder)
+
+
+def encode_rows(batch: list[str], who: list[Owner], batch_size: int, embedder: Any) -> list[vectors.WindowRow]:
+    """The vector store's rows of these windows.
 
     A text that repeats within them is encoded once and its vector stored for each: mostly a window of the
     overlap two neighbouring chunks share, also a repeated line (``def __init__(self, *args, **kwargs):``); about
     7 % of the windows of a Python package (bench/RESULTS.md#ingest-2x).  Identical windows then also get
     identical vectors, which the int8 runtime's per-batch scales did not quite give them."""
-    batch, who = windows[:n], owners[:n]
-    del windows[:n], owners[:n]
     unique = list(dict.fromkeys(batch))
     vecs = embedder.encode(unique, batch_size=batch_size)
     at = {text: i for i, text in enumerate(unique)}
     return [(cid, w, vecs[at[text]], a, b) for text, (cid, w, a, b) in zip(batch, who, strict=True)]
 
 
-def _embed(
-    writer: Writer,
-    windows: list[str],
-    owners: list[Owner],
-    n: int,
-    batch_size: int,
-    embedder: Embedder | OnnxEncoder,
-    buffer_id: int,
-    report: LoadReport,
-    progress: Progress,
-) -> None:
-    """Encode the first ``n`` queued windows and hand their rows to the writer."""
-    if n <= 0:
-        return
-    rows = encode_queued(windows, owners, n, batch_size, embedder)
-    writer.submit(lambda: vectors.copy(writer.conn, buffer_id=buffer_id, rows=rows))
-    report.windows_embedded += n
-    progress.windows_embedded(n)
+class EncodeAhead:
+    """Encodes one group of queued windows on a background thread while the caller chunks the next files.
+
+    Chunking, window cuts and BM25 terms run on the caller's thread (1.3 s of a 43 s load of Celery's source);
+    encoding in line left the encoder's threads idle meanwhile (bench/RESULTS.md#ingest-2x).  One group in
+    flight at a time: ``submit`` first waits for the previous one, so at most two groups are held.
+    ``on_rows(rows, n)`` runs on the caller's thread, in submission order.
+    """
+
+    def __init__(self, embedder: Any, batch_size: int, on_rows: Callable[[list[vectors.WindowRow], int], None]) -> None:
+        self._embedder, self._batch_size, self._on_rows = embedder, batch_size, on_rows
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlm-encode-ahead")
+        self._pending: tuple[Future[list[vectors.WindowRow]], int] | None = None
+
+    def submit(self, windows: list[str], owners: list[Owner], n: int) -> None:
+        """Take the first ``n`` queued windows off the queue and start encoding them."""
+        if n <= 0:
+            return
+        batch, who = windows[:n], owners[:n]
+        del windows[:n], owners[:n]
+        self.wait()
+        self._pending = (self._pool.submit(encode_rows, batch, who, self._batch_size, self._embedder), n)
+
+    def wait(self) -> None:
+        """Hand the group in flight, once encoded, to ``on_rows``; an encoder error is raised here."""
+        if self._pending is None:
+            return
+        fut, n = self._pending
+        self._pending = None
+        self._on_rows(fut.result(), n)
+
+    def close(self) -> None:
+        """Stop the thread.  A group still in flight (the load failed) is dropped once its encode returns."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
