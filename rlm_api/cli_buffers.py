@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from .cli_load import warm_bm25
-from .cli_output import human, print_json
+from .cli_output import human, one_transaction_interrupt, print_json
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant
 
 buffer_app = new_typer(help="Inspect or remove one buffer.")
@@ -108,15 +108,18 @@ def buffer_reembed(
                 "re-embeds it; `rlm buffer show` tells the model when it is done"
             )
             return
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-            disable=fmt == Fmt.json,
-        ) as progress:
+        with (
+            one_transaction_interrupt(name),
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+                disable=fmt == Fmt.json,
+            ) as progress,
+        ):
             bar = progress.add_task("chunks", total=None)
             report = reembed_buffer(
                 conn,

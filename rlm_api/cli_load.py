@@ -14,7 +14,7 @@ import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
 
-from .cli_output import Ticker, human, print_json
+from .cli_output import Ticker, human, one_transaction_interrupt, print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
 
 if TYPE_CHECKING:
@@ -138,15 +138,18 @@ def load(
     with open_db() as (settings, _url, conn):
         embedder = get_embedder(settings.embedding_model)
         console = Console(stderr=True)
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-            disable=fmt == Fmt.json,
-        ) as progress:
+        with (
+            one_transaction_interrupt(buffer),
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+                disable=fmt == Fmt.json,
+            ) as progress,
+        ):
             report = load_paths(
                 conn,
                 buffer=buffer,

@@ -3,9 +3,10 @@ and progress as log lines where stderr is not a terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -19,6 +20,17 @@ if TYPE_CHECKING:
 def err(message: str) -> None:
     """``error: message`` on stderr, the one shape every known failure prints."""
     typer.echo(f"error: {message}", err=True)
+
+
+@contextlib.contextmanager
+def one_transaction_interrupt(buffer: str) -> Iterator[None]:
+    """Ctrl-C inside: say the buffer was not changed and exit 130.  For a command whose writes are one
+    transaction; typer would otherwise turn the KeyboardInterrupt into a silent exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err(f"interrupted; buffer {buffer!r} was not changed")
+        raise typer.Exit(130) from None
 
 
 def print_json(obj: Any) -> None:

@@ -254,3 +254,55 @@ def test_ctrl_c_before_the_commit_keeps_nothing(env, conn, corpus, tmp_path):
     assert proc.returncode == 130, err
     assert out == "" and _stderr_lines(err) == ["error: interrupted; nothing was submitted"], err
     assert _batch_ids(conn) == before
+
+
+def test_ctrl_c_during_a_load_says_so_and_leaves_the_buffer_as_it_was(env, conn, corpus, tmp_path):
+    """`rlm load` into a loaded buffer, interrupted once it has embedded windows: one line, exit 130, and the
+    buffer keeps its version, files and chunks (the load is one transaction)."""
+    from rlm_workers.store.buffers import get_buffer
+
+    before = get_buffer(conn, tenant="local", name="essays")
+    chunks_before = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = %s", (before.id,)).fetchone()[0]
+    conn.commit()
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(80):  # ~1.3 MB of distinct sentences: tens of seconds to embed on 2 cores
+        lines = (f"Note {i}.{j}: the ferry left pier {j % 17} at hour {j % 24}, {i * j} crates.\n" for j in range(200))
+        (big / f"notes-{i:03d}.txt").write_text("".join(lines))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlm_api.cli", "load", str(big), "--buffer", "essays"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            seen.append(line)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        # a progress line with windows embedded: the load is inside its transaction, encoding
+        embedding = lambda: any(" windows embedded" in ln and " 0 windows" not in ln for ln in seen)  # noqa: E731
+        _until("the load to embed windows", embedding)
+        proc.send_signal(signal.SIGINT)
+        out = proc.stdout.read()
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(seen)
+    assert proc.returncode == 130, err
+    assert out == ""
+    assert [ln for ln in _stderr_lines(err) if not ln.startswith("loading: ")] == [
+        "error: interrupted; buffer 'essays' was not changed"
+    ], err
+    after = get_buffer(conn, tenant="local", name="essays")
+    chunks_after = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = %s", (after.id,)).fetchone()[0]
+    conn.commit()
+    assert (after.version, chunks_after) == (before.version, chunks_before)
