@@ -101,7 +101,7 @@ class Embedder:
         # Rust tokenizer for every encode, so cutting on another thread while a group encodes (the loader's
         # EncodeAhead, a threaded worker's searches) read a tokenization truncated at max_seq_length and cut
         # fewer windows than the text has.
-        backend = getattr(model.tokenizer, "backend_tokenizer", None) if model.tokenizer.is_fast else None
+        backend = getattr(model.tokenizer, "backend_tokenizer", None)  # only fast tokenizers have one
         self._spans_tok: Tokenizer | None = None
         if backend is not None:
             from tokenizers import Tokenizer  # installed with sentence-transformers, already imported by it

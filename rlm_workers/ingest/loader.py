@@ -385,9 +385,14 @@ def encode_queued(
     windows: list[str], owners: list[Owner], n: int, batch_size: int, embedder: Any
 ) -> list[vectors.WindowRow]:
     """Encode the first ``n`` queued windows (taken off the queue) as the vector store's rows."""
+    return encode_rows(*_take(windows, owners, n), batch_size, embedder)
+
+
+def _take(windows: list[str], owners: list[Owner], n: int) -> tuple[list[str], list[Owner]]:
+    """The first ``n`` queued windows and their owners, removed from the queue."""
     batch, who = windows[:n], owners[:n]
     del windows[:n], owners[:n]
-    return encode_rows(batch, who, batch_size, embedder)
+    return batch, who
 
 
 def encode_rows(batch: list[str], who: list[Owner], batch_size: int, embedder: Any) -> list[vectors.WindowRow]:
@@ -421,8 +426,7 @@ class EncodeAhead:
         """Take the first ``n`` queued windows off the queue and start encoding them."""
         if n <= 0:
             return
-        batch, who = windows[:n], owners[:n]
-        del windows[:n], owners[:n]
+        batch, who = _take(windows, owners, n)
         self.wait()
         self._pending = (self._pool.submit(encode_rows, batch, who, self._batch_size, self._embedder), n)
 

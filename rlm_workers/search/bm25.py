@@ -370,8 +370,8 @@ class BM25Index:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{path.name}.", suffix=".tmp")
         tmp = Path(name)
         try:
-            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the file from a worker run as another user
             with os.fdopen(fd, "wb") as fh:
+                os.fchmod(fh.fileno(), 0o644)  # mkstemp's 0600 would hide the file from a worker run as another user
                 _write_npz(
                     fh,
                     {
