@@ -7,6 +7,7 @@ import json
 import pytest
 
 from rlm_workers.errors import ParseError
+from rlm_workers.llm import line_rank
 from rlm_workers.llm.extractive import ExtractiveProvider, check_by_rules, direct_answer, extract_records
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.llm.stage_input import DirectInput
@@ -400,3 +401,74 @@ def test_direct_answer_to_how_many_quotes_a_number_not_a_name_given_another_name
     chunks = [_chunk(1, app, path="app/base.py"), _chunk(2, settings, path="app/defaults.py")]
     quote = _first_quote("How many times does it try to reconnect to the broker?", chunks)
     assert "connection_max_retries=100" in quote
+
+
+def test_a_definition_takes_the_docstring_below_a_long_signature():
+    """A function whose parameters take a line each has its docstring seven lines down: it is still the
+    function's documentation, which the definition is matched by (``line_rank.candidates``)."""
+    termui = (
+        "def confirm(\n"
+        "    text,\n"
+        "    default=False,\n"
+        "    abort=False,\n"
+        '    prompt_suffix=": ",\n'
+        "    show_default=True,\n"
+        "    err=False,\n"
+        ") -> bool:\n"
+        '    """Prompts for confirmation (yes/no question).\n'
+        "\n"
+        '    If the user aborts the input, an Abort exception is raised."""\n'
+        "    prompt = _build_prompt(text, prompt_suffix, show_default)\n"
+    )
+    lines = termui.split("\n")
+    found = line_rank.candidates(termui, "t.py", 0, [(text, n) for n, text in enumerate(lines) if text.strip()])
+    confirm = next(c for c in found if c.text == "def confirm(")
+    assert confirm.kind == "definition"
+    assert "Prompts for confirmation (yes/no question)." in confirm.doc
+    assert "Abort exception" in confirm.doc and "prompt_suffix" not in confirm.doc
+
+
+def test_direct_answer_never_quotes_a_line_with_nothing_of_its_own():
+    """``pass`` under ``except Exception:`` shares "passes" and "exception" with the question through its context
+    and the keyword; it says nothing, and the exception class is quoted instead."""
+    testing = (
+        "def isolation(env):\n"
+        "    for key in env:\n"
+        "        try:\n"
+        "            del os.environ[key]\n"
+        "        except Exception:\n"
+        "            pass\n"
+    )
+    exceptions = (
+        "class NoSuchOption(UsageError):\n"
+        '    """Raised if click attempted to handle an option that does not exist."""\n'
+        "\n"
+        "    def __init__(self, option_name, message=None):\n"
+        "        self.option_name = option_name\n"
+    )
+    chunks = [_chunk(1, testing, path="testing.py"), _chunk(2, exceptions, path="exceptions.py")]
+    quote = _first_quote("Where is the exception raised when the user passes an option that doesn't exist?", chunks)
+    assert "class NoSuchOption(UsageError):" in quote
+
+
+def test_direct_answer_quotes_the_setting_before_a_message_about_it():
+    """An error message names the thing asked about in the question's own words; the setting that holds the
+    value is the answer, as it is before a comment saying the same."""
+    formatting = (
+        "def write_dl(\n"
+        "    self,\n"
+        "    rows,\n"
+        "    col_max: int = 30,\n"
+        "    col_spacing: int = 2,\n"
+        ") -> None:\n"
+        "    rows = list(rows)\n"
+        "    widths = measure_table(rows)\n"
+        "    if len(widths) != 2:\n"
+        '        raise TypeError("Expected two columns for definition list")\n'
+        "    first_col = min(widths[0], col_max) + col_spacing\n"
+    )
+    quote = _first_quote(
+        "What is the default maximum width of the first column when writing a definition list?",
+        [_chunk(1, formatting, path="formatting.py")],
+    )
+    assert "col_max: int = 30," in quote, quote

@@ -13,7 +13,11 @@ The extractive provider (``extractive.py``) sees only what a stage put in its pr
 - **shape**: in code, a definition (``name = value``, ``name=Option(…)``, ``'key': value``, a signature's
   ``param=default``, ``def``, ``class``) is what a "default …" or "where is … defined" question wants; a
   comment or docstring only describes it, so the definition carries its neighbouring documentation's words
-  and the documentation itself ranks below any code line that matches as well;
+  (past a signature laid out over many lines) and the documentation itself ranks below any code line that
+  matches as well; so does a message (a line whose words are mostly inside its string literals), and a line
+  with nothing of its own (``pass``, ``return None``) is never quoted for what its context matched;
+- **agreement**: words shared with a passage whose meaning is unrelated to the question are a coincidence
+  and count less;
 - **intent**: the question's wording says which definition: a value ("the default …", "how many …": a literal,
   under a name that measures what is asked) or code ("the function that …", "how do I …": a ``def`` or
   ``class``, or for "where does … happen" the function whose body holds the best line).
@@ -241,6 +245,9 @@ MIN_SPREAD = 0.15
 #: a passage this similar to the query is evidence by its meaning alone (all-MiniLM-L6-v2's scale: a
 #: paraphrase of the question scores 0.4–0.7, an unrelated line of the same domain 0.1–0.3)
 MEANING_FLOOR = 0.4
+#: the band of "unrelated, same domain" on that scale: a passage's shared words count fully above it, not at all
+#: below it, in proportion inside it
+UNRELATED_LOW, UNRELATED_HIGH = 0.1, 0.3
 
 
 @dataclass
@@ -352,6 +359,33 @@ def _is_local(raw: Sequence[str], line: int, scopes: Sequence[tuple[int, str]]) 
     return False
 
 
+#: the longest signature followed to the docstring below it
+SIGNATURE_LINES = 40
+_OPENERS, _CLOSERS_ALL = "([{", ")]}"
+_STRING = re.compile(r"""[rRbBuUfF]{0,2}(?:"[^"\n]*"|'[^'\n]*'|`[^`\n]*`)""")
+
+
+def _is_message(line: str) -> bool:
+    """Whether most of a code line's words are inside its string literals: a message for a reader (``raise
+    TypeError("Expected two columns")``, ``"Timed out waiting for "``), which describes as a comment does."""
+    inside = sum(len(_WORDISH.findall(m)) for m in _STRING.findall(line))
+    return inside >= 2 and inside > len(_WORDISH.findall(_STRING.sub(" ", line)))
+
+
+def _signature_end(raw: Sequence[str], docs: Sequence[bool], line: int) -> int:
+    """The last line of the definition starting at ``line``: where the brackets its first line opens close
+    (``def confirm(`` with one parameter a line, then ``) -> bool:``), else ``line`` itself."""
+    depth = 0
+    for j in range(line, min(len(raw), line + SIGNATURE_LINES)):
+        if j > line and docs[j]:
+            break
+        code = _TRAILING_COMMENT.sub("", raw[j])
+        depth += sum(code.count(o) for o in _OPENERS) - sum(code.count(c) for c in _CLOSERS_ALL)
+        if depth <= 0:
+            return j
+    return line
+
+
 def candidates(body: str, path: str, chunk: int, units: Sequence[tuple[str, int]]) -> list[Candidate]:
     """The chunk's passages (``units``: text and 0-based line, as the provider cuts them) with their kind and
     the context they are matched by."""
@@ -396,7 +430,7 @@ def candidates(body: str, path: str, chunk: int, units: Sequence[tuple[str, int]
             parts += before
         parts.append(unescape_content(text))
         if kind == "definition":
-            j = line + 1
+            j = _signature_end(raw, docs, line) + 1
             while j < len(raw) and not docs[j] and j <= line + 3 and raw[j].strip() and _indent(raw[j]) > _indent(own):
                 j += 1  # a signature continued over lines comes before its docstring
             after = 0
@@ -541,6 +575,10 @@ def shortlist(cands: Sequence[Candidate], lexical: Sequence[float]) -> list[int]
 
 
 _WORDISH = re.compile(r"[^\W\d_]{2,}")
+#: the words of a code line that says nothing by itself (``pass``, ``else:``, ``end``): block keywords
+_BARE_WORDS = frozenset(
+    "pass else try finally break continue return end do done then fi esac begin none null nil self".split()
+)
 
 
 def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
@@ -590,6 +628,10 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
     numeric = wanted == "value" and bool(_COUNT_QUESTION.search(query))
     out = []
     for c, text, w, s in zip(cands, lines, words, semantic, strict=True):
+        if c.similarity is not None and c.similarity < UNRELATED_HIGH:
+            # words shared with a passage whose meaning is unrelated are a coincidence (``lost_wait`` shares
+            # "wait" with "how long before a task is tried again"): they count less the further it is
+            w *= max(0.0, (c.similarity - UNRELATED_LOW) / (UNRELATED_HIGH - UNRELATED_LOW))
         score = w_words * w + (W_MEANING * s if sims else 0.0) + W_RANK / (1 + c.chunk / 3)
         if c.kind == "definition":
             called = bool(_CALLABLE_DEF.match(text))
@@ -614,6 +656,10 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
             if not called:
                 fit = measure_fit(query, text)
                 score += value_bonus(query, text) + (MEASURE_BONUS * fit if fit >= 0 else -MEASURE_PENALTY)
+        elif c.kind == "code" and set(tokenize(text)) <= _BARE_WORDS:
+            score = 0.0  # ``pass``, ``else:``, ``)``: nothing of its own to quote, whatever its context matched
+        elif c.kind == "code" and _is_message(text):
+            score *= DOC_FACTOR  # a message (``raise TypeError("Expected two columns …")``) describes, as a comment
         elif c.kind == "code":
             # a question after a definition is not answered by a statement that uses it
             score += CODE_BONUS if not wants_definition else -CODE_BONUS
