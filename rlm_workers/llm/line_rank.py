@@ -643,10 +643,11 @@ def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
                 share = 0.0 if wanted == "value" and _gives_no_value(c, text) else 1.0
                 score += share * (DEFINITION_BONUS if wants_definition else CODE_BONUS)
                 # the name defined is what was asked when all of it is in the question: "heartbeat", not
-                # "heartbeat_checkrate", for "the broker heartbeat interval"
+                # "heartbeat_checkrate", for "the broker heartbeat interval".  Squared: one part the question
+                # leaves out makes it another thing ("the default queue" is not ``default_queue_type``)
                 name = defined_name(text)
                 if name and wants_definition:
-                    score += share * NAME_BONUS * sum(t in asked for t in name) / len(name)
+                    score += share * NAME_BONUS * (sum(t in asked for t in name) / len(name)) ** 2
                     # the question names it exactly: "where is the IntRange type", not the INT beside it
                     ident = defined_identifier(text)
                     if _IDENTIFIER_LIKE.search(ident) and ident.lower() in spelled:
