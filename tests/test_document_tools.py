@@ -370,7 +370,9 @@ def test_the_web_view_cites_sources_by_page_and_section(rlm_env, conn, loaded, t
                         "query": "How is the package installed on Linux with libpq, and what are a Debian "
                         "package maintainer's duties towards the next stable release?",
                         "buffers": ["docs", "pdfs"] if PDF.name in loaded else ["docs"],
-                        "options": {"skip_plan": True, "threshold": -1.0, "batch_size": 4},
+                        # every finding kept: what is checked here is how sources are cited, not how the offline
+                        # analyst grades a two-part question (which moves with the vectors' last digits)
+                        "options": {"skip_plan": True, "threshold": -1.0, "batch_size": 4, "finding_threshold": "low"},
                     },
                 )
                 assert r.status_code == 202, r.text
