@@ -361,7 +361,7 @@ def _is_local(raw: Sequence[str], line: int, scopes: Sequence[tuple[int, str]]) 
 
 #: the longest signature followed to the docstring below it
 SIGNATURE_LINES = 40
-_OPENERS, _CLOSERS_ALL = "([{", ")]}"
+_OPENERS = ("(", "[", "{")
 _STRING = re.compile(r"""[rRbBuUfF]{0,2}(?:"[^"\n]*"|'[^'\n]*'|`[^`\n]*`)""")
 
 
@@ -380,7 +380,7 @@ def _signature_end(raw: Sequence[str], docs: Sequence[bool], line: int) -> int:
         if j > line and docs[j]:
             break
         code = _TRAILING_COMMENT.sub("", raw[j])
-        depth += sum(code.count(o) for o in _OPENERS) - sum(code.count(c) for c in _CLOSERS_ALL)
+        depth += sum(code.count(o) for o in _OPENERS) - sum(code.count(c) for c in _CLOSERS)
         if depth <= 0:
             return j
     return line
@@ -575,10 +575,9 @@ def shortlist(cands: Sequence[Candidate], lexical: Sequence[float]) -> list[int]
 
 
 _WORDISH = re.compile(r"[^\W\d_]{2,}")
-#: the words of a code line that says nothing by itself (``pass``, ``else:``, ``end``): block keywords
-_BARE_WORDS = frozenset(
-    "pass else try finally break continue return end do done then fi esac begin none null nil self".split()
-)
+#: the words of a code line that says nothing by itself (``pass``, ``else:``, ``end``): block keywords (``do``
+#: and ``then`` are stopwords, which ``tokenize`` drops already)
+_BARE_WORDS = frozenset("pass else try finally break continue return end done fi esac begin none null nil self".split())
 
 
 def fuse(query: str, cands: Sequence[Candidate]) -> list[float]:
