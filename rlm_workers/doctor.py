@@ -149,24 +149,45 @@ def check_workers(app: Celery, timeout: float = 2.0, *, required: bool = False) 
 
 def check_llm(settings: Settings, timeout: float = 10.0) -> list[Check]:
     if settings.offline:
+        why = f" ({settings.local_problem})" if settings.local_problem else ""
         return [
             Check(
                 "llm",
                 True,
-                "no API key: the offline extractive provider answers (set OPENAI_API_KEY "
-                "and OPENAI_BASE_URL for a model)",
+                f"no model: the offline extractive provider answers{why}; set OPENAI_API_KEY (and OPENAI_BASE_URL) "
+                "for a hosted model",
                 warning=True,
             )
         ]
 
     key = settings.api_key
-    if settings.local_llm and not settings.base_url:
+    if settings.resolved_provider == "local":
         # only looks: a stopped local model server is reported, not started
-
         state = server_status(settings.data_dir)
-        if state is None:
+        if state is None or not set(settings.local_models) <= set(state.ports):
             return [Check("llm", True, status_line(settings).removeprefix("llm:").strip(), warning=True)]
-        base, key = state.url, state.api_key
+        out = []
+        for model in settings.local_models:
+            try:
+                ok = (
+                    httpx.get(
+                        f"{state.url(model)}/models",
+                        headers={"Authorization": f"Bearer {state.api_key}"},
+                        timeout=timeout,
+                    ).status_code
+                    == 200
+                )
+            except httpx.HTTPError:
+                ok = False
+            out.append(
+                Check(
+                    f"llm {model}",
+                    ok,
+                    f"local model server, {state.url(model)}"
+                    + ("" if ok else ": does not answer; `rlm services stop` and try again"),
+                )
+            )
+        return out
     else:
         base = (settings.base_url or "https://api.openai.com/v1").rstrip("/")
     try:

