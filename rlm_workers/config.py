@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
 from .llm.prices import parse_prices
-from .local_models import MODELS, resolve_model
+from .local_models import DEFAULT_STAGE_MODELS, MODELS, host_problem, resolve_model
+
+#: RLM_LOCAL_LLM's value that keeps `auto` from picking a local model
+LOCAL_OFF = "off"
+#: the stage settings that name a model, each of which a local server may have to serve
+_STAGE_MODELS = ("primary_model", "subcall_model", "synthesizer_model", "check_model")
 
 
 def _default_data_dir() -> Path:
@@ -52,6 +57,12 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RLM_", extra="ignore", populate_by_name=True)
 
     # --- LLM -------------------------------------------------------------
+    provider: Literal["auto", "openai", "local", "extractive"] = Field(
+        "auto",
+        description="Who answers the LLM stages (docs/contract.md#providers): auto picks openai when an API key or "
+        "base URL is set, else a local model when this machine can serve one, else the offline extractive provider; "
+        "openai, local and extractive pick one outright.",
+    )
     api_key: str | None = Field(
         default=None,
         validation_alias=AliasChoices("RLM_API_KEY", "OPENAI_API_KEY"),
@@ -90,11 +101,13 @@ class Settings(BaseSettings):
     llm_retries: int = Field(3, ge=0, le=20, description="Retries of a failed LLM call (429/5xx/timeouts).")
     local_llm: str | None = Field(
         None,
-        description="A local model served by llama.cpp's llama-server on this machine (docs/contract.md#local-llm): "
-        "`gemma-3-270m`, `qwen2.5-coder-0.5b` or `qwen2.5-coder-1.5b`. Unset: OPENAI_BASE_URL / the API key decide.",
+        description="The local model every stage uses (docs/contract.md#local-llm): `gemma-3-270m`, "
+        "`qwen2.5-coder-0.5b` or `qwen2.5-coder-1.5b`; implies RLM_PROVIDER=local unless a key or base URL is set. "
+        "`off`: RLM_PROVIDER=auto never picks a local model. Unset: each stage's default local model.",
     )
     local_llm_dir: Path | None = Field(
-        None, description="Where llama-server is built and local models are assembled; unset: the user cache dir."
+        None,
+        description="Where local models are assembled (and a fallback llama-server built); unset: the user cache dir.",
     )
     local_llm_ctx: int | None = Field(
         None, ge=1024, le=131_072, description="Context tokens per request slot of the local model server."
@@ -109,6 +122,12 @@ class Settings(BaseSettings):
             "json_object, then none, learning per (base URL, model) what the server accepts; json_schema only; "
             "json_object only; off sends no response_format."
         ),
+    )
+    tool_calls: Literal["auto", "native", "json"] = Field(
+        "auto",
+        description="How the synthesizer calls its tools (docs/contract.md#structured-outputs): native tool calling, "
+        "or json: each reply a schema-constrained JSON action (a tool call or the answer), which a small model "
+        "keeps to; auto is json for a local model and native otherwise (and json after a server refused tools).",
     )
     llm_seconds_per_1k_tokens: float = Field(
         0.0,
@@ -308,8 +327,8 @@ class Settings(BaseSettings):
     @field_validator("local_llm")
     @classmethod
     def _local_model(cls, v: str | None) -> str | None:
-        if v and v not in MODELS:
-            raise ValueError(f"unknown local model {v!r}: one of {', '.join(MODELS)}")
+        if v and v != LOCAL_OFF and v not in MODELS:
+            raise ValueError(f"unknown local model {v!r}: one of {', '.join(MODELS)} (or {LOCAL_OFF})")
         return v or None
 
     @field_validator("database_url")
@@ -327,17 +346,31 @@ class Settings(BaseSettings):
         return v or None
 
     @model_validator(mode="after")
-    def _local_model_defaults(self) -> Settings:
-        """A local model answers under its own name, on a CPU and with a small context: unless set, the models,
-        the timeout, the concurrency and the prompt sizes are ones it can meet (docs/contract.md#local-llm)."""
-        if not self.local_llm:
-            return self
-        model = resolve_model(self.local_llm)
+    def _resolve_provider(self) -> Settings:
+        """Who answers; a local model answers under its own name, on a CPU and with a small context: unless set, the
+        models, the timeout, the concurrency and the prompt sizes are ones it can meet (docs/contract.md#local-llm)."""
         given = self.model_fields_set
-        for name in ("primary_model", "subcall_model", "synthesizer_model"):
+        provider = self.provider
+        chosen = self.local_llm if self.local_llm != LOCAL_OFF else None
+        if provider == "auto":
+            if self.api_key or self.base_url:
+                provider = "openai"
+            elif chosen:
+                provider = "local"
+            elif self.local_llm == LOCAL_OFF:
+                self._local_problem = f"RLM_LOCAL_LLM={LOCAL_OFF}"
+                provider = "extractive"
+            else:
+                models = {resolve_model(m) for m in DEFAULT_STAGE_MODELS.values()}
+                self._local_problem = host_problem(self.resolved_local_llm_dir, models)
+                provider = "extractive" if self._local_problem else "local"
+        self._resolved_provider = provider
+        if provider != "local":
+            return self
+        for name, default in DEFAULT_STAGE_MODELS.items():
             if name not in given:
-                setattr(self, name, model.name)
-        context = self.local_llm_ctx or model.context
+                setattr(self, name, chosen or default)
+        context = self.local_llm_ctx or max(resolve_model(m).context for m in self.local_models)
         defaults = {
             # a prompt of a few thousand tokens takes minutes on two cores: the timeout grows with the prompt
             "llm_timeout": 300.0,
@@ -369,10 +402,37 @@ class Settings(BaseSettings):
             )
         return self
 
+    _resolved_provider: str = PrivateAttr("extractive")
+    _local_problem: str | None = PrivateAttr(None)
+
+    @property
+    def resolved_provider(self) -> Literal["openai", "local", "extractive"]:
+        """Who answers the LLM stages: RLM_PROVIDER, or what `auto` found (docs/contract.md#providers)."""
+        return self._resolved_provider  # type: ignore[return-value]
+
+    @property
+    def local_problem(self) -> str | None:
+        """Why `auto` could not pick a local model on this machine (None when it did, or was not asked to look)."""
+        return self._local_problem
+
     @property
     def offline(self) -> bool:
-        """No key and no local model: the LLM stages use the extractive provider."""
-        return not self.api_key and not self.local_llm
+        """The LLM stages use the extractive provider: no model answers."""
+        return self._resolved_provider == "extractive"
+
+    def json_tool_calls(self, model: str) -> bool:
+        """Whether ``model`` is offered tools as JSON actions rather than native tool calls (RLM_TOOL_CALLS)."""
+        if self.tool_calls != "auto":
+            return self.tool_calls == "json"
+        return model in self.local_models
+
+    @property
+    def local_models(self) -> list[str]:
+        """The local models the stages name, which the local model server serves (empty unless it answers)."""
+        if self._resolved_provider != "local":
+            return []
+        named = (getattr(self, n) for n in _STAGE_MODELS)
+        return sorted({m for m in named if m in MODELS})
 
     @property
     def resolved_local_llm_dir(self) -> Path:

@@ -357,7 +357,9 @@ class QueryResult(BaseModel):
 
     job_id: str
     response: str
-    provider: Literal["openai", "extractive"]
+    provider: Literal["openai", "local", "extractive"]
+    #: the models that answered the tree's calls, in the order they first answered (none for the extractive provider)
+    models: list[str] = Field(default_factory=list)
     scaling_tier: str
     plan: AnalysisPlan
     findings_count: int = 0

@@ -14,9 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Exported ONNX encoders are cached across modules (each module has its own RLM_DATA_DIR) and across test runs:
 # the cache is keyed by the model files and the export recipe (ingest/onnxenc.py), so a stale one is never used.
 os.environ.setdefault("RLM_ENCODER_DIR", str(Path(tempfile.gettempdir()) / "rlm-test-encoders"))
-# No test may reach a real LLM by accident.
-for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL"):
+# No test may reach a real LLM by accident: with no key, the offline extractive provider answers, never a local model
+# fetched and started behind a test's back (tests/test_real_model.py names one on purpose).
+for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL", "RLM_PROVIDER"):
     os.environ.pop(_var, None)
+os.environ["RLM_LOCAL_LLM"] = "off"
 # Nor the user's own data dir: code that runs outside a module's rlm_env (the limiter's metrics, a settings reset
 # at teardown) would start an embedded server there.  This one is removed at the end, and its servers' watchers
 # stop them once it is gone (docs/architecture.md#embedded-servers).

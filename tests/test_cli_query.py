@@ -111,7 +111,9 @@ def test_offline_query_with_no_worker_runs_in_process_and_prints_the_status_line
     assert rows and [b.status for b in rows] == ["ok"] * len(rows) and result.batches_processed == len(rows)
     assert result.chunks_available == CHUNK_COUNT and result.chunks_analyzed > 0
 
-    rest, _, modes = proc.stdout.rstrip().rpartition("\n")
+    rest, _, answered = proc.stdout.rstrip().rpartition("\n")
+    assert answered == "Answered by: the offline extractive provider (no model: the best-matching passages)"
+    rest, _, modes = rest.rpartition("\n")
     report, _, last = rest.rpartition("\n")
     assert report.rstrip() == result.response.rstrip()
     m = MODES_LINE.fullmatch(modes)

@@ -635,10 +635,11 @@ def test_a_server_without_tools_gets_them_in_words_and_its_json_action_becomes_a
     sent = srv.requests[-1].body
     assert "tools" not in sent and "get_chunks" in sent["messages"][0]["content"]
     assert sent["response_format"]["type"] == "json_schema"
-    # the next turn: the call and its result as plain messages, and the answer unwrapped
+    # the next turn: the call and its result as plain messages; the answer object is the stage's to read (with the
+    # chunks it cites, where it names them)
     turn2 = [*messages, c.raw_message, {"role": "tool", "tool_call_id": c.tool_calls[0].id, "content": "{}"}]
     final = p.complete(dataclasses.replace(_request(), role="synthesizer", messages=turn2, tools=TOOLS))
-    assert final.text == "## Answer\n\nfound it" and not final.tool_calls
+    assert json.loads(final.text) == {"answer": "## Answer\n\nfound it"} and not final.tool_calls
     roles = [m["role"] for m in srv.requests[-1].body["messages"]]
     assert roles == ["system", "user", "assistant", "user"] and len(srv.requests) == 3  # one refusal only
 

@@ -37,7 +37,7 @@ from ..local_llm import endpoint as local_llm_endpoint
 from ..tokens import CHARS_PER_TOKEN
 from .limiter import ConcurrencyLimiter, Limits, wait_bound
 from .protocol import Attempt, Completion, CompletionRequest, ToolCall
-from .structured import FinalAnswer, ToolAction, action_schema, describe_tools, parse_action
+from .structured import ToolAction, action_schema, describe_tools, parse_action
 from .usage import BadResponse, cached_tokens, to_completion, token_usage
 
 if TYPE_CHECKING:
@@ -55,6 +55,35 @@ _FORMAT_WORDS = {
     "json_schema": ("response_format", "json_schema", "schema", "grammar"),
     "json_object": ("response_format", "json_object"),
 }
+
+
+#: a local model's pace as its server reported it (tokens/s read, tokens/s written), per model, for the life of
+#: the process: the timeouts follow it (``attempt_timeout``)
+_SPEEDS: dict[str, tuple[float, float]] = {}
+#: seconds every local call gets beside its measured work, and how many times the measured work it may take
+LOCAL_TIMEOUT_FLOOR = 60.0
+LOCAL_TIMEOUT_SLACK = 2.0
+
+
+def _learn_speed(model: str, response: Any) -> None:
+    """Fold the server's ``timings`` (llama.cpp reports them on every reply) into the model's pace, halfway from the
+    last one, so one odd reply moves the next timeout only so far; too short a prompt or reply says nothing."""
+    t = (getattr(response, "model_extra", None) or {}).get("timings")
+    if not isinstance(t, dict):
+        return
+    try:
+        read = float(t["prompt_per_second"]) if int(t.get("prompt_n") or 0) >= 32 else None
+        wrote = float(t["predicted_per_second"]) if int(t.get("predicted_n") or 0) >= 8 else None
+    except (KeyError, TypeError, ValueError):
+        return
+    old = _SPEEDS.get(model)
+    if old is None and (read is None or wrote is None):
+        return
+    new_read = read if read and math.isfinite(read) and read > 0 else old[0]  # type: ignore[index]
+    new_wrote = wrote if wrote and math.isfinite(wrote) and wrote > 0 else old[1]  # type: ignore[index]
+    if old is not None:
+        new_read, new_wrote = (old[0] + new_read) / 2, (old[1] + new_wrote) / 2
+    _SPEEDS[model] = (new_read, new_wrote)
 
 
 def forget_refusals() -> None:
@@ -95,6 +124,19 @@ def estimate_tokens(request: CompletionRequest) -> int:
     return chars // CHARS_PER_TOKEN + request.max_tokens
 
 
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """One server's client, where it is (None: OpenAI itself) and its key."""
+
+    client: openai.OpenAI
+    base_url: str | None
+    api_key: str | None
+
+    @property
+    def where(self) -> str:
+        return self.base_url or "api.openai.com"
+
+
 class OpenAIProvider:
     name = "openai"
     local = False
@@ -113,37 +155,43 @@ class OpenAIProvider:
         if isinstance(limiter, ConcurrencyLimiter):
             limiter = Limits(limiter, acquire_timeout=wait_bound(settings))
         self.limits = limiter
-        self._client: openai.OpenAI | None = None
-        self._client_lock = threading.Lock()
-        #: (base URL, API key) the client was built with: the local model server's are known only once it runs
-        self._endpoint: tuple[str | None, str | None] = (settings.base_url, settings.api_key)
+        self._lock = threading.Lock()
+        #: model → where its calls go; a local model's server is known only once it runs
+        self._endpoints: dict[str, Endpoint] = {}
+        if settings.resolved_provider == "local":
+            self.name = "local"
 
-    # --- client ------------------------------------------------------------
+    # --- clients -----------------------------------------------------------
+
+    def endpoint(self, model: str) -> Endpoint:
+        """Where calls for ``model`` go: OPENAI_BASE_URL (or OpenAI itself), or the local model server serving it,
+        started if need be (docs/contract.md#local-llm)."""
+        ep = self._endpoints.get(model)
+        if ep is not None:
+            return ep
+        with self._lock:
+            if (ep := self._endpoints.get(model)) is not None:
+                return ep
+            base_url, api_key = self.settings.base_url, self.settings.api_key
+            if model in self.settings.local_models:
+                base_url, api_key = local_llm_endpoint(self.settings, model)
+            if not api_key:
+                raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
+            client = openai.OpenAI(api_key=api_key, base_url=base_url, timeout=self.settings.llm_timeout, max_retries=0)
+            ep = self._endpoints[model] = Endpoint(client, base_url, api_key)
+            return ep
+
+    def _forget(self, model: str) -> None:
+        """Drop a local model's endpoint after it refused a connection: its server was stopped (idle) and the next
+        call starts it again."""
+        if model in self.settings.local_models:
+            with self._lock:
+                self._endpoints.pop(model, None)
 
     @property
     def client(self) -> openai.OpenAI:
-        if self._client is None:
-            with self._client_lock:
-                if self._client is None:
-                    base_url, api_key = self.settings.base_url, self.settings.api_key
-                    if self.settings.local_llm and not base_url:
-                        # the model server of this data dir, started if need be (docs/contract.md#local-llm)
-                        base_url, api_key = local_llm_endpoint(self.settings)
-                    if not api_key:
-                        raise ConfigError("no LLM API key: set OPENAI_API_KEY or RLM_API_KEY")
-                    self._endpoint = (base_url, api_key)
-                    self._client = openai.OpenAI(
-                        api_key=api_key,
-                        base_url=base_url,
-                        timeout=self.settings.llm_timeout,
-                        max_retries=0,
-                    )
-        return self._client
-
-    @property
-    def base_url(self) -> str | None:
-        """Where the calls go: OPENAI_BASE_URL, the local model server, or None for OpenAI itself."""
-        return self._endpoint[0]
+        """The client of the configured endpoint (the Batch API's files and batches)."""
+        return self.endpoint(self.settings.subcall_model).client
 
     # --- one logical call --------------------------------------------------
 
@@ -155,8 +203,8 @@ class OpenAIProvider:
         attempts: list[Attempt] = []
         retries_left = self.settings.llm_retries
         retry_no = 0
-        client = self.client  # built before the clock starts: building it may start the local model server
         while True:
+            ep = self.endpoint(request.model)  # before the clock starts: it may start the local model server
             if attempts and before_retry is not None:
                 # after the backoff, right before the send: a budget (or deadline) spent meanwhile stops it here
                 try:
@@ -172,21 +220,27 @@ class OpenAIProvider:
             cached = 0
             response = None
             try:
-                response = self._send(client, params, estimate_tokens(request), request.tenant, timeout)
+                response = self._send(ep.client, params, estimate_tokens(request), request.tenant, timeout)
                 usage = token_usage(response)
                 cached = cached_tokens(response, usage[0])
                 completion = to_completion(response, request.model, usage)
                 completion.cached_tokens = cached
+                if request.model in self.settings.local_models:
+                    _learn_speed(request.model, response)
             except Exception as exc:  # classified below; anything unknown before a response is re-raised
                 latency = int((time.perf_counter() - t0) * 1000)
+                if isinstance(exc, openai.APIConnectionError):
+                    self._forget(request.model)
                 adapted = self._learn_unsupported(exc, request.model, params)  # raises for a forced json_schema
                 # once a response arrived its tokens are billed: whatever fails after must still report them
-                error, retry_after = self._classify(exc, request, answered=response is not None, timeout=timeout)
+                error, retry_after = self._classify(
+                    exc, request, answered=response is not None, timeout=timeout, where=ep.where
+                )
                 # a limiter wait already took its whole bound: waiting again per retry would outlive the
                 # task's visibility timeout (docs/contract.md#limiter)
                 retry = adapted or (error.retryable and retries_left > 0 and not isinstance(error, LimiterBusy))
                 if retry and not adapted and isinstance(exc, openai.APITimeoutError):
-                    if why := self.wait_for_idle_slot(timeout):
+                    if why := self.wait_for_idle_slot(timeout, ep):
                         # the retry would queue behind the abandoned request: not sent, and not to be
                         # retried by a caller either (docs/contract.md#llm-calls)
                         error = LLMError(f"{error.message}; not retried: {why}", retryable=False)
@@ -225,7 +279,7 @@ class OpenAIProvider:
             return set(_REFUSED.get(self._server(model), ()))
 
     def _server(self, model: str) -> tuple[str, str]:
-        return (self.base_url or "https://api.openai.com/v1").rstrip("/"), model
+        return (self.endpoint(model).base_url or "https://api.openai.com/v1").rstrip("/"), model
 
     def params(self, request: CompletionRequest) -> dict[str, Any]:
         """The body of the chat-completion request for ``request``, as this server takes it (what it refused so
@@ -233,11 +287,13 @@ class OpenAIProvider:
         dropped = self.refused(request.model)
         messages, tools, schema = request.messages, request.tools, request.json_schema
         json_output = request.json_output
-        if "tools" in dropped and _has_tool_turns(messages, tools):
-            # no native tool calling: the tools are offered in words and called as JSON actions (llm/structured.py)
+        as_json = "tools" in dropped or self.settings.json_tool_calls(request.model)
+        if as_json and _has_tool_turns(messages, tools):
+            # tools offered in words and called as schema-constrained JSON actions (llm/structured.py): a server
+            # without native tool calling, or a small model that keeps to a grammar but not to a tool protocol
             messages = _tools_in_words(messages, tools)
             if tools:
-                json_output, schema, tools = True, action_schema(tools), None
+                json_output, schema, tools = True, action_schema(tools, answer=schema), None
         params: dict[str, Any] = {"model": request.model, "messages": messages}
         params["max_tokens" if "max_completion_tokens" in dropped else "max_completion_tokens"] = request.max_tokens
         if "temperature" not in dropped:
@@ -262,11 +318,18 @@ class OpenAIProvider:
     def attempt_timeout(self, request: CompletionRequest) -> float:
         """Seconds one attempt may take: ``RLM_LLM_TIMEOUT``, plus ``RLM_LLM_SECONDS_PER_1K_TOKENS`` for every
         1,000 tokens of the request's estimate (prompt and answer allowance), so a slow local server gets
-        time in proportion to the work it is given (docs/contract.md#llm-calls)."""
+        time in proportion to the work it is given (docs/contract.md#llm-calls).  A local model's server says how
+        fast it read and wrote each request: once it has, unless RLM_LLM_TIMEOUT is set, the timeout is that pace
+        times the work, with room for the slots sharing the cores."""
+        speed = _SPEEDS.get(request.model) if request.model in self.settings.local_models else None
+        if speed is not None and "llm_timeout" not in self.settings.model_fields_set:
+            prompt = estimate_tokens(request) - request.max_tokens
+            work = prompt / speed[0] + request.max_tokens / speed[1]
+            return LOCAL_TIMEOUT_FLOOR + LOCAL_TIMEOUT_SLACK * self.settings.local_llm_parallel * work
         per_1k = self.settings.llm_seconds_per_1k_tokens
         return self.settings.llm_timeout + per_1k * estimate_tokens(request) / 1000
 
-    def wait_for_idle_slot(self, bound: float) -> str | None:
+    def wait_for_idle_slot(self, bound: float, ep: Endpoint) -> str | None:
         """After a timed-out attempt: None when a retry may be sent, else why it may not.
 
         A hosted API drops a request its client gave up on; a local llama.cpp ``llama-server`` may keep
@@ -276,31 +339,31 @@ class OpenAIProvider:
         ``bound`` seconds; where it answers only ``GET /health`` as llama-server does, nothing tells when the
         abandoned request ends, so no retry is sent.  An endpoint with neither (OpenAI) is retried as before.
         """
-        if not self.base_url:
+        if not ep.base_url:
             return None
         deadline = time.monotonic() + bound
-        state = self._slot_state()
+        state = self._slot_state(ep)
         while state == "busy":
             if time.monotonic() >= deadline:
                 return (
-                    f"the server at {self.base_url} is still busy after {bound:g}s more (GET /slots), "
+                    f"the server at {ep.base_url} is still busy after {bound:g}s more (GET /slots), "
                     "most likely with the request abandoned; raise RLM_LLM_TIMEOUT or RLM_LLM_SECONDS_PER_1K_TOKENS"
                 )
             time.sleep(self.SLOT_POLL)
-            state = self._slot_state()
+            state = self._slot_state(ep)
         if state == "opaque":
             return (
-                f"the server at {self.base_url} is a local one (GET /health) that may still be computing "
+                f"the server at {ep.base_url} is a local one (GET /health) that may still be computing "
                 "the request abandoned, and shows no slots to wait for (start llama-server without --no-slots); "
                 "raise RLM_LLM_TIMEOUT or RLM_LLM_SECONDS_PER_1K_TOKENS"
             )
         return None
 
-    def _slot_state(self) -> str | None:
+    def _slot_state(self, ep: Endpoint) -> str | None:
         """ "idle" or "busy" from ``GET /slots`` (llama-server's list of slots with ``is_processing``); "opaque"
         when only ``GET /health`` answers ``{"status": "ok"}``; None for an endpoint with neither."""
-        root = (self.base_url or "").rstrip("/").removesuffix("/v1")
-        key = self._endpoint[1]
+        root = (ep.base_url or "").rstrip("/").removesuffix("/v1")
+        key = ep.api_key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             r = httpx.get(f"{root}/slots", headers=headers, timeout=self.PROBE_TIMEOUT)
@@ -363,7 +426,7 @@ class OpenAIProvider:
             refused = form is not None and any(w in text for w in _FORMAT_WORDS.get(form, ()))
         if refused:
             if form == "json_schema" and self.settings.structured_outputs == "json_schema":
-                where = self.base_url or "api.openai.com"
+                where = self.endpoint(model).where
                 raise LLMError(
                     f"{where} refused response_format json_schema for {model} ({exc.status_code}: "
                     f"{exc.message}); RLM_STRUCTURED_OUTPUTS=json_schema allows nothing else: set it to auto to "
@@ -385,7 +448,7 @@ class OpenAIProvider:
         if new:  # once per server and model, however many threads hit the refusal together
             log.warning(
                 "%s refused %s for model %s; not sending it from now on: %s",
-                self.base_url or "api.openai.com",
+                self.endpoint(model).where,
                 name,
                 model,
                 why,
@@ -393,12 +456,17 @@ class OpenAIProvider:
         return True
 
     def _classify(
-        self, exc: Exception, request: CompletionRequest, *, answered: bool = False, timeout: float | None = None
+        self,
+        exc: Exception,
+        request: CompletionRequest,
+        *,
+        answered: bool = False,
+        timeout: float | None = None,
+        where: str = "api.openai.com",
     ) -> tuple[LLMError, float | None]:
         """The user-facing error for a failed attempt, and the server's Retry-After if any; an unknown
         error is re-raised unless the server had ``answered`` (then it is a response we could not use).
         ``timeout``: the attempt's own (``attempt_timeout``)."""
-        where = self.base_url or "api.openai.com"
         if isinstance(exc, LLMError):
             return exc, None
         if isinstance(exc, openai.APITimeoutError):
@@ -527,13 +595,11 @@ def _args(raw: Any) -> Any:
 
 
 def _read_action(completion: Completion, tools: list[dict[str, Any]]) -> None:
-    """A model that wrote a tool call as a JSON action (no native tool calling) gets it read as the call; one that
-    wrote ``{"answer": ...}`` gets the answer as its text.  Anything else is left as it is."""
+    """A model that wrote a tool call as a JSON action (no native tool calling) gets it read as the call.  Anything
+    else, an answer object included, is left as it is for the stage to read (its citations with it)."""
     names = {t["function"]["name"] for t in tools}
     action = parse_action(completion.text, names)
-    if isinstance(action, FinalAnswer):
-        completion.text = action.answer
-    elif isinstance(action, ToolAction):
+    if isinstance(action, ToolAction):
         call = ToolCall(
             id=f"action_{uuid.uuid4().hex[:12]}", name=action.action, arguments=json.dumps(action.arguments)
         )

@@ -1,8 +1,8 @@
 """Which LLM provider answers: a name per provider, one builder per name.
 
-No API key means the offline extractive provider; a key (and optionally a base
-URL) means the OpenAI-compatible client.  Everything that prints or fingerprints
-the provider asks ``provider_name`` instead of re-deriving it.
+The settings resolve RLM_PROVIDER (docs/contract.md#providers): a key or base URL means the OpenAI-compatible
+client, a local model the same client pointed at the local model server, neither the offline extractive
+provider.  Everything that prints or fingerprints the provider asks ``provider_name`` instead of re-deriving it.
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ def _openai(settings: Settings, redis: Callable[[], Any]) -> LLMProvider:
 PROVIDERS: dict[str, Callable[[Settings, Callable[[], Any]], LLMProvider]] = {
     "extractive": _extractive,
     "openai": _openai,
+    "local": _openai,
 }
 
 
 def provider_name(settings: Settings) -> str:
-    return "extractive" if settings.offline else "openai"
+    return settings.resolved_provider
 
 
 def build_provider(settings: Settings, redis: Callable[[], Any]) -> LLMProvider:

@@ -263,6 +263,8 @@ def result_for(
     )
     if budget is not None:
         result.budget = budget
+    if root:
+        result.models = job_store.tree_models(conn, root_id=job.id)
     available = result.chunks_available
     result.coverage = round(min(1.0, result.chunks_analyzed / available), 4) if available else 0.0
     result.confidence, result.complete, result.gaps = completeness(
@@ -298,7 +300,15 @@ def status_line(r: QueryResult) -> str:
     )
     if r.budget.exhausted:
         modes += f" | Budget exhausted: {r.budget.exhausted}"
-    return f"{scale}\n{modes}"
+    return f"{scale}\n{modes}\nAnswered by: {answered_by(r)}"
+
+
+def answered_by(r: QueryResult) -> str:
+    """Who wrote the answer, in words: the provider and its models (docs/contract.md#providers)."""
+    if r.provider == "extractive":
+        return "the offline extractive provider (no model: the best-matching passages)"
+    where = "a local model on this machine" if r.provider == "local" else "the OpenAI-compatible endpoint"
+    return f"{where}: {', '.join(r.models)}" if r.models else where
 
 
 def store_report(

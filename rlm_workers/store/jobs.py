@@ -152,12 +152,22 @@ def is_open(conn: psycopg.Connection, *, job_id: str) -> bool:
     return bool(row and row[0])
 
 
+#: stages whose work runs outside the task that entered them (the analysts' chord): their time is the wall time
+#: until the next stage starts, recorded by ``set_stage``
+TIMED_UNTIL_NEXT = ("fan_out",)
+
+
 def set_stage(conn: psycopg.Connection, *, job_id: str, stage: str) -> bool:
-    """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled)."""
+    """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled).  Leaving a stage of
+    ``TIMED_UNTIL_NEXT`` records its wall time, its analysts' included."""
     cur = conn.execute(
-        """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now()), stage_at = now()
+        """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now()), stage_at = now(),
+                  timings = CASE WHEN stage = ANY(%s) AND stage <> %s AND stage_at IS NOT NULL
+                                 THEN timings || jsonb_build_object(
+                                     stage::text, round(extract(epoch FROM now() - stage_at)::numeric, 4)::float8)
+                                 ELSE timings END
            WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')""",
-        (stage, job_id),
+        (stage, list(TIMED_UNTIL_NEXT), stage, job_id),
     )
     return cur.rowcount > 0
 
@@ -489,6 +499,17 @@ def tree_usage(conn: psycopg.Connection, *, root_id: str) -> TreeUsage:
     return TreeUsage(int(row[0]), int(row[1]), int(row[2]), int(row[3]), float(row[4]))
 
 
+def tree_models(conn: psycopg.Connection, *, root_id: str) -> list[str]:
+    """The models that answered the tree's calls, each once, in the order they first answered."""
+    rows = conn.execute(
+        """SELECT c.model FROM llm_calls c JOIN jobs j ON j.id = c.job_id
+           WHERE coalesce(j.root_id, j.id) = %s AND c.status = 'ok' AND c.model IS NOT NULL
+           GROUP BY c.model ORDER BY min(c.id)""",
+        (root_id,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 def job_usage(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> dict[str, TreeUsage]:
     """Per job: its own calls only."""
     out = {}
@@ -602,8 +623,11 @@ def finish_job(
     return True
 
 
-def cancel_job(conn: psycopg.Connection, *, job_id: str, tenant: str) -> JobRow | None:
-    """Cancel the job and every job below it (its children, theirs…): a cancelled tree starts no new call."""
+def cancel_job(
+    conn: psycopg.Connection, *, job_id: str, tenant: str, reason: str = "cancelled by the user"
+) -> JobRow | None:
+    """Cancel the job and every job below it (its children, theirs…): a cancelled tree starts no new call.
+    ``reason`` is the root's error message."""
     job = get_job(conn, job_id=job_id, tenant=tenant)
     if job is None:
         return None
@@ -614,7 +638,7 @@ def cancel_job(conn: psycopg.Connection, *, job_id: str, tenant: str) -> JobRow 
             status=JobStatus.cancelled,
             error={
                 "type": "cancelled",
-                "message": "cancelled by the user" if jid == job_id else "its parent was cancelled",
+                "message": reason if jid == job_id else "its parent was cancelled",
             },
         )
     return get_job(conn, job_id=job_id, tenant=tenant)
