@@ -18,9 +18,9 @@ import pytest
 from rlm_workers.llm.extractive import ExtractiveProvider
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.llm.stage_input import ChunkForPrompt, DirectInput
+from rlm_workers.llm.structured import render_answer
 from rlm_workers.pipeline.analyst import parse_findings, read_input
 from rlm_workers.pipeline.analyst import render_messages as analyst_messages
-from rlm_workers.pipeline.answer import render_answer
 from rlm_workers.pipeline.collect import ChunkRef, collect
 from rlm_workers.pipeline.prompts import source_line
 from rlm_workers.pipeline.report import sources_from

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from itertools import chain
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 
 from ..models import AnalystBatchSize, MaxChunks, Relevance, Route, SearchMode, Threshold, TopK
-from ..pipeline.replies import clip, json_candidates
+from ..pipeline.replies import cited_chunk_ids, clip, json_candidates
+from ..provenance import cite_of
 
 #: words models use for grades, mapped onto ours
 GRADES = {
@@ -272,6 +274,21 @@ def parse_answer(text: str) -> CitedAnswer | None:
     return None
 
 
+def render_answer(reply: str, shown: Mapping[int, Any]) -> str:
+    """The report of an answer reply: the answer object's text with the chunks it names cited at its end (those the
+    text does not cite already, and only chunks the model was shown: ``shown`` maps their ids to anything carrying a
+    chunk's place, a prompt's chunk or a shown finding); a plain markdown reply as it is."""
+    parsed = parse_answer(reply)
+    if parsed is None:
+        return reply
+    text = parsed.answer.strip()
+    inline = set(cited_chunk_ids(text, shown))
+    extra = [cid for cid in dict.fromkeys(parsed.cited_chunks) if cid in shown and cid not in inline]
+    if extra:
+        text += "\n\nSources: " + ", ".join(f"[chunk {cid}, {cite_of(shown[cid])}]" for cid in extra)
+    return text
+
+
 #: an answer object cut short: its answer string (closed, group 2, or not), then what was written of the ids
 _CUT_ANSWER = re.compile(
     r'\{\s*"answer"\s*:\s*"((?:[^"\\]|\\.)*)(?:(")\s*,?\s*(?:"cited_chunks"\s*:\s*\[([\d\s,]*))?)?\Z', re.S
@@ -379,8 +396,9 @@ def _leading_value(text: str) -> list[Any]:
     return [value]
 
 
-def action_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The schema of a JSON action reply for these OpenAI-format tool specs: one tool call, or the answer."""
+def action_schema(tools: list[dict[str, Any]], *, answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The schema of a JSON action reply for these OpenAI-format tool specs: one tool call, or the answer (``answer``:
+    the ``response_format.json_schema`` of the stage's answer object; by default ``{"answer": "..."}``)."""
     actions = [
         {
             "type": "object",
@@ -393,8 +411,8 @@ def action_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
         }
         for t in tools
     ]
-    answer = response_schema("answer", FinalAnswer)["schema"]
-    return {"name": "tool_action", "schema": {"anyOf": [*actions, answer]}, "strict": False}
+    final = (answer or response_schema("answer", FinalAnswer))["schema"]
+    return {"name": "tool_action", "schema": {"anyOf": [*actions, final]}, "strict": False}
 
 
 def describe_tools(tools: list[dict[str, Any]]) -> str:
@@ -404,7 +422,7 @@ def describe_tools(tools: list[dict[str, Any]]) -> str:
         "",
         "Tools cannot be called natively here. To call one, reply with only a JSON object "
         '{"action": "<tool name>", "arguments": {...}}; its result comes back in the next message. '
-        'When you are ready to answer, reply with {"answer": "<the report in markdown>"} or with the report alone.',
+        'When you are ready to answer, reply with the answer object {"answer": "...", ...} the message asks for.',
         "",
     ]
     for t in tools:

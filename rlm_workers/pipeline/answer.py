@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ..errors import BudgetExhausted
 from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, DirectInput
-from ..llm.structured import answer_schema, parse_answer
-from ..provenance import cite_of
+from ..llm.structured import answer_schema, parse_answer, render_answer
 from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
@@ -101,20 +100,6 @@ def build_messages(
     """The direct answer's messages, rendered from a ``DirectInput`` of these values."""
     asked = DirectInput(query, tuple(chunks), records_wanted)
     return render_messages(system_prompt, asked, conversation=conversation)
-
-
-def render_answer(reply: str, shown: Mapping[int, ChunkForPrompt]) -> str:
-    """The report of a direct reply: the answer object's text with the chunks it names cited at its end (those
-    the text does not cite already, and only chunks the model was shown); a plain markdown reply as it is."""
-    parsed = parse_answer(reply)
-    if parsed is None:
-        return reply
-    text = parsed.answer.strip()
-    inline = set(cited_chunk_ids(text, shown))
-    extra = [cid for cid in dict.fromkeys(parsed.cited_chunks) if cid in shown and cid not in inline]
-    if extra:
-        text += "\n\nSources: " + ", ".join(f"[chunk {cid}, {cite_of(shown[cid])}]" for cid in extra)
-    return text
 
 
 # --------------------------------------------------------------------------- the stage

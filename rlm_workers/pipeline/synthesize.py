@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,11 +18,12 @@ from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.extractive import write_report
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import FindingsInput, ShownFinding
-from ..llm.structured import FinalAnswer, parse_action, stray_action
+from ..llm.structured import FinalAnswer, answer_schema, parse_action, render_answer, stray_action
 from ..local_servers import database_url
 from ..provenance import cite_of
 from ..sessions import conversation_section
 from ..store import jobs as job_store
+from ..store.buffers import get_chunks
 from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
@@ -49,6 +51,9 @@ log = logging.getLogger("rlm.pipeline.synthesize")
 
 SYNTH_MAX_TOKENS = 4096
 MAX_TURNS = 10
+#: turns of a synthesis whose tools are JSON actions (RLM_TOOL_CALLS, a local model): at most two rounds of tool
+#: calls, then the answer with no tool offered
+JSON_MAX_TURNS = 3
 #: times one synthesis asks again for the report after a reply that was a tool call it could not make, written as
 #: JSON (docs/contract.md#structured-outputs); counted apart from MAX_TURNS, so that the last turn can be re-asked
 MAX_REASKS = 2
@@ -65,11 +70,24 @@ def synthesis_input(query: str, kept: Sequence[Mapping[str, Any]]) -> FindingsIn
     return FindingsInput(query=query, findings=shown, omitted=omitted)
 
 
+#: what a synthesis whose replies are JSON (RLM_TOOL_CALLS) is asked to reply with, after the findings
+JSON_REPLY = (
+    "## Reply\n\nAnswer the query from the findings above (and what your tools return). Reply with a JSON object: "
+    '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
+)
+
+
 def render_messages(
-    system_prompt: str, shown: FindingsInput, stats: Mapping[str, Any], *, conversation: str = ""
+    system_prompt: str,
+    shown: FindingsInput,
+    stats: Mapping[str, Any],
+    *,
+    conversation: str = "",
+    json_reply: bool = False,
 ) -> list[dict[str, str]]:
     """Findings in collect order; the analysts' words came from untrusted text, so they are data too.
-    ``conversation``: a chat turn's earlier turns, quoted, before the query (docs/contract.md#sessions)."""
+    ``conversation``: a chat turn's earlier turns, quoted, before the query (docs/contract.md#sessions);
+    ``json_reply``: the answer is asked for as a JSON object with the chunks it cites, as the direct answer is."""
     blocks = findings_blocks(shown.findings)
     # buffer names are untrusted like paths: quoted, as in the source lines
     stat_lines = "\n".join(
@@ -81,6 +99,8 @@ def render_messages(
     )
     if shown.omitted:
         user += f"\n\n({shown.omitted} lower-ranked findings omitted for length; use the tools to look further.)"
+    if json_reply:
+        user += f"\n\n{JSON_REPLY}"
     return [system_message(system_prompt), {"role": "user", "content": user}]
 
 
@@ -147,7 +167,8 @@ def run_synthesizer(
     tool_log: list[dict[str, Any]] | None = None,
     on_turn: Callable[[], None] | None = None,
 ) -> str:
-    """The tool loop: at most MAX_TURNS turns; the last one is offered no tools, so it must answer.
+    """The tool loop: at most MAX_TURNS turns (JSON_MAX_TURNS where tools are JSON actions); the last one is offered
+    no tools, so it must answer.
 
     A turn runs at most ``MAX_TOOL_CALLS_PER_TURN`` tool calls; the rest are answered with an error (every
     call id needs a reply).  Each call is appended to ``tool_log``; ``on_turn`` runs between calls.
@@ -160,6 +181,11 @@ def run_synthesizer(
     state = job.synth_state or {}
     # what the first turn was shown (a resumed conversation opened with it too)
     shown = synthesis_input(job.query, kept)
+    # a small model keeps to a grammar, not to a tool protocol: each reply is a constrained JSON action, the
+    # answer an object citing the findings' chunks, and the rounds are few (docs/contract.md#structured-outputs)
+    json_mode = settings.json_tool_calls(settings.synthesizer_model)
+    max_turns = JSON_MAX_TURNS if json_mode else MAX_TURNS
+    citable: dict[int, Any] = {f.chunk_id: f for f in shown.findings}
     if state:
         messages = list(state["messages"])
         log_[:] = list(state.get("tool_log") or [])
@@ -174,18 +200,20 @@ def run_synthesizer(
             shown,
             stats,
             conversation=conversation_section(job.spec),
+            json_reply=json_mode,
         )
         first, reasks = 0, 0
     ctx = ToolContext(
         conn=conn, tenant=job.tenant, buffers=list(job.buffers), settings=settings, url=database_url(settings)
     )
+    _add_fetched(conn, job, citable, [m.get("content") for m in messages if m.get("role") == "tool"])
     may_recurse = job.depth + 1 <= max_depth(job, settings)
     tools = TOOL_SPECS + ([QUERY_SUBSET_SPEC] if may_recurse else [])
     turn = first
-    while turn < MAX_TURNS:
+    while turn < max_turns:
         if on_turn is not None:
             on_turn()
-        last = turn == MAX_TURNS - 1
+        last = turn >= max_turns - 1
         offered = set() if last else {t["function"]["name"] for t in tools}
         try:
             completion = call_llm(
@@ -198,9 +226,11 @@ def run_synthesizer(
                     messages=messages,
                     max_tokens=SYNTH_MAX_TOKENS,
                     tools=None if last else tools,
+                    json_output=json_mode,
+                    json_schema=answer_schema(sorted(citable)) if json_mode else None,
                     stage_input=shown,
                 ),
-                parse=lambda text, offered=offered: _report_of(text, offered),
+                parse=lambda text, offered=offered: _report_of(text, offered, citable),
             )
         except ContextExceeded:
             if turn == 0 and not reasks:
@@ -248,11 +278,12 @@ def run_synthesizer(
                 content, record = run_tool_logged(ctx, tc.name, tc.arguments, turn=turn + 1, allowed=allowed)
                 log_.append(record)
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": content})
+            _add_fetched(conn, job, citable, [content])
         if subsets:
             _pause(conn, job, messages, turn, log_, subsets, reasks=reasks)
             raise Paused
         turn += 1
-    raise LLMError(f"the synthesizer was still calling tools after {MAX_TURNS} turns", retryable=False)
+    raise LLMError(f"the synthesizer was still calling tools after {max_turns} turns", retryable=False)
 
 
 #: what the report written without the model opens with, after a synthesizer that kept writing tool calls
@@ -268,15 +299,29 @@ _OUTGREW = "The conversation with the synthesizer outgrew the model's context be
 MAX_ECHO_BYTES = 1_000
 
 
-def _report_of(text: str, offered: set[str]) -> str | None:
-    """The report a reply carries: the text, or the answer of an ``{"answer": ...}`` object (on the last turn too,
-    where the provider offered no tools and so read no action); None for a tool call written as JSON that names
-    a tool not offered on this turn, which ``call_llm`` logs as a reply that did not parse."""
+def _report_of(text: str, offered: set[str], shown: Mapping[int, Any]) -> str | None:
+    """The report a reply carries: the text, or the answer of an ``{"answer": ...}`` object with the chunks it names
+    cited (on the last turn too, where the provider offered no tools and so read no action); None for a tool call
+    written as JSON that names a tool not offered on this turn, which ``call_llm`` logs as a reply that did not
+    parse."""
     name = stray_action(text)
     if name is not None:
         return text if name in offered else None  # an offered one the provider has already made a call
     reply = parse_action(text, set())
-    return reply.answer if isinstance(reply, FinalAnswer) else text
+    if isinstance(reply, FinalAnswer):
+        return render_answer(text, shown) if "cited_chunks" in text else reply.answer
+    return render_answer(text, shown)
+
+
+_CHUNK_ID = re.compile(r'"chunk_id":\s*(\d{1,18})')
+
+
+def _add_fetched(conn: psycopg.Connection, job: JobRow, citable: dict[int, Any], results: Sequence[Any]) -> None:
+    """The chunks tool results showed the model, which its answer may cite beside the findings' (read back from the
+    store for their place: a tool result is the model's to echo, not ours to trust)."""
+    ids = {int(m) for r in results if isinstance(r, str) for m in _CHUNK_ID.findall(r)} - citable.keys()
+    if ids:
+        citable.update(get_chunks(conn, tenant=job.tenant, chunk_ids=sorted(ids), with_text=False))
 
 
 def _reask(name: str | None, tools: list[dict[str, Any]]) -> str:
