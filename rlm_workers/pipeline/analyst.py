@@ -42,6 +42,7 @@ from .calls import call_llm
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, quote_field, system_message
 from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from .replies import clip, json_candidates, leading_objects
+from .route import analyst_reply_tokens
 
 log = logging.getLogger("rlm.pipeline.analyst")
 
@@ -462,11 +463,16 @@ def analyst_request(
     """An analyst call: the subcall model, deterministic, a JSON reply of the analyst's schema (a shared ``read``
     is one for several questions, whose entries carry question numbers and may list none-graded chunks).
     ``messages`` were rendered from ``read``, or are a retry's conversation that opened with them."""
+    records = any(q.records_wanted for q in read.questions)
     return CompletionRequest(
         role="analyst",
         model=settings.subcall_model,
         messages=messages,
-        max_tokens=ANALYST_MAX_TOKENS,
+        # what the batch can need: an entry per chunk (per question of a shared read), never thousands of tokens
+        max_tokens=min(
+            ANALYST_MAX_TOKENS,
+            analyst_reply_tokens(len(read.chunks) * len(read.questions), settings, records=records),
+        ),
         temperature=0.0,
         json_output=True,
         json_schema=SHARED_SCHEMA if read.shared else ANALYST_SCHEMA,

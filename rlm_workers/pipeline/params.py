@@ -13,6 +13,7 @@ the tier asked for, and each cut is listed in ``caps_applied``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -157,12 +158,18 @@ def check_job_caps(opts: QueryOptions, settings: Settings) -> None:
 
 
 def make_batches(
-    chunk_ids: list[int], *, batch_size: int | None = None, num_agents: int | None = None
+    chunk_ids: list[int],
+    *,
+    batch_size: int | None = None,
+    num_agents: int | None = None,
+    tokens: Mapping[int, int] | None = None,
+    max_tokens: int | None = None,
 ) -> list[list[int]]:
     """Cut the ranked chunk ids into batches, keeping rank order.
 
     With ``num_agents`` the chunks are divided evenly (sizes differ by at most
-    one); otherwise every batch has ``batch_size`` chunks but the last.
+    one); otherwise every batch has ``batch_size`` chunks but the last, and, given each chunk's prompt ``tokens``
+    and a ``max_tokens`` a prompt may carry (a small model's context), a batch also ends before it would hold more.
     """
     if not chunk_ids:
         return []
@@ -177,4 +184,15 @@ def make_batches(
         return out
     if not batch_size or batch_size < 1:
         raise ValueError("make_batches needs a batch_size >= 1 or num_agents")
-    return [chunk_ids[i : i + batch_size] for i in range(0, len(chunk_ids), batch_size)]
+    if tokens is None or max_tokens is None:
+        return [chunk_ids[i : i + batch_size] for i in range(0, len(chunk_ids), batch_size)]
+    batches: list[list[int]] = [[]]
+    used = 0
+    for cid in chunk_ids:
+        cost = tokens.get(cid, 0)
+        if batches[-1] and (len(batches[-1]) >= batch_size or used + cost > max_tokens):
+            batches.append([])
+            used = 0
+        batches[-1].append(cid)
+        used += cost
+    return batches

@@ -72,6 +72,30 @@ def context_room(settings: Settings) -> int | None:
     return max(MIN_DIRECT_TOKENS, room)
 
 
+#: an analyst's reply per chunk at most: a grade, a few quoted findings, a summary; a small model's context gets less
+ANALYST_TOKENS_PER_CHUNK = 1024
+#: an analyst prompt's tokens besides its chunks: the system prompt, the query, the reply instruction
+ANALYST_FRAME_TOKENS = 1024
+
+
+def analyst_reply_tokens(chunks: int, settings: Settings, *, records: bool = False) -> int:
+    """What an analyst's reply over ``chunks`` chunks may need, and so its allowance (``max_tokens``): an entry per
+    chunk, not the thousands of tokens a rambling model would write; twice that where records are counted."""
+    per_chunk = ANALYST_TOKENS_PER_CHUNK
+    if settings.model_context:
+        per_chunk = max(96, min(per_chunk, settings.model_context // 32))
+    return (per_chunk * (2 if records else 1)) * max(1, chunks) + 64
+
+
+def analyst_batch_tokens(batch_size: int, settings: Settings, *, records: bool = False) -> int | None:
+    """Tokens of chunks one analyst prompt may carry within RLM_MODEL_CONTEXT (None: no model context set), so that
+    a batch of big chunks is cut smaller rather than overflowing a small model's context."""
+    if not settings.model_context:
+        return None
+    room = settings.model_context - analyst_reply_tokens(batch_size, settings, records=records) - ANALYST_FRAME_TOKENS
+    return max(MIN_DIRECT_TOKENS, room)
+
+
 def direct_budget(settings: Settings) -> int:
     """The chunks' tokens of a direct prompt (instant's, or auto's direct route)."""
     budget = settings.direct_max_tokens or INSTANT_TOKENS

@@ -23,7 +23,7 @@ from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sample_c
 from .flow import OK, StageContext
 from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
 from .records import holds_records
-from .route import checked_plan, final_routing, first_routing
+from .route import analyst_batch_tokens, block_tokens, checked_plan, final_routing, first_routing
 from .scale import scaling_profile
 
 if TYPE_CHECKING:
@@ -105,8 +105,13 @@ def run(ctx: StageContext) -> str:
         # as not read, by id (instant over a small model's context must not drop matched chunks silently)
         batches = [chosen]
     else:
+        records = routing.route == Route.exhaustive
         batches = make_batches(
-            chosen, batch_size=None if opts.num_agents else params.batch_size, num_agents=opts.num_agents
+            chosen,
+            batch_size=None if opts.num_agents else params.batch_size,
+            num_agents=opts.num_agents,
+            tokens={c: block_tokens(sizes.get(c, 0)) for c in chosen},
+            max_tokens=analyst_batch_tokens(params.batch_size, settings, records=records),
         )
     with conn.transaction():
         job_store.save_route(conn, job_id=job.id, route=routing.route, reason=routing.reason)
