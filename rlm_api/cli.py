@@ -8,6 +8,7 @@ fast.  Every known error prints one line on stderr and exits with the code docs/
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from importlib.metadata import version
@@ -133,7 +134,14 @@ def _broker_down(exc: BaseException) -> bool:
 
 
 def entry() -> None:
-    sys.exit(main())
+    rc = main()
+    ephemeral = sys.modules.get("rlm_workers.ephemeral")  # loaded only by the commands that may start one
+    if ephemeral is not None and ephemeral.abandoned():
+        # an in-process worker's threads still wait on a model: the interpreter would join them before exiting
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

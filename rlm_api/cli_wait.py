@@ -41,16 +41,17 @@ def timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral: 
 
     if ephemeral:
         # The in-process worker leaves with this command: nothing would ever finish the job.
-        cancel_query(conn, job_id=job_id, tenant=tenant)
+        cancel_query(conn, job_id=job_id, tenant=tenant, reason=f"timed out: --timeout {timeout:g}s ran out")
         err(
-            f"job {job_id} did not end within --timeout {timeout:g}s and was cancelled: no worker was running, so "
-            "nothing could finish it after this command; start workers (`rlm worker`, `rlm up`) or raise --timeout"
+            f"timed out: job {job_id} did not end within --timeout {timeout:g}s and was cancelled: no worker was "
+            "running, so nothing could finish it after this command; start workers (`rlm worker`, `rlm up`) or raise "
+            "--timeout"
         )
         return
     job = get_job(conn, job_id=job_id)
     conn.commit()
     where = f"{job.status}, stage {job.stage}" if job else "running"
     err(
-        f"job {job_id} still {where} after --timeout {timeout:g}s; the workers go on with it: fetch it with "
+        f"timed out: job {job_id} still {where} after --timeout {timeout:g}s; the workers go on with it: fetch it with "
         f"GET /v1/queries/{job_id} on the API (`rlm api` or `rlm up`); an HTTP delete of that URL cancels it"
     )

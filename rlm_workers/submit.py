@@ -164,7 +164,9 @@ def wait_for_job(
             pass
 
 
-def cancel_query(conn: psycopg.Connection, *, job_id: str, tenant: str) -> job_store.JobRow | None:
+def cancel_query(
+    conn: psycopg.Connection, *, job_id: str, tenant: str, reason: str = "cancelled by the user"
+) -> job_store.JobRow | None:
     """Cancel a job the way the API's cancel route (an HTTP delete of ``/v1/queries/{id}``) does: mark it
     cancelled (its tasks see that and stop before doing more work), then revoke its queued tasks.
 
@@ -173,7 +175,7 @@ def cancel_query(conn: psycopg.Connection, *, job_id: str, tenant: str) -> job_s
     if job is None or job.terminal:
         return job
     below = job_store.descendants(conn, job_id=job_id)
-    job = job_store.cancel_job(conn, job_id=job_id, tenant=tenant) or job
+    job = job_store.cancel_job(conn, job_id=job_id, tenant=tenant, reason=reason) or job
     commit(conn)  # cancelled first: a revoke that misses a task still leaves it nothing to do
     task_ids = job_store.task_ids_of(conn, job_ids=[job_id, *below])
     commit(conn)

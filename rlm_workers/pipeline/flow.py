@@ -113,8 +113,9 @@ RESEND: dict[Stage, Stage] = {
 FINISHING: frozenset[Stage] = frozenset({Stage.collect, Stage.synthesize})
 #: stages of a fan-out that has ended, where the watchdog has nothing to salvage (the reconciler watches them)
 PAST_FANOUT: frozenset[Stage] = frozenset({Stage.check, Stage.children, Stage.merge})
-#: stages that time themselves: synthesize ends the job, so its time must be stored before the report is
-SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize, Stage.answer})
+#: stages that time themselves: synthesize ends the job, so its time must be stored before the report is; the
+#: fan-out's time is its analysts' too, from the chord's start to Collect's (``store.jobs.set_stage``)
+SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize, Stage.answer, Stage.fan_out})
 #: the broker (or Celery's Redis result backend) away while a stage sends a task: not the job's fault either.
 #: The task fails and the job stays where it was, for the reconciler or an overnight batch's broker-epoch check
 #: to pick up (a retry would need the very broker that is gone).
