@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Annotated, Any
 
@@ -43,6 +43,8 @@ GRADES = {
 }
 MAX_FOCUS_TOPICS = 10
 MAX_ROUTE_REASON_BYTES = 300
+#: an answering analyst's answer at most (a few sentences: its allowance of tokens bounds it too)
+MAX_BATCH_ANSWER_CHARS = 800
 
 
 def as_chunk_id(raw: Any) -> int | None:
@@ -208,6 +210,38 @@ class SharedReply(BaseModel):
     """A shared read's reply: entries carrying their question number, and compact none lists."""
 
     entries: list[AnalystEntry | NoneList]
+
+
+class BatchAnswer(BaseModel):
+    """An answering analyst's reply (RLM_ANALYST_FINDINGS=answers): what its batch says about the question, and
+    the chunks that say it (none, or an empty answer, when no chunk bears on it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    answer: Annotated[str, Field(max_length=MAX_BATCH_ANSWER_CHARS)]
+    cited_chunks: list[int]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lenient(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        ids = raw.get("cited_chunks")
+        items = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        answer = raw.get("answer")
+        return {
+            "answer": clip(answer, MAX_BATCH_ANSWER_CHARS) if isinstance(answer, str) else "",
+            "cited_chunks": [i for i in map(as_chunk_id, items) if i is not None],
+        }
+
+
+def batch_answer_schema(chunk_ids: Sequence[int]) -> dict[str, Any]:
+    """An answering analyst's schema for one batch: the ids it may cite are its own chunks'."""
+    schema = json.loads(json.dumps(BATCH_ANSWER_SCHEMA))
+    props = schema["schema"]["properties"]
+    props["answer"]["maxLength"] = MAX_BATCH_ANSWER_CHARS
+    props["cited_chunks"].update(minItems=1, items={"enum": sorted(set(chunk_ids))})
+    return schema
 
 
 def validate_entry(raw: dict) -> dict | None:
@@ -467,6 +501,7 @@ ANALYST_SCHEMA = response_schema("analyst_findings", AnalystReply)
 SHARED_SCHEMA = response_schema("shared_read_findings", SharedReply)
 REWRITE_SCHEMA = response_schema("standalone_question", RewriteReply)
 ANSWER_SCHEMA = response_schema("answer", CitedAnswer)
+BATCH_ANSWER_SCHEMA = response_schema("batch_answer", BatchAnswer)
 
 
 def answer_schema(chunk_ids: list[int]) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..config import Settings, get_settings
 from ..constants import LIMITER_KEY_PREFIX
 from ..errors import BudgetExhausted, JobCancelled, LimiterBusy, ParseError, error_record
@@ -30,7 +32,16 @@ from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.limiter import ConcurrencyLimiter, wait_bound
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, Question, ReadInput
-from ..llm.structured import ANALYST_SCHEMA, GRADES, NONE_KEY, SHARED_SCHEMA, as_chunk_id, validate_entry
+from ..llm.structured import (
+    ANALYST_SCHEMA,
+    GRADES,
+    NONE_KEY,
+    SHARED_SCHEMA,
+    BatchAnswer,
+    as_chunk_id,
+    batch_answer_schema,
+    validate_entry,
+)
 from ..models import RELEVANCE_RANK, Finding, Relevance
 from ..renewals import Renewals
 from ..resources import provider, redis_client
@@ -39,6 +50,7 @@ from ..store import jobs as job_store
 from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
+from .evidence import CONTEXT_SHARE, evidence_lines, grounded
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, quote_field, system_message
 from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from .replies import clip, json_candidates, leading_objects
@@ -75,12 +87,25 @@ def read_input(
     return ReadInput(tuple(chunks), (Question(query, tuple(focus_topics), records_wanted),))
 
 
+#: what an answering analyst (RLM_ANALYST_FINDINGS=answers) is asked to reply with, after the chunks and the query
+ANSWERING_REPLY = (
+    "## Reply\n\nAnswer the query from these chunks only. Reply with a JSON object: "
+    '{"answer": "<what the chunks say about it, in words; empty when none says anything about it>", '
+    '"cited_chunks": [<ids of the chunks the answer comes from>]}.'
+)
+
+
 def render_messages(
-    system_prompt: str, read: ReadInput, *, conversation: str = "", carried: Collection[int] = ()
+    system_prompt: str,
+    read: ReadInput,
+    *,
+    conversation: str = "",
+    carried: Collection[int] = (),
+    answering: bool = False,
 ) -> list[dict[str, str]]:
     """One question's read (its only question).  ``conversation``: a chat turn's earlier turns (quoted, before
     the query); ``carried``: chunks an earlier answer of the conversation cited, marked as such after their block
-    (docs/contract.md#sessions).
+    (docs/contract.md#sessions); ``answering``: the batch is answered from as a whole (RLM_ANALYST_FINDINGS).
 
     What repeats between calls comes first and what varies last (docs/contract.md#prompt-caching): the system
     prompt, the chunks (read again by a retry, a follow-up or another question), the records instruction, and
@@ -94,10 +119,13 @@ def render_messages(
     parts.append(f"{conversation}## Query\n\n{escape_content(question.query)}")
     if question.focus_topics:
         parts.append("## Focus topics\n\n" + "\n".join(f"- {quote_field(t)}" for t in question.focus_topics))
-    parts.append(
-        f'## Reply\n\nReply with a JSON object {{"entries": [...]}} holding exactly {len(read.chunks)} entries, one '
-        "per chunk id above."
-    )
+    if answering:
+        parts.append(ANSWERING_REPLY)
+    else:
+        parts.append(
+            f'## Reply\n\nReply with a JSON object {{"entries": [...]}} holding exactly {len(read.chunks)} entries, '
+            "one per chunk id above."
+        )
     return [system_message(system_prompt), {"role": "user", "content": "\n\n".join(parts)}]
 
 
@@ -171,6 +199,19 @@ def retry_messages(
     ]
 
 
+_ANSWER_ASK = ANSWERING_REPLY.removeprefix("## Reply\n\n")
+
+
+def _answer_retry(messages: list[dict[str, str]], reply: str, problem: str) -> list[dict[str, str]]:
+    """An answering analyst's retry: its unusable reply, what was wrong, and the answer object asked for again."""
+    shown = reply if len(reply) <= PRIOR_REPLY_CHARS else reply[:PRIOR_REPLY_CHARS] + "…"
+    return [
+        *messages,
+        {"role": "assistant", "content": shown},
+        {"role": "user", "content": f"Your previous reply could not be used: {problem}. {_ANSWER_ASK}"},
+    ]
+
+
 # --------------------------------------------------------------------------- parsing
 
 
@@ -218,9 +259,42 @@ def question_no(entry: dict) -> int | None:
     return as_chunk_id(entry.get("question", entry.get("question_no")))
 
 
-def parse_findings(text: str, *, batch_chunk_ids: list[int]) -> list[Finding]:
-    """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits)."""
-    return findings_from_entries(reply_entries(text), batch_chunk_ids=batch_chunk_ids)
+def parse_findings(text: str, *, batch_chunk_ids: list[int], read: ReadInput | None = None) -> list[Finding]:
+    """The analyst's reply → findings for chunks of this batch only, capped (docs/contract.md#limits).
+    ``read``: the batch an answering analyst answered from (``answer_entries``)."""
+    entries = answer_entries(text, batch_chunk_ids, read) if read is not None else reply_entries(text)
+    return findings_from_entries(entries, batch_chunk_ids=batch_chunk_ids)
+
+
+def answer_entries(text: str, batch_chunk_ids: Sequence[int], read: ReadInput) -> list[dict]:
+    """An answering analyst's reply → an entry for every chunk of the batch: the chunks that hold what the answer
+    says (``evidence.grounded``: those it cites, or else any of the batch) are graded high, their finding the lines
+    that best match the question and the answer, verbatim; a chunk with a line that matches the question nearly as
+    well as the batch's best is graded low with that line (one step of a question a small model answered whole may
+    sit there); the rest are graded none.  ``ParseError`` when the reply is no answer object."""
+    obj = next((v for v in json_candidates(text or "") if isinstance(v, dict) and "answer" in v), None)
+    if obj is None:
+        raise ParseError(f"the analyst reply is not a JSON answer object: {(text or '')[:120]!r}")
+    try:
+        reply = BatchAnswer.model_validate(obj)
+    except ValidationError as exc:
+        raise ParseError(f"the analyst's answer object is unusable ({exc.errors()[0]['msg']})") from None
+    answer = reply.answer.strip()
+    (question,) = read.questions
+    held = grounded(answer, question.query, read.chunks, reply.cited_chunks)
+    quoted = evidence_lines(f"{question.query}\n{answer}", read.chunks, held)
+    others = [c.chunk_id for c in read.chunks if c.chunk_id not in quoted]
+    context = evidence_lines(question.query, read.chunks, others, per_chunk=1, share=CONTEXT_SHARE)
+    return [
+        {
+            "chunk_id": cid,
+            "relevance": "high" if cid in quoted else "low" if cid in context else "none",
+            "findings": quoted.get(cid) or context.get(cid, []),
+            "summary": "",
+            "follow_up": [],
+        }
+        for cid in batch_chunk_ids
+    ]
 
 
 def findings_from_entries(entries: Sequence[dict], *, batch_chunk_ids: Sequence[int]) -> list[Finding]:
@@ -402,12 +476,16 @@ def _analyse_claimed(
             job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
         return {"batch": batch_no, "status": "failed", "error": err}
     params = job.params or {}
-    read = read_input(job.query, chunks, params.get("focus_topics") or [], records_wanted=job.route == "exhaustive")
+    counting = job.route == "exhaustive"
+    read = read_input(job.query, chunks, params.get("focus_topics") or [], records_wanted=counting)
+    # a small model answers from a few chunks well and grades each one badly; counting needs an entry per chunk
+    answering = not counting and settings.answering_analysts(settings.subcall_model)
     messages = render_messages(
-        load_prompt("subcall", prompt_dir=settings.prompt_dir),
+        load_prompt("answering" if answering else "subcall", prompt_dir=settings.prompt_dir),
         read,
         conversation=conversation_section(job.spec),
         carried=set(evidence_ids(job.spec)),
+        answering=answering,
     )
     # No pooled connection is held while the model thinks: the pool (20 per process) would otherwise
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
@@ -421,7 +499,9 @@ def _analyse_claimed(
             ) from exc
         # the claim saw the job open; only a wait for the job's slot leaves time for a cancel to come in between
         waited = not isinstance(slot, contextlib.nullcontext)
-        findings, unanswered = _ask(job_id, batch_no, messages, read, present, settings, check_open=waited)
+        findings, unanswered = _ask(
+            job_id, batch_no, messages, read, present, settings, check_open=waited, answering=answering
+        )
     if unanswered:
         log.warning(
             "job %s batch %s: no answer for chunks %s even when asked again; reported as unanswered",
@@ -458,12 +538,22 @@ def prompt_chunks(conn: Any, *, tenant: str, ids: Sequence[int], counting: bool)
 
 
 def analyst_request(
-    messages: list[dict[str, str]], settings: Settings, read: ReadInput, *, tenant: str | None = None
+    messages: list[dict[str, str]],
+    settings: Settings,
+    read: ReadInput,
+    *,
+    tenant: str | None = None,
+    answering: bool = False,
 ) -> CompletionRequest:
     """An analyst call: the subcall model, deterministic, a JSON reply of the analyst's schema (a shared ``read``
-    is one for several questions, whose entries carry question numbers and may list none-graded chunks).
+    is one for several questions, whose entries carry question numbers and may list none-graded chunks; an
+    ``answering`` one answers from the batch as a whole).
     ``messages`` were rendered from ``read``, or are a retry's conversation that opened with them."""
     records = any(q.records_wanted for q in read.questions)
+    if answering:
+        schema = batch_answer_schema([c.chunk_id for c in read.chunks])
+    else:
+        schema = SHARED_SCHEMA if read.shared else ANALYST_SCHEMA
     return CompletionRequest(
         role="analyst",
         model=settings.subcall_model,
@@ -475,7 +565,7 @@ def analyst_request(
         ),
         temperature=0.0,
         json_output=True,
-        json_schema=SHARED_SCHEMA if read.shared else ANALYST_SCHEMA,
+        json_schema=schema,
         tenant=tenant,
         stage_input=read,
     )
@@ -500,6 +590,7 @@ def _ask(
     settings: Settings,
     *,
     check_open: bool = True,
+    answering: bool = False,
 ) -> tuple[list[Finding], list[int]]:
     """Call the analyst until every chunk has an entry or the retries are spent: (findings, unanswered ids).
 
@@ -510,7 +601,7 @@ def _ask(
     answered: dict[int, Finding] = {}
     wanted = list(present)
     for attempt in range(PARSE_RETRIES + 1):
-        request = analyst_request(messages, settings, read)
+        request = analyst_request(messages, settings, read, answering=answering)
         completion = call_llm(
             None,
             job_id=job_id,
@@ -518,7 +609,7 @@ def _ask(
             batch=batch_no,
             request=request,
             check_open=check_open or attempt > 0,
-            parse=functools.partial(parse_findings, batch_chunk_ids=wanted),
+            parse=functools.partial(parse_findings, batch_chunk_ids=wanted, read=read if answering else None),
         )
         cut = completion.finish_reason == "length"
         got, problem = completion.parsed or [], None
@@ -536,5 +627,9 @@ def _ask(
         if cut:
             problem += " (it was cut off at the output limit: keep every entry short)"
         log.info("job %s batch %s: unusable or incomplete analyst reply (%s); asking again", job_id, batch_no, problem)
-        messages = retry_messages(messages, completion.text or "", problem, wanted)
+        messages = (
+            _answer_retry(messages, completion.text or "", problem)
+            if answering
+            else retry_messages(messages, completion.text or "", problem, wanted)
+        )
     return list(answered.values()), wanted

@@ -21,7 +21,7 @@ from typing import Any
 from ..llm.stage_input import ChunkForPrompt, ShownFinding
 from ..provenance import page_span, section_of
 
-PROMPT_NAMES = ("primary", "subcall", "synthesizer", "check", "direct", "rewrite", "shared")
+PROMPT_NAMES = ("primary", "subcall", "answering", "synthesizer", "check", "direct", "rewrite", "shared")
 #: a prompt file larger than this is a mistake, not a prompt
 MAX_PROMPT_BYTES = 256 * 1024
 
