@@ -129,6 +129,19 @@ class Settings(BaseSettings):
         "or json: each reply a schema-constrained JSON action (a tool call or the answer), which a small model "
         "keeps to; auto is json for a local model and native otherwise (and json after a server refused tools).",
     )
+    planner: Literal["auto", "model", "defaults"] = Field(
+        "auto",
+        description="Whether a model plans each query's search (docs/contract.md#modes): model, or defaults (the "
+        "operator's settings and the scaling tier, no call); auto is defaults for a local model, whose plans cut "
+        "recall (top_k 1, max_chunks 1 seen from a 0.5B model), and model otherwise.",
+    )
+    analyst_findings: Literal["auto", "entries", "answers"] = Field(
+        "auto",
+        description="What an analyst reports (docs/contract.md#analyst-message): entries, a grade, findings and a "
+        "summary for every chunk; or answers: what its batch says about the question, in a few sentences citing "
+        "the chunks it comes from (a small model answers from a few chunks well and grades or summarises each "
+        "badly); auto is answers for a local model. Counting jobs (records) always use entries.",
+    )
     llm_seconds_per_1k_tokens: float = Field(
         0.0,
         ge=0,
@@ -349,7 +362,7 @@ class Settings(BaseSettings):
     def _resolve_provider(self) -> Settings:
         """Who answers; a local model answers under its own name, on a CPU and with a small context: unless set, the
         models, the timeout, the concurrency and the prompt sizes are ones it can meet (docs/contract.md#local-llm)."""
-        given = self.model_fields_set
+        given = self._user_set = frozenset(self.model_fields_set)
         provider = self.provider
         chosen = self.local_llm if self.local_llm != LOCAL_OFF else None
         if provider == "auto":
@@ -379,6 +392,9 @@ class Settings(BaseSettings):
             # prompts and replies are held to the slot's context (pipeline/route.py, the provider's reply cap)
             "model_context": context,
             "batch_size": 4,
+            # a cold answer stays in minutes: two batches of four chunks, one round of follow-ups
+            "search_top_k": 8,
+            "max_depth": 1,
         }
         for name, value in defaults.items():
             if name not in given:
@@ -404,6 +420,11 @@ class Settings(BaseSettings):
 
     _resolved_provider: str = PrivateAttr("extractive")
     _local_problem: str | None = PrivateAttr(None)
+    _user_set: frozenset[str] = PrivateAttr(frozenset())
+
+    def user_set(self, name: str) -> bool:
+        """Whether the setting ``name`` was given (environment or argument), not a default, a local model's included."""
+        return name in self._user_set
 
     @property
     def resolved_provider(self) -> Literal["openai", "local", "extractive"]:
@@ -424,6 +445,18 @@ class Settings(BaseSettings):
         """Whether ``model`` is offered tools as JSON actions rather than native tool calls (RLM_TOOL_CALLS)."""
         if self.tool_calls != "auto":
             return self.tool_calls == "json"
+        return model in self.local_models
+
+    def plans_with_model(self, model: str) -> bool:
+        """Whether the plan stage asks ``model`` (RLM_PLANNER)."""
+        if self.planner != "auto":
+            return self.planner == "model"
+        return model not in self.local_models
+
+    def answering_analysts(self, model: str) -> bool:
+        """Whether ``model``'s analysts answer from their batch rather than write entries (RLM_ANALYST_FINDINGS)."""
+        if self.analyst_findings != "auto":
+            return self.analyst_findings == "answers"
         return model in self.local_models
 
     @property

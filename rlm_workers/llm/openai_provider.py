@@ -322,7 +322,7 @@ class OpenAIProvider:
         fast it read and wrote each request: once it has, unless RLM_LLM_TIMEOUT is set, the timeout is that pace
         times the work, with room for the slots sharing the cores."""
         speed = _SPEEDS.get(request.model) if request.model in self.settings.local_models else None
-        if speed is not None and "llm_timeout" not in self.settings.model_fields_set:
+        if speed is not None and not self.settings.user_set("llm_timeout"):
             prompt = estimate_tokens(request) - request.max_tokens
             work = prompt / speed[0] + request.max_tokens / speed[1]
             return LOCAL_TIMEOUT_FLOOR + LOCAL_TIMEOUT_SLACK * self.settings.local_llm_parallel * work

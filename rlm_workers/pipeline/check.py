@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, WithJsonSchema, field_validator
 
 from ..errors import ParseError
 from ..llm.stage_input import FindingsInput
@@ -98,8 +98,14 @@ class CheckVerdict(BaseModel):
 
     complete: bool
     confidence: float = Field(ge=0.0, le=1.0)
-    gaps: list[str] = Field(default_factory=list, max_length=MAX_GAPS)
-    follow_ups: list[str] = Field(default_factory=list, max_length=MAX_FOLLOW_UPS_PER_CHECK)
+    # the schema bounds each string too, so a grammar-bound small model cannot ramble on in one; the validators
+    # below clip whatever a server that enforces nothing sends
+    gaps: list[Annotated[str, WithJsonSchema({"type": "string", "maxLength": MAX_GAP_BYTES})]] = Field(
+        default_factory=list, max_length=MAX_GAPS
+    )
+    follow_ups: list[Annotated[str, WithJsonSchema({"type": "string", "maxLength": MAX_FOLLOW_UP_BYTES})]] = Field(
+        default_factory=list, max_length=MAX_FOLLOW_UPS_PER_CHECK
+    )
 
     @field_validator("complete", mode="before")
     @classmethod

@@ -122,6 +122,8 @@ def run(ctx: StageContext) -> str:
     job = ctx.job = resolve_question(conn, ctx.job, settings)
     if job.plan is not None or job.options.get("skip_plan") or job.options.get("mode") == "instant":
         return OK  # instant never plans: its one call is the answer
+    if not settings.plans_with_model(settings.primary_model):
+        return OK  # RLM_PLANNER: the defaults, not a small model's guesses (docs/contract.md#providers)
     chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
     _prefetch_query_vector(job.query, settings, runtime)
     asked = PlanInput(job.query, chunks, size, tuple(job.buffers))

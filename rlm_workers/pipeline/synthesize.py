@@ -20,6 +20,7 @@ from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import FindingsInput, ShownFinding
 from ..llm.structured import FinalAnswer, answer_schema, parse_action, render_answer, stray_action
 from ..local_servers import database_url
+from ..models import RELEVANCE_RANK
 from ..provenance import cite_of
 from ..sessions import conversation_section
 from ..store import jobs as job_store
@@ -116,6 +117,16 @@ def build_messages(
     return render_messages(system_prompt, synthesis_input(query, kept), stats, conversation=conversation)
 
 
+def by_search_rank(kept: Sequence[Mapping[str, Any]], ranked: Sequence[int]) -> list[dict]:
+    """The findings by grade, then by where the search ranked their chunk (the job's batches hold its chunks in
+    rank order); a chunk the search did not rank (a child's, merged in) after those of its grade that it did."""
+    rank = {cid: i for i, cid in reversed(list(enumerate(ranked)))}
+    return sorted(
+        (dict(k) for k in kept),
+        key=lambda k: (-RELEVANCE_RANK.get(k.get("relevance"), 0), rank.get(k["chunk_id"], len(rank))),
+    )
+
+
 def canned_no_findings_report(query: str, *, route: str | None = None, counted: bool = False, not_run: int = 0) -> str:
     """The answer when no analyst kept a finding.  An exhaustive job read every chunk, with no search to widen:
     it says so instead of suggesting a lower threshold, and where records were counted the answer is the
@@ -179,11 +190,14 @@ def run_synthesizer(
     """
     log_ = tool_log if tool_log is not None else []
     state = job.synth_state or {}
-    # what the first turn was shown (a resumed conversation opened with it too)
-    shown = synthesis_input(job.query, kept)
     # a small model keeps to a grammar, not to a tool protocol: each reply is a constrained JSON action, the
     # answer an object citing the findings' chunks, and the rounds are few (docs/contract.md#structured-outputs)
     json_mode = settings.json_tool_calls(settings.synthesizer_model)
+    if json_mode:
+        # and it leans on what it reads first: findings of one grade go in the search's order, best match first
+        kept = by_search_rank(kept, [cid for b in job_store.batches(conn, job_id=job.id) for cid in b.chunk_ids])
+    # what the first turn was shown (a resumed conversation opened with it too)
+    shown = synthesis_input(job.query, kept)
     max_turns = JSON_MAX_TURNS if json_mode else MAX_TURNS
     citable: dict[int, Any] = {f.chunk_id: f for f in shown.findings}
     if state:
