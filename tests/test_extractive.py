@@ -132,7 +132,7 @@ def test_offline_findings_default_to_medium_and_above(monkeypatch):
 
 
 def test_the_offline_report_is_bounded_however_many_findings_come_in():
-    from rlm_workers.llm.extractive import MAX_REPORT_PASSAGES
+    from rlm_workers.llm.extractive import MAX_ANSWER_PASSAGES, MAX_REPORT_PASSAGES
 
     q = "Which essay mentions the best bakery in town?"
     kept = [
@@ -156,7 +156,7 @@ def test_the_offline_report_is_bounded_however_many_findings_come_in():
     lines = report.splitlines()
     evidence = [ln for ln in lines if ln.startswith("- ")]
     assert len(evidence) == MAX_REPORT_PASSAGES
-    assert len(lines) <= MAX_REPORT_PASSAGES + 15
+    assert len(lines) <= MAX_REPORT_PASSAGES + 2 * MAX_ANSWER_PASSAGES + 12
     assert f"{200 - MAX_REPORT_PASSAGES} more chunks with findings" in report
     # every passage alike: each cites its own chunk and file
     cites = re.findall(r"\[chunk (\d+), pg:e/(\d+).txt:1-3\]", "\n".join(evidence))
