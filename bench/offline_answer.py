@@ -2,12 +2,13 @@
 
     .venv/bin/python bench/offline_answer.py [--corpus celery|httpx|click] [--code PATH] [--keep-servers]
 
-Loads each corpus of tests/support/offline_gold.py (Celery's ``celery/app``, which the weights were tuned on;
-httpx and click, which they were not) into its own buffer under bench/_data/offline-answer and asks each of its
-questions with ``rlm query --mode instant --format json`` (no API key: the extractive provider), then prints two
-rates per corpus: the gold line is the answer's first quote, and the gold file is among the result's sources.
-``--code`` runs the ``rlm`` of another checkout (a ``git worktree`` of an earlier commit) over the same buffers
-and questions, for a before/after figure; the buffers are loaded by this checkout's code.
+Loads each corpus of tests/support/offline_gold.py (Celery's ``celery/app``, httpx, click: no held-out set, see
+there) into its own buffer under bench/_data/offline-answer and asks each of its questions with ``rlm query
+--mode instant --format json`` (no API key: the extractive provider), then prints three rates per corpus: the
+gold line is the answer's first quote, it is among the passages the answer opens with, and the gold file is among
+the result's sources.  ``--code`` runs the ``rlm`` of another checkout (a ``git worktree`` of an earlier commit)
+over the same buffers and questions, for a before/after figure; the buffers are loaded by this checkout's code.
+The answer quality to quote is bench/answer_eval.py's, on its held-out set.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def ask(corpus, code: Path) -> None:
         out = rlm(REPO, "load", str(corpus.copy(Path(tmp))), "--buffer", buffer)
         if out.returncode != 0:
             raise SystemExit(out.stderr)
-    first = files = 0
+    first = quoted = files = 0
     t0 = time.perf_counter()
     for gold in corpus.gold:
         out = rlm(code, "query", gold.question, "--buffer", buffer, "--mode", "instant", "--format", "json")
@@ -53,12 +54,14 @@ def ask(corpus, code: Path) -> None:
         hit = gold.quoted_first(result["response"])
         found = gold.in_sources([s["path"] for s in result["sources"]])
         first += hit
+        quoted += gold.quoted(result["response"])
         files += found
         print(f"{'ok  ' if hit else 'MISS'} {'file' if found else '----'} {gold.question}  →  {quote[:100]}")
     n = len(corpus.gold)
     print(
-        f"\n{corpus.name} by {code}: first quote is the gold line {first}/{n} ({first / n:.0%}), gold file in "
-        f"sources {files}/{n} ({files / n:.0%}); {time.perf_counter() - t0:.0f} s for {n} questions\n"
+        f"\n{corpus.name} by {code}: first quote is the gold line {first}/{n} ({first / n:.0%}), the gold line is "
+        f"quoted {quoted}/{n} ({quoted / n:.0%}), gold file in sources {files}/{n} ({files / n:.0%}); "
+        f"{time.perf_counter() - t0:.0f} s for {n} questions\n"
     )
 
 

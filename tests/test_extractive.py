@@ -4,6 +4,7 @@ graded quotes, a cited report."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -26,14 +27,13 @@ def _ask(role, asked):
     return P.complete(CompletionRequest(role=role, model="m", messages=[], max_tokens=10, stage_input=asked))
 
 
-def test_plan_rules():
-    quoted = parse_plan(_ask("plan", PlanInput('find "connection refused" errors', 10, 100, ("logs",))).text)
-    assert quoted.search_mode == "bm25"
-    assert parse_plan(_ask("plan", PlanInput("where is parse_config called?", 1, 1, ("b",))).text).search_mode == "bm25"
-    plain = parse_plan(_ask("plan", PlanInput("how do the essays describe startups?", 1, 1, ("b",))).text)
-    assert plain.search_mode == "hybrid"
-    # only what the rules decide is set; the rest is left to scaling
-    assert plain.model_fields_set == {"search_mode", "focus_topics"}
+def test_the_plan_is_a_plain_hybrid_search_with_the_questions_words_as_focus():
+    for query in ('find "connection refused" errors', "where is parse_config called?", "how do essays describe it?"):
+        plan = parse_plan(_ask("plan", PlanInput(query, 10, 100, ("b",))).text)
+        assert plan.search_mode == "hybrid"
+        # only the search mode and the focus are set; the rest is left to scaling
+        assert plan.model_fields_set == {"search_mode", "focus_topics"}
+    assert plan.focus_topics == ["essays", "describe"]
 
 
 def _chunks():
@@ -132,7 +132,7 @@ def test_offline_findings_default_to_medium_and_above(monkeypatch):
 
 
 def test_the_offline_report_is_bounded_however_many_findings_come_in():
-    from rlm_workers.llm.extractive import MAX_REPORT_PASSAGES
+    from rlm_workers.llm.extractive import MAX_ANSWER_PASSAGES, MAX_REPORT_PASSAGES
 
     q = "Which essay mentions the best bakery in town?"
     kept = [
@@ -156,9 +156,11 @@ def test_the_offline_report_is_bounded_however_many_findings_come_in():
     lines = report.splitlines()
     evidence = [ln for ln in lines if ln.startswith("- ")]
     assert len(evidence) == MAX_REPORT_PASSAGES
-    assert len(lines) <= MAX_REPORT_PASSAGES + 15
+    assert len(lines) <= MAX_REPORT_PASSAGES + 2 * MAX_ANSWER_PASSAGES + 12
     assert f"{200 - MAX_REPORT_PASSAGES} more chunks with findings" in report
-    assert "[chunk 100, pg:e/0.txt:1-3]" in report
+    # every passage alike: each cites its own chunk and file
+    cites = re.findall(r"\[chunk (\d+), pg:e/(\d+).txt:1-3\]", "\n".join(evidence))
+    assert len(cites) == MAX_REPORT_PASSAGES and all(int(c) == 100 + int(n) for c, n in cites)
 
 
 def test_shared_read_lists_none_chunks_compactly_and_stores_what_reads_alone_would():

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from rlm_workers.errors import ParseError
-from rlm_workers.llm import line_rank
 from rlm_workers.llm.extractive import ExtractiveProvider, check_by_rules, direct_answer, extract_records
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.llm.stage_input import DirectInput
@@ -272,25 +271,26 @@ CHUNKS = [
 ]
 
 
-def test_check_follows_an_entity_the_findings_name_and_the_query_does_not():
+def test_check_follows_what_the_best_findings_say_beyond_the_question():
+    """A two-hop question's next hop is what the findings name and the question does not: each of the best
+    findings is followed up by its words the question (and every question asked already) lacks."""
     query = "Why was the station closed?"
     kept = _findings_of(query, CHUNKS)
     assert {k["chunk_id"] for k in kept} == {1, 2, 3}
     verdict = parse_check(_ask("check", check_input(query, kept, [])))
-    # named by two chunks, so first; then in order of first appearance; never the query's own "station"
-    assert verdict.follow_ups == ['"Zephyrine"', '"Halvorsen Brothers"', '"Harbour Board"']
-    assert not any(".md" in q for q in verdict.follow_ups)  # a finding's location is no entity
-    assert not verdict.complete
+    assert len(verdict.follow_ups) == 3 and not verdict.complete
+    assert any("Zephyrine" in q for q in verdict.follow_ups)
+    assert not any(w in q.lower().split() for q in verdict.follow_ups for w in ("station", "closed"))
     assert verdict.confidence == 1.0 and verdict.gaps == []
-    # a follow-up asked already is not asked again; the next ones move up
-    again = parse_check(_ask("check", check_input(query, kept, ['"Zephyrine"'])))
-    assert again.follow_ups == ['"Halvorsen Brothers"', '"Harbour Board"', '"parse_config"']
+    # a follow-up asked already is not asked again: its words are known now
+    again = parse_check(_ask("check", check_input(query, kept, verdict.follow_ups[:1])))
+    assert verdict.follow_ups[0] not in again.follow_ups
     # the offline check is deterministic
     assert _ask("check", check_input(query, kept, [])) == _ask("check", check_input(query, kept, []))
 
 
 def test_check_by_rules_is_complete_when_the_findings_cover_the_query_and_name_nothing_new():
-    query = "which macros make programs shorter?"
+    query = "Do Lisp macros make programs shorter?"
     kept = _findings_of(query, CHUNKS)
     assert [k["chunk_id"] for k in kept] == [4]
     verdict = check_by_rules(check_input(query, kept, []))
@@ -303,9 +303,10 @@ def test_check_by_rules_names_the_gaps():
     verdict = check_by_rules(check_input(query, kept, []))
     assert verdict["gaps"] == ['no finding mentions "flood"', 'no finding mentions "harbour"']
     assert 0 < verdict["confidence"] < 0.5 and not verdict["complete"]
-    assert verdict["follow_ups"] == []  # "Tuesday" is a weekday, not an entity worth a search
+    assert verdict["follow_ups"] == ["arrived Tuesday"]  # what the finding adds; never its file or line
     nothing = check_by_rules(check_input(query, [], []))
     assert nothing["confidence"] == 0.0 and not nothing["complete"] and len(nothing["gaps"]) == 3
+    assert nothing["follow_ups"] == []
 
 
 # ---------------------------------------------------------------- offline rules: the direct answer
@@ -349,126 +350,42 @@ def test_the_new_prompts_ship():
     assert '"records"' in load_prompt("subcall")
 
 
-def _first_quote(question, chunks):
-    report = _ask("direct", _direct(question, chunks))
+def test_direct_answer_quotes_the_best_matching_line_with_its_line_number():
+    """The line that holds the question's words is quoted first, verbatim, with its own line number in its file,
+    under the chunk it comes from; a chunk that only shares a word with the question is not the answer."""
+    settings = "# settings of the archive\n\ncompression = 'zstd'\nretention_days = 30\narchive_owner = 'ops'\n"
+    notes = "The archive was moved last spring.\nNobody remembers why."
+    chunks = [_chunk(7, notes, path="notes.md", start=1), _chunk(9, settings, path="conf/archive.py", start=40)]
+    report = _ask("direct", _direct("How many retention days does the archive keep?", chunks))
+    best = "\"retention_days = 30 archive_owner = 'ops'\" (conf/archive.py:43) — [chunk 9, b:conf/archive.py:40-45]"
+    assert _first_quote_of(report) == f"> {best}"
+    assert f"- {best} (high)" in report  # first in the evidence too
+    assert cited_chunk_ids(report, [7, 9])[0] == 9
+
+
+def test_meaning_finds_a_paraphrase_that_shares_no_word_with_the_question():
+    """No word of the question is in the answer: the local encoder's cosine ranks it first all the same."""
+    text = "\n\n".join(
+        [
+            "The harbour office opens at nine.",
+            "Our bakery sells sourdough loaves and almond croissants.",
+            "Parking is free on Sundays.",
+            "The museum closes early in winter.",
+        ]
+    )
+    report = _ask("direct", _direct("What kind of bread and pastry can I buy?", [_chunk(3, text, path="town.md")]))
+    assert _first_quote_of(report).startswith(
+        '> "Our bakery sells sourdough loaves and almond croissants." (town.md:3)'
+    )
+
+
+def test_an_analyst_batch_with_nothing_on_the_question_quotes_nothing():
+    """Ranks are relative to the batch, but a grade also needs the question in the passage: a batch that holds
+    nothing of it is graded none, with no quote, however its passages rank among themselves."""
+    chunks = [_chunk(1, "Lisp macros make programs shorter."), _chunk(2, "The museum closes early in winter.")]
+    entries = json.loads(_ask("analyst", read_input("Which ferry leaves for Vellmar at night?", chunks)))["entries"]
+    assert [(e["relevance"], e["findings"]) for e in entries] == [("none", []), ("none", [])]
+
+
+def _first_quote_of(report):
     return next((ln for ln in report.split("\n") if ln.startswith("> ")), "")
-
-
-def test_direct_answer_quotes_where_a_used_name_gets_its_value():
-    """The statement that sends the header matches the question's words best, but the value asked for is where
-    the name it uses is defined: that definition is quoted first, even with no word of the question in it."""
-    client = (
-        "class Client:\n"
-        "    def _headers(self):\n"
-        "        return {\n"
-        '            b"Accept": b"*/*",\n'
-        '            b"Accept-Encoding": ACCEPT_ENCODING.encode("ascii"),\n'
-        '            b"Connection": b"keep-alive",\n'
-        "        }\n"
-    )
-    consts = 'ACCEPT_ENCODING = ", ".join(\n    ["gzip", "deflate", "br"]\n)\nUSER_AGENT = "python-demo/1.0"\n'
-    chunks = [_chunk(1, client, path="pkg/_client.py"), _chunk(2, consts, path="pkg/_consts.py")]
-    quote = _first_quote("What Accept-Encoding value does the client send by default?", chunks)
-    assert 'ACCEPT_ENCODING = ", ".join(' in quote and "_consts.py:1" in quote
-
-
-def test_direct_answer_to_how_many_quotes_a_number_not_a_name_given_another_name():
-    """ "How many times" is answered by a line holding a number: not by ``broker_connection = connection``, which
-    shares the question's words and leaves its value to another name."""
-    app = (
-        "from .connection import connection\n"
-        "from .utils import cached_property\n"
-        "\n"
-        "broker_connection = connection\n"
-        "amqp_cls = 'celery.app.amqp:AMQP'\n"
-        "events_cls = 'celery.events:Events'\n"
-        "loader_cls = None\n"
-        "log_cls = 'celery.app.log:Logging'\n"
-        "control_cls = 'celery.app.control:Control'\n"
-    )
-    settings = (
-        "BROKER = dict(\n"
-        "    url=None,\n"
-        "    transport=None,\n"
-        "    connection_retry=True,\n"
-        "    connection_max_retries=100,\n"
-        "    connection_timeout=4,\n"
-        "    failover_strategy=None,\n"
-        "    heartbeat=120,\n"
-        "    pool_limit=10,\n"
-        ")\n"
-    )
-    chunks = [_chunk(1, app, path="app/base.py"), _chunk(2, settings, path="app/defaults.py")]
-    quote = _first_quote("How many times does it try to reconnect to the broker?", chunks)
-    assert "connection_max_retries=100" in quote
-
-
-def test_a_definition_takes_the_docstring_below_a_long_signature():
-    """A function whose parameters take a line each has its docstring seven lines down: it is still the
-    function's documentation, which the definition is matched by (``line_rank.candidates``)."""
-    termui = (
-        "def confirm(\n"
-        "    text,\n"
-        "    default=False,\n"
-        "    abort=False,\n"
-        '    prompt_suffix=": ",\n'
-        "    show_default=True,\n"
-        "    err=False,\n"
-        ") -> bool:\n"
-        '    """Prompts for confirmation (yes/no question).\n'
-        "\n"
-        '    If the user aborts the input, an Abort exception is raised."""\n'
-        "    prompt = _build_prompt(text, prompt_suffix, show_default)\n"
-    )
-    lines = termui.split("\n")
-    found = line_rank.candidates(termui, "t.py", 0, [(text, n) for n, text in enumerate(lines) if text.strip()])
-    confirm = next(c for c in found if c.text == "def confirm(")
-    assert confirm.kind == "definition"
-    assert "Prompts for confirmation (yes/no question)." in confirm.doc
-    assert "Abort exception" in confirm.doc and "prompt_suffix" not in confirm.doc
-
-
-def test_direct_answer_never_quotes_a_line_with_nothing_of_its_own():
-    """``pass`` under ``except Exception:`` shares "passes" and "exception" with the question through its context
-    and the keyword; it says nothing, and the exception class is quoted instead."""
-    testing = (
-        "def isolation(env):\n"
-        "    for key in env:\n"
-        "        try:\n"
-        "            del os.environ[key]\n"
-        "        except Exception:\n"
-        "            pass\n"
-    )
-    exceptions = (
-        "class NoSuchOption(UsageError):\n"
-        '    """Raised if click attempted to handle an option that does not exist."""\n'
-        "\n"
-        "    def __init__(self, option_name, message=None):\n"
-        "        self.option_name = option_name\n"
-    )
-    chunks = [_chunk(1, testing, path="testing.py"), _chunk(2, exceptions, path="exceptions.py")]
-    quote = _first_quote("Where is the exception raised when the user passes an option that doesn't exist?", chunks)
-    assert "class NoSuchOption(UsageError):" in quote
-
-
-def test_direct_answer_quotes_the_setting_before_a_message_about_it():
-    """An error message names the thing asked about in the question's own words; the setting that holds the
-    value is the answer, as it is before a comment saying the same."""
-    formatting = (
-        "def write_dl(\n"
-        "    self,\n"
-        "    rows,\n"
-        "    col_max: int = 30,\n"
-        "    col_spacing: int = 2,\n"
-        ") -> None:\n"
-        "    rows = list(rows)\n"
-        "    widths = measure_table(rows)\n"
-        "    if len(widths) != 2:\n"
-        '        raise TypeError("Expected two columns for definition list")\n'
-        "    first_col = min(widths[0], col_max) + col_spacing\n"
-    )
-    quote = _first_quote(
-        "What is the default maximum width of the first column when writing a definition list?",
-        [_chunk(1, formatting, path="formatting.py")],
-    )
-    assert "col_max: int = 30," in quote, quote
