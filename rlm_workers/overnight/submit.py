@@ -168,12 +168,15 @@ def store_overnight(
     clean_queries = list(dict.fromkeys(_numbered(validate_query, n, q) for n, q in enumerate(queries, 1)))
     if not clean_queries:
         raise InvalidInput("give at least one query")
-    if llm_batch and get_settings().offline:
+    settings = get_settings()
+    if llm_batch and not (settings.resolved_provider == "openai" and settings.api_key):
+        # the Batch API is OpenAI's: a keyless OpenAI-compatible server, a local model or the extractive
+        # provider has nothing to batch against
         raise InvalidInput(
-            "--llm-batch needs an OpenAI API key (OPENAI_API_KEY or RLM_API_KEY): the offline extractive provider "
-            "makes no calls to batch",
-            api_message="llm_batch needs an OpenAI API key on the server: the offline extractive provider makes no "
-            "calls to batch",
+            "--llm-batch needs an OpenAI API key (OPENAI_API_KEY or RLM_API_KEY): the "
+            f"{settings.resolved_provider} provider has no Batch API",
+            api_message="llm_batch needs an OpenAI API key on the server: the "
+            f"{settings.resolved_provider} provider has no Batch API",
         )
     names = resolve_buffers(conn, tenant=tenant, names=buffers, glob=buffers_glob)
     clean = validate_options(dict(options or {}))
