@@ -159,17 +159,26 @@ TIMED_UNTIL_NEXT = ("fan_out",)
 
 def set_stage(conn: psycopg.Connection, *, job_id: str, stage: str) -> bool:
     """Mark the job running in ``stage``; False when the job already ended (e.g. cancelled).  Leaving a stage of
-    ``TIMED_UNTIL_NEXT`` records its wall time, its analysts' included."""
-    cur = conn.execute(
-        """UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now()), stage_at = now(),
-                  timings = CASE WHEN stage = ANY(%s) AND stage <> %s AND stage_at IS NOT NULL
-                                 THEN timings || jsonb_build_object(
-                                     stage::text, round(extract(epoch FROM now() - stage_at)::numeric, 4)::float8)
+    ``TIMED_UNTIL_NEXT`` records its wall time, its analysts' included, in the timings and the stage metric."""
+    row = conn.execute(
+        """WITH left_stage AS (
+               SELECT stage, CASE WHEN stage = ANY(%s) AND stage <> %s AND stage_at IS NOT NULL
+                                  THEN round(extract(epoch FROM now() - stage_at)::numeric, 4)::float8 END AS seconds
+               FROM jobs WHERE id = %s FOR UPDATE)
+           UPDATE jobs SET stage = %s, status = 'running', started_at = coalesce(started_at, now()), stage_at = now(),
+                  timings = CASE WHEN left_stage.seconds IS NOT NULL
+                                 THEN timings || jsonb_build_object(left_stage.stage::text, left_stage.seconds)
                                  ELSE timings END
-           WHERE id = %s AND status NOT IN ('done', 'failed', 'cancelled')""",
-        (stage, list(TIMED_UNTIL_NEXT), stage, job_id),
-    )
-    return cur.rowcount > 0
+           FROM left_stage
+           WHERE jobs.id = %s AND status NOT IN ('done', 'failed', 'cancelled')
+           RETURNING left_stage.stage, left_stage.seconds""",
+        (list(TIMED_UNTIL_NEXT), stage, job_id, stage, job_id),
+    ).fetchone()
+    if row is None:
+        return False
+    if row[1] is not None:
+        metrics.stage_timed(row[0], row[1])
+    return True
 
 
 def add_timing(conn: psycopg.Connection, *, job_id: str, stage: str, seconds: float) -> None:
