@@ -73,8 +73,10 @@ def synthesis_input(query: str, kept: Sequence[Mapping[str, Any]]) -> FindingsIn
 
 #: what a synthesis whose replies are JSON (RLM_TOOL_CALLS) is asked to reply with, after the findings
 JSON_REPLY = (
-    "## Reply\n\nAnswer the query from the findings above (and what your tools return). Reply with a JSON object: "
-    '{"answer": "<the answer, in words>", "cited_chunks": [<ids of the chunks the answer comes from>]}.'
+    "## Reply\n\nReply with one JSON object. To look further first (the findings leave the query open, or your "
+    'instructions ask for a check), a tool action: {"action": "<tool name>", "arguments": {...}}. To answer from '
+    'the findings and what your tools returned: {"answer": "<the answer, in words>", "cited_chunks": [<ids of the '
+    'chunks the answer comes from>]}.'
 )
 
 
