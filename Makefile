@@ -40,9 +40,10 @@ lock:
 test: install local-llm
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The real-model tests alone (tests/test_real_model.py): the local model server answering every stage.
+# The real-model tests alone (tests/test_real_model*.py, tests/test_local_default.py): the local model server
+# answering every stage.
 test-real-model: install local-llm
-	$(PY) -m pytest -q tests/test_real_model.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m real_model $(PYTEST_ARGS)
 
 # The local models, fetched from PyPI into RLM_LOCAL_LLM_DIR (the user cache dir) once per machine: seconds, no
 # build (docs/contract.md#local-llm). The server is the prebuilt xllamacpp wheel `make install` installed.

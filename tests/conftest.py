@@ -15,7 +15,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the cache is keyed by the model files and the export recipe (ingest/onnxenc.py), so a stale one is never used.
 os.environ.setdefault("RLM_ENCODER_DIR", str(Path(tempfile.gettempdir()) / "rlm-test-encoders"))
 # No test may reach a real LLM by accident: with no key, the offline extractive provider answers, never a local model
-# fetched and started behind a test's back (tests/test_real_model.py names one on purpose).
+# fetched and started behind a test's back (tests/test_real_model*.py name one on purpose, test_local_default.py
+# leaves it unset on purpose).
 for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL", "RLM_PROVIDER"):
     os.environ.pop(_var, None)
 os.environ["RLM_LOCAL_LLM"] = "off"
