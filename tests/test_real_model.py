@@ -27,6 +27,7 @@ __all__ = ["corpus", "env", "local_model", "workers"]  # fixtures, used by name
 #: a CPU model on 2 shared cores takes minutes per job; the suite's 10-minute default is for everything else
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.timeout(1800)]
 
+
 def test_instant_answers_from_the_model(conn, workers, local_model):
     job_id, result = run_job(conn, "Which service does the billing team maintain?", mode="instant")
     assert result.provider == "local" and result.models == [local_model.name]

@@ -76,7 +76,7 @@ JSON_REPLY = (
     "## Reply\n\nReply with one JSON object. To look further first (the findings leave the query open, or your "
     'instructions ask for a check), a tool action: {"action": "<tool name>", "arguments": {...}}. To answer from '
     'the findings and what your tools returned: {"answer": "<the answer, in words>", "cited_chunks": [<ids of the '
-    'chunks the answer comes from>]}.'
+    "chunks the answer comes from>]}."
 )
 
 

@@ -129,5 +129,3 @@ def tree(conn, root: str) -> list[str]:
     ids = [root] + [k.id for k in job_store.tree_of(conn, root_id=root)]
     conn.commit()
     return ids
-
-
