@@ -57,8 +57,9 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # Ask this codebase about itself: load the project's own source and docs, search them, then run a
-# real query through the whole pipeline (plan, search, chord fan-out, collect, synthesize).  With no
-# OPENAI_API_KEY the offline extractive provider answers; with one, the configured models do.
+# real query through the whole pipeline (plan, search, chord fan-out, collect, synthesize).  With no key or base
+# URL a local model answers (fetched on first use, a minute; docs/contract.md#providers); where none can run, the
+# offline extractive provider; with OPENAI_API_KEY, the configured models.
 demo: install
 	$(RLM) load rlm_workers rlm_api README.md --buffer rlm-self
 	$(RLM) buffers
