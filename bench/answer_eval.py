@@ -4,7 +4,7 @@
         [--modes direct,fanout,thinking] [--corpora a,b] [--ids id1,id2] [--limit N] [--timeout S]
         [--no-write] [--section NAME] [--jsonl OUT]
 
-The successor of bench/real_model.py. Every question runs as `rlm query` would run it behind a deployment: the
+Every question runs as `rlm query` would run it behind a deployment: the
 embedded PostgreSQL+pgvector and Valkey under bench/_data/answer_eval, real `rlm worker` processes (rlm.control,
 rlm.analyst) and the shipped prompts, never the user's overrides. Providers: ``extractive`` (offline, no key),
 ``local`` (a model of ``rlm_workers.local_models.MODELS`` on this machine's local model server, as
