@@ -226,12 +226,10 @@ class BatchAnswer(BaseModel):
     def _lenient(cls, raw: Any) -> Any:
         if not isinstance(raw, dict):
             return raw
-        ids = raw.get("cited_chunks")
-        items = ids if isinstance(ids, list) else [ids] if ids is not None else []
         answer = raw.get("answer")
         return {
             "answer": clip(answer, MAX_BATCH_ANSWER_CHARS) if isinstance(answer, str) else "",
-            "cited_chunks": [i for i in map(as_chunk_id, items) if i is not None],
+            "cited_chunks": _cited_ids(raw.get("cited_chunks")),
         }
 
 
@@ -240,7 +238,7 @@ def batch_answer_schema(chunk_ids: Sequence[int]) -> dict[str, Any]:
     schema = json.loads(json.dumps(BATCH_ANSWER_SCHEMA))
     props = schema["schema"]["properties"]
     props["answer"]["maxLength"] = MAX_BATCH_ANSWER_CHARS
-    props["cited_chunks"].update(minItems=1, items={"enum": sorted(set(chunk_ids))})
+    _cite_only(props, chunk_ids)
     return schema
 
 
@@ -272,9 +270,7 @@ class CitedAnswer(BaseModel):
     @classmethod
     def _lenient(cls, raw: Any) -> Any:
         if isinstance(raw, dict):
-            ids = raw.get("cited_chunks")
-            items = ids if isinstance(ids, list) else [ids] if ids is not None else []
-            raw = {**raw, "cited_chunks": [i for i in map(as_chunk_id, items) if i is not None]}
+            raw = {**raw, "cited_chunks": _cited_ids(raw.get("cited_chunks"))}
         return raw
 
 
@@ -510,5 +506,16 @@ def answer_schema(chunk_ids: list[int]) -> dict[str, Any]:
     if not chunk_ids:
         return ANSWER_SCHEMA
     schema = json.loads(json.dumps(ANSWER_SCHEMA))
-    schema["schema"]["properties"]["cited_chunks"].update(minItems=1, items={"enum": sorted(set(chunk_ids))})
+    _cite_only(schema["schema"]["properties"], chunk_ids)
     return schema
+
+
+def _cited_ids(value: Any) -> list[int]:
+    """A reply's ``cited_chunks`` as chunk ids: one id or a list, each as ``as_chunk_id`` reads it, junk dropped."""
+    items = value if isinstance(value, list) else [value] if value is not None else []
+    return [i for i in map(as_chunk_id, items) if i is not None]
+
+
+def _cite_only(props: dict[str, Any], chunk_ids: Sequence[int]) -> None:
+    """Narrow an answer schema's ``cited_chunks`` to at least one of these ids."""
+    props["cited_chunks"].update(minItems=1, items={"enum": sorted(set(chunk_ids))})
