@@ -309,14 +309,48 @@ def render_answer(reply: str, shown: Mapping[int, Any]) -> str:
     text does not cite already, and only chunks the model was shown: ``shown`` maps their ids to anything carrying a
     chunk's place, a prompt's chunk or a shown finding); a plain markdown reply as it is."""
     parsed = parse_answer(reply)
-    if parsed is None:
-        return reply
-    text = parsed.answer.strip()
+    return reply if parsed is None else render_cited(parsed, shown)
+
+
+def render_cited(parsed: CitedAnswer, shown: Mapping[int, Any]) -> str:
+    """``render_answer`` of a parsed answer object: its text, said once, with the chunks it names cited at its end."""
+    text = said_once(parsed.answer.strip())
     inline = set(cited_chunk_ids(text, shown))
     extra = [cid for cid in dict.fromkeys(parsed.cited_chunks) if cid in shown and cid not in inline]
     if extra:
         text += "\n\nSources: " + ", ".join(f"[chunk {cid}, {cite_of(shown[cid])}]" for cid in extra)
     return text
+
+
+def said_once(text: str) -> str:
+    """``text`` with every sentence after its first saying dropped: a small model at temperature 0 can fall into a
+    loop, writing one sentence again and again until its output limit, and the copies add nothing.  Short
+    sentences (a list item, a table cell) may rightly repeat and are kept, and so is fenced code."""
+    seen: set[str] = set()
+    out: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or line.lstrip().startswith("```") or not line.strip():
+            out.append(line)
+            continue
+        kept = []
+        for sentence in _SENTENCE_END.split(line):
+            key = " ".join(sentence.lower().split()).rstrip(" …")
+            cut = sentence.rstrip().endswith("…")
+            if key and (len(key) >= MIN_REPEAT_CHARS or cut) and any(k.startswith(key) for k in seen):
+                continue  # said before, or a copy cut short at the output limit
+            seen.add(key)
+            kept.append(sentence)
+        if kept:
+            out.append(" ".join(kept))
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+#: a sentence shorter than this is never taken for a loop's copy
+MIN_REPEAT_CHARS = 30
 
 
 #: an answer object cut short: its answer string (closed, group 2, or not), then what was written of the ids

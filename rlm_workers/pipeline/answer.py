@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Sequence
 
 from ..errors import BudgetExhausted
 from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, DirectInput
-from ..llm.structured import answer_schema, parse_answer, render_answer
+from ..llm.structured import answer_schema, parse_answer, render_answer, render_cited
 from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
 from ..tokens import CHARS_PER_TOKEN, estimate_tokens
 from .calls import call_llm
+from .evidence import grounded
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, system_message
 from .records import RECORDS_INSTRUCTION
@@ -36,6 +38,8 @@ from .report import store_report
 from .route import direct_answer_tokens, direct_budget
 
 CUT_MARKER = "[…cut to fit the context]"
+#: a citation the answer wrote inline: its words (chunk, path) are no part of what the answer says
+_INLINE_CITATION = re.compile(r"\[chunks? [^\]]*\]", re.I)
 
 
 def _block(c: ChunkForPrompt) -> str:
@@ -102,6 +106,22 @@ def build_messages(
     return render_messages(system_prompt, asked, conversation=conversation)
 
 
+def grounded_report(reply: str, query: str, chunks: Sequence[ChunkForPrompt]) -> str:
+    """The report of a direct reply, citing the chunks that hold what the answer says (``evidence.grounded``):
+    a small model reads a value right more often than the id above it, so the ids it gives are checked against
+    the chunks' words; when no chunk holds the answer's words (it paraphrased), its own ids stand."""
+    parsed = parse_answer(reply)
+    by_id = {c.chunk_id: c for c in chunks}
+    if parsed is None:
+        return render_answer(reply, by_id)
+    held = grounded(_INLINE_CITATION.sub(" ", parsed.answer), query, chunks, parsed.cited_chunks)
+    if held:
+        own, ranked = parsed.cited_chunks, [c.chunk_id for c in chunks]  # the model's order, then the search's
+        order = sorted(held, key=lambda cid: (0, own.index(cid)) if cid in own else (1, ranked.index(cid)))
+        parsed = parsed.model_copy(update={"cited_chunks": order})
+    return render_cited(parsed, by_id)
+
+
 # --------------------------------------------------------------------------- the stage
 
 log = logging.getLogger("rlm.pipeline.answer")
@@ -142,7 +162,7 @@ def run(ctx: StageContext) -> str:
         with StageTimer(conn, job.id, Stage.answer):
             try:
                 completion = call_llm(conn, job_id=job.id, stage="answer", request=request, parse=parse_answer)
-                response = render_answer(completion.text, by_id)
+                response = grounded_report(completion.text, job.query, chunks)
             except BudgetExhausted as exc:
                 offline = render_answer(ExtractiveProvider().complete(request).text, by_id)
                 response = (
