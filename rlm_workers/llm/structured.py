@@ -330,9 +330,9 @@ def said_once(text: str) -> str:
     out: list[str] = []
     fenced = False
     for line in text.split("\n"):
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        if fenced or line.lstrip().startswith("```") or not line.strip():
+        fence = line.lstrip().startswith("```")
+        fenced ^= fence
+        if fenced or fence or not line.strip():
             out.append(line)
             continue
         kept = []
