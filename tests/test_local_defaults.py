@@ -119,6 +119,27 @@ def test_a_misread_citation_is_grounded_in_the_chunk_that_holds_the_answer():
     assert list(lines) == [7] and lines[7][0].startswith("line 4: ")
 
 
+def test_a_wrapped_sentence_is_quoted_with_its_subject_and_a_list_whole_with_its_introduction():
+    """Text wrapped at 80 columns leaves a value's subject on the line above, and one item of a list cannot be
+    counted: the quote runs to the sentence's start and over the whole list, and stops at the paragraph."""
+    kilns = _chunk(
+        3,
+        "# Kilns\n\nThe old kiln was built in 1871 by the parish.\nThe glass kiln is fired with beech wood and"
+        "\nreaches 1,150 degrees at its hottest. It cools over three days.\nNobody may enter it when lit.\n\n"
+        "Before a firing, the keeper checks:\n\n- the flue\n- the door seal\n- the wood store\n\nThat is all.",
+        path="kilns.md",
+    )
+    heat = evidence_lines("How hot does it get? 1,150 degrees", [kilns], {3}, per_chunk=1)[3]
+    assert heat == [
+        "lines 4-5:\n  The glass kiln is fired with beech wood and\n  reaches 1,150 degrees at its hottest. It cools "
+        "over three days."
+    ]
+    checks = evidence_lines("How many things does the keeper check before a firing?", [kilns], {3}, per_chunk=1)[3]
+    assert checks == ["lines 8-12:\n  Before a firing, the keeper checks:\n  - the flue\n  - the door seal\n  - the wood store"]
+    item = evidence_lines("the door seal", [kilns], {3}, per_chunk=1)[3]
+    assert item == checks  # an item: the whole list, with the line that introduces it
+
+
 def test_an_answering_analysts_reply_parses_to_findings_and_a_bad_one_is_a_parse_error():
     found = parse_findings('{"answer": "2.4 metres", "cited_chunks": [7]}', batch_chunk_ids=[7, 8], read=READ)
     assert [(f.chunk_id, str(f.relevance)) for f in found] == [(7, "high"), (8, "none")]

@@ -5,12 +5,15 @@ value: it may write "1.4 metres" beside a line that says 2.4, or "1.2 petabytes"
 the kind.  So its answer is only a pointer.  A chunk counts as evidence when it holds most of what the answer
 says beyond the question (``grounded``), and the finding is that chunk's lines that best match the question and
 the answer together (Okapi BM25 over the batch's lines, in the search's own tokens), verbatim: the synthesizer
-reads the file's words, never the small model's (docs/contract.md#analyst-message).
+reads the file's words, never the small model's (docs/contract.md#analyst-message).  A line is quoted with its
+neighbours in the same paragraph, and a list with the line that introduces it, because text is wrapped: the line
+that holds a value often leaves its subject on the line above, and one item of a list cannot be counted.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -23,6 +26,11 @@ EVIDENCE_LINES = 2
 #: graded low: a small model answering the whole question passes over a chunk that holds only one step of it
 CONTEXT_SHARE = 0.6
 MAX_LINE_CHARS = 400
+#: lines of the same paragraph (no blank line between) quoted on each side of a best-matching line, where its
+#: sentence runs on
+NEIGHBOUR_LINES = 1
+#: a list is quoted whole with the line that introduces it ("…, in this order:"), up to this many lines
+MAX_LIST_LINES = 12
 #: Okapi BM25's usual constants
 K1, B = 1.2, 0.75
 #: the share of an answer's own words (those the question does not use) a chunk must hold to ground it
@@ -34,6 +42,12 @@ _NUMBER_WORDS = frozenset(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
     "seventeen eighteen nineteen twenty thirty forty fifty hundred thousand million".split()
 )
+
+
+#: a line that is an item of a list: a bullet or a number, then a space
+#: a line that ends a sentence (a full stop, a question or an exclamation, perhaps inside quotes or brackets)
+_SENTENCE_END = re.compile(r"[.!?][\"')\]\u201d]*\s*$")
+_LIST_ITEM = re.compile(r"\s*(?:[-*+\u2022]|\d{1,3}[.)])\s")
 
 
 def grounded(answer: str, question: str, chunks: Sequence[ChunkForPrompt], cited: Iterable[int]) -> set[int]:
@@ -88,13 +102,64 @@ def evidence_lines(
         best_of_batch = max(best_of_batch, score)
         if score > 0 and cid in wanted:
             scored.setdefault(cid, []).append((score, number, line))
+    by_id = {c.chunk_id: c for c in chunks}
     out = {}
     for cid, found in scored.items():
         ranked = sorted(found, key=lambda s: (-s[0], s[1]))
         best = [f for f in ranked if f[0] >= share * best_of_batch][:per_chunk]
-        if best:
-            out[cid] = [f"line {number}: {_clip(line)}" for _, number, line in best]
+        spans: list[tuple[int, int]] = []
+        for _, number, _line in best:
+            span = passage(by_id[cid].text.split("\n"), number - by_id[cid].start_line)
+            if not any(a <= span[0] and span[1] <= b for a, b in spans):
+                spans = [s for s in spans if not (span[0] <= s[0] and s[1] <= span[1])] + [span]
+        if spans:
+            out[cid] = [_quote(by_id[cid], a, b) for a, b in spans]
     return out
+
+
+def passage(lines: Sequence[str], hit: int) -> tuple[int, int]:
+    """The lines (first, last; indexes into ``lines``) quoted for the line at ``hit``: with the neighbour above
+    when the sentence starts there and the one below when it goes on there (same paragraph only), or the whole
+    paragraph when that is a list; then the list a paragraph ending with a colon introduces, and the line that
+    introduces a list the quote starts with."""
+
+    def blank(i: int) -> bool:
+        return not lines[i].strip()
+
+    def block(i: int) -> tuple[int, int]:
+        a, b = i, i
+        while a > 0 and not blank(a - 1):
+            a -= 1
+        while b < len(lines) - 1 and not blank(b + 1):
+            b += 1
+        return a, b
+
+    start, end = block(hit)
+    if end - start < MAX_LIST_LINES and sum(bool(_LIST_ITEM.match(lines[i])) for i in range(start, end + 1)) > 1:
+        first, last = start, end
+    else:
+        first, last = hit, hit
+        while first > max(start, hit - NEIGHBOUR_LINES) and not _SENTENCE_END.search(lines[first - 1]):
+            first -= 1
+        while last < min(end, hit + NEIGHBOUR_LINES) and not _SENTENCE_END.search(lines[last]):
+            last += 1
+    if last == end and lines[end].rstrip().endswith(":"):
+        nxt = next((i for i in range(end + 1, len(lines)) if not blank(i)), None)
+        if nxt is not None:
+            last = min(block(nxt)[1], first + MAX_LIST_LINES - 1)
+    if first == start and _LIST_ITEM.match(lines[start]):
+        prev = next((i for i in range(start - 1, -1, -1) if not blank(i)), None)
+        if prev is not None and lines[prev].rstrip().endswith(":"):
+            first = prev
+    return first, last
+
+
+def _quote(chunk: ChunkForPrompt, first: int, last: int) -> str:
+    lines = chunk.text.split("\n")[first : last + 1]
+    if first == last:
+        return f"line {chunk.start_line + first}: {_clip(lines[0].strip())}"
+    body = "\n".join(f"  {_clip(line.rstrip())}" for line in lines if line.strip())
+    return f"lines {chunk.start_line + first}-{chunk.start_line + last}:\n{body}"
 
 
 def _clip(line: str) -> str:
