@@ -135,7 +135,7 @@ def test_a_wrapped_sentence_is_quoted_with_its_subject_and_a_list_whole_with_its
         "over three days."
     ]
     checks = evidence_lines("How many things does the keeper check before a firing?", [kilns], {3}, per_chunk=1)[3]
-    assert checks == ["lines 8-12:\n  Before a firing, the keeper checks:\n  - the flue\n  - the door seal\n  - the wood store"]
+    assert checks == ["lines 8-12 (a list of 3 items):\n  Before a firing, the keeper checks:\n  - the flue\n  - the door seal\n  - the wood store"]
     item = evidence_lines("the door seal", [kilns], {3}, per_chunk=1)[3]
     assert item == checks  # an item: the whole list, with the line that introduces it
 

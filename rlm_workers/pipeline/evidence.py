@@ -44,9 +44,9 @@ _NUMBER_WORDS = frozenset(
 )
 
 
-#: a line that is an item of a list: a bullet or a number, then a space
 #: a line that ends a sentence (a full stop, a question or an exclamation, perhaps inside quotes or brackets)
 _SENTENCE_END = re.compile(r"[.!?][\"')\]\u201d]*\s*$")
+#: a line that is an item of a list: a bullet or a number, then a space
 _LIST_ITEM = re.compile(r"\s*(?:[-*+\u2022]|\d{1,3}[.)])\s")
 
 
@@ -159,7 +159,10 @@ def _quote(chunk: ChunkForPrompt, first: int, last: int) -> str:
     if first == last:
         return f"line {chunk.start_line + first}: {_clip(lines[0].strip())}"
     body = "\n".join(f"  {_clip(line.rstrip())}" for line in lines if line.strip())
-    return f"lines {chunk.start_line + first}-{chunk.start_line + last}:\n{body}"
+    # said outright: a small model asked "how many" miscounts even a short list it can read
+    items = sum(bool(_LIST_ITEM.match(line)) for line in lines)
+    listed = f" (a list of {items} items)" if items > 1 else ""
+    return f"lines {chunk.start_line + first}-{chunk.start_line + last}{listed}:\n{body}"
 
 
 def _clip(line: str) -> str:
