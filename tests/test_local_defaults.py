@@ -134,8 +134,11 @@ def test_a_wrapped_sentence_is_quoted_with_its_subject_and_a_list_whole_with_its
         "lines 4-5:\n  The glass kiln is fired with beech wood and\n  reaches 1,150 degrees at its hottest. It cools "
         "over three days."
     ]
+    # both of its best lines are in that one sentence: it is quoted once
+    assert evidence_lines("glass kiln beech wood 1,150 degrees", [kilns], {3})[3] == heat
     checks = evidence_lines("How many things does the keeper check before a firing?", [kilns], {3}, per_chunk=1)[3]
-    assert checks == ["lines 8-12 (a list of 3 items):\n  Before a firing, the keeper checks:\n  - the flue\n  - the door seal\n  - the wood store"]
+    listed = "lines 8-12 (a list of 3 items):\n  Before a firing, the keeper checks:\n  - the flue\n  - the door seal"
+    assert checks == [listed + "\n  - the wood store"]
     item = evidence_lines("the door seal", [kilns], {3}, per_chunk=1)[3]
     assert item == checks  # an item: the whole list, with the line that introduces it
 

@@ -107,17 +107,21 @@ def evidence_lines(
     for cid, found in scored.items():
         ranked = sorted(found, key=lambda s: (-s[0], s[1]))
         best = [f for f in ranked if f[0] >= share * best_of_batch][:per_chunk]
-        spans: list[tuple[int, int]] = []
+        spans: list[tuple[int, int]] = []  # best first; one that overlaps an earlier one joins it
         for _, number, _line in best:
-            span = passage(by_id[cid].text.split("\n"), number - by_id[cid].start_line)
-            if not any(a <= span[0] and span[1] <= b for a, b in spans):
-                spans = [s for s in spans if not (span[0] <= s[0] and s[1] <= span[1])] + [span]
+            first, last = _passage(by_id[cid].text.split("\n"), number - by_id[cid].start_line)
+            for i, (a, b) in enumerate(spans):
+                if first <= b + 1 and a <= last + 1:
+                    spans[i] = (min(a, first), max(b, last))
+                    break
+            else:
+                spans.append((first, last))
         if spans:
             out[cid] = [_quote(by_id[cid], a, b) for a, b in spans]
     return out
 
 
-def passage(lines: Sequence[str], hit: int) -> tuple[int, int]:
+def _passage(lines: Sequence[str], hit: int) -> tuple[int, int]:
     """The lines (first, last; indexes into ``lines``) quoted for the line at ``hit``: with the neighbour above
     when the sentence starts there and the one below when it goes on there (same paragraph only), or the whole
     paragraph when that is a list; then the list a paragraph ending with a colon introduces, and the line that
