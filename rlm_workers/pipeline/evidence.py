@@ -72,15 +72,13 @@ def evidence_lines(
     per_chunk: int = EVIDENCE_LINES,
     share: float = 0.0,
 ) -> dict[int, list[str]]:
-    """For each cited chunk, its ``per_chunk`` lines (``line 12: …``) that best match ``text`` (the question and the
-    answer), best first; lines that share no term with it, or score under ``share`` of the batch's best line,
-    are never quoted."""
+    """For each cited chunk, the passages (``line 12: …``, ``lines 12-14: …``) of its ``per_chunk`` lines that
+    best match ``text`` (the question and the answer), best first; lines that share no term with it, or score
+    under ``share`` of the batch's best line, are never quoted."""
     query = set(tokenize(text))
+    split = {c.chunk_id: c.text.split("\n") for c in chunks}
     lines = [
-        (c.chunk_id, c.start_line + i, line.strip(), tokenize(line))
-        for c in chunks
-        for i, line in enumerate(c.text.split("\n"))
-        if line.strip()
+        (c.chunk_id, i, tokenize(line)) for c in chunks for i, line in enumerate(split[c.chunk_id]) if line.strip()
     ]
     if not query or not lines:
         return {}
@@ -88,9 +86,9 @@ def evidence_lines(
     n = len(lines)
     avg = sum(len(terms) for *_, terms in lines) / n or 1.0
     wanted = set(cited)
-    scored: dict[int, list[tuple[float, int, str]]] = {}
+    scored: dict[int, list[tuple[float, int]]] = {}  # a cited chunk's (score, index of the line)
     best_of_batch = 0.0
-    for cid, number, line, terms in lines:
+    for cid, i, terms in lines:
         tf = Counter(terms)
         score = sum(
             math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
@@ -101,23 +99,23 @@ def evidence_lines(
         )
         best_of_batch = max(best_of_batch, score)
         if score > 0 and cid in wanted:
-            scored.setdefault(cid, []).append((score, number, line))
-    by_id = {c.chunk_id: c for c in chunks}
+            scored.setdefault(cid, []).append((score, i))
+    start_line = {c.chunk_id: c.start_line for c in chunks}
     out = {}
     for cid, found in scored.items():
         ranked = sorted(found, key=lambda s: (-s[0], s[1]))
-        best = [f for f in ranked if f[0] >= share * best_of_batch][:per_chunk]
+        best = [i for score, i in ranked if score >= share * best_of_batch][:per_chunk]
         spans: list[tuple[int, int]] = []  # best first; one that overlaps an earlier one joins it
-        for _, number, _line in best:
-            first, last = _passage(by_id[cid].text.split("\n"), number - by_id[cid].start_line)
-            for i, (a, b) in enumerate(spans):
+        for hit in best:
+            first, last = _passage(split[cid], hit)
+            for k, (a, b) in enumerate(spans):
                 if first <= b + 1 and a <= last + 1:
-                    spans[i] = (min(a, first), max(b, last))
+                    spans[k] = (min(a, first), max(b, last))
                     break
             else:
                 spans.append((first, last))
         if spans:
-            out[cid] = [_quote(by_id[cid], a, b) for a, b in spans]
+            out[cid] = [_quote(split[cid], start_line[cid], a, b) for a, b in spans]
     return out
 
 
@@ -158,15 +156,15 @@ def _passage(lines: Sequence[str], hit: int) -> tuple[int, int]:
     return first, last
 
 
-def _quote(chunk: ChunkForPrompt, first: int, last: int) -> str:
-    lines = chunk.text.split("\n")[first : last + 1]
+def _quote(chunk_lines: Sequence[str], start_line: int, first: int, last: int) -> str:
+    lines = chunk_lines[first : last + 1]
     if first == last:
-        return f"line {chunk.start_line + first}: {_clip(lines[0].strip())}"
+        return f"line {start_line + first}: {_clip(lines[0].strip())}"
     body = "\n".join(f"  {_clip(line.rstrip())}" for line in lines if line.strip())
     # said outright: a small model asked "how many" miscounts even a short list it can read
     items = sum(bool(_LIST_ITEM.match(line)) for line in lines)
     listed = f" (a list of {items} items)" if items > 1 else ""
-    return f"lines {chunk.start_line + first}-{chunk.start_line + last}{listed}:\n{body}"
+    return f"lines {start_line + first}-{start_line + last}{listed}:\n{body}"
 
 
 def _clip(line: str) -> str:
