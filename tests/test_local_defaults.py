@@ -119,6 +119,20 @@ def test_a_misread_citation_is_grounded_in_the_chunk_that_holds_the_answer():
     assert list(lines) == [7] and lines[7][0].startswith("line 4: ")
 
 
+def test_a_value_the_answer_reads_off_the_page_points_at_the_chunk_that_writes_it():
+    """Two chunks of one file share every word of the answer; only one writes its number.  A number no chunk
+    writes (a count, a misreading) points nowhere, and a lone digit is a count, taken at its citation."""
+    top = _chunk(
+        20, "Sentinel settings, in seconds where timed.\nThe default port is set below.\nSee the table.", path="conf.py"
+    )
+    below = _chunk(21, "DEFAULT_PORT = 26379\nThe default retry delay is 5.0 seconds.", path="conf.py", start=4)
+    assert grounded("26379", "Which port by default?", [top, below], [20]) == {21}
+    assert grounded("The default port is 26,379", "Which port?", [top, below], [20]) == {21}
+    assert grounded("The default port is 6380", "Which port?", [top, below], [20]) == {20}
+    assert grounded("5 seconds", "How long is the retry delay?", [top, below, MIRROR], [20]) == {21}
+    assert grounded("5", "How many settings?", [top, below], [20]) == {20}
+
+
 def test_a_wrapped_sentence_is_quoted_with_its_subject_and_a_list_whole_with_its_introduction():
     """Text wrapped at 80 columns leaves a value's subject on the line above, and one item of a list cannot be
     counted: the quote runs to the sentence's start and over the whole list, and stops at the paragraph."""

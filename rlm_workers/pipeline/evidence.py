@@ -44,6 +44,8 @@ _NUMBER_WORDS = frozenset(
 )
 
 
+#: a number as written, thousands separated by commas or not, perhaps with a decimal part ("26379", "1,150", "2.4")
+_NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w]|\.\d)")
 #: a line that ends a sentence (a full stop, a question or an exclamation, perhaps inside quotes or brackets)
 _SENTENCE_END = re.compile(r"[.!?][\"')\]\u201d]*\s*$")
 #: a line that is an item of a list: a bullet or a number, then a space
@@ -52,15 +54,26 @@ _LIST_ITEM = re.compile(r"\s*(?:[-*+\u2022]|\d{1,3}[.)])\s")
 
 def grounded(answer: str, question: str, chunks: Sequence[ChunkForPrompt], cited: Iterable[int]) -> set[int]:
     """The chunks that hold what ``answer`` says beyond ``question``: of those cited, or, when none of them does
-    (a small model misreads ids more often than words), of the whole batch.  An answer that is only a number (a
-    count is never written out) is taken at its citations; one that says nothing is grounded nowhere."""
+    (a small model misreads ids more often than words), of the whole batch.  A chunk holds the answer when it
+    holds most of its own words and most of the numbers it gives that the batch has anywhere (a number no chunk
+    holds is a count or a misreading, never a pointer); an answer that is only a count is taken at its
+    citations, and one that says nothing is grounded nowhere."""
     if not answer.strip():
         return set()
     own = {t for t in set(tokenize(answer)) - set(tokenize(question)) if not t.isdigit() and t not in _NUMBER_WORDS}
     wanted = {c.chunk_id for c in chunks} & set(cited)
+    numbers = {c.chunk_id: _numbers(c.text) for c in chunks}
+    values = (_numbers(answer) - _numbers(question)) & set().union(*numbers.values())
     if not own:
-        return wanted
-    holding = {c.chunk_id for c in chunks if len(own & set(tokenize(c.text))) >= GROUNDED_SHARE * len(own)}
+        # a lone digit answering on its own is far more often a count than a value read off the page
+        values = {v for v in values if len(v.replace(".", "")) > 1}
+        if not values:
+            return wanted
+    by_words = {
+        c.chunk_id for c in chunks if len(own & set(tokenize(c.text))) >= GROUNDED_SHARE * len(own)
+    }  # every chunk when the answer has no words of its own
+    by_values = {cid for cid in by_words if len(values & numbers[cid]) >= GROUNDED_SHARE * len(values)}
+    holding = by_values or by_words
     return (holding & wanted) or holding
 
 
@@ -116,6 +129,15 @@ def evidence_lines(
                 spans.append((first, last))
         if spans:
             out[cid] = [_quote(split[cid], start_line[cid], a, b) for a, b in spans]
+    return out
+
+
+def _numbers(text: str) -> set[str]:
+    """The numbers ``text`` writes, each in one form: "1,150" is 1150 and "5.0" is 5."""
+    out = set()
+    for m in _NUMBER.finditer(text):
+        value = m.group().replace(",", "")
+        out.add(value.rstrip("0").rstrip(".") if "." in value else value)
     return out
 
 
