@@ -36,6 +36,7 @@ import mmap
 import os
 import struct
 import tempfile
+import threading
 import zipfile
 from array import array
 from collections import Counter, defaultdict
@@ -57,6 +58,9 @@ _FORMAT_VERSION = 2
 _ALIGN = 64
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # zip local file header: signature, ..., name length, extra length
 _PAD_EXTRA_ID = 0xA11A  # a private zip extra-field id that only pads
+#: numpy reads a .npy header with ast.literal_eval, and CPython 3.11 can raise a spurious SystemError ("AST
+#: constructor recursion depth mismatch", python/cpython#106905) when threads build ASTs at once
+_HEADER_LOCK = threading.Lock()
 #: the union's vocabulary is counted in this many slices of the hash range: a sort of one slice
 #: stays in the CPU cache and the temporary arrays stay small (4x faster than one sort of everything)
 _STAT_SLICES = 16
@@ -162,7 +166,8 @@ def _npz_views(path: Path) -> dict[str, np.ndarray]:
         read_header = _HEADER_READERS.get(np.lib.format.read_magic(head))
         if read_header is None:
             raise ValueError(f"{filename}: unsupported .npy version")
-        shape, fortran, dtype = read_header(head)
+        with _HEADER_LOCK:
+            shape, fortran, dtype = read_header(head)
         if fortran or dtype.hasobject:
             raise ValueError(f"{filename}: unsupported array layout")
         offset = start + head.tell()
