@@ -69,9 +69,10 @@ def grounded(answer: str, question: str, chunks: Sequence[ChunkForPrompt], cited
         values = {v for v in values if len(v.replace(".", "")) > 1}
         if not values:
             return wanted
-    by_words = {
-        c.chunk_id for c in chunks if len(own & set(tokenize(c.text))) >= GROUNDED_SHARE * len(own)
-    }  # every chunk when the answer has no words of its own
+    if own:
+        by_words = {c.chunk_id for c in chunks if len(own & set(tokenize(c.text))) >= GROUNDED_SHARE * len(own)}
+    else:
+        by_words = set(numbers)  # an answer of numbers alone: every chunk holds its (no) words
     by_values = {cid for cid in by_words if len(values & numbers[cid]) >= GROUNDED_SHARE * len(values)}
     holding = by_values or by_words
     return (holding & wanted) or holding
