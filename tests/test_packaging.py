@@ -1,4 +1,5 @@
-"""The wheel is enough on its own: installed outside the repository, it finds every shipped prompt."""
+"""The wheel is enough on its own: installed outside the repository, it finds every shipped prompt; and building
+it warns of nothing deprecated (`make install` printed setuptools' notices on every install)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,32 @@ def test_installed_wheel_finds_every_shipped_prompt_from_outside_the_repo(tmp_pa
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"ok {len(PROMPT_NAMES)}"
+
+
+# setuptools' own hook, as pip calls it, with its deprecation notices turned into errors: pip shows them to
+# whoever runs `make install`, ~14 lines each, and a notice now is a build that stops working later
+METADATA = """
+import os, sys, warnings
+from setuptools.build_meta import prepare_metadata_for_build_wheel
+from setuptools.warnings import SetuptoolsDeprecationWarning
+warnings.simplefilter("error", SetuptoolsDeprecationWarning)
+src, out = sys.argv[1:]
+sys.argv[1:] = []  # setuptools reads its own command line from sys.argv, as pip's build runner leaves it
+os.chdir(src)
+dist_info = prepare_metadata_for_build_wheel(out)
+print(open(os.path.join(out, dist_info, "METADATA"), encoding="utf-8").read())
+"""
+
+
+def test_building_the_metadata_warns_of_nothing_deprecated(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", METADATA, str(src), str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "License-Expression: MIT" in proc.stdout.splitlines()
