@@ -36,6 +36,11 @@ _migrate_lock = threading.RLock()
 _pools: dict[str, ConnectionPool] = {}
 #: connections one process's pool opens at most (the API sizes its admission limit from it: rlm_api/app.py)
 POOL_MAX_SIZE = 20
+#: how long the pool keeps retrying one new connection before it gives up (the next checkout starts again).
+#: psycopg_pool doubles its wait between attempts up to this bound (default 5 min): after a long outage its next
+#: attempt could be a minute away, and a request waiting for it timed out with the server long back.  5 s keeps
+#: the gap between attempts at 2 s at most.
+RECONNECT_SECONDS = 5.0
 
 
 def _prepare(conn: psycopg.Connection, url: str) -> None:
@@ -76,6 +81,27 @@ def connect(settings: Settings | None = None, *, url: str | None = None) -> psyc
     return conn
 
 
+class DrainOnDeadConnection:
+    """The pool's checkout check: a connection that fails it is replaced, and the pool is drained with it.
+
+    A dead connection means the server restarted or the network dropped, so every idle one died with it.  Found
+    one by one, each costs a checkout the pool's doubling pause (1, 2, 4, 8, 16 s): with five or more idle
+    connections the first request after PostgreSQL came back waited out the 30 s checkout and got a 503.
+    Draining closes them all at once; the next connection is a fresh one."""
+
+    def __init__(self) -> None:
+        self.pool: ConnectionPool | None = None
+
+    def __call__(self, conn: psycopg.Connection) -> None:
+        try:
+            ConnectionPool.check_connection(conn)
+        except Exception:
+            if self.pool is not None:
+                log.warning("database connection found dead (a restart?): replacing every idle one")
+                self.pool.drain()
+            raise
+
+
 @contextlib.contextmanager
 def connection(settings: Settings | None = None, *, timeout: float | None = None) -> Iterator[psycopg.Connection]:
     """An autocommit connection from this process's pool (workers, API); use conn.transaction() for atomic steps.
@@ -91,17 +117,20 @@ def connection(settings: Settings | None = None, *, timeout: float | None = None
             if pool is None:
                 # Migrate on a plain connection first: the pool's configure hook must stay cheap.
                 connect(url=url).close()
+                check = DrainOnDeadConnection()
                 pool = ConnectionPool(
                     url,
                     min_size=1,
                     max_size=POOL_MAX_SIZE,
-                    open=True,
+                    open=False,
                     configure=lambda c: _prepare(c, url),
-                    # a connection broken by a PostgreSQL restart is replaced at checkout, not handed out
-                    check=ConnectionPool.check_connection,
+                    check=check,
+                    reconnect_timeout=RECONNECT_SECONDS,
                     kwargs={"connect_timeout": 10, "autocommit": True},
                     name="rlm",
                 )
+                check.pool = pool
+                pool.open()
                 _pools[url] = pool
     with pool.connection(timeout=timeout) as conn:
         yield conn
