@@ -202,3 +202,38 @@ def test_the_offline_provider_answers_the_record_not_the_prompt():
                 role="analyst", model="m", messages=[], max_tokens=10, stage_input=PlanInput(q, 1, 1, ("b",))
             )
         )
+
+
+# --------------------------------------------------------------- a long passage is cut where a reader sees it
+
+
+def test_the_answer_cuts_a_long_passage_after_a_whole_word_and_marks_the_cut():
+    from rlm_workers.llm.extractive import MAX_QUOTE_CHARS
+    from rlm_workers.llm.stage_input import DirectInput
+
+    # one sentence of over 400 characters: the passage the answer opens with is longer than a quote may be
+    tail = ", ".join(f"then the worker{i} retries its broker connection" for i in range(12))
+    sentence = f"The broker connection retry on startup decides whether the worker waits for its broker, {tail}."
+    assert len(sentence) > MAX_QUOTE_CHARS
+    chunk = ChunkForPrompt(chunk_id=5, buffer="b", path="docs/retry.md", start_line=1, end_line=3, text=sentence)
+    answer = _ask("direct", DirectInput("What does broker connection retry on startup decide?", (chunk,))).text
+    quote = re.search(r'^> "(.*)" \(docs/retry\.md:1\)', answer, re.M)
+    assert quote, answer
+    shown = quote.group(1)
+    assert len(shown) <= MAX_QUOTE_CHARS and shown.endswith(" …"), shown
+    kept = shown.removesuffix(" …")
+    # what is kept is the file's own words, up to a whole one: the next character of the file is a word's end
+    assert sentence.startswith(kept) and sentence[len(kept)] in " ,.", kept[-30:]
+
+
+def test_a_cut_inside_a_bold_span_leaves_no_unclosed_stars():
+    from rlm_workers.llm.stage_input import DirectInput
+
+    # the cut falls inside "**…**": the page would show its opening stars as they are
+    head = " ".join(f"the broker retry step{i} waits" for i in range(12))
+    sentence = f"On startup {head} and then **the broker connection retry on startup setting decides it all** now."
+    assert sentence.index("**") < 380 < 420 < sentence.rindex("**")
+    chunk = ChunkForPrompt(chunk_id=6, buffer="b", path="docs/bold.md", start_line=1, end_line=1, text=sentence)
+    answer = _ask("direct", DirectInput("What does the broker connection retry on startup decide?", (chunk,))).text
+    shown = re.search(r'^> "(.*)" \(docs/bold\.md:1\)', answer, re.M).group(1)
+    assert shown.endswith(" …") and shown.count("**") % 2 == 0, shown

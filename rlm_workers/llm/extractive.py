@@ -28,6 +28,7 @@ from ..pipeline.record_lines import extract_records
 from ..pipeline.records import aggregate, records_markdown, stem_terms
 from ..pipeline.replies import cited_chunk_ids
 from ..provenance import cite_of, page_span
+from ..search.preview import CUT, shorten
 from ..search.service import query_vector
 from ..search.tokenize import tokenize
 from .protocol import Completion, CompletionRequest
@@ -62,7 +63,13 @@ def _md_text(text: str) -> str:
 
 
 def _clip(s: str, n: int = MAX_QUOTE_CHARS) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
+    # a quote is what the answer opens with: cut after a whole sentence (or word), and marked, so that it never
+    # reads as the file having said less
+    cut = shorten(s, n, sentences=True)
+    if cut != s and cut.count("**") % 2 and (before := cut[: cut.rindex("**")].rstrip()):
+        # the cut fell inside a bold span, whose opening "**" the page would show as it is: cut before it
+        cut = f"{before} {CUT}"
+    return cut
 
 
 def _quoted(finding: str) -> str:

@@ -1,4 +1,5 @@
-"""The passage of a hit a person should see: the lines of the chunk where the query's words are.
+"""The passage of a hit a person should see: the lines of the chunk where the query's words are, and text cut
+to a length without cutting a word (``shorten``).
 
 A chunk is up to a few thousand characters; its first lines are often a heading or imports, not what
 matched.  This picks the run of ``width`` consecutive lines with the most query-term hits (the same
@@ -7,9 +8,14 @@ tokenizer as BM25, so ``refund_window`` matches ``refund``), and gives their rea
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .tokenize import tokenize
+
+#: what marks a cut: a reader must see the text goes on, not take a cut word for the file's own
+CUT = "…"
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
 
 
 @dataclass(frozen=True)
@@ -44,3 +50,20 @@ def matched_lines(text: str, query: str, *, start_line: int = 1, width: int = 3)
     return Preview(
         lines=numbered[best : best + width], hits=sum(scores[best : best + width]), found=len(found), terms=len(terms)
     )
+
+
+def shorten(text: str, limit: int, *, sentences: bool = False) -> str:
+    """``text`` in at most ``limit`` characters: whole, or cut after a whole word and marked `` …`` (after a whole
+    sentence with ``sentences``, where one ends in the last quarter of what fits).  A single word longer than half
+    the limit (a long path, a hash) is the one thing cut inside, since nothing else would show any of it."""
+    if len(text) <= limit:
+        return text
+    room = max(1, limit - len(CUT) - 1)  # the marker and the space before it
+    head = text[: room + 1]  # one more: a word that ends exactly at the limit is whole
+    if sentences and (ends := [m.end() for m in _SENTENCE_END.finditer(head) if m.end() <= room]):
+        if ends[-1] >= room * 3 // 4:
+            return f"{head[: ends[-1]]} {CUT}"
+    space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+    if space >= room // 2:
+        return f"{head[:space].rstrip()} {CUT}"
+    return head[:room] + CUT
