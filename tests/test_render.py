@@ -52,3 +52,22 @@ def test_a_citation_in_code_stays_code_and_placeholders_cannot_be_forged():
     assert "<code>[chunk 9, a/__b__.py:1-2]</code>" in html
     assert "<pre><code>kombu/__init__.py [chunk 3]\n</code></pre>" in html
     assert 'class="cite"' not in html and "rlmheld0x0x" in html
+
+
+@pytest.mark.parametrize(
+    ("markdown", "shown"),
+    [
+        ('> "Set **/etc/default/celeryd** first." (a.md:5)', "<strong>/etc/default/celeryd</strong>"),
+        ("Run **./run_all.sh** once.", "<strong>./run_all.sh</strong>"),
+        ("Edit *./celery_config.py* here.", "<em>./celery_config.py</em>"),
+        ("Every **/etc/x is here**.", "<strong>/etc/x is here</strong>"),
+    ],
+)
+def test_emphasis_around_a_path_is_rendered_not_shown_as_stars(markdown, shown):
+    html = report_html(markdown)
+    assert shown in html and "*" not in html.replace(shown, ""), html
+
+
+def test_a_glob_keeps_its_stars():
+    html = report_html("Matches **/*.md and src/*_test.py.")
+    assert "**/*.md" in html and "src/*_test.py" in html and "<strong>" not in html and "<em>" not in html

@@ -52,8 +52,16 @@ def report_html(markdown: str) -> str:
         held.append((chunk, text))
         return f"rlmheld{nonce}x{len(held) - 1}x"
 
+    def path_token(m: re.Match[str]) -> str:
+        token, star = m.group(0), ""
+        # A leading "*" with another "*" right before it or right after the token is emphasis around a path
+        # (``**/etc/celeryd**``, ``*./run.sh*``), not a glob's: held, it showed as literal stars.
+        if token.startswith("*") and "*" in (m.string[m.start() - 1 : m.start()], m.string[m.end() : m.end() + 1]):
+            star, token = "*", token[1:]
+        return star + (hold(None, token) if _is_path(token) else token)
+
     source = _CITE.sub(lambda m: hold(m.group(1), _MD_ESCAPE.sub(r"\1", m.group(0))), markdown or "")
-    source = _PATHISH.sub(lambda m: hold(None, m.group(0)) if _is_path(m.group(0)) else m.group(0), source)
+    source = _PATHISH.sub(path_token, source)
     placeholder = re.compile(rf"rlmheld{nonce}x(\d+)x")
 
     def restore(text: str, *, link: bool) -> str:
