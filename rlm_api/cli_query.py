@@ -6,12 +6,12 @@ Registered in cli.py as the ``query`` command.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rlm_workers.errors import InvalidInput, NoChunks, RLMError
-from rlm_workers.models import Mode, QueryResult, Scope, allowed_values
+from rlm_workers.models import LLMCall, Mode, QueryResult, Scope, allowed_values
 
 from .cli_local import prepare_local_model
 from .cli_output import Ticker, err, print_result
@@ -194,22 +194,39 @@ def query(
 def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
     from rlm_workers.store.jobs import llm_calls_of, tree_of
 
-    console.print(f"[bold]plan[/]: {json.dumps(job.plan)}", markup=True, highlight=False)
-    console.print(f"[bold]route[/]: {job.route} — {job.route_reason}", highlight=False)
-    console.print(f"[bold]params[/]: {json.dumps(job.params)}", highlight=False)
-    console.print(f"[bold]timings[/]: {json.dumps(job.timings)}", highlight=False)
+    # soft_wrap: a line each, never cut at the console's width (80 when stderr is a file), so a log greps
+    console.print(f"[bold]plan[/]: {json.dumps(job.plan)}", markup=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold]route[/]: {job.route} — {job.route_reason}", highlight=False, soft_wrap=True)
+    console.print(f"[bold]params[/]: {json.dumps(job.params)}", highlight=False, soft_wrap=True)
+    console.print(f"[bold]timings[/]: {json.dumps(job.timings)}", highlight=False, soft_wrap=True)
     for k, verdict in enumerate(job.checks):
-        console.print(f"[bold]check {k}[/]: {json.dumps(verdict)}", highlight=False)
+        console.print(f"[bold]check {k}[/]: {json.dumps(verdict)}", highlight=False, soft_wrap=True)
     for c in llm_calls_of(conn, job_id=job.id):
-        row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error, _parsed(c))
-        console.print("  llm " + " ".join(str(x) for x in row if x is not None), markup=False, highlight=False)
+        console.print("  " + call_line(c), markup=False, highlight=False, soft_wrap=True)
     for kid in tree_of(conn, root_id=job.id):
-        console.print(f"  child {kid.id} depth {kid.depth} {kid.status}: {kid.query[:100]}", markup=False)
+        console.print(
+            f"  child {kid.id} depth {kid.depth} {kid.status}: {kid.query[:100]}", markup=False, soft_wrap=True
+        )
         for c in llm_calls_of(conn, job_id=kid.id):
-            row = (c.stage, c.batch, c.model, c.tokens_in, c.tokens_out, c.latency_ms, c.status, c.error, _parsed(c))
-            console.print("    llm " + " ".join(str(x) for x in row if x is not None), markup=False, highlight=False)
+            console.print("    " + call_line(c), markup=False, highlight=False, soft_wrap=True)
 
 
-def _parsed(call: Any) -> str | None:
-    """How the verbose call line shows ``parse_ok`` (docs/contract.md#structured-outputs); None: not parsed."""
-    return None if call.parse_ok is None else ("parsed" if call.parse_ok else "unparsed")
+def call_line(call: LLMCall) -> str:
+    """One logged LLM call as ``--verbose`` prints it: every value labelled, the unset ones left out.
+
+    Bare values (``answer qwen2.5 1680 38 107304 ok``) left a reader guessing which number was which, and
+    whether the first word named the stage or the model.
+    """
+    fields = {
+        "stage": call.stage,
+        "batch": call.batch,
+        "model": call.model,
+        "tokens_in": call.tokens_in,
+        "tokens_out": call.tokens_out,
+        "latency_ms": call.latency_ms,
+        "status": call.status,
+        # docs/contract.md#structured-outputs: None when the reply was not parsed at all
+        "reply": None if call.parse_ok is None else ("parsed" if call.parse_ok else "unparsed"),
+        "error": call.error,
+    }
+    return "llm " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)

@@ -32,6 +32,11 @@ MODES_LINE = re.compile(
     r"Confidence: (?P<confidence>n/a|\d\.\d\d) \| Complete: (?P<complete>yes|no|unknown) \| "
     r"Coverage: (?P<coverage>\d+)% \| Cost: \$(?P<cost>\d+\.\d{4})"
 )
+#: a --verbose line per LLM call (docs/contract.md#cli-query)
+CALL_LINE = re.compile(
+    r"llm stage=[a-z_]+( batch=\d+)? model=\S+ tokens_in=\d+ tokens_out=\d+ latency_ms=\d+ status=\w+"
+    r"( reply=(parsed|unparsed))?( error=.+)?"
+)
 JOB_LINE = re.compile(r"^job (?P<id>\S+) \((?P<where>in-process worker|running workers)\)$", re.M)
 
 
@@ -186,3 +191,8 @@ def test_json_query_on_running_workers_through_the_scripted_server(conn, workers
     # every call the scripted server answered is accounted for, with the tokens it reported
     assert data["llm_calls"] == llm.calls
     assert data["total_tokens"] == llm.usage["total_tokens"] == data["tokens_in"] + data["tokens_out"]
+    # --verbose labels each value of a call line: bare ones left the reader guessing stage from model
+    calls = [line.strip() for line in proc.stderr.splitlines() if line.lstrip().startswith("llm ")]
+    assert len(calls) == data["llm_calls"], proc.stderr
+    for line in calls:
+        assert CALL_LINE.fullmatch(line), line
