@@ -5,6 +5,7 @@ Registered in cli.py as the ``search`` command.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Annotated
 
 import typer
@@ -15,6 +16,9 @@ from rlm_workers.provenance import cite_of
 
 from .cli_output import print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
+
+#: characters of a hit's preview line
+PREVIEW_WIDTH = 110
 
 
 def search(
@@ -31,7 +35,7 @@ def search(
 ) -> None:
     """Search buffers without any LLM: bm25, semantic, or hybrid (both arms fused)."""
     # the search service reads the settings and the embedder: loaded with the command (cli_types)
-    from rlm_workers.search.preview import matched_lines
+    from rlm_workers.search.preview import matched_lines, shorten
     from rlm_workers.search.service import search as run_search
     from rlm_workers.search.service import validate_query, validate_search_params
 
@@ -65,8 +69,9 @@ def search(
         pv = matched_lines(h.text, query, start_line=h.start_line)
         shown = " ".join(h.passage.split()) if h.passage and not pv.literal else None
         if shown:
-            for j in range(0, min(len(shown), 330), 110):
-                typer.echo(f"       {shown[j : j + 110]}")
+            # three lines of it at most, wrapped and cut between words, the cut marked
+            for line in textwrap.wrap(shown, PREVIEW_WIDTH, break_long_words=False, max_lines=3, placeholder=" …"):
+                typer.echo(f"       {line}")
             continue
         for n, ln in pv.lines:
-            typer.echo(f"  {n:>6}: {ln.strip()[:110]}")
+            typer.echo(f"  {n:>6}: {shorten(ln.strip(), PREVIEW_WIDTH)}")

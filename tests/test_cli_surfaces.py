@@ -173,6 +173,18 @@ def test_search_preview_shows_the_matched_lines_with_their_numbers(env, essays, 
     assert "# Notes on" not in out.stdout
 
 
+def test_search_preview_cuts_a_long_line_after_a_word_and_marks_the_cut(env, tmp_path):
+    root = tmp_path / "long"
+    root.mkdir()
+    words = " ".join(f"clause{i:02d}" for i in range(60))  # 539 characters on one line
+    (root / "policy.md").write_text(f"# Policy\n\nThe retention policy keeps {words}.\n")
+    run_rlm(env, "load", str(root), "--buffer", "longline", check=0)
+    out = run_rlm(env, "search", "retention policy", "--buffer", "longline", "--mode", "bm25", check=0).stdout
+    shown = next(ln for ln in out.splitlines() if "retention policy" in ln).split(": ", 1)[1]
+    assert len(shown) <= 110 and shown.endswith(" …"), out
+    assert shown.removesuffix(" …").split()[-1] in words.split()  # the last word shown is whole
+
+
 def test_matched_lines_picks_the_run_with_most_query_terms():
     from rlm_workers.search.preview import matched_lines
 

@@ -610,3 +610,19 @@ def test_a_reply_that_is_only_a_tool_call_names_its_tool_offered_or_not():
     assert stray_action(f"[{listing}, {listing}, {listing[:9]}") == "list_buffers"
     assert stray_action(f"```json\n{listing}\n{listing}\n```") == "list_buffers"
     assert stray_action('{"name": "list_buffers", "argum') is None  # not one complete call: nothing was called
+
+
+# ---------------------------------------------------------------- a source's snippet
+
+
+def test_a_sources_snippet_is_cut_after_a_word_and_never_inside_the_path():
+    from rlm_workers.pipeline.report import SNIPPET_CHARS, sources_from
+
+    path = "kombu/transport/virtual/base_channel_implementation.py"
+    quote = " ".join(f"word{i:02d}" for i in range(36))  # 251 characters: the path straddles the cut
+    finding = f'"{quote}" ({path}:120)'
+    assert len(finding) > SNIPPET_CHARS > finding.index(path) + 10
+    kept = {"chunk_id": 1, "buffer": "b", "path": path, "start_line": 100, "end_line": 140, "relevance": "high"}
+    (source,) = sources_from([{**kept, "findings": [finding]}])
+    assert len(source.snippet) <= SNIPPET_CHARS and source.snippet.endswith(" …"), source.snippet
+    assert source.snippet.removesuffix(" …") == f'"{quote}"'  # the last word whole, no piece of the path

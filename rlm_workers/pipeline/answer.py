@@ -23,6 +23,7 @@ from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, DirectInput
 from ..llm.structured import answer_schema, parse_answer, render_answer, render_cited
+from ..search.preview import shorten
 from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
@@ -206,7 +207,7 @@ def _cited(chunk, shown: str) -> dict:
         "page_end": chunk.page_end,
         "heading_path": list(chunk.heading_path),
         "relevance": "high",
-        "findings": [text[:SNIPPET_CHARS]],
+        "findings": [shorten(text, SNIPPET_CHARS)],
         "summary": "cited by the answer",
         "follow_up": [],
     }

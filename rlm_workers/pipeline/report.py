@@ -24,6 +24,7 @@ from ..models import (
 )
 from ..provenance import fields
 from ..resources import provider
+from ..search.preview import shorten
 from ..store import jobs as job_store
 from ..store.jobs import BatchRecord
 from .budget import report as budget_report
@@ -50,7 +51,9 @@ def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
                 start_line=f["start_line"],
                 end_line=f["end_line"],
                 relevance=f["relevance"],
-                snippet=snippet[:SNIPPET_CHARS],
+                # cut after a word, marked: a finding that ends in its place, "…" (kombu/x.py:12), must not be cut
+                # inside the path, nor a cut word read as the file's
+                snippet=shorten(snippet, SNIPPET_CHARS),
                 # findings collected before documents had pages have no such keys: plain text
                 **fields(f.get("page_start"), f.get("page_end"), f.get("heading_path")),
             )
