@@ -97,6 +97,22 @@ def test_pages_span_the_chunk() -> None:
         assert c.page_start <= c.page_end
 
 
+def test_a_pdf_chunk_never_runs_over_a_page_so_a_passage_is_cited_by_its_own_page() -> None:
+    pages = [_sentences(3, "opening"), "The yearly levy was raised to 4.5 per cent in March.", _sentences(3, "closing")]
+    text, starts = "", []
+    for body in pages:
+        starts.append(len(text))
+        text += body + "\n\n"
+    pdf = Document(text=text, format="pdf", headings=[], pages=starts, cuts=[])
+    chunks = chunk_document(pdf, path="report.pdf")  # the default size would hold all three pages at once
+    assert [(c.page_start, c.page_end) for c in chunks] == [(1, 1), (2, 2), (3, 3)]
+    assert "levy" in chunks[1].text
+    _covered(text, chunks)
+    # a slide deck's slides are too short to stand alone: they still join
+    deck = Document(text=text, format="pptx", headings=[], pages=starts, cuts=[])
+    assert [(c.page_start, c.page_end) for c in chunk_document(deck, path="deck.pptx")] == [(1, 3)]
+
+
 def test_text_above_the_first_heading_has_no_section() -> None:
     body = _sentences(20, "preface")
     doc = Document(

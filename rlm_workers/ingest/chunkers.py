@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from .documents import Document
 
 CHUNKERS = ("semantic", "fixed", "code")
+#: formats whose chunks each stay on one page (docs/contract.md#documents); a slide deck's slides are too short
+#: to stand alone and still join
+PAGE_BOUNDED_FORMATS = frozenset({"pdf"})
 
 
 @dataclass(frozen=True)
@@ -454,10 +457,17 @@ def chunk_document(
         return chunk_text(doc.text, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
     validate_chunk_params(chunker, chunk_size, overlap)
     text = doc.text
-    if chunker == "fixed":
-        spans = _fixed_spans(text, chunk_size, overlap)
-    else:
-        spans = _section_spans(text, [h.start for h in doc.headings], chunk_size, overlap)
+    # A PDF's pages are where a reader finds a passage: a chunk never runs over a page break, so the page a
+    # citation names is the passage's own, not the span of a chunk that joined three short pages.
+    parts = _page_bounds(doc.pages, len(text)) if doc.format in PAGE_BOUNDED_FORMATS else [(0, len(text))]
+    heads = [h.start for h in doc.headings]
+    spans = []
+    for a, b in parts:
+        if chunker == "fixed":
+            found = _fixed_spans(text[a:b], chunk_size, overlap)
+        else:
+            found = _section_spans(text[a:b], [h - a for h in heads if a < h < b], chunk_size, overlap)
+        spans.extend((a + s, a + e) for s, e in found)
     kept = _kept(text, spans)
     sections = _section_bounds(doc, len(text))
     return [
@@ -497,6 +507,12 @@ def _section_spans(text: str, starts: list[int], size: int, overlap: int) -> lis
     if open_start is not None:
         spans.append((open_start, len(text)))
     return spans
+
+
+def _page_bounds(pages: list[int], n: int) -> list[tuple[int, int]]:
+    """Each page's [start, end) in a text of ``n`` characters (the whole text when it has no pages)."""
+    starts = [p for p in pages if 0 < p < n]
+    return list(pairwise([0, *starts, n]))
 
 
 def _page_at(pages: list[int], i: int) -> int | None:
