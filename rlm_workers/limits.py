@@ -39,5 +39,9 @@ MAX_DOCUMENT_CHARS = 20_000_000
 MAX_UNPACKED_BYTES = 500 * 1024 * 1024
 #: compression ratio allowed per zip member over 1 MiB: real documents' XML packs under ~100:1, zip bombs ~1000:1
 MAX_ZIP_RATIO = 200
-#: seconds of conversion per file, checked between pages and elements; a slow file must not hold a worker for long
+#: seconds of conversion per file, checked between pages and elements and inside a PDF page's content stream and
+#: a DOCX body; a slow file must not hold a worker for long (a large file's child process is killed at this age)
 MAX_CONVERT_SECONDS = 300
+#: address space a large file's conversion may add to its child process: a bound that holds whatever a document
+#: library does with hostile bytes (lxml trees take ~10 bytes of memory per byte of XML)
+MAX_CONVERT_MEMORY_BYTES = 1024 * 1024 * 1024

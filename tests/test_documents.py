@@ -163,11 +163,24 @@ def test_pdf_over_the_page_limit_is_cut(tmp_path: Path):
 
 
 def test_pdf_over_the_time_limit_keeps_what_was_converted(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(documents, "MAX_CONVERT_SECONDS", 0)
+    real_page = documents._Builder.page
+
+    def page(self: documents._Builder) -> None:
+        real_page(self)
+        self.deadline = 0.0  # the clock runs out once the first page's text is in
+
+    monkeypatch.setattr(documents._Builder, "page", page)
     doc = convert(DATA / "developers-reference.pdf")
     assert doc.cuts == ["cut-time"]
-    assert doc.pages == [0]  # checked between pages: the first one is in
+    assert doc.pages == [0]
     assert doc.text.startswith("Debian Developer’s Reference")
+
+
+def test_pdf_out_of_time_on_its_first_page_is_refused(monkeypatch: pytest.MonkeyPatch):
+    # The time is checked before each operator of a page's content, not only between pages: with none left the
+    # first page is not converted either, and a document with no text converted is refused.
+    monkeypatch.setattr(documents, "MAX_CONVERT_SECONDS", 0)
+    assert read(DATA / "developers-reference.pdf")[:2] == (None, "convert-limit")
 
 
 def test_converted_text_over_the_limit_is_cut(monkeypatch: pytest.MonkeyPatch):

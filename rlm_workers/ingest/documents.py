@@ -6,9 +6,15 @@ Markdown keeps its text byte for byte and only has its headings found; everythin
 path of ``files.decode_text`` unchanged.
 
 Nothing here raises on bad content.  A file that cannot be converted comes back as a skip reason (encrypted,
-corrupt, no-text-layer, unpack-limit, or the plain-text ones); one that is too long or too slow is cut and
-loaded, the cut named in ``Document.cuts``.  The document libraries are imported inside the converter that
-needs them: the API and the CLI import this module and must not pay for pypdf, lxml and the rest at start.
+corrupt, no-text-layer, unpack-limit, convert-limit, or the plain-text ones); one that is too long or too slow
+is cut and loaded, the cut named in ``Document.cuts``.  The document libraries are imported inside the
+converter that needs them: the API and the CLI import this module and must not pay for pypdf, lxml and the rest
+at start.
+
+A large document (or a small one whose library hit a decoding limit) is converted in a child process under an
+address-space limit and a wall-clock kill (``_convert_in_child``): no library, whatever it does with hostile
+bytes, can take more than MAX_CONVERT_MEMORY_BYTES or MAX_CONVERT_SECONDS.  Small files stay in this process,
+where a process start would cost more than the conversion.
 """
 
 from __future__ import annotations
@@ -16,12 +22,20 @@ from __future__ import annotations
 import datetime
 import hashlib
 import io
+import json
 import logging
+import os
+import pickle
 import posixpath
 import re
+import struct
+import subprocess
+import sys
 import time
 import unicodedata
+import warnings
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -30,7 +44,14 @@ from typing import Any
 from urllib.parse import unquote
 from xml.etree import ElementTree
 
-from ..limits import MAX_CONVERT_SECONDS, MAX_DOCUMENT_CHARS, MAX_DOCUMENT_PAGES, MAX_UNPACKED_BYTES, MAX_ZIP_RATIO
+from ..limits import (
+    MAX_CONVERT_MEMORY_BYTES,
+    MAX_CONVERT_SECONDS,
+    MAX_DOCUMENT_CHARS,
+    MAX_DOCUMENT_PAGES,
+    MAX_UNPACKED_BYTES,
+    MAX_ZIP_RATIO,
+)
 from .files import decode_text, looks_binary
 
 log = logging.getLogger(__name__)
@@ -56,6 +77,15 @@ _EXTENSIONS = {
     "markdown": "markdown",
 }
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# Files up to this size (and zips declaring up to _INPROCESS_MAX_UNPACKED) convert in this process: a child's
+# start and imports (~0.3 s) would cost more than they do, and their libraries' memory stays well under the bound.
+_INPROCESS_MAX_BYTES = 4 * 1024 * 1024
+_INPROCESS_MAX_UNPACKED = 32 * 1024 * 1024
+# In this process a PDF stream may not decode to more than this; one that does is converted again in a child,
+# under pypdf's own (larger) limits and the child's memory and time bounds.
+_INPROCESS_PDF_STREAM_BYTES = 16 * 1024 * 1024
+# What the child gets to hand back its text and exit: it stops converting this long before it is killed.
+_CHILD_MARGIN_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -103,7 +133,14 @@ def read_document(path: Path, rel_path: str) -> tuple[Document | None, str | Non
     if not data:
         return None, "empty", digest
     try:
-        doc = _convert(fmt, data)
+        unpacked = _check(fmt, data)
+        if len(data) > _INPROCESS_MAX_BYTES or unpacked > _INPROCESS_MAX_UNPACKED:
+            doc = _convert_in_child(fmt, data)
+        else:
+            try:
+                doc = _convert(fmt, data, in_child=False)
+            except _NeedsChild:
+                doc = _convert_in_child(fmt, data)
     except _Skip as skip:
         return None, skip.reason, digest
     except Exception as exc:  # any library's failure on bad bytes: the file is skipped, never the load
@@ -121,20 +158,157 @@ def format_of(rel_path: str, data: bytes) -> str:
     return _EXTENSIONS.get(ext, "text")
 
 
-def _convert(fmt: str, data: bytes) -> Document:
-    """One document's bytes converted; raises ``_Skip`` for a file that is not loaded, and whatever its library
-    raises on bytes it cannot parse (``read_document`` turns that into "corrupt")."""
+def _check(fmt: str, data: bytes) -> int:
+    """What is refused before conversion starts (raises ``_Skip``); a zip's real unpacked size, else 0."""
     if fmt in _ZIP_FORMATS:
         if data.startswith(_OLE_MAGIC) and fmt != "epub":
             raise _Skip("encrypted")
-        _check_zip(data)
+        return _check_zip(data)
     if fmt == "html" and looks_binary(data) and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise _Skip("binary")  # an image or archive named .html; UTF-16 HTML (with its BOM) has NULs too
+    return 0
+
+
+class _NeedsChild(Exception):
+    """A small file that hit a decoding limit meant for this process: it is converted again in a child."""
+
+
+def _convert(fmt: str, data: bytes, *, in_child: bool) -> Document:
+    """One document's bytes converted (``_check`` passed); raises ``_Skip`` for a file that is not loaded, and
+    whatever its library raises on bytes it cannot parse (``read_document`` turns that into "corrupt")."""
     out = _Builder(fmt)
-    _CONVERTERS[fmt](data, out)
+    if fmt == "pdf" and not in_child:
+        from pypdf import apply_configuration
+        from pypdf.errors import LimitReachedError
+
+        stream_limit = _INPROCESS_PDF_STREAM_BYTES
+        try:
+            # Held for this thread's conversion only (pypdf keeps its configuration in a context variable).
+            with apply_configuration(
+                zlib_maximum_output_length=stream_limit,
+                lzw_maximum_output_length=stream_limit,
+                run_length_maximum_output_length=stream_limit,
+                array_based_stream_maximum_output_length=stream_limit,
+                maximum_declared_stream_length=stream_limit,
+            ):
+                _pdf(data, out, in_child=False)
+        except LimitReachedError as exc:
+            raise _NeedsChild from exc
+    else:
+        _CONVERTERS[fmt](data, out)
     if not out.size:
         raise _Skip("empty")  # a page of scripts, a workbook of empty sheets: nothing to store
     return out.document()
+
+
+# --- the child process ---------------------------------------------------------------------------------------
+
+# The package's root, so the child imports this very module (and can unpickle nothing but what it sends).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_CHILD_CODE = "from rlm_workers.ingest.documents import _child_main; _child_main()"
+_LIBRARIES = {
+    "pdf": ("pypdf",),
+    "docx": ("docx", "lxml.etree"),
+    "pptx": ("pptx",),
+    "xlsx": ("openpyxl",),
+    "html": ("bs4", "lxml"),
+    "epub": ("bs4", "lxml"),
+}
+
+
+def _convert_in_child(fmt: str, data: bytes) -> Document:
+    """The conversion run by a fresh Python process under an address-space limit, killed when it runs past
+    MAX_CONVERT_SECONDS.  A new process (not a fork of this one, which may hold threads and locks) that exits
+    when done, so whatever a library allocated goes with it.  Raises ``_Skip("convert-limit")`` when the child
+    ran out of memory or time without handing back a document."""
+    kill_after = max(MAX_CONVERT_SECONDS, 1)
+    limits = {
+        "fmt": fmt,
+        "seconds": max(MAX_CONVERT_SECONDS - _CHILD_MARGIN_SECONDS, 0),
+        "memory": MAX_CONVERT_MEMORY_BYTES,
+        "chars": MAX_DOCUMENT_CHARS,
+        "pages": MAX_DOCUMENT_PAGES,
+    }
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_CODE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        out, _ = proc.communicate(json.dumps(limits).encode() + b"\n" + data, timeout=kill_after)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise _Skip("convert-limit") from None
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    try:
+        kind, value = pickle.loads(out)
+    except Exception:  # killed by the kernel, or died mid-write: out of memory in C code
+        raise _Skip("convert-limit") from None
+    if kind == "skip":
+        raise _Skip(value)
+    if kind != "doc" or not isinstance(value, Document):
+        raise _Skip("convert-limit")
+    return value
+
+
+def _vm_bytes() -> int:
+    """This process's address space now (0 where /proc does not say)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _child_main() -> None:
+    """The child's side of ``_convert_in_child``: a JSON line of limits and the file's bytes on stdin, one
+    pickled ``("doc", Document)`` or ``("skip", reason)`` on stdout."""
+    import resource
+
+    stdin = sys.stdin.buffer
+    limits = json.loads(stdin.readline())
+    data = stdin.read()
+    fmt = limits["fmt"]
+    module = sys.modules[__name__]
+    module.MAX_CONVERT_SECONDS = limits["seconds"]  # type: ignore[attr-defined]
+    module.MAX_DOCUMENT_CHARS = limits["chars"]  # type: ignore[attr-defined]
+    module.MAX_DOCUMENT_PAGES = limits["pages"]  # type: ignore[attr-defined]
+    for name in _LIBRARIES.get(fmt, ()):
+        __import__(name)  # before the limit: the libraries' code is the idle process, not the conversion
+    if fmt == "docx":
+        __import__("docx.table")
+    base = _vm_bytes()
+    if base:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = base + limits["memory"]
+        if hard == resource.RLIM_INFINITY or want < hard:
+            resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    try:
+        result: tuple[str, Any] = ("doc", _convert(fmt, data, in_child=True))
+    except _Skip as skip:
+        result = ("skip", skip.reason)
+    except MemoryError:
+        result = ("skip", "convert-limit")
+    except Exception:
+        result = ("skip", "corrupt")
+    del data
+    try:
+        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except MemoryError:
+        payload = pickle.dumps(("skip", "convert-limit"))
+    sys.stdout.buffer.write(payload)
+    sys.stdout.buffer.flush()
 
 
 # --- the text being built ------------------------------------------------------------------------------------
@@ -271,9 +445,11 @@ class _Builder:
 # --- zip containers ------------------------------------------------------------------------------------------
 
 
-def _check_zip(data: bytes) -> None:
-    """Refuse a zip bomb from its directory alone, before a byte is unpacked.  The declared sizes bound what is
-    unpacked: zipfile stops at a member's declared size and fails its CRC, so a lying header cannot get past."""
+def _check_zip(data: bytes) -> int:
+    """Refuse a zip bomb before any library unpacks it; the total unpacked size.  The directory's declared sizes
+    are checked first, then every member is inflated here, a piece at a time and thrown away, counting its real
+    bytes: a header may lie, and zipfile's ``read`` inflates a member's whole stream in one call before it cuts
+    it at the declared size (a member declaring 20 KB that holds 460 MB took 1.7 GB doing that)."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             infos = zf.infolist()
@@ -286,13 +462,54 @@ def _check_zip(data: bytes) -> None:
             raise _Skip("unpack-limit")
     if total > MAX_UNPACKED_BYTES:
         raise _Skip("unpack-limit")
+    for info in infos:
+        if _unpacked_size(data, info) > info.file_size:
+            raise _Skip("unpack-limit")  # more than its header says: how a bomb gets past the declared sizes
+    return total
+
+
+# Inflated per call while counting: small enough to cost nothing, large enough to make few calls.
+_INFLATE_PIECE = 256 * 1024
+
+
+def _unpacked_size(data: bytes, info: zipfile.ZipInfo) -> int:
+    """A member's real unpacked size, counted by inflating its stream in pieces; counting stops one byte past
+    the declared size, so a lying header costs no more time than an honest one."""
+    offset = info.header_offset
+    if data[offset : offset + 4] != b"PK\x03\x04":
+        raise _Skip("corrupt")
+    name_len, extra_len = struct.unpack_from("<HH", data, offset + 26)
+    start = offset + 30 + name_len + extra_len
+    raw = memoryview(data)[start : start + info.compress_size]
+    if info.compress_type == zipfile.ZIP_STORED:
+        return len(raw)
+    if info.compress_type != zipfile.ZIP_DEFLATED:
+        raise _Skip("corrupt")  # OOXML and EPUB allow stored and deflated members only
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    size, limit = 0, info.file_size
+    try:
+        for at in range(0, len(raw), _INFLATE_PIECE):
+            pending: bytes | memoryview = raw[at : at + _INFLATE_PIECE]
+            while pending:
+                size += len(inflater.decompress(pending, _INFLATE_PIECE))
+                if size > limit or inflater.eof:
+                    return size
+                pending = inflater.unconsumed_tail
+    except zlib.error as exc:
+        raise _Skip("corrupt") from exc
+    return size
 
 
 # --- PDF -----------------------------------------------------------------------------------------------------
 
 
-def _pdf(data: bytes, out: _Builder) -> None:
+class _OutOfTime(Exception):
+    """Raised from inside a library's loop (a PDF page's operators) when the conversion's time is up."""
+
+
+def _pdf(data: bytes, out: _Builder, *, in_child: bool = True) -> None:
     from pypdf import PdfReader
+    from pypdf.errors import LimitReachedError
 
     # pypdf logs each repair it makes ("incorrect startxref pointer") as a warning: noise on a load's terminal,
     # where the file either loads or is counted corrupt.  An application that set pypdf's level keeps it.
@@ -312,9 +529,26 @@ def _pdf(data: bytes, out: _Builder) -> None:
         raise _Skip("empty")
     outline = _pdf_outline(reader, min(n, MAX_DOCUMENT_PAGES))
     failed = 0
+    deadline = out.deadline
+
+    def check_time(_op: Any, _args: Any, _cm: Any, _tm: Any) -> None:
+        # Called before every operator of a page's content: one page's stream can take minutes on its own.
+        if time.monotonic() > deadline:
+            raise _OutOfTime
+
     for i in range(min(n, MAX_DOCUMENT_PAGES)):
         try:
-            text = clean(reader.pages[i].extract_text() or "")
+            text = clean(reader.pages[i].extract_text(visitor_operand_before=check_time) or "")
+        except _OutOfTime:
+            out.cut("cut-time")
+            if not out.has_text:
+                raise _Skip("convert-limit") from None
+            break
+        except LimitReachedError:
+            if not in_child:
+                raise  # this process's tighter stream limit: the file is converted again in a child
+            log.debug("pdf page %d: over pypdf's limits", i + 1)
+            text, failed = "", failed + 1
         except Exception as exc:  # one broken page (a bad font, a bad stream) costs its text, not the document
             log.debug("pdf page %d: text extraction failed: %s", i + 1, type(exc).__name__)
             text, failed = "", failed + 1
@@ -431,32 +665,120 @@ _W_NS = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 _HEADING_STYLE = re.compile(r"heading\s*([1-9])")
 
 
+_PKG_RELS_NS = "{http://schemas.openxmlformats.org/package/2006/relationships}"
+# Read from the zip per call while parsing the body: the XML is fed to the parser a piece at a time.
+_FEED_PIECE = 256 * 1024
+
+
+class _DocxStyles:
+    """What python-docx's Paragraph and Table ask of their parent to name a style: ``part.get_style``, answered
+    from the styles part alone (python-docx's own Document would first load the whole body into memory)."""
+
+    def __init__(self, styles: Any) -> None:
+        self.part = self
+        self._styles = styles
+
+    def get_style(self, style_id: str | None, style_type: Any) -> Any:
+        return self._styles.get_by_id(style_id, style_type)
+
+
+def _rels_target(zf: zipfile.ZipFile, source: str, rel_type: str) -> str | None:
+    """The part a relationship of ``rel_type`` (matched by its last path segment, so Strict OOXML's URIs too)
+    points to from ``source`` ("" for the package), or None."""
+    folder, name = posixpath.split(source)
+    rels = posixpath.join(folder, "_rels", name + ".rels")
+    try:
+        root = _xml(zf.read(rels))
+    except KeyError:
+        return None
+    for rel in root.iter(_PKG_RELS_NS + "Relationship"):
+        if rel.get("Type", "").rsplit("/", 1)[-1] == rel_type and rel.get("TargetMode") != "External":
+            target = rel.get("Target", "")
+            joined = target.lstrip("/") if target.startswith("/") else posixpath.join(folder, target)
+            return posixpath.normpath(joined)
+    return None
+
+
+def _xml(data: bytes) -> Any:
+    """A small XML part parsed by python-docx's parser (its element classes; entities never resolved)."""
+    from docx.oxml.parser import parse_xml
+
+    return parse_xml(data)
+
+
 def _docx(data: bytes, out: _Builder) -> None:
+    """The body streamed from the zip through an incremental parser, one top-level element (paragraph, table,
+    content control) at a time, each dropped once converted: memory follows the largest element, not the
+    body, and the character and time limits stop the parse itself, so a body of hundreds of megabytes is
+    loaded cut instead of being parsed whole first."""
     import docx
+    from docx.enum.style import WD_STYLE_TYPE  # noqa: F401 - the styles' element classes are registered with it
+    from docx.oxml.parser import element_class_lookup
+    from docx.styles.styles import Styles
+    from lxml import etree
+
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        main = _rels_target(zf, "", "officeDocument")
+        if main is None:
+            raise ValueError("no main document part")
+        styles_part = _rels_target(zf, main, "styles")
+        try:
+            styles_xml = zf.read(styles_part) if styles_part else None
+        except KeyError:
+            styles_xml = None
+        if styles_xml is None:  # as python-docx does: a document without styles gets its default ones
+            styles_xml = (Path(docx.__file__).parent / "templates" / "default-styles.xml").read_bytes()
+        parent = _DocxStyles(Styles(_xml(styles_xml)))
+        # python-docx's parser options and element classes, so Paragraph and Table read the elements as ever.
+        parser = etree.XMLPullParser(events=("start", "end"), remove_blank_text=True, resolve_entities=False)
+        parser.set_element_class_lookup(element_class_lookup)
+        depth = 0
+        with zf.open(main) as body_xml:
+            while piece := body_xml.read(_FEED_PIECE):
+                parser.feed(piece)
+                for event, el in parser.read_events():
+                    if event == "start":
+                        depth += 1
+                        if depth == 1 and el.tag != _W_NS + "document":
+                            raise ValueError("the main part is not a Word document")
+                        continue
+                    depth -= 1
+                    if depth != 2:  # the body's own children, in order, so a table stays between its paragraphs
+                        continue
+                    _docx_block(out, el, parent)
+                    # Converted: drop it and whatever came before it in the body.
+                    el.clear(keep_tail=False)
+                    body = el.getparent()
+                    while el.getprevious() is not None:
+                        del body[0]
+                    if out.done():
+                        return
+                if out.done():  # inside one long element as well: the time is checked per piece read
+                    return
+            parser.close()
+
+
+def _docx_block(out: _Builder, el: Any, parent: Any) -> None:
+    """One of the body's elements; content controls (w:sdt: a cover page, a table of contents) are opened,
+    not skipped."""
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
-    document = docx.Document(io.BytesIO(data))
-    body = document.element.body
-    # The body's own children, in order, so a table stays between the paragraphs around it; content controls
-    # (w:sdt: a cover page, a table of contents) are opened, not skipped.
-    stack: list[Iterator[Any]] = [iter(body)]
+    stack: list[Iterator[Any]] = [iter((el,))]
     while stack:
-        el = next(stack[-1], None)
-        if el is None:
+        node = next(stack[-1], None)
+        if node is None:
             stack.pop()
             continue
-        tag = el.tag if isinstance(el.tag, str) else ""
+        tag = node.tag if isinstance(node.tag, str) else ""
         if tag == _W_NS + "p":
-            _docx_paragraph(out, Paragraph(el, document))
+            _docx_paragraph(out, Paragraph(node, parent))
         elif tag == _W_NS + "tbl":
-            _docx_table(out, Table(el, document))
+            _docx_table(out, Table(node, parent))
         elif tag == _W_NS + "sdt":
-            content = el.find(_W_NS + "sdtContent")
+            content = node.find(_W_NS + "sdtContent")
             if content is not None:
                 stack.append(iter(content))
-        if out.done():
-            break
 
 
 def _docx_paragraph(out: _Builder, p: Any) -> None:
