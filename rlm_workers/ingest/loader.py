@@ -44,7 +44,7 @@ log = logging.getLogger("rlm.ingest")
 ENCODE_GROUP_BATCHES = 32
 #: skip reasons worth the file's name in the summary: a document the user will want to look at, not a binary
 #: that was never meant to load
-NAMED_SKIPS = frozenset({"encrypted", "corrupt", "no-text-layer", "unpack-limit"})
+NAMED_SKIPS = frozenset({"encrypted", "corrupt", "no-text-layer", "unpack-limit", "convert-limit"})
 #: names kept per reason; the count stays exact
 MAX_NAMED = 100
 
