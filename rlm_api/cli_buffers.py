@@ -108,6 +108,7 @@ def buffer_reembed(
                 "re-embeds it; `rlm buffer show` tells the model when it is done"
             )
             return
+        console = Console(stderr=True)
         with (
             one_transaction_interrupt(name),
             Progress(
@@ -115,9 +116,10 @@ def buffer_reembed(
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=Console(stderr=True),
+                console=console,
                 transient=True,
-                disable=fmt == Fmt.json,
+                # a bar on a stderr that is no terminal draws nothing but an empty line as it stops
+                disable=fmt == Fmt.json or not console.is_terminal,
             ) as progress,
         ):
             bar = progress.add_task("chunks", total=None)

@@ -147,7 +147,9 @@ def load(
                 TimeElapsedColumn(),
                 console=console,
                 transient=True,
-                disable=fmt == Fmt.json,
+                # where stderr is no terminal the log lines report progress (_LogProgress), and a bar there
+                # would only print an empty line as it stops, before the summary or the error
+                disable=fmt == Fmt.json or not console.is_terminal,
             ) as progress,
         ):
             report = load_paths(

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,9 @@ CHUNK_VIEW_KEYS = (
     *("chunk_id", "buffer", "path", "start_line", "end_line", "text"),
     *("page_start", "page_end", "section", "heading_path"),
 )
+
+#: a real document the loader skips as `encrypted` (tests/data/documents/README.md)
+ENCRYPTED_PDF = Path(__file__).parent / "data" / "documents" / "pypdf-r4-aes-user-password.pdf"
 
 
 def run_rlm(env, *args, check=None):
@@ -90,13 +94,19 @@ def test_buffers_and_show(cli_env, loaded):
         (["query", "x", "--buffer", "proj", "--max-cost", "0"], "max-cost: 0.0 (must be a number above 0 and at"),
         (["query", "x", "--buffer", "proj", "--top-k", "0"], "top-k: 0 (must be an integer from 1 to 10000)"),
         (["query", "x", "--buffer", "proj", "--timeout", "-1"], "timeout: -1 (must be a number above 0)"),
+        # a load that ran (and showed progress) before it found nothing to load: no blank line left above the
+        # error, and the reason in words that do not read as "PDFs are not supported"
+        (
+            ["load", str(ENCRYPTED_PDF), "--buffer", "locked"],
+            "(1 encrypted: pypdf-r4-aes-user-password.pdf); encrypted: documents that need a password are not opened",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli_env, loaded, args, needle):
     before = run_rlm(cli_env, "buffers", "--format", "json", check=0).stdout
     proc = run_rlm(cli_env, *args)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    lines = proc.stderr.splitlines()  # blank ones too: an empty line above the error is not "one line"
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert run_rlm(cli_env, "buffers", "--format", "json", check=0).stdout == before  # nothing lost or added
 
