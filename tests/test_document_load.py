@@ -178,4 +178,8 @@ def test_a_load_of_only_unconvertible_documents_names_them_and_changes_nothing(c
     message = str(err.value)
     assert "3 files skipped (2 encrypted: officer-template-encrypted.docx, pypdf-r4-aes-user-password.pdf" in message
     assert "1 no-text-layer: pypdf-imagemagick-lzw.pdf)" in message and "\n" not in message
+    # each reason says what to do about it; none reads as if documents were not loaded at all
+    assert "encrypted: documents that need a password are not opened (decrypt them first); " in message
+    assert "no-text-layer: a PDF of scanned pages holds no text (OCR it first); " in message
+    assert "only UTF-8 text" not in message
     assert store.get_buffer(conn, tenant="local", name="unreadable") is None

@@ -47,6 +47,26 @@ ENCODE_GROUP_BATCHES = 32
 NAMED_SKIPS = frozenset({"encrypted", "corrupt", "no-text-layer", "unpack-limit", "convert-limit"})
 #: names kept per reason; the count stays exact
 MAX_NAMED = 100
+#: what to do about each skip reason, for the error of a load that found nothing to load (docs/contract.md#documents).
+#: One blanket "only UTF-8 text and documents (PDF, …) are loaded" read, for an encrypted PDF, as if PDFs were not
+#: supported at all; a reason not listed here (a new one) is shown by its name alone.  No ";" inside a hint: it
+#: separates them.
+SKIP_HINTS = {
+    "binary": "only UTF-8 text and documents (PDF, DOCX, PPTX, XLSX, HTML, EPUB) are loaded",
+    "not-utf8": "text must be UTF-8 (convert it first, e.g. with iconv)",
+    "empty": "nothing in the file to load",
+    "too-large": "over RLM_MAX_FILE_BYTES (raise it to load such files)",
+    "encrypted": "documents that need a password are not opened (decrypt them first)",
+    "corrupt": "the file cannot be parsed as its format (truncated or damaged)",
+    "no-text-layer": "a PDF of scanned pages holds no text (OCR it first)",
+    "unpack-limit": "the document unpacks to more than the limit, as a zip bomb does",
+    "convert-limit": "converting the document took more memory or time than allowed",
+    "symlink": "symbolic links met while walking are not followed (name the target instead)",
+    "special": "not a regular file (a FIFO or a device)",
+    "bad-name": "a name with a control character or over 255 bytes cannot be stored",
+    "unreadable": "the file could not be read",
+    "unreadable-dir": "the directory could not be read",
+}
 
 
 @dataclass
@@ -112,10 +132,12 @@ class LoadReport:
         skipped = sum(self.skipped.values())
         if not skipped:
             return f"nothing to load: no files found; buffer {buffer!r} was not changed"
-        why = ", ".join(f"{n} {reason}{self._names(reason)}" for reason, n in sorted(self.skipped.items()))
+        reasons = sorted(self.skipped.items())
+        why = ", ".join(f"{n} {reason}{self._names(reason)}" for reason, n in reasons)
+        hints = "".join(f"{reason}: {SKIP_HINTS[reason]}; " for reason, _ in reasons if reason in SKIP_HINTS)
         return (
-            f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); only UTF-8 text and "
-            f"documents (PDF, DOCX, PPTX, XLSX, HTML, EPUB) are loaded; buffer {buffer!r} was not changed"
+            f"nothing to load: {skipped} file{'s' if skipped != 1 else ''} skipped ({why}); {hints}"
+            f"buffer {buffer!r} was not changed"
         )
 
     def discovered(self, disc: Any) -> None:
