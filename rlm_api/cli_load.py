@@ -192,6 +192,7 @@ _DOCUMENT_REASONS = {
     "corrupt": "skipped: corrupt (the file cannot be parsed as its format)",
     "no-text-layer": "skipped: no text layer (a scanned PDF; OCR it first)",
     "unpack-limit": "skipped: unpacks to more than the limit (a zip bomb?)",
+    "convert-limit": "skipped: converting it took more memory or time than allowed",
     "cut-pages": "loaded in part: over the page limit, the rest is not loaded",
     "cut-text": "loaded in part: the converted text is over the limit",
     "cut-time": "loaded in part: conversion ran over the time limit",
