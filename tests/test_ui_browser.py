@@ -40,6 +40,17 @@ CODE = [
         "text": '"""Messaging library for Python."""\n\nPOOL_LIMIT = 10  # the kombu connection pool limit\n',
     }
 ]
+#: a long path, and a sentence whose quote (over a snippet's 300 characters) holds a path in bold
+WIDE_PATH = "deploy/settings/reference/broker_connection_settings_reference_for_operators.md"
+WIDE = [
+    {
+        "path": WIDE_PATH,
+        "text": "# Broker connection\n\nThe broker connection retry setting lives in **/etc/default/celeryd** on every "
+        "host, where CELERYD_OPTS passes it to each worker at start, and an operator who changes it restarts the "
+        "workers one at a time so that the queue keeps draining while the broker connection retry setting takes "
+        "effect across the whole cluster without a lost task.\n",
+    }
+]
 #: every scripted job: no planner call, every chunk past search, one chunk a batch (a grid of several cells)
 OPTIONS = '{"skip_plan": true, "threshold": -1.0, "batch_size": 1}'
 
@@ -83,7 +94,7 @@ def api(env, keys, tmp_path_factory):
     redis.Redis.from_url(env["RLM_BROKER_URL"]).flushdb()
     server = Api(env, tmp_path_factory.mktemp("ui-api") / "api.log")
     with server.client(keys["a"]) as c:
-        for name, docs in (("handbook", DOCS), ("evil", EVIL), ("hops", HOPS), ("code", CODE)):
+        for name, docs in (("handbook", DOCS), ("evil", EVIL), ("hops", HOPS), ("code", CODE), ("wide", WIDE)):
             r = c.post("/v1/buffers", json={"name": name, "documents": docs})
             assert r.status_code == 201, r.text
     yield server
@@ -253,6 +264,54 @@ def test_a_citation_of_a_dunder_path_shows_the_path_and_opens_the_chunk(page, ap
     page.wait_for_selector("#chunk:not([hidden])")
     page.wait_for_function("() => document.getElementById('chunk-title').textContent.includes('kombu/__init__.py')")
     assert "POOL_LIMIT = 10" in page.text_content("#chunk-text")
+
+
+def _box(page, selector: str) -> dict:
+    return page.evaluate(
+        "s => { const r = document.querySelector(s).getBoundingClientRect();"
+        " return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width, window: innerWidth}; }",
+        selector,
+    )
+
+
+def test_a_wide_window_shows_the_report_wide_with_its_markdown_and_whole_paths(browser, api, keys, analysts, tmp_path):
+    context = browser.new_context(viewport={"width": 1920, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    try:
+        sign_in(page, api, keys["a"])
+        submit(page, api, "Where does the broker connection retry setting live?", "wide")
+        wait_status(page, "done")
+        page.wait_for_selector("#report a.cite")
+        # the quote's bold path is bold, not shown between literal stars
+        assert page.locator("#report strong", has_text="/etc/default/celeryd").count() >= 1
+        assert "**" not in page.text_content("#report")
+        # the report uses the wide window, not a column of 80 characters in its middle
+        report = _box(page, "#report")
+        assert report["width"] >= 0.75 * report["window"], report
+        # an opened citation sits beside the report
+        page.locator("#report a.cite", has_text=WIDE_PATH).first.click()
+        page.wait_for_function("p => document.getElementById('chunk-title').textContent.includes(p)", arg=WIDE_PATH)
+        chunk, report = _box(page, "#chunk"), _box(page, "#report")
+        assert chunk["left"] >= report["right"] and chunk["top"] < report["bottom"], (chunk, report)
+        shot(page, tmp_path, "job-wide")
+        # a source: its citation shows the whole path, and its snippet is cut after a word, marked
+        source = page.locator("#sources li", has_text=WIDE_PATH).first
+        assert WIDE_PATH in source.locator("a.cite").text_content()
+        snippet = source.locator(".snippet").text_content()
+        assert snippet.endswith(" …") and "broker_connection_settings" not in snippet, snippet
+        # in a narrow window the path wraps inside its card and a snippet the box cuts shows an ellipsis
+        page.set_viewport_size({"width": 560, "height": 900})
+        clipped = page.evaluate(
+            "() => [...document.querySelectorAll('#sources li')].map(li => {"
+            " const s = li.querySelector('.snippet'), st = s && getComputedStyle(s);"
+            " return {overflows: li.scrollWidth > li.clientWidth + 1,"
+            " cutUnmarked: !!s && s.scrollHeight > s.clientHeight + 1 && st.webkitLineClamp === 'none'}; })"
+        )
+        assert clipped and not any(c["overflows"] or c["cutUnmarked"] for c in clipped), clipped
+    finally:
+        page.screenshot(path=str(tmp_path / "wide-last.png"), full_page=True)
+        context.close()
 
 
 def test_a_thinking_jobs_follow_ups_show_as_a_tree(page, api, keys, analysts):
