@@ -82,6 +82,18 @@ def unescape_content(text: str) -> str:
     return _ESCAPED_TAG.sub(lambda m: "<" if m.group(1).lower() == "lt" else chr(int(m.group(1)[2:], 16)), text)
 
 
+def tool_json(value: Any) -> str:
+    """A tool result for the model: JSON whose strings decode to the text exactly as stored, but with the bracket of
+    any content tag (or look-alike) in them written as a JSON escape (``\\u003c/content>``).  A tool result is data
+    like a content block, yet not inside one: a file's own ``</content>`` must not reach the model as a marker, and
+    an HTML escape here would be read back as the file's words."""
+
+    def defuse(m: re.Match[str]) -> str:
+        return f"\\u{ord(m.group(0)[0]):04x}{m.group(0)[1:]}"
+
+    return _TAG_LOOKALIKE.sub(defuse, json.dumps(value, ensure_ascii=False))
+
+
 def content_block(text: str) -> str:
     return f"<content>\n{escape_content(text)}\n</content>"
 

@@ -28,7 +28,16 @@ from ..store.buffers import get_chunks
 from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
-from .prompts import escape_content, findings_blocks, load_prompt, quote_field, shown_findings, system_message
+from .prompts import (
+    escape_content,
+    findings_blocks,
+    load_prompt,
+    quote_field,
+    shown_findings,
+    system_message,
+    tool_json,
+    unescape_content,
+)
 from .replies import clip
 from .report import not_run_for_budget, store_report
 from .tools import (
@@ -410,7 +419,7 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
         child = job_store.get_job(conn, job_id=kid)
         if child is None or child.status != "done":
             err = (child.error or {}).get("message") if child and child.error else "the child job did not finish"
-            content = json.dumps({"job_id": kid, "status": child.status if child else "missing", "error": err})
+            content = tool_json({"job_id": kid, "status": child.status if child else "missing", "error": err})
         else:
             kept = (child.collected or {}).get("kept") or []
             rows, used = [], 0
@@ -419,18 +428,16 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
                     "chunk_id": f["chunk_id"],
                     "source": cite_of(ShownFinding.of(f), f"{f['buffer']}:{f['path']}"),
                     "relevance": f["relevance"],
-                    "findings": f.get("findings") or [],
-                    "summary": f.get("summary") or "",
+                    # an analyst that quoted from inside a fence may have copied its escaping: the file's words
+                    "findings": [unescape_content(x) for x in f.get("findings") or []],
+                    "summary": unescape_content(f.get("summary") or ""),
                 }
                 size = len(json.dumps(row))
                 if used + size > MAX_SUBSET_RESULT_CHARS:
                     break
                 rows.append(row)
                 used += size
-            content = json.dumps(
-                {"job_id": kid, "status": "done", "findings": rows, "omitted": len(kept) - len(rows)},
-                ensure_ascii=False,
-            )
+            content = tool_json({"job_id": kid, "status": "done", "findings": rows, "omitted": len(kept) - len(rows)})
         out.append({"role": "tool", "tool_call_id": call_id, "content": content})
     return out
 

@@ -4,6 +4,8 @@ Arguments come from the model, so they are untrusted: size-capped, parsed as
 JSON, validated, and scoped to the job's tenant.  Regexes run on RE2 (linear
 time), never Python's backtracking engine.  A bad call returns an error object
 to the model instead of raising, so one mistake does not end the report.
+Results go back as JSON whose strings decode to the stored text exactly, with
+content tags defused (``prompts.tool_json``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..provenance import cite_of
 from ..search.service import search
 from ..sections import read_outline, read_section
 from ..store.buffers import buffer_info, get_chunks, iter_chunk_texts, list_buffers, require_buffers
+from .prompts import tool_json
 
 MAX_CHUNKS_PER_CALL = 20
 MAX_TEXT_CHARS = 4000
@@ -215,7 +218,7 @@ def _run(ctx: ToolContext, name: str, raw_arguments: str | None) -> tuple[str, s
     except Exception as exc:  # e.g. an unknown buffer: the model can correct itself
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         result = {"error": message[:500]}
-    return json.dumps(result, ensure_ascii=False), result.get("error")
+    return tool_json(result), result.get("error")
 
 
 def run_tool_logged(
