@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from .cli_load import warm_bm25
-from .cli_output import human, one_transaction_interrupt, print_json
+from .cli_output import human, one_transaction_interrupt, plural, print_json
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant
 
 buffer_app = new_typer(help="Inspect or remove one buffer.")
@@ -30,7 +30,10 @@ def buffers_cmd(fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text, tenant
         typer.echo("no buffers yet: load some with `rlm load PATH --buffer NAME`")
         return
     for r in rows:
-        typer.echo(f"{r.name:<24} v{r.version:<4} {r.files:>6} files {r.chunks:>8} chunks {human(r.bytes):>10}")
+        typer.echo(
+            f"{r.name:<24} v{r.version:<4} {r.files:>6} {plural(r.files, 'file'):<5} "
+            f"{r.chunks:>8} {plural(r.chunks, 'chunk'):<6} {human(r.bytes):>10}"
+        )
 
 
 @buffer_app.command("show")
@@ -54,12 +57,18 @@ def buffer_show(
     if fmt == Fmt.json:
         print_json({**info.model_dump(), "file_list": [f.model_dump() for f in shown]})
         return
-    for key, value in info.model_dump().items():
-        typer.echo(f"{key:>16}: {value}")
+    fields = info.model_dump()
+    width = max(map(len, fields))  # a fixed width cut "embedding_windows" one column out of line
+    for key, value in fields.items():
+        typer.echo(f"{key:>{width}}: {value}")
     if shown:
         typer.echo("")
-        for f in shown:
-            typer.echo(f"  {f.path}  {human(f.bytes)}  {f.chunks} chunks")
+        # columns as wide as their longest cell: path to the left, numbers to the right
+        sizes = [human(f.bytes) for f in shown]
+        path_w, size_w = max(len(f.path) for f in shown), max(map(len, sizes))
+        chunks_w = max(len(str(f.chunks)) for f in shown)
+        for f, size in zip(shown, sizes, strict=True):
+            typer.echo(f"  {f.path:<{path_w}}  {size:>{size_w}}  {f.chunks:>{chunks_w}} {plural(f.chunks, 'chunk')}")
     if info.files > len(shown):
         typer.echo(f"  … and {info.files - len(shown)} more (--files N to list more)")
 

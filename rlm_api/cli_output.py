@@ -50,6 +50,11 @@ def print_result(result: QueryResult, fmt: Fmt) -> None:
     typer.echo(status_line(result))
 
 
+def plural(n: int, noun: str) -> str:
+    """The noun for a count of ``n``: ``chunk`` for 1, ``chunks`` for the rest (0 included)."""
+    return noun if n == 1 else noun + "s"
+
+
 def human(n: float) -> str:
     """A byte count for a person: ``512 B``, ``3.4 MB``."""
     for unit in ("B", "KB", "MB", "GB"):

@@ -140,6 +140,27 @@ def test_buffer_show_lists_files_and_caps_the_listing(env, essays):
     assert "more" not in full and f"essays/{names[-1]}" in full
 
 
+def test_buffer_show_aligns_its_columns_and_says_1_chunk(env, acme_notes, tmp_path):
+    root = tmp_path / "mixed"
+    root.mkdir()
+    (root / "a.md").write_text("One short note.\n")
+    (root / "a-much-longer-file-name.txt").write_text("".join(f"Sentence {i} adds a little more.\n" for i in range(80)))
+    run_rlm(env, "load", str(root), "--buffer", "mixed", "--chunk-size", "200", "--overlap", "20", check=0)
+    text = run_rlm(env, "buffer", "show", "mixed", check=0).stdout
+    head, _, listing = text.partition("\n\n")
+    # every field's colon in one column, the longest names (embedding_windows) included
+    assert len({line.index(":") for line in head.splitlines()}) == 1, text
+    rows = listing.splitlines()
+    short, long = sorted(rows, key=lambda r: "a.md" not in r)
+    assert short.endswith(" 1 chunk") and re.search(r" ([2-9]|\d\d+) chunks$", long), rows
+    # paths padded to one width; sizes and chunk counts right-aligned, ending in one column each
+    assert len({re.search(r"\S+ [KMG]?B(?=  )", r).end() for r in rows}) == 1, rows
+    assert len({r.rindex(" chunk") for r in rows}) == 1, rows
+    # `rlm buffers` counts alike: acme has one buffer of one file
+    [acme] = run_rlm(env, "buffers", "--tenant", "acme", check=0).stdout.splitlines()
+    assert re.search(r" 1 file +1 chunk ", acme), acme
+
+
 def test_chunk_show_prints_what_a_citation_points_at(env, essays, acme_notes):
     hit = json.loads(
         run_rlm(env, "search", "Dolores Park sandwich", "--buffer", "essays", "--format", "json", check=0).stdout
