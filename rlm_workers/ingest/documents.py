@@ -192,8 +192,10 @@ def _convert(fmt: str, data: bytes, *, in_child: bool) -> Document:
                 maximum_declared_stream_length=stream_limit,
             ):
                 _pdf(data, out, in_child=False)
-        except LimitReachedError as exc:
-            raise _NeedsChild from exc
+        except Exception as exc:
+            if _caused_by(exc, LimitReachedError):
+                raise _NeedsChild from exc
+            raise
     else:
         _CONVERTERS[fmt](data, out)
     if not out.size:
@@ -503,6 +505,18 @@ def _unpacked_size(data: bytes, info: zipfile.ZipInfo) -> int:
 # --- PDF -----------------------------------------------------------------------------------------------------
 
 
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` is, or was raised while handling, a ``kind`` (pypdf wraps its limit errors)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, kind):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
+
+
 class _OutOfTime(Exception):
     """Raised from inside a library's loop (a PDF page's operators) when the conversion's time is up."""
 
@@ -544,12 +558,9 @@ def _pdf(data: bytes, out: _Builder, *, in_child: bool = True) -> None:
             if not out.has_text:
                 raise _Skip("convert-limit") from None
             break
-        except LimitReachedError:
-            if not in_child:
-                raise  # this process's tighter stream limit: the file is converted again in a child
-            log.debug("pdf page %d: over pypdf's limits", i + 1)
-            text, failed = "", failed + 1
         except Exception as exc:  # one broken page (a bad font, a bad stream) costs its text, not the document
+            if not in_child and _caused_by(exc, LimitReachedError):
+                raise  # this process's tighter stream limit: the file is converted again in a child
             log.debug("pdf page %d: text extraction failed: %s", i + 1, type(exc).__name__)
             text, failed = "", failed + 1
         out.page()
@@ -951,20 +962,68 @@ _BLOCK_TAGS = frozenset(
 _HEADING_TAGS = {f"h{i}": i for i in range(1, 7)}
 
 
+# "<!DOCTYPE html [ <!ENTITY …> ]>": an HTML parser ends the doctype at the internal subset's first ">" and keeps
+# the rest ("]>" at least) as the page's first text.  HTML never expands those entities, so the subset goes.
+_DOCTYPE_SUBSET = re.compile(rb"<!DOCTYPE([^\[>]*)\[.*?\]\s*>", re.I | re.S)
+# Where that doctype is looked for: it comes before the page, and a subset longer than this is no page's.
+_DOCTYPE_SCAN_BYTES = 64 * 1024
+# The markup is fed to lxml in pieces this long, the time checked between them.
+_HTML_FEED_PIECE = 1024 * 1024
+
+
 @cache
-def _html_parser() -> str:
+def _html_builder() -> Any:
+    """A Beautiful Soup tree builder (lxml's HTML parser) that feeds the page a piece at a time and stops at
+    its ``stop_at`` time, or None without lxml.  Parsing a page of tens of megabytes takes minutes on its own;
+    this one parses what its share of the time allows, and the tree built so far is converted."""
+    from bs4 import XMLParsedAsHTMLWarning
+
+    # An XHTML page or EPUB chapter is parsed as HTML on purpose; bs4's advice to use an XML parser is noise on
+    # a load's terminal.  Filtered for the process, once: catch_warnings is not safe across threads.
+    warnings.filterwarnings("ignore", category=XMLParsedAsHTMLWarning)
     try:
-        import lxml  # noqa: F401 - only whether it is there
+        from bs4.builder import ParserRejectedMarkup
+        from bs4.builder._lxml import LXMLTreeBuilder
+        from lxml import etree
     except ImportError:
-        return "html.parser"
-    return "lxml"
+        return None
+
+    class TimedLXMLTreeBuilder(LXMLTreeBuilder):  # type: ignore[misc, valid-type]
+        stop_at = float("inf")
+        stopped = False
+
+        def feed(self, markup: Any) -> None:  # bs4's own, fed in pieces
+            encoding = self.soup.original_encoding
+            try:
+                self.parser = self.parser_for(encoding)
+                for at in range(0, len(markup), _HTML_FEED_PIECE):
+                    if at and time.monotonic() > self.stop_at:
+                        self.stopped = True
+                        break
+                    self.parser.feed(markup[at : at + _HTML_FEED_PIECE])
+                self.parser.close()
+            except (UnicodeDecodeError, LookupError, etree.ParserError) as exc:
+                raise ParserRejectedMarkup(exc) from exc
+
+    return TimedLXMLTreeBuilder
 
 
 def _html_into(data: bytes, out: _Builder) -> None:
     """One HTML page's main text into ``out``, headings continuing the levels already there (an EPUB's spine)."""
     from bs4 import BeautifulSoup
 
-    soup = BeautifulSoup(data, _html_parser())
+    if m := _DOCTYPE_SUBSET.search(data, 0, _DOCTYPE_SCAN_BYTES):
+        data = data[: m.start()] + b"<!DOCTYPE" + m.group(1).rstrip() + b">" + data[m.end() :]
+    builder_class = _html_builder()
+    if builder_class is None:
+        soup = BeautifulSoup(data, "html.parser")
+    else:
+        builder = builder_class()
+        now = time.monotonic()
+        builder.stop_at = now + max(out.deadline - now, 0) / 2  # the other half is for the tree's walk
+        soup = BeautifulSoup(data, builder=builder)
+        if builder.stopped:
+            out.cut("cut-time")
     for tag in soup.find_all(_DROP_TAGS):
         tag.decompose()
     for tag in soup.find_all(attrs={"role": True}):
