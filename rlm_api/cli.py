@@ -7,32 +7,42 @@ fast.  Every known error prints one line on stderr and exits with the code docs/
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-import warnings
-from importlib.metadata import version
-from typing import Annotated
 
-import typer
+#: what Ctrl-C prints when no command has more to say (docs/contract.md#exit-codes)
+INTERRUPTED = "interrupted; nothing half-written was kept"
 
-from rlm_workers.errors import RLMError
+try:
+    import logging
+    import os
+    import warnings
+    from importlib.metadata import version
+    from typing import Annotated
 
-from .cli_batch import batch_app
-from .cli_buffers import buffer_app, buffers_cmd
-from .cli_chat import chat_command
-from .cli_doctor import doctor_command
-from .cli_jobs import chunk_app, job_app, jobs_command
-from .cli_keys import api_command, keys_app
-from .cli_load import load
-from .cli_mcp import mcp_command
-from .cli_output import err
-from .cli_query import query
-from .cli_search import search
-from .cli_services import services_app
-from .cli_types import click_error_kind, new_typer
-from .cli_up import flower_command, up_command
-from .cli_worker import worker
+    import typer
+
+    from rlm_workers.errors import RLMError
+
+    from .cli_batch import batch_app
+    from .cli_buffers import buffer_app, buffers_cmd
+    from .cli_chat import chat_command
+    from .cli_doctor import doctor_command
+    from .cli_jobs import chunk_app, job_app, jobs_command
+    from .cli_keys import api_command, keys_app
+    from .cli_load import load
+    from .cli_mcp import mcp_command
+    from .cli_output import err
+    from .cli_query import query
+    from .cli_search import search
+    from .cli_services import services_app
+    from .cli_types import click_error_kind, new_typer
+    from .cli_up import flower_command, up_command
+    from .cli_worker import worker
+except KeyboardInterrupt:
+    # Ctrl-C while the CLI is still loading (most of its first second): nothing has run, so it ends as an
+    # interrupted command does, not with a traceback of whichever import was under way
+    sys.stderr.write(f"error: {INTERRUPTED}\n")
+    raise SystemExit(130) from None
 
 app = new_typer(
     help="rlm-pipeline: load large text into buffers and ask questions no single prompt can hold.",
@@ -88,17 +98,16 @@ app.add_typer(services_app, name="services")
 
 
 def main(argv: list[str] | None = None) -> int:
-
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = sys.argv[1:] if argv is None else argv
-    bad = _undecodable_arg(args)
-    if bad is not None:
-        # Never echo the bytes back: they are not text, and the terminal may take them as control codes.
-        err(f"argument {bad + 1} is not valid UTF-8; rlm takes names, queries and paths as UTF-8 text")
-        return 2
     try:
+        warnings.filterwarnings("ignore", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        args = sys.argv[1:] if argv is None else argv
+        bad = _undecodable_arg(args)
+        if bad is not None:
+            # Never echo the bytes back: they are not text, and the terminal may take them as control codes.
+            err(f"argument {bad + 1} is not valid UTF-8; rlm takes names, queries and paths as UTF-8 text")
+            return 2
         # Outside standalone mode click returns the code of typer.Exit instead of raising it.
         rc = app(args=args, prog_name="rlm", standalone_mode=False)
         if isinstance(rc, int) and rc:
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         err(exc.message)
         return exc.exit_code
     except KeyboardInterrupt:
-        err("interrupted; nothing half-written was kept")
+        err(INTERRUPTED)
         return 130
     except Exception as exc:  # click usage errors and the like, from click or typer's vendored copy
         kind = click_error_kind(exc)

@@ -166,26 +166,27 @@ def submit(
     tenant: TenantOpt = None,
 ) -> None:
     """Queue every (query, buffer) pair; prints the batch id. Workers (`rlm worker` / `rlm up`) run it."""
-    from rlm_workers.overnight.submit import start_overnight, store_overnight
-    from rlm_workers.submit import validate_options
-
-    tenant = resolve_tenant(tenant)
-    texts = read_queries(queries)
-    run_at = parse_at(at) if at else None
-    options = validate_options(
-        {
-            "skip_plan": skip_plan or None,
-            "scope": scope.value if scope else None,
-            "search_mode": search_mode and search_mode.value,
-            "threshold": threshold,
-            "top_k": top_k,
-            "max_chunks": max_chunks,
-            "batch_size": batch_size,
-        }
-    )
     committed: str | None = None
     shown = False
+    # from the first line: a Ctrl-C while the imports below load (most of the first second) is one too
     try:
+        from rlm_workers.overnight.submit import start_overnight, store_overnight
+        from rlm_workers.submit import validate_options
+
+        tenant = resolve_tenant(tenant)
+        texts = read_queries(queries)
+        run_at = parse_at(at) if at else None
+        options = validate_options(
+            {
+                "skip_plan": skip_plan or None,
+                "scope": scope.value if scope else None,
+                "search_mode": search_mode and search_mode.value,
+                "threshold": threshold,
+                "top_k": top_k,
+                "max_chunks": max_chunks,
+                "batch_size": batch_size,
+            }
+        )
         with open_db() as (_settings, _url, conn):
             # Ctrl-C up to the commit closes the connection with the batch's transaction open: nothing is kept.
             stored = store_overnight(

@@ -256,6 +256,51 @@ def test_ctrl_c_before_the_commit_keeps_nothing(env, conn, corpus, tmp_path):
     assert _batch_ids(conn) == before
 
 
+#: `rlm …` with a real SIGINT sent to itself while the named module is being imported: a Ctrl-C in the CLI's
+#: first second, when its imports run, at a chosen place instead of a chosen time
+INTERRUPT_DURING_IMPORT = """
+import os, runpy, signal, sys
+
+at = sys.argv.pop(1)
+
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == at:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, CtrlC())
+runpy.run_module("rlm_api.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "module, line",
+    [
+        # the CLI's own imports, before any command runs
+        ("typer", "error: interrupted; nothing half-written was kept"),
+        # `batch submit`'s imports, before it reads its queries
+        ("rlm_workers.overnight.submit", "error: interrupted; nothing was submitted"),
+    ],
+)
+def test_ctrl_c_in_the_first_second_of_batch_submit_is_one_line_and_exit_130(env, tmp_path, module, line):
+    queries = tmp_path / "queries.txt"
+    queries.write_text("Who wrote the letters?\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERRUPT_DURING_IMPORT, module, "batch", "submit", "-q", str(queries), "-b", "essays"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert (proc.stdout, proc.stderr) == ("", line + "\n")
+
+
 def test_ctrl_c_during_a_load_says_so_and_leaves_the_buffer_as_it_was(env, conn, corpus, tmp_path):
     """`rlm load` into a loaded buffer, interrupted once it has embedded windows: one line, exit 130, and the
     buffer keeps its version, files and chunks (the load is one transaction)."""
