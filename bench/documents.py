@@ -16,19 +16,32 @@ distinct names, beside the conversion alone of the same files in this process: t
 embedding and the database.
 
 Prints markdown tables; nothing is written to bench/RESULTS.md.
+
+``--hostile`` instead measures the files of issue #41, built here in a temporary folder: a DOCX whose body is
+460 MB of ordinary paragraphs, one of ~460 MB of junk packed ~100:1 or tighter, the same with its member's
+header declaring 20,000 bytes, a PDF whose pages share one 70 MB content stream, and a 20 MB HTML page.  Each is
+converted by ``read_document`` in a fresh process (``--one``), which reports its resident memory when idle
+(this module imported), its peak, its conversion child's peak, the seconds and the outcome.  ``--scale 0.1``
+builds them at a tenth of the size.  Writes the section ``documents-hostile`` of bench/RESULTS.md unless
+``--no-write``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
+import resource
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,7 +84,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="converting time per file and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per file; the best counts")
     parser.add_argument("--load", type=int, default=0, metavar="N", help="also time `rlm load` of N copies of the PDFs")
+    parser.add_argument("--hostile", action="store_true", help="measure the hostile files of issue #41 instead")
+    parser.add_argument("--scale", type=float, default=1.0, help="--hostile: the files' size, 1 = as in the issue")
+    parser.add_argument("--no-write", action="store_true", help="--hostile: print, leave RESULTS.md alone")
+    parser.add_argument("--one", metavar="FILE", help=argparse.SUPPRESS)  # one file's conversion, as JSON
     args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure_one(Path(args.one))))
+        return
+    if args.hostile:
+        hostile(args.scale, write=not args.no_write)
+        return
 
     files = corpus()  # also imports every format's library, outside the timing
     rows = []
@@ -163,6 +186,201 @@ def load_folder(files: list[Path], copies: int) -> list[str]:
         f"{report['files_loaded']} files, {report['chunks_written']:,} chunks, {report['windows_embedded']:,} windows "
         "embedded (runtime: the default).",
     ]
+
+
+# --- the hostile files of issue #41 ----------------------------------------------------------------------------
+
+_W = b'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+_WORDS = b"the of and a to in is for on that by this with from as are be at an or it not which have".split()
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def measure_one(path: Path) -> dict:
+    """One conversion in this (fresh) process: idle and peak resident memory, the child's peak, seconds."""
+    idle = _rss_kb()
+    t0 = time.perf_counter()
+    doc, reason, _ = read_document(path, path.name)
+    seconds = time.perf_counter() - t0
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {
+        "idle_mb": idle / 1024,
+        "peak_mb": own / 1024,
+        "child_peak_mb": child / 1024,
+        "seconds": seconds,
+        "reason": reason,
+        "cuts": doc.cuts if doc else [],
+        "chars": len(doc.text) if doc else 0,
+    }
+
+
+def _docx_template() -> dict[str, bytes]:
+    with zipfile.ZipFile(DATA / "officer-example.docx") as zf:
+        return {i.filename: zf.read(i) for i in zf.infolist() if i.filename != "word/document.xml"}
+
+
+def _write_docx(path: Path, body_bytes: int, paragraph) -> int:
+    """A DOCX whose document.xml is ``body_bytes`` of paragraphs from ``paragraph(i)``, streamed into the zip."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in _docx_template().items():
+            zf.writestr(name, data)
+        with zf.open("word/document.xml", "w", force_zip64=True) as out:
+            out.write(b"<w:document " + _W + b"><w:body>")
+            written, i, piece = 0, 0, []
+            while written < body_bytes:
+                p = paragraph(i)
+                piece.append(p)
+                written += len(p)
+                i += 1
+                if len(piece) >= 4096:
+                    out.write(b"".join(piece))
+                    piece = []
+            out.write(b"".join(piece) + b"</w:body></w:document>")
+    with zipfile.ZipFile(path) as zf:
+        return zf.getinfo("word/document.xml").file_size
+
+
+def _ordinary(i: int) -> bytes:
+    # Prose-like paragraphs with numbers in them: XML that packs about as well as a real document's (~15:1).
+    words = b" ".join(_WORDS[(i * 7 + k * 13) % len(_WORDS)] for k in range(12 + i % 17))
+    return b"<w:p><w:r><w:t>%d %s %d.</w:t></w:r></w:p>" % (i, words.capitalize(), i * 31 % 9973)
+
+
+def _junk(i: int) -> bytes:
+    # A counter that changes every few paragraphs: packs ~100-150:1, under the 200:1 ratio refused outright.
+    return b"<w:p><w:r><w:t>junk junk junk junk junk %d</w:t></w:r></w:p>" % (i // 16)
+
+
+def _lie(path: Path, member: str, size: int) -> None:
+    """``member``'s header, local and central, declares ``size`` bytes unpacked (a zip64 member's extra field too)."""
+    data = bytearray(path.read_bytes())
+    info = zipfile.ZipFile(path).getinfo(member)
+    struct.pack_into("<I", data, info.header_offset + 22, size)
+    at = data.find(b"PK\x01\x02")
+    while at != -1:
+        name_len, extra_len = struct.unpack_from("<HH", data, at + 28)
+        if data[at + 46 : at + 46 + name_len] == member.encode():
+            struct.pack_into("<I", data, at + 24, size)
+            extra = at + 46 + name_len
+            end = extra + extra_len
+            while extra + 4 <= end:  # a zip64 extra field carries the 64-bit sizes: the lie goes there too
+                tag, length = struct.unpack_from("<HH", data, extra)
+                if tag == 1 and length >= 8:
+                    struct.pack_into("<Q", data, extra + 4, size)
+                extra += 4 + length
+        at = data.find(b"PK\x01\x02", at + 4)
+    path.write_bytes(bytes(data))
+
+
+def _write_pdf(path: Path, stream_bytes: int, pages: int) -> None:
+    """A PDF whose ``pages`` pages all draw one shared FlateDecode content stream of ``stream_bytes``: long
+    strings, so pypdf's token budget does not stop it and each page's text is the whole stream's."""
+    line = b"BT /F1 10 Tf 50 700 Td (" + b"Shared stream words and more words " * 140 + b") Tj ET\n"
+    content = line * (stream_bytes // len(line) + 1)
+    packed = zlib.compress(content, 6)
+    objs = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % (5 + k) for k in range(pages)) + b"] /Count %d >>" % pages,
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(packed) + packed + b"\nendstream",
+    ]
+    for _ in range(pages):
+        objs.append(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> "
+            b"/Contents 4 0 R >>"
+        )
+    out = io.BytesIO()
+    out.write(b"%PDF-1.7\n")
+    offsets = []
+    for n, body in enumerate(objs, 1):
+        offsets.append(out.tell())
+        out.write(b"%d 0 obj\n" % n + body + b"\nendobj\n")
+    xref = out.tell()
+    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1))
+    for off in offsets:
+        out.write(b"%010d 00000 n \n" % off)
+    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref))
+    path.write_bytes(out.getvalue())
+
+
+def _write_html(path: Path, size: int) -> None:
+    row = b"<div class='c'><p>Paragraph with a <a href='#x'>link</a> and <b>bold</b> words.</p></div>\n"
+    path.write_bytes(b"<html><body><main>" + row * (size // len(row)) + b"</main></body></html>")
+
+
+def hostile(scale: float, *, write: bool) -> None:
+    mb = int(1e6 * scale)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rlm-bench-hostile-") as tmp:
+        folder = Path(tmp)
+        cases: list[tuple[str, Path]] = []
+        p = folder / "ordinary.docx"
+        _write_docx(p, 460 * mb, _ordinary)
+        cases.append(("DOCX, document.xml 460 MB of ordinary paragraphs", p))
+        p = folder / "junk.docx"
+        _write_docx(p, 462 * mb, _junk)
+        cases.append(("DOCX, document.xml 462 MB of junk paragraphs", p))
+        lying = folder / "lying.docx"
+        shutil.copy(p, lying)
+        _lie(lying, "word/document.xml", 20_000)
+        cases.append(("the same, its header declaring 20,000 bytes", lying))
+        p = folder / "shared-stream.pdf"
+        _write_pdf(p, 70 * mb, 50)
+        cases.append(("PDF, 50 pages sharing one 70 MB content stream", p))
+        p = folder / "page.html"
+        _write_html(p, 20 * mb)
+        cases.append(("HTML page of 20 MB", p))
+        env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
+        for label, path in cases:
+            with zipfile.ZipFile(path) if zipfile.is_zipfile(path) else _nothing() as zf:
+                unpacked = sum(i.file_size for i in zf.infolist()) if zf else 0
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+            if proc.returncode != 0:
+                raise SystemExit(f"{path.name}: {proc.stderr.strip()[-500:]}")
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append((label, path.stat().st_size, unpacked, r))
+            print(label, r, flush=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [
+        "## Hostile documents (`bench/documents.py --hostile`, issue #41)",
+        "",
+        f"- command: `{_util.command_line()}` at {_util.revision()}",
+        f"- run finished (`date -u`): {_util.sh('date -u')}",
+        f"- machine: {platform.platform()}, {cores} cores usable ({_util.cpu_model()}), "
+        f"python {platform.python_version()}; {_util.machine_line()}",
+        "- each file converted by `read_document` in a fresh process; idle = its resident memory with "
+        "`rlm_workers.ingest.documents` imported; peak = its own `ru_maxrss`; child = the conversion child's "
+        "`ru_maxrss` (a whole process, its interpreter included); the bound is 1 GiB of address space above the "
+        "child's idle and 300 s",
+        "",
+        "| file | input MB | declared unpacked MB | outcome | chars kept | seconds | idle MB | peak MB | "
+        "peak above idle MB | child peak MB |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for label, size, unpacked, r in rows:
+        outcome = f"skipped: {r['reason']}" if r["reason"] else ("loaded, " + ", ".join(r["cuts"]) if r["cuts"] else "loaded")
+        lines.append(
+            f"| {label} | {size / 1e6:,.1f} | {unpacked / 1e6:,.0f} | {outcome} | {r['chars']:,} | "
+            f"{r['seconds']:,.1f} | {r['idle_mb']:,.0f} | {r['peak_mb']:,.0f} | {r['peak_mb'] - r['idle_mb']:,.0f} | "
+            f"{r['child_peak_mb']:,.0f} |"
+        )
+    _util.publish("documents-hostile", "\n".join(lines), None, write=write)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 if __name__ == "__main__":

@@ -688,9 +688,14 @@ class _DocxStyles:
     def __init__(self, styles: Any) -> None:
         self.part = self
         self._styles = styles
+        self._found: dict[tuple[str | None, Any], Any] = {}
 
     def get_style(self, style_id: str | None, style_type: Any) -> Any:
-        return self._styles.get_by_id(style_id, style_type)
+        # Each lookup is an XPath search of the styles part; a body of 100,000 paragraphs names a dozen styles.
+        key = (style_id, style_type)
+        if key not in self._found:
+            self._found[key] = self._styles.get_by_id(style_id, style_type)
+        return self._found[key]
 
 
 def _rels_target(zf: zipfile.ZipFile, source: str, rel_type: str) -> str | None:
@@ -797,7 +802,8 @@ def _docx_paragraph(out: _Builder, p: Any) -> None:
     if not text.strip():
         return
     try:
-        style = (p.style.name or "") if p.style is not None else ""
+        found = p.style
+        style = (found.name or "") if found is not None else ""
     except Exception:  # a style id the styles part does not define
         style = ""
     lowered = style.lower()
