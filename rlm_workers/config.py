@@ -321,6 +321,13 @@ class Settings(BaseSettings):
         description="How often one worker looks for jobs whose stage stopped moving for RLM_JOB_TIMEOUT and "
         "pushes them on (lost tasks after a broker or worker crash).",
     )
+    worker_lost_seconds: float = Field(
+        20.0,
+        ge=1,
+        le=3600,
+        description="A job stage, upload or file group whose worker died (its database session gone) is sent again "
+        "by the reconciler once it has not started for this long; also the least time between two such re-sends.",
+    )
 
     @field_validator("prompt_dir", "data_dir", mode="after")
     @classmethod

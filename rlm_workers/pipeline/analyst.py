@@ -372,10 +372,16 @@ def _job_limiter(job_id: str, limit: int, client: Any) -> ConcurrencyLimiter:
     return ConcurrencyLimiter(client, limit=limit, key=f"{LIMITER_KEY_PREFIX}job:{job_id}")
 
 
+#: the longest a claimed batch stays taken without a heartbeat: the reconciler takes a lapsed lease for a dead
+#: analyst and sends its batch again, so this bounds how long a killed worker's batch waits (one renewal round
+#: per process every third of it, in one statement, costs next to nothing)
+MAX_BATCH_LEASE_SECONDS = 30.0
+
+
 def batch_lease_seconds(settings: Settings) -> float:
     """How long a claimed batch stays taken without a heartbeat: well below the visibility timeout, so a
     message redelivered because its worker died finds the lease run out and can claim the batch."""
-    return max(3.0, min(120.0, settings.visibility_timeout / 3))
+    return max(3.0, min(MAX_BATCH_LEASE_SECONDS, settings.visibility_timeout / 3))
 
 
 def _claim(job_id: str, batch_no: int, lease: float) -> list[int] | None:

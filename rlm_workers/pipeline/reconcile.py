@@ -27,7 +27,8 @@ from ..overnight.scheduler import reconcile_overnight
 from ..resources import redis_client
 from ..store import jobs as job_store
 from ..store.db import connection
-from ..store.uploads import stale_groups, stale_uploads
+from ..store.uploads import orphaned_groups, orphaned_uploads, stale_groups, stale_uploads
+from .analyst import batch_lease_seconds
 from .flow import RESEND, TASK, Stage
 from .salvage import salvage_job
 
@@ -96,6 +97,67 @@ def reconcile_uploads(
     return actions
 
 
+#: stages a worker runs from start to end in one task (``stages.run_stage``): found open with nobody running
+#: them, their worker died; fan_out counts only before its chord was sent (``store.jobs.orphaned_jobs``)
+RUN_IN_TASK: tuple[Stage, ...] = (
+    Stage.plan,
+    Stage.search,
+    Stage.answer,
+    Stage.fan_out,
+    Stage.collect,
+    Stage.check,
+    Stage.merge,
+    Stage.synthesize,
+)
+
+
+def reconcile_lost(
+    conn: psycopg.Connection,
+    *,
+    send: Callable[[str, str], None],
+    send_upload: Callable[[str, str], None],
+    send_batch: Callable[[str, int], None],
+    grace_seconds: float,
+    lease_seconds: float,
+    send_group: Callable[[str, int], None] | None = None,
+) -> list[str]:
+    """Re-send the work of a worker that died mid-task: a job's stage, an upload, a file group that a task had
+    started and whose worker's database session (and the lock it held there) is gone, and an analyst batch whose
+    lease nobody renewed for ``lease_seconds``.  Redis would redeliver the dead worker's message only after the
+    visibility timeout (an hour by default); stages, loads, groups and batches are idempotent, so that late
+    redelivery finds the work done and does nothing."""
+    if send_group is None:
+
+        def send_group(upload_id: str, group_no: int) -> None:
+            send_groups(upload_id, [group_no])
+
+    actions = []
+    for job_id, stage in job_store.orphaned_jobs(conn, stages=RUN_IN_TASK, grace_seconds=grace_seconds):
+        task = TASK[Stage(stage)]
+        send(task, job_id)
+        actions.append(f"job {job_id} in {stage}: its worker is gone; re-sent {task}")
+    # Collect before the batches: a job whose re-sent batches ended in an earlier sweep gets its report now.
+    for job_id in job_store.unreported_fan_outs(conn, grace_seconds=grace_seconds):
+        send(TASK[Stage.collect], job_id)
+        actions.append(f"job {job_id}: every batch ended but Collect never came; sent {TASK[Stage.collect]}")
+    lost = job_store.orphaned_batches(conn, lease_seconds=lease_seconds, grace_seconds=grace_seconds)
+    for job_id, batch_no in lost:
+        # outside the chord: Collect is sent by the sweep above once every batch has ended
+        send_batch(job_id, batch_no)
+    for job_id in dict.fromkeys(job_id for job_id, _ in lost):
+        numbers = ", ".join(str(b + 1) for j, b in lost if j == job_id)
+        actions.append(f"job {job_id}: the analyst holding batch {numbers} is gone; re-sent rlm.analyst")
+    for upload_id in orphaned_uploads(conn, grace_seconds=grace_seconds):
+        send_upload("rlm.ingest", upload_id)
+        actions.append(f"upload {upload_id}: its worker is gone; re-sent rlm.ingest")
+    for upload_id, group_no in orphaned_groups(conn, grace_seconds=grace_seconds):
+        send_group(upload_id, group_no)
+        actions.append(f"upload {upload_id} group {group_no}: its worker is gone; re-sent rlm.ingest.group")
+    for line in actions:
+        log.warning("reconciler: %s", line)
+    return actions
+
+
 def sweep_once(settings: Settings | None = None) -> list[str]:
     """Sweep if no other worker did within the interval; [] when another holds the turn."""
     app = get_app()
@@ -108,8 +170,19 @@ def sweep_once(settings: Settings | None = None) -> list[str]:
         """Sends a task whose one argument is an id; Flower shows it as ``label=id``."""
         return lambda task, some_id: app.send_task(task, (some_id,), argsrepr=f"{label}={some_id}")
 
+    def send_batch(job_id: str, batch_no: int) -> None:
+        app.send_task("rlm.analyst", (job_id, batch_no), argsrepr=f"job={job_id} batch={batch_no + 1}")
+
     actions: list[str] = []
     with connection() as conn:
+        actions += reconcile_lost(
+            conn,
+            send=sender("job"),
+            send_upload=sender("upload"),
+            send_batch=send_batch,
+            grace_seconds=settings.worker_lost_seconds,
+            lease_seconds=batch_lease_seconds(settings),
+        )
         actions += reconcile_jobs(conn, send=sender("job"), idle_seconds=settings.job_timeout)
         actions += reconcile_uploads(conn, send=sender("upload"), idle_seconds=settings.job_timeout)
         actions += reconcile_overnight(conn, settings=settings)

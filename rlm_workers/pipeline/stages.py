@@ -31,6 +31,8 @@ from .flow import (
 from .tree import notify_parent_if_ended, run_check, run_merge
 
 if TYPE_CHECKING:
+    import psycopg
+
     from ..store.jobs import JobRow
 
 log = logging.getLogger("rlm.pipeline")
@@ -55,47 +57,50 @@ def run_stage(job_id: str, stage: Stage) -> str:
     outcome = OK
     parent: str | None = None
     try:
-        while current is not None:
-            outcome, job = _run_one(job_id, current)
-            if job is None:
-                return outcome
-            parent = job.parent_id
-            if outcome != OK:
-                return outcome
-            current = next_stage(current, job)
-        return outcome
+        # One connection for the whole task, marking the job as run by a live worker: when this process dies, the
+        # mark goes with its session, and the reconciler sends the stage again without waiting for Redis to
+        # redeliver the message (docs/architecture.md#redelivery).
+        with connection() as conn, job_store.stage_held(conn, job_id=job_id):
+            while current is not None:
+                outcome, job = _run_one(conn, job_id, current)
+                if job is None:
+                    return outcome
+                parent = job.parent_id
+                if outcome != OK:
+                    return outcome
+                current = next_stage(current, job)
+            return outcome
     finally:
         if parent is not None:
             notify_parent_if_ended(job_id)
 
 
-def _run_one(job_id: str, stage: Stage) -> tuple[str, JobRow | None]:
+def _run_one(conn: psycopg.Connection, job_id: str, stage: Stage) -> tuple[str, JobRow | None]:
     """The stage's outcome, and the job as the stage found it (None when it is gone)."""
     settings = get_settings()
-    with connection() as conn:
-        job = job_store.get_job(conn, job_id=job_id)
-        if job is None or job.terminal:
-            return "skipped", job
-        if position(job.stage) > position(stage):
-            # a redelivery of an earlier stage: the job is past it; pass on without moving it back
-            return (OK if stage in PASS_ON else "skipped"), job
-        job_store.set_stage(conn, job_id=job_id, stage=stage)
-        ctx = StageContext(conn=conn, job=job, settings=settings)
-        try:
-            # a task runs the stages chained after its own: each one's lines carry its name
-            with stage_context(stage.value):
-                if stage in SELF_TIMED:
-                    return RUNNERS[stage](ctx), job
-                with StageTimer(conn, job_id, stage):
-                    return RUNNERS[stage](ctx), job
-        except DB_OUTAGE:
-            raise  # not the job's fault: the task retries
-        except BROKER_OUTAGE:
-            log.warning("%s of job %s: broker unavailable; the job stays in %s for recovery", stage, job_id, stage)
-            raise
-        except RLMError as exc:
-            fail_job(conn, job_id=job_id, exc=exc, prefix=FAIL_PREFIX.get(stage))
-        except Exception as exc:  # the job must end, whatever broke
-            log.exception("%s stage crashed for job %s", stage, job_id)
-            fail_job(conn, job_id=job_id, exc=exc, prefix=f"{stage} failed")
+    job = job_store.get_job(conn, job_id=job_id)
+    if job is None or job.terminal:
+        return "skipped", job
+    if position(job.stage) > position(stage):
+        # a redelivery of an earlier stage: the job is past it; pass on without moving it back
+        return (OK if stage in PASS_ON else "skipped"), job
+    job_store.set_stage(conn, job_id=job_id, stage=stage)
+    ctx = StageContext(conn=conn, job=job, settings=settings)
+    try:
+        # a task runs the stages chained after its own: each one's lines carry its name
+        with stage_context(stage.value):
+            if stage in SELF_TIMED:
+                return RUNNERS[stage](ctx), job
+            with StageTimer(conn, job_id, stage):
+                return RUNNERS[stage](ctx), job
+    except DB_OUTAGE:
+        raise  # not the job's fault: the task retries
+    except BROKER_OUTAGE:
+        log.warning("%s of job %s: broker unavailable; the job stays in %s for recovery", stage, job_id, stage)
+        raise
+    except RLMError as exc:
+        fail_job(conn, job_id=job_id, exc=exc, prefix=FAIL_PREFIX.get(stage))
+    except Exception as exc:  # the job must end, whatever broke
+        log.exception("%s stage crashed for job %s", stage, job_id)
+        fail_job(conn, job_id=job_id, exc=exc, prefix=f"{stage} failed")
     return "failed", job

@@ -151,6 +151,20 @@ def release_session_lock(conn: psycopg.Connection, key: int) -> None:
     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
+def held_session_locks(conn: psycopg.Connection, space: int) -> set[int]:
+    """Keys of ``space``'s session advisory locks some session of this database holds, shared or not.
+
+    A lock goes with its session: a worker killed while it works leaves none, so a key missing here says that
+    nobody works on its thing any more, with no lease to wait out (docs/architecture.md#redelivery)."""
+    rows = conn.execute(
+        """SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks
+           WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND classid::bigint = %s
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())""",
+        (space,),
+    ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
 def transaction_lock(conn: psycopg.Connection, key: int) -> None:
     """Wait for an advisory lock held until the caller's transaction ends."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))

@@ -10,17 +10,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from .. import metrics
 from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall
-from .db import release_session_lock, session_lock_key, transaction_lock, try_session_lock
-
-if TYPE_CHECKING:
-    import psycopg
+from .db import held_session_locks, release_session_lock, session_lock_key, transaction_lock, try_session_lock
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 
@@ -737,6 +735,100 @@ def launch_lock(conn: psycopg.Connection, *, job_id: str) -> Iterator[bool]:
     finally:
         if held:
             release_session_lock(conn, key)
+
+
+_STAGE_SPACE = 0x524C4D4A  # "RLMJ": a job's stage being run by a live worker
+
+
+@contextlib.contextmanager
+def stage_held(conn: psycopg.Connection, *, job_id: str) -> Iterator[None]:
+    """Say, for the block, that a live worker runs a stage of the job: a shared session lock on ``conn``.
+
+    Shared, since two deliveries of one stage may run at once (stages are idempotent).  The lock goes with the
+    worker's session when it dies, so ``orphaned_jobs`` tells a dead stage from a slow one at once."""
+    key = session_lock_key(_STAGE_SPACE, job_id)
+    conn.execute("SELECT pg_advisory_lock_shared(%s)", (key,))
+    try:
+        yield
+    finally:
+        try:
+            conn.execute("SELECT pg_advisory_unlock_shared(%s)", (key,))
+        except psycopg.Error:  # a broken connection took the lock with it
+            pass
+
+
+def orphaned_jobs(
+    conn: psycopg.Connection, *, stages: Sequence[str], grace_seconds: float, limit: int = 100
+) -> list[tuple[str, str]]:
+    """(id, stage) of running jobs in one of ``stages`` that no live worker runs (``stage_held``), whose stage has
+    not moved for ``grace_seconds`` and whose lease, if any, lapsed; claimed for re-sending (the stage clock reset),
+    atomically.  A job in fan_out counts only before its chord was sent (after it, the analysts carry it) and
+    unless it waits for its group's shared reads (``fanout.run``), where it stays with no task running it."""
+    held = held_session_locks(conn, _STAGE_SPACE)
+    rows = conn.execute(
+        """SELECT id, stage FROM jobs
+           WHERE status = 'running' AND stage = ANY(%s) AND stage_at < now() - make_interval(secs => %s)
+             AND (stage <> 'fan_out' OR (cardinality(task_ids) = 0 AND spec->>'read_group' IS NULL))
+             AND (lease_until IS NULL OR lease_until <= clock_timestamp())
+           ORDER BY stage_at LIMIT %s""",
+        (list(stages), grace_seconds, limit),
+    ).fetchall()
+    lost = [(r[0], r[1]) for r in rows if session_lock_key(_STAGE_SPACE, r[0]) not in held]
+    claimed = []
+    for job_id, stage in lost:
+        # the same conditions again: a delivery that started the stage since the locks were read moved stage_at
+        row = conn.execute(
+            """UPDATE jobs SET stage_at = now() WHERE id = %s AND status = 'running' AND stage = %s
+                 AND stage_at < now() - make_interval(secs => %s) RETURNING id""",
+            (job_id, stage, grace_seconds),
+        ).fetchone()
+        if row is not None:
+            claimed.append((job_id, stage))
+    return claimed
+
+
+def orphaned_batches(
+    conn: psycopg.Connection, *, lease_seconds: float, grace_seconds: float, limit: int = 100
+) -> list[tuple[str, int]]:
+    """(job id, batch number) of started, pending batches whose lease nobody renewed for ``lease_seconds`` (the
+    analyst holding it died), in running jobs whose chord was sent and whose clock has not moved for
+    ``grace_seconds``; each job claimed for re-sending (its clock reset), atomically."""
+    rows = conn.execute(
+        """WITH lost AS (
+               SELECT b.job_id, b.batch_no FROM job_batches b JOIN jobs j ON j.id = b.job_id
+               WHERE j.status = 'running' AND j.stage = 'fan_out' AND cardinality(j.task_ids) > 0
+                 AND j.stage_at < now() - make_interval(secs => %(grace)s)
+                 AND b.status = 'pending' AND b.started_at IS NOT NULL
+                 AND b.heartbeat_at < now() - make_interval(secs => %(lease)s)
+               ORDER BY b.job_id, b.batch_no LIMIT %(n)s),
+           claimed AS (
+               UPDATE jobs SET stage_at = now() WHERE id IN (SELECT job_id FROM lost) AND stage = 'fan_out'
+                 AND stage_at < now() - make_interval(secs => %(grace)s) RETURNING id)
+           SELECT job_id, batch_no FROM lost WHERE job_id IN (SELECT id FROM claimed) ORDER BY job_id, batch_no""",
+        {"lease": float(lease_seconds), "grace": float(grace_seconds), "n": limit},
+    ).fetchall()
+    return [(r[0], int(r[1])) for r in rows]
+
+
+def unreported_fan_outs(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 100) -> list[str]:
+    """Running jobs still in fan_out ``grace_seconds`` after their last batch ended: the chord's callback waits
+    for a message that will not come soon (its analyst died, and a re-sent one is no member of the chord).
+    Claimed for sending Collect (the clock reset), atomically."""
+    rows = conn.execute(
+        """UPDATE jobs j SET stage_at = now()
+           WHERE j.id IN (
+               SELECT j2.id FROM jobs j2
+               WHERE j2.status = 'running' AND j2.stage = 'fan_out' AND cardinality(j2.task_ids) > 0
+                 AND j2.stage_at < now() - make_interval(secs => %(grace)s)
+                 AND NOT EXISTS (SELECT 1 FROM job_batches b WHERE b.job_id = j2.id AND b.status = 'pending')
+                 AND (SELECT max(b.finished_at) FROM job_batches b WHERE b.job_id = j2.id)
+                     < now() - make_interval(secs => %(grace)s)
+               ORDER BY j2.stage_at LIMIT %(n)s)
+             AND j.stage = 'fan_out' AND j.stage_at < now() - make_interval(secs => %(grace)s)
+           RETURNING j.id""",
+        {"grace": float(grace_seconds), "n": limit},
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 # --------------------------------------------------------------------------- what the job list, web view and MCP read

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from ..constants import UPLOAD_ENDED_CHANNEL
 from .buffers import CHUNK_COPY_COLS, CHUNK_COPY_TYPES
-from .db import session_lock_key, try_session_lock
+from .db import held_session_locks, session_lock_key, try_session_lock
 from .vectors import WindowRow, vector_table
 
 if TYPE_CHECKING:
@@ -156,6 +156,29 @@ def stale_uploads(conn: psycopg.Connection, *, idle_seconds: float, limit: int =
         (idle_seconds, limit),
     ).fetchall()
     return [r[0] for r in rows]
+
+
+def orphaned_uploads(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 100) -> list[str]:
+    """Running uploads, each loaded whole, whose loader's lock is gone (its worker died mid-load) and that nobody
+    started or re-sent for ``grace_seconds``: claimed for re-sending, atomically."""
+    held = held_session_locks(conn, _LOCK_SPACE)
+    rows = conn.execute(
+        """SELECT id FROM uploads WHERE status = 'running' AND groups IS NULL
+             AND sent_at < now() - make_interval(secs => %s) ORDER BY sent_at LIMIT %s""",
+        (grace_seconds, limit),
+    ).fetchall()
+    lost = [r[0] for r in rows if session_lock_key(_LOCK_SPACE, r[0]) not in held]
+    if not lost:
+        return []
+    # the same conditions again: a delivery that started it since the locks were read bumped sent_at
+    return [
+        r[0]
+        for r in conn.execute(
+            """UPDATE uploads SET sent_at = now() WHERE id = ANY(%s) AND status = 'running' AND groups IS NULL
+                 AND sent_at < now() - make_interval(secs => %s) RETURNING id""",
+            (lost, grace_seconds),
+        ).fetchall()
+    ]
 
 
 # ------------------------------------------------------------------ file groups (docs/contract.md#ingest-groups)
@@ -433,3 +456,26 @@ def stale_groups(conn: psycopg.Connection, *, idle_seconds: float, limit: int = 
         (idle_seconds, limit),
     ).fetchall()
     return [(r[0], int(r[1])) for r in rows]
+
+
+def orphaned_groups(conn: psycopg.Connection, *, grace_seconds: float, limit: int = 100) -> list[tuple[str, int]]:
+    """Running groups whose worker's lock is gone (it died mid-group) and that nobody started or re-sent for
+    ``grace_seconds``: claimed for re-sending, atomically."""
+    held = held_session_locks(conn, _LOCK_SPACE)
+    rows = conn.execute(
+        """SELECT g.upload_id, g.group_no FROM ingest_groups g JOIN uploads u ON u.id = g.upload_id
+           WHERE g.status = 'running' AND u.status = 'running' AND g.sent_at < now() - make_interval(secs => %s)
+           ORDER BY g.sent_at LIMIT %s""",
+        (grace_seconds, limit),
+    ).fetchall()
+    lost = [(r[0], int(r[1])) for r in rows if session_lock_key(_LOCK_SPACE, f"{r[0]}/{r[1]}") not in held]
+    claimed = []
+    for upload_id, group_no in lost:
+        row = conn.execute(
+            """UPDATE ingest_groups SET sent_at = now() WHERE upload_id = %s AND group_no = %s AND status = 'running'
+                 AND sent_at < now() - make_interval(secs => %s) RETURNING group_no""",
+            (upload_id, group_no, grace_seconds),
+        ).fetchone()
+        if row is not None:
+            claimed.append((upload_id, group_no))
+    return claimed
