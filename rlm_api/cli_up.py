@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 from urllib.parse import urlsplit, urlunsplit
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from rlm_workers.config import Settings
+    from rlm_workers.local_llm import ServerState
 
 FLOWER_AUTH_FILE = "flower-auth"
 
@@ -209,6 +212,8 @@ def up_command(
         procs["flower"] = me + ["flower", "--port", str(f_port)]
         # the web view links task ids to the Flower this command starts, unless the operator named another
         env.setdefault("RLM_FLOWER_URL", f"http://{s.flower_host}:{f_port}")
+        if not s.flower_basic_auth:
+            flower_credentials(s.data_dir)  # generated here, before `rlm flower` starts, so the summary can say where
     running: dict[str, subprocess.Popen] = {}
     stopping = False
 
@@ -220,28 +225,50 @@ def up_command(
     # Python only turns SIGINT into KeyboardInterrupt when it was not ignored at start.
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    logs = s.data_dir / "logs"
+    probe: subprocess.Popen | None = None
     try:
+        logs.mkdir(parents=True, exist_ok=True)
         for name, argv in procs.items():
-            running[name] = subprocess.Popen(argv, env=env, start_new_session=True)
-        typer.echo(f"database  {'configured' if s.database_url else 'embedded'}  {_redact(db)}")
-        typer.echo(f"broker    {'configured' if s.broker_url else 'embedded'}  {_redact(broker)}")
-        if state:
-            for name in s.local_models:
-                typer.echo(f"llm       local model server  {name}  {state.url(name)}")
-        typer.echo(f"api       http://{s.api_host}:{a_port}   (docs: /docs, web view: /ui)")
-        if not no_flower:
-            typer.echo(f"flower    http://{s.flower_host}:{f_port}")
-        typer.echo(key_banner(key, created, s.data_dir / "local-api-key"))
-        typer.echo("Ctrl-C stops everything.")
+            # each child's banners and logs go to a file of its own: printed here, four worker banners and
+            # Flower's task list scrolled the addresses and the key out of sight
+            with open(log_file(logs, name), "w") as out:
+                running[name] = subprocess.Popen(
+                    argv,
+                    env=env,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+        probe = worker_probe(env)
+        typer.echo(f"starting {', '.join(procs)} (logs in {logs})")
+        waited, shown = time.monotonic(), False
         while not stopping:
             for name, p in running.items():
                 if p.poll() is not None:
-                    typer.echo(f"{name} exited with {p.returncode}; stopping the rest", err=True)
+                    typer.echo(f"{name} exited with {p.returncode}; stopping the rest. The end of its log:", err=True)
+                    typer.echo(log_tail(log_file(logs, name)), err=True)
                     stopping = True
+            if not shown and not stopping:
+                pending = not_ready(s, probe, a_port, None if no_flower else f_port)
+                late = time.monotonic() - waited > READY_SECONDS
+                if not pending or late:
+                    # the last thing on the screen: where to go, and the key
+                    for line in summary(s, db, broker, state, a_port, None if no_flower else f_port, logs):
+                        typer.echo(line)
+                    typer.echo(key_banner(key, created, s.data_dir / "local-api-key"))
+                    if pending:
+                        typer.echo(f"still starting after {READY_SECONDS:g} s: {', '.join(pending)} (see {logs})")
+                    typer.echo("Ctrl-C stops everything.")
+                    shown = True
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
+        if probe is not None and probe.poll() is None:
+            probe.kill()
+            probe.wait()
         _shutdown(running)
         for line in _release_embedded(s, started):
             typer.echo(line)
@@ -252,6 +279,103 @@ def up_command(
 
 #: how long the backends of the stopped children get to notice their clients are gone before they are counted
 CLIENTS_SETTLE_SECONDS = 5.0
+#: how long `rlm up` waits for its children to answer before it prints the addresses anyway
+READY_SECONDS = 120.0
+#: the Celery node names `rlm up` gives its workers (``-n``), by the name it shows for each (the probe pings them)
+WORKER_NODES = {"control worker": "control", "analyst worker": "analyst", "ingest worker": "ingest"}
+
+
+def log_file(logs: Path, name: str) -> Path:
+    """Where `rlm up` writes one child's output: ``control worker`` → ``logs/control-worker.log``."""
+    return logs / f"{name.replace(' ', '-')}.log"
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last lines of a child's log, to show why it stopped."""
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines)).rstrip()
+    except OSError as exc:
+        return f"(cannot read {path}: {exc.strerror})"
+
+
+def _loopback(host: str) -> str:
+    """The address to reach a server bound to ``host`` from this machine (a wildcard bind is reached locally)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def wait_for_workers(nodes: list[str]) -> None:
+    """Return once every named worker answers a ping (Celery's control API).
+
+    `rlm up` runs this in a child process of its own: the broker connections a ping opens outlive the app that
+    opened them, and in `rlm up` itself they would count as other clients of the embedded broker at the stop,
+    keeping it running.  Ended with its process, they end for certain.
+    """
+    from rlm_workers.celery_app import get_app
+
+    app = get_app()
+    waiting = set(nodes)
+    while waiting:
+        try:
+            replies = app.control.ping(destination=sorted(waiting), timeout=1.0) or []
+        except Exception:  # the broker is up (`rlm up` made sure); a failed ping only means "not yet"
+            replies = []
+            time.sleep(0.5)
+        waiting -= {node for reply in replies for node in reply}
+
+
+def worker_probe(env: dict[str, str]) -> subprocess.Popen:
+    """The child that exits once `rlm up`'s workers answer (``wait_for_workers``); the %h of their -n is this
+    host's name."""
+    host = socket.gethostname()
+    nodes = [f"{node}@{host}" for node in WORKER_NODES.values()]
+    code = f"from rlm_api.cli_up import wait_for_workers; wait_for_workers({nodes!r})"
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def not_ready(s: Settings, probe: subprocess.Popen, api_port: int, flower_port: int | None) -> list[str]:
+    """The children that do not answer yet: the workers (``probe`` still waits on them), the API on /readyz,
+    Flower on its port."""
+    import httpx
+
+    pending = [] if probe.poll() is not None else ["workers"]
+    try:
+        api_ok = httpx.get(f"http://{_loopback(s.api_host)}:{api_port}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        api_ok = False
+    if not api_ok:
+        pending.append("api")
+    if flower_port is not None:
+        with socket.socket() as sock:
+            sock.settimeout(2)
+            if sock.connect_ex((_loopback(s.flower_host), flower_port)) != 0:
+                pending.append("flower")
+    return pending
+
+
+def summary(
+    s: Settings, db: str, broker: str, state: ServerState | None, api_port: int, flower_port: int | None, logs: Path
+) -> list[str]:
+    """What `rlm up` prints once its children answer: where each service is (the key line follows)."""
+    lines = [
+        f"database  {'configured' if s.database_url else 'embedded'}  {_redact(db)}",
+        f"broker    {'configured' if s.broker_url else 'embedded'}  {_redact(broker)}",
+    ]
+    if state:
+        lines += [f"llm       local model server  {name}  {state.url(name)}" for name in s.local_models]
+    lines.append(f"workers   control, analyst, ingest   (logs: {logs})")
+    lines.append(f"api       http://{s.api_host}:{api_port}   (docs: /docs, web view: /ui)")
+    if flower_port is not None:
+        where = "RLM_FLOWER_BASIC_AUTH" if s.flower_basic_auth else str(s.data_dir / FLOWER_AUTH_FILE)
+        lines.append(f"flower    http://{s.flower_host}:{flower_port}   (basic auth; user:password in {where})")
+    return lines
 
 
 def _release_embedded(s: Settings, started: dict[str, bool]) -> list[str]:

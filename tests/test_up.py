@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +18,14 @@ from tests.support.api import free_port
 from tests.support.workers import ROOT
 
 pytestmark = pytest.mark.slow
+
+
+def _until_printed(log, line: str, proc, timeout: float = 180) -> None:
+    """Wait until `rlm up` has printed ``line`` (its output goes to ``log``); fail if it exits first."""
+    deadline = time.monotonic() + timeout
+    while line not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
 
 
 def _listening(port: int) -> bool:
@@ -48,19 +57,20 @@ def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
     )
     try:
         base = f"http://127.0.0.1:{api_port}"
-        deadline = time.monotonic() + 120
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = httpx.get(f"{base}/readyz", timeout=2).status_code == 200 and _listening(flower_port)
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        out.flush()
+        # `rlm up` prints where to go once every child answers: workers to a ping, the API, Flower
+        _until_printed(tmp_path / "up.log", "Ctrl-C stops everything.", proc)
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 200 and _listening(flower_port)
         printed = (tmp_path / "up.log").read_text()
-        assert ready, printed[-3000:]
         assert f"api       http://127.0.0.1:{api_port}" in printed and f":{flower_port}" in printed
         key = re.search(r"api key\s+(rlm_\S+)", printed).group(1)
+        # the addresses and the key are the last thing on the screen: the children's banners and logs are in
+        # files of their own, not scrolled over them
+        assert printed.rstrip().endswith("Ctrl-C stops everything."), printed[-3000:]
+        assert " -------------- control@" not in printed and "Registered tasks" not in printed, printed[-3000:]
+        logs = Path(rlm_env["RLM_DATA_DIR"]) / "logs"
+        assert f"(logs: {logs})" in printed
+        assert " -------------- control@" in (logs / "control-worker.log").read_text()
+        assert "Uvicorn running" in (logs / "api.log").read_text()
         assert httpx.get(f"{base}/v1/buffers", headers={"Authorization": f"Bearer {key}"}).status_code == 200
         # the web view is served, and links task ids to the Flower started here
         assert f'data-flower="http://127.0.0.1:{flower_port}"' in httpx.get(f"{base}/ui/").text
@@ -102,17 +112,9 @@ def test_up_started_with_sigint_ignored_still_stops_on_sigint(rlm_env, tmp_path,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
-        deadline = time.monotonic() + 120
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{api_port}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        out.flush()
+        _until_printed(tmp_path / "up.log", "Ctrl-C stops everything.", proc)
+        assert httpx.get(f"http://127.0.0.1:{api_port}/readyz", timeout=5).status_code == 200
         printed = (tmp_path / "up.log").read_text()
-        assert ready, printed[-3000:]
         assert key not in printed and f"api key   {key[:10]}…" in printed
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 0, (tmp_path / "up.log").read_text()[-3000:]
