@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -94,7 +95,51 @@ def check_broker(settings: Settings, url: str) -> list[Check]:
     backlog = ", ".join(
         f"{q}={ready}" + (f" (+{delayed} delayed)" if delayed else "") for q, (ready, delayed) in depth.items()
     )
-    return [Check("broker", True, f"{name} {version} at {_host(url)}; queued: {backlog}")]
+    held = ""
+    if any(delayed for _, delayed in depth.values()):
+        try:
+            held = f"; {describe_delayed(client)}"
+        except redis.RedisError:
+            pass  # the counts above stand on their own
+    return [Check("broker", True, f"{name} {version} at {_host(url)}; queued: {backlog}{held}")]
+
+
+#: what a delayed task of ours is, for doctor's line: "4 delayed" alone read as four stuck tasks
+DELAYED_MEANING = {
+    "rlm.watchdog": "job watchdogs, which do nothing once their job has ended",
+    "rlm.batch.tick": "batches' next scheduling ticks",
+}
+
+
+def describe_delayed(client) -> str:
+    """The delayed messages by task, when they fall due, and why they are no backlog.
+
+    They are tasks sent with a countdown (a job's watchdog, a batch's tick).  A worker holds such a task
+    unacknowledged until its time comes and, when it stops (even cleanly), hands it back to the queue: kombu's
+    "Restoring N unacknowledged messages".  That is what keeps a watchdog alive across a restart, and why
+    delayed messages show up here after `rlm up` or a worker was stopped.
+    """
+    tasks: dict[str, list[datetime]] = {}
+    for q in ALL_QUEUES:
+        for key in [q] + [f"{q}{Channel.sep}{p}" for p in PRIORITY_STEPS if p]:
+            for raw in client.lrange(key, 0, DOCTOR_QUEUE_SCAN - 1):
+                try:
+                    headers = json.loads(raw).get("headers", {})
+                    eta = datetime.fromisoformat(headers["eta"]) if headers.get("eta") else None
+                except (ValueError, AttributeError, TypeError):
+                    continue
+                if eta is not None:
+                    tasks.setdefault(str(headers.get("task")), []).append(eta)
+    parts = []
+    for task, etas in sorted(tasks.items()):
+        first, last = (t.astimezone(UTC).strftime("%Y-%m-%d %H:%M") for t in (min(etas), max(etas)))
+        due = f"due {first} UTC" if first == last else f"due {first} to {last} UTC"
+        meaning = f"{DELAYED_MEANING[task]}; " if task in DELAYED_MEANING else ""
+        parts.append(f"{len(etas)} {task} ({meaning}{due})")
+    return (
+        "delayed tasks wait for their time, not for a worker, and a stopping worker hands back those it held: "
+        + ", ".join(parts)
+    )
 
 
 def queue_depths(client) -> dict[str, tuple[int, int]]:

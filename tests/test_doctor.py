@@ -87,6 +87,9 @@ def test_doctor_right_after_make_demo(tmp_path):
         proc = _rlm("doctor", env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "rlm.control=0 (+2 delayed)" in proc.stdout and "rlm.analyst=1," in proc.stdout
+        # what the delayed ones are: "2 delayed" alone read as two stuck tasks
+        assert "delayed tasks wait for their time, not for a worker" in proc.stdout
+        assert "2 rlm.watchdog (job watchdogs, which do nothing once their job has ended; due " in proc.stdout
         assert "warn  queue rlm.control    no worker consumes it" in proc.stdout
         status = _rlm("services", "status", env=env)
         pg_pid = int((tmp_path / "pg" / "postmaster.pid").read_text().split()[0])
