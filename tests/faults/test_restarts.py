@@ -111,8 +111,12 @@ def test_the_api_queues_an_upload_after_valkey_restarted(api, test_services):
         busy(c)
         before = c.post("/v1/buffers?wait=false", json={"name": "before", "documents": [{"path": "a.md", "text": "a"}]})
         assert before.status_code == 202, before.text
+        assert c.get("/metrics").status_code == 200  # its Redis client now holds a connection
         restart_valkey(test_services.data_dir, test_services.broker_url)
         ready = c.get("/readyz")
         assert ready.status_code == 200, ready.text
         after = c.post("/v1/buffers?wait=false", json={"name": "after", "documents": [{"path": "b.md", "text": "b"}]})
         assert after.status_code == 202, after.text
+        # the counters /metrics reads live in Valkey, through the process's long-lived client
+        metrics = c.get("/metrics")
+        assert metrics.status_code == 200, metrics.text
