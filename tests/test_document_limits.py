@@ -93,7 +93,8 @@ def test_an_honest_member_is_counted_to_its_size():
     data = (DATA / "officer-example.docx").read_bytes()
     zf = zipfile.ZipFile(io.BytesIO(data))
     for info in zf.infolist():
-        assert documents._unpacked_size(data, info) == info.file_size == len(zf.read(info))
+        size, head = documents._unpacked_size(data, info)
+        assert size == info.file_size == len(zf.read(info)) and zf.read(info).startswith(head)
 
 
 # --- the DOCX body as a stream -------------------------------------------------------------------------------
@@ -186,6 +187,29 @@ def test_a_small_pdf_over_this_process_stream_limit_converts_in_a_child(monkeypa
     monkeypatch.setattr(documents, "_INPROCESS_PDF_STREAM_BYTES", 1000)  # every page's stream decodes to more
     assert read(DATA / "developers-reference.pdf") == here
     assert sent == ["pdf"]
+
+
+def test_a_small_zip_whose_markup_unpacks_large_converts_in_a_child(monkeypatch: pytest.MonkeyPatch):
+    here = read(DATA / "officer-example.docx")
+    sent: list[str] = []
+    real = documents._convert_in_child
+
+    def counted(fmt: str, data: bytes) -> Document:
+        sent.append(fmt)
+        return real(fmt, data)
+
+    monkeypatch.setattr(documents, "_convert_in_child", counted)
+    monkeypatch.setattr(documents, "_INPROCESS_MAX_MARKUP", 1000)  # the file is 79 KB, its XML more than this
+    assert read(DATA / "officer-example.docx") == here
+    assert sent == ["docx"]
+
+
+def test_only_markup_counts_towards_the_child(monkeypatch: pytest.MonkeyPatch):
+    data = (DATA / "officer-example.docx").read_bytes()
+    zf = zipfile.ZipFile(io.BytesIO(data))
+    xml = sum(i.file_size for i in zf.infolist() if zf.read(i).lstrip().startswith(b"<"))
+    assert 0 < xml < sum(i.file_size for i in zf.infolist())  # it holds a picture
+    assert documents._check_zip(data) == xml
 
 
 # --- HTML ----------------------------------------------------------------------------------------------------

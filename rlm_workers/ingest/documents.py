@@ -77,10 +77,13 @@ _EXTENSIONS = {
     "markdown": "markdown",
 }
 _SURROGATES = re.compile("[\ud800-\udfff]")
-# Files up to this size (and zips declaring up to _INPROCESS_MAX_UNPACKED) convert in this process: a child's
-# start and imports (~0.3 s) would cost more than they do, and their libraries' memory stays well under the bound.
+# Files up to this size (and zips whose markup unpacks to at most _INPROCESS_MAX_MARKUP) convert in this process:
+# a child's start and imports (~0.3 s) would cost more than they do, and their libraries' memory stays well under
+# the bound.  A tree of tag-dense HTML takes ~50 bytes per byte of markup, so the markup is what is counted (by
+# its content, not its name: the libraries follow relationships, whatever a part is called); a document's
+# pictures cost the libraries nothing but their bytes.
 _INPROCESS_MAX_BYTES = 4 * 1024 * 1024
-_INPROCESS_MAX_UNPACKED = 32 * 1024 * 1024
+_INPROCESS_MAX_MARKUP = 8 * 1024 * 1024
 # In this process a PDF stream may not decode to more than this; one that does is converted again in a child,
 # under pypdf's own (larger) limits and the child's memory and time bounds.
 _INPROCESS_PDF_STREAM_BYTES = 16 * 1024 * 1024
@@ -133,8 +136,8 @@ def read_document(path: Path, rel_path: str) -> tuple[Document | None, str | Non
     if not data:
         return None, "empty", digest
     try:
-        unpacked = _check(fmt, data)
-        if len(data) > _INPROCESS_MAX_BYTES or unpacked > _INPROCESS_MAX_UNPACKED:
+        markup = _check(fmt, data)
+        if len(data) > _INPROCESS_MAX_BYTES or markup > _INPROCESS_MAX_MARKUP:
             doc = _convert_in_child(fmt, data)
         else:
             try:
@@ -159,7 +162,7 @@ def format_of(rel_path: str, data: bytes) -> str:
 
 
 def _check(fmt: str, data: bytes) -> int:
-    """What is refused before conversion starts (raises ``_Skip``); a zip's real unpacked size, else 0."""
+    """What is refused before conversion starts (raises ``_Skip``); what a zip's markup unpacks to, else 0."""
     if fmt in _ZIP_FORMATS:
         if data.startswith(_OLE_MAGIC) and fmt != "epub":
             raise _Skip("encrypted")
@@ -448,7 +451,7 @@ class _Builder:
 
 
 def _check_zip(data: bytes) -> int:
-    """Refuse a zip bomb before any library unpacks it; the total unpacked size.  The directory's declared sizes
+    """Refuse a zip bomb before any library unpacks it; what its markup (XML, HTML) unpacks to.  The declared sizes
     are checked first, then every member is inflated here, a piece at a time and thrown away, counting its real
     bytes: a header may lie, and zipfile's ``read`` inflates a member's whole stream in one call before it cuts
     it at the declared size (a member declaring 20 KB that holds 460 MB took 1.7 GB doing that)."""
@@ -464,19 +467,32 @@ def _check_zip(data: bytes) -> int:
             raise _Skip("unpack-limit")
     if total > MAX_UNPACKED_BYTES:
         raise _Skip("unpack-limit")
+    markup = 0
     for info in infos:
-        if _unpacked_size(data, info) > info.file_size:
+        size, head = _unpacked_size(data, info)
+        if size > info.file_size:
             raise _Skip("unpack-limit")  # more than its header says: how a bomb gets past the declared sizes
-    return total
+        if _looks_like_markup(head):
+            markup += size
+    return markup
+
+
+def _looks_like_markup(head: bytes) -> bool:
+    """Whether a member's first bytes could start XML or HTML (what a parser would build a tree of)."""
+    for bom in (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"):
+        head = head.removeprefix(bom)
+    return head.replace(b"\x00", b"").lstrip().startswith(b"<")
 
 
 # Inflated per call while counting: small enough to cost nothing, large enough to make few calls.
 _INFLATE_PIECE = 256 * 1024
+# A member's first bytes kept to tell markup from pictures: room for a BOM and leading white space.
+_HEAD_BYTES = 64
 
 
-def _unpacked_size(data: bytes, info: zipfile.ZipInfo) -> int:
-    """A member's real unpacked size, counted by inflating its stream in pieces; counting stops one byte past
-    the declared size, so a lying header costs no more time than an honest one."""
+def _unpacked_size(data: bytes, info: zipfile.ZipInfo) -> tuple[int, bytes]:
+    """A member's real unpacked size, counted by inflating its stream in pieces, and its first bytes; counting
+    stops one byte past the declared size, so a lying header costs no more time than an honest one."""
     offset = info.header_offset
     if data[offset : offset + 4] != b"PK\x03\x04":
         raise _Skip("corrupt")
@@ -484,22 +500,25 @@ def _unpacked_size(data: bytes, info: zipfile.ZipInfo) -> int:
     start = offset + 30 + name_len + extra_len
     raw = memoryview(data)[start : start + info.compress_size]
     if info.compress_type == zipfile.ZIP_STORED:
-        return len(raw)
+        return len(raw), bytes(raw[:_HEAD_BYTES])
     if info.compress_type != zipfile.ZIP_DEFLATED:
         raise _Skip("corrupt")  # OOXML and EPUB allow stored and deflated members only
     inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-    size, limit = 0, info.file_size
+    size, limit, head = 0, info.file_size, b""
     try:
         for at in range(0, len(raw), _INFLATE_PIECE):
             pending: bytes | memoryview = raw[at : at + _INFLATE_PIECE]
             while pending:
-                size += len(inflater.decompress(pending, _INFLATE_PIECE))
+                piece = inflater.decompress(pending, _INFLATE_PIECE)
+                if len(head) < _HEAD_BYTES:
+                    head += piece[: _HEAD_BYTES - len(head)]
+                size += len(piece)
                 if size > limit or inflater.eof:
-                    return size
+                    return size, head
                 pending = inflater.unconsumed_tail
     except zlib.error as exc:
         raise _Skip("corrupt") from exc
-    return size
+    return size, head
 
 
 # --- PDF -----------------------------------------------------------------------------------------------------
