@@ -152,6 +152,19 @@ def test_the_child_gets_the_limits_of_this_process(monkeypatch: pytest.MonkeyPat
     assert doc.cuts == ["cut-text"] and len(doc.text) == 300
 
 
+def test_what_a_library_prints_in_the_child_does_not_spoil_its_answer(monkeypatch: pytest.MonkeyPatch):
+    here = read(DATA / "officer-example.docx")
+    monkeypatch.setattr(documents, "_INPROCESS_MAX_BYTES", 0)
+    # The conversion in the child prints, from Python and straight to file descriptor 1, before converting.
+    noisy = (
+        "import os; from rlm_workers.ingest import documents as d; real = d._convert; "
+        "d._convert = lambda *a, **k: (print('chatter'), os.write(1, b'more chatter'), real(*a, **k))[-1]; "
+        "d._child_main()"
+    )
+    monkeypatch.setattr(documents, "_CHILD_CODE", noisy)
+    assert read(DATA / "officer-example.docx") == here
+
+
 def test_a_child_over_its_memory_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     # A page of 200,000 small tags: Beautiful Soup's tree of it takes far more than the 32 MB allowed here.
     page = b"<html><body>" + b"<div><p>cell</p></div>" * 200_000 + b"</body></html>"

@@ -284,6 +284,10 @@ def _child_main() -> None:
     stdin = sys.stdin.buffer
     limits = json.loads(stdin.readline())
     data = stdin.read()
+    # The answer gets stdout to itself: whatever a library prints (from Python or C) goes to stderr instead.
+    answer = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     fmt = limits["fmt"]
     module = sys.modules[__name__]
     module.MAX_CONVERT_SECONDS = limits["seconds"]  # type: ignore[attr-defined]
@@ -312,8 +316,8 @@ def _child_main() -> None:
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     except MemoryError:
         payload = pickle.dumps(("skip", "convert-limit"))
-    sys.stdout.buffer.write(payload)
-    sys.stdout.buffer.flush()
+    answer.write(payload)
+    answer.flush()
 
 
 # --- the text being built ------------------------------------------------------------------------------------
