@@ -85,9 +85,9 @@ class DrainOnDeadConnection:
     """The pool's checkout check: a connection that fails it is replaced, and the pool is drained with it.
 
     A dead connection means the server restarted or the network dropped, so every idle one died with it.  Found
-    one by one, each costs a checkout the pool's doubling pause (1, 2, 4, 8, 16 s): with five or more idle
-    connections the first request after PostgreSQL came back waited out the 30 s checkout and got a 503.
-    Draining closes them all at once; the next connection is a fresh one."""
+    one by one, each after the first costs a checkout the pool's doubling pause (1, 2, 4, 8, 16 s): with six or
+    more idle connections the first request after PostgreSQL came back waited out the 30 s checkout and got a
+    503.  Draining closes them all at once; the next connection is a fresh one."""
 
     def __init__(self) -> None:
         self.pool: ConnectionPool | None = None

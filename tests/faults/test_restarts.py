@@ -17,7 +17,7 @@ from tests.support.api import Api
 
 pytestmark = pytest.mark.slow
 
-#: idle pooled connections left when the server goes away: from five on, finding them dead one by one cost
+#: idle pooled connections left when the server goes away: from six on, finding them dead one by one cost
 #: the checkout 1 + 2 + 4 + 8 + 16 s of pauses, past its 30 s
 HELD = 8
 
