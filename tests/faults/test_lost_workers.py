@@ -53,6 +53,47 @@ def kill_tree(worker: WorkerProcess) -> None:
     worker.kill()
 
 
+def test_only_a_started_stage_nobody_runs_counts_as_lost(env):
+    """No worker here: the store alone.  A stage run by a live session, a queued job, a fan-out past its chord or
+    parked for its group's shared reads is never taken for a dead worker's; a stage nobody runs is, once."""
+    from rlm_workers.models import JobStatus
+    from rlm_workers.pipeline.reconcile import RUN_IN_TASK
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    def job(stage: str | None, **spec: object) -> str:
+        job_id = "lostq" + uuid.uuid4().hex[:12]
+        with connection() as conn:
+            job_store.create_job(conn, job_id=job_id, tenant="local", query="q", buffers=["b"], options={}, spec=spec)
+            if stage is not None:
+                job_store.set_stage(conn, job_id=job_id, stage=stage)
+            conn.execute("UPDATE jobs SET stage_at = now() - interval '1 hour' WHERE id = %s", (job_id,))
+        return job_id
+
+    dead, running, queued, parked, launched = (
+        job("search"),
+        job("plan"),
+        job(None),
+        job("fan_out", read_group="g"),
+        job("fan_out"),
+    )
+    mine = {dead, running, queued, parked, launched}
+    try:
+        with connection() as conn:
+            job_store.add_task_ids(conn, job_id=launched, task_ids=["t"])
+        with connection() as holder, job_store.stage_held(holder, job_id=running), connection() as conn:
+            found = [j for j in job_store.orphaned_jobs(conn, stages=RUN_IN_TASK, grace_seconds=2) if j[0] in mine]
+            assert found == [(dead, "search")]
+            # claimed: the next sweep leaves it to the task just sent
+            again = job_store.orphaned_jobs(conn, stages=RUN_IN_TASK, grace_seconds=2)
+            assert not [j for j in again if j[0] in mine]
+    finally:
+        # ended, so the workers of the tests below never pick them up
+        with connection() as conn:
+            for job_id in mine:
+                job_store.finish_job(conn, job_id=job_id, status=JobStatus.cancelled, error={"type": "cancelled"})
+
+
 def test_a_job_whose_control_worker_died_mid_plan_moves_again(db, fresh, model, workers):
     held, reached = threading.Event(), threading.Event()
 
