@@ -34,6 +34,7 @@ import io
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import struct
@@ -65,6 +66,16 @@ def corpus() -> list[Path]:
         if doc is not None:
             out.append(path)
     return out
+
+
+#: a run of letters this long is words joined together (the longest English words in technical text, such as
+#: "internationalization", are 20)
+JOINED_LETTERS = 21
+
+
+def joined_words(text: str) -> int:
+    """Runs of ``JOINED_LETTERS`` letters or more: words a converter glued together ("Otherthantheyearly…")."""
+    return sum(1 for w in re.findall(r"[^\W\d_]+", text) if len(w) >= JOINED_LETTERS)
 
 
 def timed(path: Path, seconds: float) -> tuple[float, int, str, int]:
@@ -104,7 +115,10 @@ def main() -> None:
         best = min((timed(path, args.seconds) for _ in range(args.rounds)), key=lambda r: r[0])
         per_conv, n, fmt, chars = best
         size = path.stat().st_size
-        rows.append((fmt, path.name, size, chars, per_conv, n))
+        doc, _, _ = read_document(path, path.name)
+        assert doc is not None
+        joined = f"{joined_words(doc.text)} in {len(doc.pages)} pages" if doc.pages else str(joined_words(doc.text))
+        rows.append((fmt, path.name, size, chars, per_conv, n, joined))
         acc = per_format.setdefault(fmt, [0.0, 0.0, 0.0])
         acc[0] += size
         acc[1] += per_conv
@@ -121,13 +135,15 @@ def main() -> None:
         f"- `read_document` on each real file of tests/data/documents, repeated for ≥ {args.seconds:g} s, best of "
         f"{args.rounds} rounds, one thread; MB = 10^6 bytes of input file",
         "",
-        "| format | file | input KB | text chars | ms per file | MB/s | chars/s |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        f"- joined words: runs of {JOINED_LETTERS}+ letters in the text (words a converter glued together)",
+        "",
+        "| format | file | input KB | text chars | ms per file | MB/s | chars/s | joined words |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for fmt, name, size, chars, per_conv, _n in sorted(rows):
+    for fmt, name, size, chars, per_conv, _n, joined in sorted(rows):
         lines.append(
             f"| {fmt} | `{name}` | {size / 1e3:,.0f} | {chars:,} | {per_conv * 1e3:,.1f} | "
-            f"{size / 1e6 / per_conv:,.2f} | {chars / per_conv:,.0f} |"
+            f"{size / 1e6 / per_conv:,.2f} | {chars / per_conv:,.0f} | {joined} |"
         )
     lines += [
         "",

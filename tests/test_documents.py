@@ -94,9 +94,45 @@ def test_pdf_fact_on_its_page_and_section(manual: Document):
 
 
 def test_pdf_heading_found_where_the_title_wraps_with_a_hyphen(manual: Document):
+    # The PDF wraps this title after "reintro-"; its page text rejoins the word, and the heading sits above it.
     title = "Moving, removing, renaming, orphaning, adopting, and reintroducing packages"
     h = next(h for h in manual.headings if h.title == title)
-    assert manual.text[h.start :].split("\n")[2] == "5.9 Moving, removing, renaming, orphaning, adopting, and reintro-"
+    assert manual.text[h.start :].split("\n")[2] == f"5.9 {title}"
+    # Where a page's text keeps the wrap (pypdf's, for a PDF that PDFium cannot open), the title is still found.
+    out = documents._Builder("pdf")
+    documents._pdf_page(
+        out,
+        "Intro text.\n5.9 Moving, removing, renaming, orphaning, adopting, and reintro-\nducing packages\n",
+        [(2, title)],
+    )
+    assert out.document().text.split("\n")[2] == "## " + title
+
+
+def test_pdf_words_are_spaced_and_running_heads_and_page_numbers_left_out(manual: Document):
+    words = re.findall(r"[A-Za-z]+", manual.text)
+    # pypdf's text joined whole sentences into one "word" here ("AcopyoftheGNUGeneralPublicLicense…": 1,018
+    # words of 18 letters or more); the longest English words in this manual are such as "Internationalization"
+    assert sum(len(w) >= 18 for w in words) < 40
+    assert "A copy of the GNU General Public License is available as" in " ".join(manual.text.split())
+    # the running head printed on every page ("Debian Developer's Reference, Release 12.18") is not in the text
+    # more than once per page of the title block, and no page ends with its bare number
+    assert manual.text.count("Developer’s Reference, Release 12.18") <= 2
+    for k, start in enumerate(manual.pages):
+        end = manual.pages[k + 1] if k + 1 < len(manual.pages) else len(manual.text)
+        lines = [line for line in manual.text[start:end].split("\n") if line.strip()]
+        assert not lines or not re.fullmatch(r"\d+|[ivxlc]+", lines[-1].strip())
+
+
+def test_running_heads_need_pages_enough_to_repeat_on():
+    pages = ["Title\nbody one\n1", "Title\nbody two\n2"]
+    assert documents._without_running_lines(pages) == pages  # two pages: a repeat proves nothing
+    pages = [
+        f"Report 2026\nbody {'abcd'[k - 1]} says something\nmore of it\nTotal: {k * 7}\nPage {k} of 4"
+        for k in range(1, 5)
+    ]
+    assert documents._without_running_lines(pages) == [
+        f"body {'abcd'[k - 1]} says something\nmore of it\nTotal: {k * 7}" for k in range(1, 5)
+    ]
 
 
 def test_pdf_encrypted_with_the_empty_password_opens():

@@ -36,6 +36,7 @@ import unicodedata
 import warnings
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -212,7 +213,7 @@ def _convert(fmt: str, data: bytes, *, in_child: bool) -> Document:
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _CHILD_CODE = "from rlm_workers.ingest.documents import _child_main; _child_main()"
 _LIBRARIES = {
-    "pdf": ("pypdf",),
+    "pdf": ("pypdf", "pypdfium2"),
     "docx": ("docx", "lxml.etree"),
     "pptx": ("pptx",),
     "xlsx": ("openpyxl",),
@@ -564,39 +565,174 @@ def _pdf(data: bytes, out: _Builder, *, in_child: bool = True) -> None:
     n = len(reader.pages)
     if n == 0:
         raise _Skip("empty")
-    outline = _pdf_outline(reader, min(n, MAX_DOCUMENT_PAGES))
+    pages = min(n, MAX_DOCUMENT_PAGES)
+    outline = _pdf_outline(reader, pages)
     failed = 0
     deadline = out.deadline
+    timed_out = False
 
     def check_time(_op: Any, _args: Any, _cm: Any, _tm: Any) -> None:
         # Called before every operator of a page's content: one page's stream can take minutes on its own.
         if time.monotonic() > deadline:
             raise _OutOfTime
 
-    for i in range(min(n, MAX_DOCUMENT_PAGES)):
-        try:
-            text = clean(reader.pages[i].extract_text(visitor_operand_before=check_time) or "")
-        except _OutOfTime:
-            out.cut("cut-time")
-            if not out.has_text:
-                raise _Skip("convert-limit") from None
-            break
-        except Exception as exc:  # one broken page (a bad font, a bad stream) costs its text, not the document
-            if not in_child and _caused_by(exc, LimitReachedError):
-                raise  # this process's tighter stream limit: the file is converted again in a child
-            log.debug("pdf page %d: text extraction failed: %s", i + 1, type(exc).__name__)
-            text, failed = "", failed + 1
+    texts: list[str] = []
+    size = 0
+    pdfium_doc = _pdfium_open(data)
+    try:
+        for i in range(pages):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            try:
+                if pdfium_doc is None:
+                    text = reader.pages[i].extract_text(visitor_operand_before=check_time) or ""
+                else:
+                    text = _pdfium_page_text(reader.pages[i], pdfium_doc, i)
+            except _OutOfTime:
+                timed_out = True
+                break
+            except Exception as exc:  # one broken page (a bad font, a bad stream) costs its text, not the document
+                if not in_child and _caused_by(exc, LimitReachedError):
+                    raise  # this process's tighter stream limit: the file is converted again in a child
+                log.debug("pdf page %d: text extraction failed: %s", i + 1, type(exc).__name__)
+                text, failed = "", failed + 1
+            texts.append(clean(text))
+            size += len(texts[-1])
+            if size >= MAX_DOCUMENT_CHARS:
+                break
+    finally:
+        if pdfium_doc is not None:
+            pdfium_doc.close()
+    for i, text in enumerate(_without_running_lines(texts)):
         out.page()
         _pdf_page(out, text, outline.get(i, []))
         if i + 1 < n and out.done():
             break
     else:
-        if n > MAX_DOCUMENT_PAGES:
+        if n > MAX_DOCUMENT_PAGES and len(texts) == pages:
             out.cut("cut-pages")
+    if timed_out:
+        out.cut("cut-time")
+        if not out.has_text:
+            raise _Skip("convert-limit")
     if not out.has_text:
         if failed:
             raise ValueError(f"no page's text could be extracted ({failed} failed)")
         raise _Skip("no-text-layer")
+
+
+def _pdfium_open(data: bytes) -> Any:
+    """The PDF opened by PDFium for its page text, or None where PDFium cannot open what pypdf could (its text is
+    then pypdf's).  The empty password is tried, as pypdf tried it."""
+    import pypdfium2
+
+    try:
+        return pypdfium2.PdfDocument(data)
+    except pypdfium2.PdfiumError as exc:
+        log.debug("pdfium cannot open the pdf (%s): pypdf's text instead", exc)
+        return None
+
+
+def _pdfium_page_text(page: Any, pdfium_doc: Any, i: int) -> str:
+    """Page ``i``'s text as PDFium lays it out.  What PDFium will parse (the page's content and its forms) is
+    first decoded by pypdf under its stream limits, so a compression bomb is refused (or sent to the child)
+    before PDFium inflates it, where no limit of ours applies."""
+    _decode_page_streams(page)
+    pdfium_page = pdfium_doc[i]
+    try:
+        textpage = pdfium_page.get_textpage()
+        try:
+            raw = textpage.get_text_range()
+        finally:
+            textpage.close()
+    finally:
+        pdfium_page.close()
+    # PDFium ends lines with \r\n and marks a word it rejoined across a line-end hyphen with U+FFFE
+    return raw.replace("\r\n", "\n").replace("\r", "\n").replace("\ufffe", "")
+
+
+def _decode_page_streams(page: Any) -> None:
+    from pypdf.generic import DictionaryObject, StreamObject
+
+    page.get_contents()
+    stack, seen = [page.get("/Resources")], 0
+    while stack and seen < _MAX_PAGE_FORMS:
+        resources = stack.pop()
+        resources = resources.get_object() if resources is not None else None
+        xobjects = resources.get("/XObject") if isinstance(resources, DictionaryObject) else None
+        xobjects = xobjects.get_object() if xobjects is not None else None
+        if not isinstance(xobjects, DictionaryObject):
+            continue
+        for ref in xobjects.values():
+            form = ref.get_object()
+            if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form":
+                seen += 1
+                form.get_data()
+                if form.get("/Resources") is not resources:
+                    stack.append(form.get("/Resources"))
+
+
+def _without_running_lines(pages: list[str]) -> list[str]:
+    """The pages without their running heads and feet, which would otherwise sit inside every chunk: a line
+    among the first or last two of a page that opens or closes at least a quarter of the pages (and three) word
+    for word (a title, "Confidential"), or that has a number counting up with the pages on three pages or more
+    (a bare page number, roman in the front matter, "Page 3 of 9", "4 Chapter 1. Scope").  A line that repeats
+    with other numbers ("Total: 120" on every invoice) is kept."""
+    with_text = sum(1 for p in pages if p.strip())
+    if with_text < _RUNNING_MIN_PAGES:
+        return pages
+    split = [p.split("\n") for p in pages]
+    edges: list[list[int]] = []
+    same: Counter[str] = Counter()
+    # (the line with one of its numbers as #, that number minus the page's index): pages it is on
+    counting: Counter[tuple[str, int]] = Counter()
+    for index, lines in enumerate(split):
+        filled = [k for k, line in enumerate(lines) if line.strip()]
+        edge = sorted(set(filled[:_RUNNING_EDGE_LINES] + filled[-_RUNNING_EDGE_LINES:]))
+        edges.append(edge)
+        same.update({_squeeze(lines[k]) for k in edge})
+        counting.update({(shape, number - index) for k in edge for shape, number in _numbered_shapes(lines[k])})
+    least = max(_RUNNING_MIN_PAGES, with_text / 4)
+    running = {line for line, c in same.items() if c >= least and len(line) <= _RUNNING_MAX_CHARS}
+    out = []
+    for index, (lines, edge) in enumerate(zip(split, edges, strict=True)):
+        heads = {k for k in edge if _squeeze(lines[k]) in running}
+        labels = {
+            k
+            for k in edge
+            if any(counting[shape, n - index] >= _RUNNING_MIN_PAGES for shape, n in _numbered_shapes(lines[k]))
+        }
+        if not heads and len(labels) == sum(1 for line in lines if line.strip()):
+            labels = set()  # a page of numbered lines alone: they are its text, not a frame around it
+        drop = heads | labels
+        out.append("\n".join(line for k, line in enumerate(lines) if k not in drop))
+    return out
+
+
+def _squeeze(line: str) -> str:
+    return " ".join(line.lower().split())
+
+
+def _numbered_shapes(line: str) -> list[tuple[str, int]]:
+    """For each number of a short line (arabic, or roman standing alone), the line with that number as ``#``
+    and its value."""
+    line = _squeeze(line)
+    if len(line) > _RUNNING_MAX_CHARS:
+        return []
+    if _ROMAN.fullmatch(line):
+        return [("#", value)] if (value := _roman(line)) else []
+    return [(line[: m.start()] + "#" + line[m.end() :], int(m.group()[:9])) for m in _DIGITS.finditer(line)]
+
+
+def _roman(s: str) -> int:
+    """A lower-case roman numeral's value (0 when it is not written as one)."""
+    values = {"i": 1, "v": 5, "x": 10, "l": 50, "c": 100}
+    total = 0
+    for a, b in zip(s, s[1:] + " ", strict=True):
+        v = values[a]
+        total += -v if values.get(b, 0) > v else v
+    return total if total > 0 else 0
 
 
 def _pdf_outline(reader: Any, n_pages: int) -> dict[int, list[tuple[int, str]]]:
@@ -632,6 +768,14 @@ def _pdf_outline(reader: Any, n_pages: int) -> dict[int, list[tuple[int, str]]]:
 
 
 # Section numbers and words that may stand before an outline title on its page: "3.2.3 Voting", "Chapter 4 …".
+# A page whose forms nest or repeat past this many is read no further for its stream sizes.
+_MAX_PAGE_FORMS = 1000
+# Running heads and feet: looked for among a page's first and last lines, in documents of at least this many pages.
+_RUNNING_EDGE_LINES = 2
+_RUNNING_MIN_PAGES = 3
+_RUNNING_MAX_CHARS = 120
+_DIGITS = re.compile(r"\d+")
+_ROMAN = re.compile(r"[ivxlc]+")
 _NUMBERING = re.compile(r"(?:chapter|section|appendix|part)?(?:\d+|[a-z]|[ivxlc]+)?(?:[.\-]\d+)*[.:)]?")
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": "-"})
 
