@@ -14,7 +14,7 @@ import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
 
-from .cli_output import Ticker, human, one_transaction_interrupt, print_json
+from .cli_output import Ticker, human, one_transaction_interrupt, plural, print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
 
 if TYPE_CHECKING:
@@ -180,9 +180,10 @@ def load(
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
     cut = "".join(f", {n} {why}" for why, n in sorted(report.cut.items()))
     typer.echo(
-        f"buffer {report.buffer} v{report.version}: {report.files_loaded} files loaded, "
-        f"{report.files_unchanged} unchanged, {report.files_removed} removed; {report.chunks_written} chunks, "
-        f"{report.windows_embedded} windows embedded; skipped: {skipped}{cut} ({report.seconds:.1f}s)"
+        f"buffer {report.buffer} v{report.version}: {report.files_loaded} {plural(report.files_loaded, 'file')} "
+        f"loaded, {report.files_unchanged} unchanged, {report.files_removed} removed; {report.chunks_written} "
+        f"{plural(report.chunks_written, 'chunk')}, {report.windows_embedded} "
+        f"{plural(report.windows_embedded, 'window')} embedded; skipped: {skipped}{cut} ({report.seconds:.1f}s)"
     )
 
 
@@ -273,8 +274,10 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
         r = up.report
         _warn_documents(r.get("named") or {}, r.get("skipped") or {}, r.get("cut") or {})
         typer.echo(
-            f"buffer {buffer} v{r['version']}: {r['files_loaded']} files loaded, {r['files_unchanged']} unchanged, "
-            f"{r['files_removed']} removed; {r['chunks_written']} chunks, {r['windows_embedded']} windows embedded"
+            f"buffer {buffer} v{r['version']}: {r['files_loaded']} {plural(r['files_loaded'], 'file')} loaded, "
+            f"{r['files_unchanged']} unchanged, {r['files_removed']} removed; {r['chunks_written']} "
+            f"{plural(r['chunks_written'], 'chunk')}, {r['windows_embedded']} {plural(r['windows_embedded'], 'window')}"
+            " embedded"
         )
     if up.status != "done":
         raise RLMError(f"upload {upload_id} failed: {(up.error or {}).get('message', 'no reason recorded')}")

@@ -208,7 +208,7 @@ def test_rlm_load_refuses_what_it_cannot_load_and_skips_bad_files_in_a_directory
     _write(src / "late.txt", LATE_NUL)
     _write(src / "also\rbad.md", GOOD)
     proc = run_rlm(rlm_env, "load", str(src), "--buffer", "cli-in", check=0)
-    assert "1 files loaded" in proc.stdout and "1 bad-name, 1 binary" in proc.stdout, proc.stdout
+    assert "1 file loaded" in proc.stdout and "1 bad-name, 1 binary" in proc.stdout, proc.stdout
     conn.rollback()
     assert {path for _, path in _chunks(conn, "cli-in")} == {"tree/good.md"}
 

@@ -108,7 +108,7 @@ def test_archive_bomb_and_2gb_file_are_refused_with_bounded_memory(rlm_env, tmp_
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "1 files loaded" in proc.stdout and "1 too-large" in proc.stdout and "1 binary" in proc.stdout
+    assert "1 file loaded" in proc.stdout and "1 too-large" in proc.stdout and "1 binary" in proc.stdout
     assert "huge.log: larger than RLM_MAX_FILE_BYTES" in proc.stderr
     peak_kb = next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
     # the process never held the 2 GiB file or the inflated archive (the model alone is ~0.5 GB)
