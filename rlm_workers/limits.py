@@ -33,8 +33,10 @@ MAX_INLINE_UPLOAD_BYTES = 256 * 1024
 # Documents (docs/contract.md#documents): what one converted file may cost the ingest process.
 #: pages (PDF), slides (PPTX) or sheets (XLSX) converted; a 2,000-page manual is large, more is an archive or a scan
 MAX_DOCUMENT_PAGES = 2000
-#: characters of converted text kept (~20 MB): a dozen of the longest books; bounds the memory one file can take
-MAX_DOCUMENT_CHARS = 20_000_000
+#: characters of converted text kept (~10 MB, about what the page limit holds): bounds the memory one file can
+#: take and the embedding after it; a file cut here took 6 minutes to load on 2 cores, most of it embedding
+#: (bench/RESULTS.md, hostile documents), and the old 20,000,000 would have doubled that
+MAX_DOCUMENT_CHARS = 10_000_000
 #: declared uncompressed size of a zip container (DOCX/PPTX/XLSX/EPUB), checked before anything is unpacked
 MAX_UNPACKED_BYTES = 500 * 1024 * 1024
 #: compression ratio allowed per zip member over 1 MiB: real documents' XML packs under ~100:1, zip bombs ~1000:1
