@@ -656,21 +656,26 @@ def _decode_page_streams(page: Any) -> None:
     from pypdf.generic import DictionaryObject, StreamObject
 
     page.get_contents()
-    stack, seen = [page.get("/Resources")], 0
-    while stack and seen < _MAX_PAGE_FORMS:
+    # Forms often share the page's resources (or each other's): each dictionary and form is read once, or a page
+    # of three such forms went round them until _MAX_PAGE_FORMS.
+    stack, visited, decoded = [page.get("/Resources")], set(), 0
+    while stack and decoded < _MAX_PAGE_FORMS:
         resources = stack.pop()
         resources = resources.get_object() if resources is not None else None
-        xobjects = resources.get("/XObject") if isinstance(resources, DictionaryObject) else None
+        if not isinstance(resources, DictionaryObject) or id(resources) in visited:
+            continue
+        visited.add(id(resources))
+        xobjects = resources.get("/XObject")
         xobjects = xobjects.get_object() if xobjects is not None else None
         if not isinstance(xobjects, DictionaryObject):
             continue
         for ref in xobjects.values():
             form = ref.get_object()
-            if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form":
-                seen += 1
+            if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form" and id(form) not in visited:
+                visited.add(id(form))
+                decoded += 1
                 form.get_data()
-                if form.get("/Resources") is not resources:
-                    stack.append(form.get("/Resources"))
+                stack.append(form.get("/Resources"))
 
 
 def _without_running_lines(pages: list[str]) -> list[str]:
@@ -683,25 +688,25 @@ def _without_running_lines(pages: list[str]) -> list[str]:
     if with_text < _RUNNING_MIN_PAGES:
         return pages
     split = [p.split("\n") for p in pages]
-    edges: list[list[int]] = []
+    # each page's edge lines: (index in the page, the line squeezed, the line with each of its numbers as #)
+    edges: list[list[tuple[int, str, list[tuple[str, int]]]]] = []
     same: Counter[str] = Counter()
     # (the line with one of its numbers as #, that number minus the page's index): pages it is on
     counting: Counter[tuple[str, int]] = Counter()
     for index, lines in enumerate(split):
         filled = [k for k, line in enumerate(lines) if line.strip()]
-        edge = sorted(set(filled[:_RUNNING_EDGE_LINES] + filled[-_RUNNING_EDGE_LINES:]))
+        ks = sorted(set(filled[:_RUNNING_EDGE_LINES] + filled[-_RUNNING_EDGE_LINES:]))
+        edge = [(k, _squeeze(lines[k]), _numbered_shapes(lines[k])) for k in ks]
         edges.append(edge)
-        same.update({_squeeze(lines[k]) for k in edge})
-        counting.update({(shape, number - index) for k in edge for shape, number in _numbered_shapes(lines[k])})
+        same.update({squeezed for _, squeezed, _ in edge})
+        counting.update({(shape, number - index) for *_, shapes in edge for shape, number in shapes})
     least = max(_RUNNING_MIN_PAGES, with_text / 4)
     running = {line for line, c in same.items() if c >= least and len(line) <= _RUNNING_MAX_CHARS}
     out = []
     for index, (lines, edge) in enumerate(zip(split, edges, strict=True)):
-        heads = {k for k in edge if _squeeze(lines[k]) in running}
+        heads = {k for k, squeezed, _ in edge if squeezed in running}
         labels = {
-            k
-            for k in edge
-            if any(counting[shape, n - index] >= _RUNNING_MIN_PAGES for shape, n in _numbered_shapes(lines[k]))
+            k for k, _, shapes in edge if any(counting[shape, n - index] >= _RUNNING_MIN_PAGES for shape, n in shapes)
         }
         if not heads and len(labels) == sum(1 for line in lines if line.strip()):
             labels = set()  # a page of numbered lines alone: they are its text, not a frame around it
