@@ -187,8 +187,9 @@ def test_a_child_that_dies_is_refused(monkeypatch: pytest.MonkeyPatch):
     assert read(DATA / "officer-example.docx") == (None, "convert-limit")
 
 
-def test_a_small_pdf_over_this_process_stream_limit_converts_in_a_child(monkeypatch: pytest.MonkeyPatch):
-    here = read(DATA / "developers-reference.pdf")
+@pytest.fixture
+def sent_to_child(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The formats of the files converted in a child from here on, each still converted there."""
     sent: list[str] = []
     real = documents._convert_in_child
 
@@ -197,24 +198,27 @@ def test_a_small_pdf_over_this_process_stream_limit_converts_in_a_child(monkeypa
         return real(fmt, data)
 
     monkeypatch.setattr(documents, "_convert_in_child", counted)
+    return sent
+
+
+def test_a_small_pdf_over_this_process_stream_limit_converts_in_a_child(
+    monkeypatch: pytest.MonkeyPatch, sent_to_child: list[str]
+):
+    here = read(DATA / "developers-reference.pdf")
+    sent_to_child.clear()
     monkeypatch.setattr(documents, "_INPROCESS_PDF_STREAM_BYTES", 1000)  # every page's stream decodes to more
     assert read(DATA / "developers-reference.pdf") == here
-    assert sent == ["pdf"]
+    assert sent_to_child == ["pdf"]
 
 
-def test_a_small_zip_whose_markup_unpacks_large_converts_in_a_child(monkeypatch: pytest.MonkeyPatch):
+def test_a_small_zip_whose_markup_unpacks_large_converts_in_a_child(
+    monkeypatch: pytest.MonkeyPatch, sent_to_child: list[str]
+):
     here = read(DATA / "officer-example.docx")
-    sent: list[str] = []
-    real = documents._convert_in_child
-
-    def counted(fmt: str, data: bytes) -> Document:
-        sent.append(fmt)
-        return real(fmt, data)
-
-    monkeypatch.setattr(documents, "_convert_in_child", counted)
+    sent_to_child.clear()
     monkeypatch.setattr(documents, "_INPROCESS_MAX_MARKUP", 1000)  # the file is 79 KB, its XML more than this
     assert read(DATA / "officer-example.docx") == here
-    assert sent == ["docx"]
+    assert sent_to_child == ["docx"]
 
 
 def test_only_markup_counts_towards_the_child(monkeypatch: pytest.MonkeyPatch):
