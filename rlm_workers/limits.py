@@ -37,6 +37,10 @@ MAX_DOCUMENT_PAGES = 2000
 #: take and the embedding after it; a file cut here took 6 minutes to load on 2 cores, most of it embedding
 #: (bench/RESULTS.md, hostile documents), and the old 20,000,000 would have doubled that
 MAX_DOCUMENT_CHARS = 10_000_000
+#: embedding windows one converted document may add (~2 minutes of encoding on 2 cores at ~490 windows/s): the
+#: character limit alone let a file of short paragraphs (~67 characters a window) take 6 minutes to load, most of
+#: it embedding (bench/RESULTS.md, hostile documents); about 4-8 million characters of prose fit
+MAX_DOCUMENT_WINDOWS = 60_000
 #: declared uncompressed size of a zip container (DOCX/PPTX/XLSX/EPUB), checked before anything is unpacked
 MAX_UNPACKED_BYTES = 500 * 1024 * 1024
 #: compression ratio allowed per zip member over 1 MiB: real documents' XML packs under ~100:1, zip bombs ~1000:1

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from rlm_workers.ingest import documents
+from rlm_workers.ingest import documents, loader
 from rlm_workers.ingest.documents import Document, read_document
 from rlm_workers.ingest.loader import load_paths
 from rlm_workers.store import buffers as store
+from rlm_workers.store import vectors
 
 DATA = Path(__file__).parent / "data" / "documents"
 _W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
@@ -287,3 +288,48 @@ def test_a_document_refused_at_the_limits_keeps_its_earlier_version(
     assert report.named == {"convert-limit": ["docs/report.docx"]}
     assert report.files_removed == 0
     assert conn.execute(query, (buf.id,)).fetchall() == before
+
+
+def test_a_document_past_the_window_limit_is_cut_at_a_chunk_and_plain_text_is_not(
+    conn, embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Embedding is most of a large document's load: the text kept stops before the chunk whose windows pass
+    the limit, and the file's size and outline describe only what was kept.  A plain text file is the size the
+    user chose (``RLM_MAX_FILE_BYTES``) and is never cut."""
+    heading = b'<w:p><w:pPr><w:pStyle w:val="Titre1"/></w:pPr><w:r><w:t>Part %d</w:t></w:r></w:p>'
+    body = b"".join(heading % k + paragraphs(40 * (k + 1), 40 * k) for k in range(10))
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    write(
+        folder, "long.docx", docx_with_body(b"<w:document %s><w:body>" % _W.encode() + body + b"</w:body></w:document>")
+    )
+    whole, _ = read(folder / "long.docx")
+    assert whole is not None and not whole.cuts
+    write(folder, "long.txt", whole.text)
+    monkeypatch.setattr(loader, "MAX_DOCUMENT_WINDOWS", 40)
+
+    report = load_paths(conn, buffer="windows", paths=[folder], embedder=embedder, chunk_size=1000, overlap=100)
+    conn.commit()
+    assert report.cut == {"cut-text": 1} and report.named == {"cut-text": ["docs/long.docx"]}
+    buf = store.get_buffer(conn, tenant="local", name="windows")
+    file_rows = {
+        path: (size, outline)
+        for path, size, outline in conn.execute(
+            "SELECT path, size_bytes, outline FROM files WHERE buffer_id = %s", (buf.id,)
+        ).fetchall()
+    }
+    kept = conn.execute(
+        f"SELECT c.text, c.end_byte, (SELECT count(*) FROM {vectors.vector_table(buf.id)} v WHERE v.chunk_id = c.id) "
+        "FROM chunks c WHERE c.buffer_id = %s AND c.path = 'docs/long.docx' ORDER BY c.seq",
+        (buf.id,),
+    ).fetchall()
+    assert 0 < sum(n for _, _, n in kept) <= 40
+    assert kept[0][0].startswith("# Part 0")
+    size, outline = file_rows["docs/long.docx"]
+    assert size == kept[-1][1] < len(whole.text)
+    titles = [h["title"] for h in outline]
+    assert titles == [f"Part {k}" for k in range(len(titles))] and 0 < len(titles) < 10
+    text_chunks = conn.execute(
+        "SELECT count(*) FROM chunks WHERE buffer_id = %s AND path = 'docs/long.txt'", (buf.id,)
+    ).fetchone()[0]
+    assert text_chunks > len(kept) and file_rows["docs/long.txt"][0] == len(whole.text.encode())

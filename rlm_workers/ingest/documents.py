@@ -109,6 +109,21 @@ class Document:
     pages: list[int] = field(default_factory=list)
     cuts: list[str] = field(default_factory=list)  # why the text was shortened: cut-pages, cut-text, cut-time
 
+    @property
+    def converted(self) -> bool:
+        """Text made from a document format, which can be far longer than its file (a zip packs XML ~15:1)."""
+        return self.format not in ("text", "markdown")
+
+    def cut_at(self, end: int, reason: str) -> Document:
+        """This document up to character ``end``: headings and pages past it dropped, ``reason`` added once."""
+        return Document(
+            text=self.text[:end],
+            format=self.format,
+            headings=[h for h in self.headings if h.start < end],
+            pages=[p for p in self.pages if p < end or p == 0],
+            cuts=self.cuts if reason in self.cuts else [*self.cuts, reason],
+        )
+
 
 class _Skip(Exception):
     """A converter's verdict that the file is not loaded, with the reason the loader counts."""

@@ -31,7 +31,7 @@ from ..store import buffers as bstore
 from ..store import uploads as store
 from ..store import vectors
 from ..store.db import DB_OUTAGE, connect, connection
-from .chunkers import chunk_document, outline
+from .chunkers import outline
 from .embed import get_embedder
 from .failures import final_error, gave_up, internal_error
 from .files import discover, under
@@ -41,6 +41,7 @@ from .loader import (
     LoadReport,
     Owner,
     chunk_fields,
+    chunks_to_embed,
     read_counted,
     same_cut,
 )
@@ -222,14 +223,20 @@ def _stage(
                     report.files_unchanged += 1
                     _submit_file(writer, up.id, g.group_no, cand.rel_path, None, digest, cand.size, old.chunk_count)
                     continue
-                chunks = chunk_document(
-                    doc, path=cand.rel_path, chunker=chunker, chunk_size=chunk_size, overlap=overlap
+                doc, chunks = chunks_to_embed(
+                    doc,
+                    path=cand.rel_path,
+                    chunker=chunker,
+                    chunk_size=chunk_size,
+                    overlap=overlap,
+                    embedder=embedder,
+                    report=report,
                 )
                 fid = file_ids.take(1)[0]
                 ids = chunk_ids.take(len(chunks))
                 rows = [
-                    (cid, fid, seq, cand.rel_path, *chunk_fields(cid, ch, embedder, windows, owners))
-                    for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True))
+                    (cid, fid, seq, cand.rel_path, *chunk_fields(cid, ch, spans, windows, owners))
+                    for seq, (cid, (ch, spans)) in enumerate(zip(ids, chunks, strict=True))
                 ]
                 _submit_file(
                     writer,

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput
+from ..limits import MAX_DOCUMENT_WINDOWS
 from ..search.tokenize import tokenize
 from ..store import buffers as store
 from ..store import vectors
-from .chunkers import chunk_document, outline, validate_chunk_params
+from .chunkers import Chunk, chunk_document, outline, validate_chunk_params
 from .documents import Document, read_document
 from .embed import get_embedder
 from .files import discover, under
@@ -254,22 +255,17 @@ def load_paths(
                     continue
                 changed = True
                 queued_before = len(windows)
-                n = _queue_file(
-                    conn,
-                    writer,
-                    file_ids,
-                    chunk_ids,
-                    windows,
-                    owners,
-                    buf.id,
-                    old,
-                    cand.rel_path,
+                doc, chunks = chunks_to_embed(
                     doc,
-                    digest,
-                    chunker,
-                    chunk_size,
-                    overlap,
-                    embedder,
+                    path=cand.rel_path,
+                    chunker=chunker,
+                    chunk_size=chunk_size,
+                    overlap=overlap,
+                    embedder=embedder,
+                    report=report,
+                )
+                n = _queue_file(
+                    conn, writer, file_ids, chunk_ids, windows, owners, buf.id, old, cand.rel_path, doc, digest, chunks
                 )
                 report.files_loaded += 1
                 report.bytes_loaded += cand.size
@@ -323,18 +319,14 @@ def _queue_file(
     path: str,
     doc: Document,
     digest: str,
-    chunker: str,
-    chunk_size: int,
-    overlap: int,
-    embedder: Embedder,
+    chunks: list[tuple[Chunk, list[tuple[int, int]]]],
 ) -> int:
-    """Chunk one file, send its rows to the writer, and queue its windows for encoding."""
-    chunks = chunk_document(doc, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap)
+    """Send one file's rows to the writer and queue its chunks' windows for encoding."""
     file_id = file_ids.take(1)[0]
     ids = chunk_ids.take(len(chunks))
     rows = [
-        (cid, buffer_id, file_id, 0, seq, path, *chunk_fields(cid, ch, embedder, windows, owners))
-        for seq, (cid, ch) in enumerate(zip(ids, chunks, strict=True))
+        (cid, buffer_id, file_id, 0, seq, path, *chunk_fields(cid, ch, spans, windows, owners))
+        for seq, (cid, (ch, spans)) in enumerate(zip(ids, chunks, strict=True))
     ]
     size = len(doc.text.encode())
     headings = outline(doc) if doc.headings else None
@@ -376,11 +368,40 @@ def same_cut(buf: Any, chunker: str, chunk_size: int, overlap: int, embedder: An
 Owner = tuple[int, int, int, int]
 
 
-def chunk_fields(cid: int, ch: Any, embedder: Any, windows: list[str], owners: list[Owner]) -> tuple:
+def chunks_to_embed(
+    doc: Document,
+    *,
+    path: str,
+    chunker: str,
+    chunk_size: int,
+    overlap: int,
+    embedder: Any,
+    report: LoadReport,
+) -> tuple[Document, list[tuple[Chunk, list[tuple[int, int]]]]]:
+    """A file's chunks, each with its windows' spans.  A converted document whose windows would pass
+    ``MAX_DOCUMENT_WINDOWS`` is cut before the chunk that passes it (counted as ``cut-text``), and the document
+    returned is the text kept, so the file's size and outline match its chunks."""
+    out: list[tuple[Chunk, list[tuple[int, int]]]] = []
+    total = 0
+    for ch in chunk_document(doc, path=path, chunker=chunker, chunk_size=chunk_size, overlap=overlap):
+        spans = embedder.window_spans(ch.text, embedder.spec)
+        total += len(spans)
+        if doc.converted and total > MAX_DOCUMENT_WINDOWS and out:
+            if "cut-text" not in doc.cuts:
+                report.cut_short("cut-text", path)
+            end = len(doc.text.encode()[: out[-1][0].end_byte].decode("utf-8", "ignore"))
+            return doc.cut_at(end, "cut-text"), out
+        out.append((ch, spans))
+    return doc, out
+
+
+def chunk_fields(cid: int, ch: Any, spans: list[tuple[int, int]], windows: list[str], owners: list[Owner]) -> tuple:
     """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms, pages,
-    heading path), and its windows queued for encoding under ``cid``."""
+    heading path), and its windows (``spans`` of its text) queued for encoding under ``cid``."""
     terms = tokenize(ch.text)
-    queue_windows(cid, ch.text, embedder, windows, owners)
+    for w, (a, b) in enumerate(spans):
+        windows.append(ch.text[a:b])
+        owners.append((cid, w, a, b))
     return (
         ch.start_line,
         ch.end_line,
