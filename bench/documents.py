@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/documents.py [--seconds 1.0] [--rounds 3]
     .venv/bin/python bench/documents.py --load 8     # also: `rlm load` of a folder of 8 copies of the real PDFs
-    .venv/bin/python bench/documents.py --hostile [--scale 1.0] [--no-write]   # issue #41's files (~10 min)
+    .venv/bin/python bench/documents.py --hostile [--scale 1.0] [--no-write] [--whole]   # issue #41 (~10-20 min)
 
 The corpus is the real files of tests/data/documents (tests/data/documents/README.md says where each comes
 from); the ones the loader skips (encrypted, scanned) are left out, as they cost next to nothing.  Each file is
@@ -23,8 +23,9 @@ Prints markdown tables; nothing is written to bench/RESULTS.md.
 header declaring 20,000 bytes, a PDF whose pages share one 70 MB content stream, and a 20 MB HTML page.  Each is
 converted by ``read_document`` in a fresh process (``--one``), which reports its resident memory when idle
 (this module imported), its peak, its conversion child's peak, the seconds and the outcome.  ``--scale 0.1``
-builds them at a tenth of the size.  Writes the section ``documents-hostile`` of bench/RESULTS.md unless
-``--no-write``.
+builds them at a tenth of the size; ``--whole`` then also loads each with the real ``rlm load`` (time, peak
+memory, chunks and windows: the embedding after conversion is most of a large document's load).  Writes the
+section ``documents-hostile`` of bench/RESULTS.md unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -99,13 +100,16 @@ def main() -> None:
     parser.add_argument("--hostile", action="store_true", help="measure the hostile files of issue #41 instead")
     parser.add_argument("--scale", type=float, default=1.0, help="--hostile: the files' size, 1 = as in the issue")
     parser.add_argument("--no-write", action="store_true", help="--hostile: print, leave RESULTS.md alone")
+    parser.add_argument(
+        "--whole", action="store_true", help="--hostile: also time the whole `rlm load` of each file (~10 min more)"
+    )
     parser.add_argument("--one", metavar="FILE", help=argparse.SUPPRESS)  # one file's conversion, as JSON
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure_one(Path(args.one))))
         return
     if args.hostile:
-        hostile(args.scale, write=not args.no_write)
+        hostile(args.scale, write=not args.no_write, whole=args.whole)
         return
 
     files = corpus()  # also imports every format's library, outside the timing
@@ -334,9 +338,10 @@ def _write_html(path: Path, size: int) -> None:
     path.write_bytes(b"<html><body><main>" + row * (size // len(row)) + b"</main></body></html>")
 
 
-def hostile(scale: float, *, write: bool) -> None:
+def hostile(scale: float, *, write: bool, whole: bool) -> None:
     mb = int(1e6 * scale)
     rows = []
+    loads: list[tuple[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="rlm-bench-hostile-") as tmp:
         folder = Path(tmp)
         cases: list[tuple[str, Path]] = []
@@ -366,6 +371,8 @@ def hostile(scale: float, *, write: bool) -> None:
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append((label, path.stat().st_size, unpacked, r))
             print(label, r, flush=True)
+        if whole:
+            loads = whole_loads(folder, cases)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines = [
         "## Hostile documents (`bench/documents.py --hostile`, issue #41)",
@@ -391,7 +398,85 @@ def hostile(scale: float, *, write: bool) -> None:
             f"{r['seconds']:,.1f} | {r['idle_mb']:,.0f} | {r['peak_mb']:,.0f} | {r['peak_mb'] - r['idle_mb']:,.0f} | "
             f"{r['child_peak_mb']:,.0f} |"
         )
+    if loads:
+        lines += [
+            "",
+            "### The whole `rlm load` of each file (`--whole`)",
+            "",
+            "Each file loaded alone into a fresh buffer by the real CLI (`rlm load FILE -b NAME --format json`, a "
+            "subprocess; the first load also starts the embedded servers): convert, chunk, embed, write.  Peak = "
+            "the `rlm` process's own high-water mark with the children it reaped (the conversion child "
+            "included), from `wait4`; "
+            "idle = the same for the load of a one-line text file (imports, encoder, database).",
+            "",
+            "| file | outcome | chunks | windows | seconds (load's report) | seconds (wall) | peak MB | "
+            "peak above idle MB |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        idle = loads[0][1]["peak_mb"]
+        for label, r in loads:
+            lines.append(
+                f"| {label} | {r['outcome']} | {r['chunks']:,} | {r['windows']:,} | {r['seconds']:,.1f} | "
+                f"{r['wall']:,.1f} | {r['peak_mb']:,.0f} | {r['peak_mb'] - idle:,.0f} |"
+            )
     _util.publish("documents-hostile", "\n".join(lines), None, write=write)
+
+
+def whole_loads(folder: Path, cases: list[tuple[str, Path]]) -> list[tuple[str, dict]]:
+    """Each case loaded by the real CLI into its own buffer, after a one-line text file as the idle baseline."""
+    data_dir = _util.isolated_env("documents-hostile")
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    small = folder / "one-line.txt"
+    small.write_text("One line of text, to measure the load's own size.\n")
+    env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
+    out = []
+    try:
+        # The first load starts the embedded servers (their start is reaped by the `rlm` process and would count
+        # in its peak): the second load of the same line is the idle baseline.
+        runs = [("servers started", small), ("a one-line text file (idle)", small), *cases]
+        for k, (label, path) in enumerate(runs):
+            cmd = [sys.executable, "-m", "rlm_api.cli", "load", str(path), "-b", f"hostile-{k}", "--format", "json"]
+            with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
+                t0 = time.perf_counter()
+                proc = subprocess.Popen(cmd, stdout=so, stderr=se, text=True, env=env)
+                # wait4, not Popen.wait: its rusage is this child's own peak, not the bench's children's
+                _, status, usage = os.wait4(proc.pid, 0)
+                wall = time.perf_counter() - t0
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                so.seek(0)
+                se.seek(0)
+                r = _load_row(so.read(), se.read(), proc.returncode, wall, usage.ru_maxrss / 1024)
+            print("whole load:", label, r, flush=True)
+            if k:
+                out.append((label, r))
+    finally:
+        _util.stop_servers(data_dir)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return out
+
+
+def _load_row(stdout: str, stderr: str, rc: int, wall: float, peak: float) -> dict:
+    if rc == 0:
+        report = json.loads(stdout)
+        outcome = ", ".join(["loaded", *sorted(report.get("cut") or {})])
+        return {
+            "outcome": outcome,
+            "chunks": report["chunks_written"],
+            "windows": report["windows_embedded"],
+            "seconds": report["seconds"],
+            "wall": wall,
+            "peak_mb": peak,
+        }
+    why = (stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+    return {
+        "outcome": f"refused (exit {rc}): {why[:110]}",
+        "chunks": 0,
+        "windows": 0,
+        "seconds": wall,
+        "wall": wall,
+        "peak_mb": peak,
+    }
 
 
 def _declared(path: Path) -> int:
