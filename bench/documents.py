@@ -417,7 +417,7 @@ def hostile(scale: float, *, write: bool, whole: bool) -> None:
         for label, r in loads:
             lines.append(
                 f"| {label} | {r['outcome']} | {r['chunks']:,} | {r['windows']:,} | {r['seconds']:,.1f} | "
-                f"{r['wall']:,.1f} | {r['peak_mb']:,.0f} | {r['peak_mb'] - idle:,.0f} |"
+                f"{r['wall']:,.1f} | {r['peak_mb']:,.0f} | {max(0.0, r['peak_mb'] - idle):,.0f} |"
             )
     _util.publish("documents-hostile", "\n".join(lines), None, write=write)
 
@@ -468,9 +468,11 @@ def _load_row(stdout: str, stderr: str, rc: int, wall: float, peak: float) -> di
             "wall": wall,
             "peak_mb": peak,
         }
-    why = (stderr.strip().splitlines() or [""])[-1].removeprefix("error: ")
+    # "nothing to load: 1 file skipped (1 unpack-limit: lying.docx); …": the reasons in the parentheses
+    counted = re.search(r"skipped \(([^)]*)\)", (stderr.strip().splitlines() or [""])[-1])
+    reasons = re.findall(r"(?:^|, )\d+ ([\w-]+)", counted.group(1)) if counted else []
     return {
-        "outcome": f"refused (exit {rc}): {why[:110]}",
+        "outcome": f"refused (exit {rc}): skipped, {', '.join(reasons) or 'see its error'}",
         "chunks": 0,
         "windows": 0,
         "seconds": wall,
