@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
+from rlm_workers.limits import MAX_DOCUMENT_CHARS, MAX_DOCUMENT_WINDOWS
 
 from .cli_output import Ticker, human, one_transaction_interrupt, plural, print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
@@ -195,7 +196,10 @@ _DOCUMENT_REASONS = {
     "unpack-limit": "skipped: unpacks to more than the limit (a zip bomb?)",
     "convert-limit": "skipped: converting it took more memory or time than allowed",
     "cut-pages": "loaded in part: over the page limit, the rest is not loaded",
-    "cut-text": "loaded in part: the converted text is over the limit",
+    "cut-text": (
+        f"loaded in part: the converted text is over the limit ({MAX_DOCUMENT_CHARS:,} characters or "
+        f"{MAX_DOCUMENT_WINDOWS:,} embedding windows), the rest is not loaded"
+    ),
     "cut-time": "loaded in part: conversion ran over the time limit",
 }
 
