@@ -399,9 +399,7 @@ def chunk_fields(cid: int, ch: Any, spans: list[tuple[int, int]], windows: list[
     """A chunk's stored columns from its start line on (lines, bytes, text, term count, digest, terms, pages,
     heading path), and its windows (``spans`` of its text) queued for encoding under ``cid``."""
     terms = tokenize(ch.text)
-    for w, (a, b) in enumerate(spans):
-        windows.append(ch.text[a:b])
-        owners.append((cid, w, a, b))
+    queue_windows(cid, ch.text, spans, windows, owners)
     return (
         ch.start_line,
         ch.end_line,
@@ -417,9 +415,9 @@ def chunk_fields(cid: int, ch: Any, spans: list[tuple[int, int]], windows: list[
     )
 
 
-def queue_windows(cid: int, text: str, embedder: Any, windows: list[str], owners: list[Owner]) -> None:
-    """Queue a chunk's windows for encoding under ``cid``, each with its span in ``text``."""
-    for w, (a, b) in enumerate(embedder.window_spans(text, embedder.spec)):
+def queue_windows(cid: int, text: str, spans: list[tuple[int, int]], windows: list[str], owners: list[Owner]) -> None:
+    """Queue a chunk's windows (``spans`` of its ``text``) for encoding under ``cid``, each with its span."""
+    for w, (a, b) in enumerate(spans):
         windows.append(text[a:b])
         owners.append((cid, w, a, b))
 

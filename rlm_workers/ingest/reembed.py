@@ -90,7 +90,7 @@ def reembed_buffer(
             windows: list[str] = []
             owners: list[Owner] = []
             for chunk_id, text in rows:
-                queue_windows(chunk_id, text, embedder, windows, owners)
+                queue_windows(chunk_id, text, embedder.window_spans(text, embedder.spec), windows, owners)
             queued = len(windows)
             encoded = encode_queued(windows, owners, queued, embed_batch_size, embedder)
             vectors.copy(conn, buffer_id=buf.id, rows=encoded, staging=True)
