@@ -787,7 +787,6 @@ def _pdf_outline(reader: Any, n_pages: int) -> dict[int, list[tuple[int, str]]]:
     return found
 
 
-# Section numbers and words that may stand before an outline title on its page: "3.2.3 Voting", "Chapter 4 …".
 # A page whose forms nest or repeat past this many is read no further for its stream sizes.
 _MAX_PAGE_FORMS = 1000
 # Running heads and feet: looked for among a page's first and last lines, in documents of at least this many pages.
@@ -796,6 +795,7 @@ _RUNNING_MIN_PAGES = 3
 _RUNNING_MAX_CHARS = 120
 _DIGITS = re.compile(r"\d+")
 _ROMAN = re.compile(r"[ivxlc]+")
+# Section numbers and words that may stand before an outline title on its page: "3.2.3 Voting", "Chapter 4 …".
 _NUMBERING = re.compile(r"(?:chapter|section|appendix|part)?(?:\d+|[a-z]|[ivxlc]+)?(?:[.\-]\d+)*[.:)]?")
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": "-"})
 
