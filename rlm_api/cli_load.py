@@ -181,10 +181,18 @@ def load(
     skipped = ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())) or "none"
     cut = "".join(f", {n} {why}" for why, n in sorted(report.cut.items()))
     typer.echo(
-        f"buffer {report.buffer} v{report.version}: {report.files_loaded} {plural(report.files_loaded, 'file')} "
-        f"loaded, {report.files_unchanged} unchanged, {report.files_removed} removed; {report.chunks_written} "
-        f"{plural(report.chunks_written, 'chunk')}, {report.windows_embedded} "
-        f"{plural(report.windows_embedded, 'window')} embedded; skipped: {skipped}{cut} ({report.seconds:.1f}s)"
+        f"{_loaded_line(report.buffer, report.version, report.__dict__)}; skipped: {skipped}{cut} "
+        f"({report.seconds:.1f}s)"
+    )
+
+
+def _loaded_line(buffer: str, version: int, counts: dict[str, Any]) -> str:
+    """What a load wrote, as both the direct and the queued load end their summary."""
+    return (
+        f"buffer {buffer} v{version}: {counts['files_loaded']} {plural(counts['files_loaded'], 'file')} loaded, "
+        f"{counts['files_unchanged']} unchanged, {counts['files_removed']} removed; {counts['chunks_written']} "
+        f"{plural(counts['chunks_written'], 'chunk')}, {counts['windows_embedded']} "
+        f"{plural(counts['windows_embedded'], 'window')} embedded"
     )
 
 
@@ -277,12 +285,7 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
     elif up.status == "done" and up.report:
         r = up.report
         _warn_documents(r.get("named") or {}, r.get("skipped") or {}, r.get("cut") or {})
-        typer.echo(
-            f"buffer {buffer} v{r['version']}: {r['files_loaded']} {plural(r['files_loaded'], 'file')} loaded, "
-            f"{r['files_unchanged']} unchanged, {r['files_removed']} removed; {r['chunks_written']} "
-            f"{plural(r['chunks_written'], 'chunk')}, {r['windows_embedded']} {plural(r['windows_embedded'], 'window')}"
-            " embedded"
-        )
+        typer.echo(_loaded_line(buffer, r["version"], r))
     if up.status != "done":
         raise RLMError(f"upload {upload_id} failed: {(up.error or {}).get('message', 'no reason recorded')}")
 
