@@ -145,8 +145,8 @@ def run(args) -> None:
     import redis
 
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import broker_url
     from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.runtime.local_servers import broker_url
     from rlm_workers.store import overnight as store
     from rlm_workers.store.db import connect
 

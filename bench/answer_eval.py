@@ -7,7 +7,7 @@
 Every question runs as `rlm query` would run it behind a deployment: the
 embedded PostgreSQL+pgvector and Valkey under bench/_data/answer_eval, real `rlm worker` processes (rlm.control,
 rlm.analyst) and the shipped prompts, never the user's overrides. Providers: ``extractive`` (offline, no key),
-``local`` (a model of ``rlm_workers.local_models.MODELS`` on this machine's local model server, as
+``local`` (a model of ``rlm_workers.runtime.local_models.MODELS`` on this machine's local model server, as
 ``rlm up --local-llm`` runs it) and ``openai`` (whatever OPENAI_API_KEY / OPENAI_BASE_URL the shell holds;
 ``--model`` names the model of every stage).
 
@@ -307,7 +307,7 @@ def use_provider(args: argparse.Namespace) -> str:
         reset_settings()
         label = label or get_settings().primary_model
     elif args.provider == "local":
-        from rlm_workers.local_llm import endpoint, resolve_model, setup
+        from rlm_workers.runtime.local_llm import endpoint, resolve_model, setup
 
         if args.model:  # every stage this model; without one, each stage its default (RLM_*_MODEL may name others)
             os.environ["RLM_LOCAL_LLM"] = resolve_model(args.model).name
@@ -327,7 +327,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", required=True, choices=("dev", "heldout"))
     ap.add_argument("--provider", default="extractive", choices=("extractive", "local", "openai"))
-    ap.add_argument("--model", help="local: a name of rlm_workers.local_models.MODELS; openai: every stage's model")
+    ap.add_argument(
+        "--model", help="local: a name of rlm_workers.runtime.local_models.MODELS; openai: every stage's model"
+    )
     ap.add_argument("--modes", default="direct,fanout,thinking", help=f"of {', '.join(MODES)}")
     ap.add_argument("--corpora", help="only these corpora (comma-separated)")
     ap.add_argument("--ids", help="only these question ids (comma-separated)")
@@ -352,7 +354,7 @@ def main() -> None:
     data_dir = _util.isolated_env("answer_eval")
     os.environ["RLM_PROMPT_DIR"] = str(data_dir / "prompts")  # the shipped prompts, never the user's overrides
     from rlm_workers.config import get_settings
-    from rlm_workers.local_llm import stop_server
+    from rlm_workers.runtime.local_llm import stop_server
     from rlm_workers.store.db import connect
     from tests.support.workers import WorkerProcess
 

@@ -204,8 +204,8 @@ def main() -> None:
     try:
         import redis
 
-        from rlm_workers.local_servers import broker_url
         from rlm_workers.overnight.submit import submit_overnight
+        from rlm_workers.runtime.local_servers import broker_url
         from rlm_workers.store import overnight as store
         from rlm_workers.store.db import connect
 

@@ -84,7 +84,7 @@ def main() -> None:
         ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_TENANT_WEIGHTS"),
     )
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import broker_url
+    from rlm_workers.runtime.local_servers import broker_url
     from rlm_workers.store.db import connect
     from rlm_workers.submit import cancel_query, submit_query, wait_for_job
 

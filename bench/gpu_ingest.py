@@ -125,7 +125,7 @@ def whole_load(corpus: Path, data_dir: Path, size: int, device: str) -> dict:
     from rlm_workers.config import reset_settings
     from rlm_workers.ingest.embed import get_embedder
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import stop_embedded_postgres
+    from rlm_workers.runtime.local_servers import stop_embedded_postgres
     from rlm_workers.store import db
 
     os.environ["RLM_EMBEDDING_DEVICE"] = device
@@ -267,7 +267,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            from rlm_workers.local_servers import stop_embedded_postgres
+            from rlm_workers.runtime.local_servers import stop_embedded_postgres
 
             stop_embedded_postgres(data_dir)
         except Exception as exc:  # reported, not raised: the figures are already out

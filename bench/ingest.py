@@ -136,7 +136,7 @@ def build_corpus(root: Path, budget: int | None) -> tuple[int, int]:
 
 def fresh_database(data_dir: Path) -> None:
     """A new embedded server per load: a first load, with nothing left by the previous runtime's."""
-    from rlm_workers.local_servers import stop_embedded_postgres
+    from rlm_workers.runtime.local_servers import stop_embedded_postgres
     from rlm_workers.store import db
 
     db.close_pools()

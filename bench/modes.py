@@ -935,7 +935,7 @@ def main() -> None:
     try:
         import redis
 
-        from rlm_workers.local_servers import broker_url
+        from rlm_workers.runtime.local_servers import broker_url
         from rlm_workers.store.db import connect
 
         conn = connect(settings)

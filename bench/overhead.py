@@ -806,7 +806,7 @@ def main() -> None:
         import redis
 
         from rlm_workers.celery_app import get_app
-        from rlm_workers.local_servers import broker_url
+        from rlm_workers.runtime.local_servers import broker_url
         from rlm_workers.store.db import connect
 
         app = get_app()

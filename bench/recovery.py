@@ -50,7 +50,7 @@ def warm(client: httpx.Client) -> None:
 
 
 def restarts(data_dir: Path, outage: float) -> list[str]:
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     key = rlm("keys", "create", "--tenant", "bench").strip()
     port = free_port()

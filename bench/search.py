@@ -1828,7 +1828,7 @@ def set_shared_buffers(data_dir: Path, size: str | None):
     """Set (or with None, reset) shared_buffers on the bench's own server and restart it; a new connection."""
     from psycopg import sql
 
-    from rlm_workers.local_servers import stop_embedded_postgres
+    from rlm_workers.runtime.local_servers import stop_embedded_postgres
     from rlm_workers.store.db import close_pools, connect
 
     conn = connect()

@@ -3,7 +3,7 @@
     .venv/bin/python bench/surfaces.py [--calls 0,100k,1m] [--jobs 10k,200k] [--repeats 20] [--old-repeats 5]
         [--no-write] [--keep-servers]
 
-* **/metrics**: ``rlm_api.routes.health.render_metrics`` (the Redis hashes ``rlm_workers/metrics.py`` keeps,
+* **/metrics**: ``rlm_api.routes.health.render_metrics`` (the Redis hashes ``rlm_workers/runtime/metrics.py`` keeps,
   plus one count over the partial index ``jobs_unfinished``) with ``llm_calls`` at each ``--calls`` size,
   10 calls per synthetic finished job.  For comparison, the aggregate the scrape ran on every request before
   #13 (its SQL is kept below, since it no longer exists in the code) on the same tables.
@@ -138,8 +138,8 @@ def _analyze(conn: Any) -> None:
 
 def _seed_counters() -> None:
     """The Redis series a running deployment has: every model × status, every stage, the limiter."""
-    from rlm_workers import metrics
     from rlm_workers.models import LLMCall
+    from rlm_workers.runtime import metrics
 
     for i, model in enumerate(MODELS):
         for status in ("ok", "retried", "error"):
@@ -304,7 +304,7 @@ def report(metrics_rows: list[dict], list_rows: list[dict], args: argparse.Names
 def cleanup(conn: Any) -> None:
     # llm_calls go with their jobs (ON DELETE CASCADE)
     conn.execute("DELETE FROM jobs WHERE id LIKE %s", (PREFIX + "%",))
-    from rlm_workers import metrics
+    from rlm_workers.runtime import metrics
 
     metrics._client().delete(metrics.COUNTERS_KEY, metrics.HISTOGRAMS_KEY)
 

@@ -142,7 +142,7 @@ def readyz(repeats: int, data_dir: Path) -> list[tuple[str, list[float]]]:
 
     from rlm_api.app import create_app
     from rlm_workers.config import get_settings, reset_settings
-    from rlm_workers.local_servers import database_url
+    from rlm_workers.runtime.local_servers import database_url
 
     reset_settings()
     try:

@@ -144,7 +144,7 @@ def _broker_down(exc: BaseException) -> bool:
 
 def entry() -> None:
     rc = main()
-    ephemeral = sys.modules.get("rlm_workers.ephemeral")  # loaded only by the commands that may start one
+    ephemeral = sys.modules.get("rlm_workers.runtime.ephemeral")  # loaded only by the commands that may start one
     if ephemeral is not None and ephemeral.abandoned():
         # an in-process worker's threads still wait on a model: the interpreter would join them before exiting
         sys.stdout.flush()

@@ -95,7 +95,7 @@ def read_queries(path: str) -> list[str]:
 
 def _warn_if_no_worker() -> None:
     from rlm_workers.celery_app import get_app
-    from rlm_workers.ephemeral import served_queues
+    from rlm_workers.runtime.ephemeral import served_queues
 
     celery_app = get_app()
 

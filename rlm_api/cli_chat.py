@@ -45,8 +45,8 @@ def chat_command(
     # celery, psycopg and the sessions load with the command, not for `rlm --help` (cli_types)
     from rlm_workers.celery_app import get_app
     from rlm_workers.config import get_settings
-    from rlm_workers.ephemeral import ensure_workers
-    from rlm_workers.sessions import create_session, session_view
+    from rlm_workers.pipeline.sessions import create_session, session_view
+    from rlm_workers.runtime.ephemeral import ensure_workers
     from rlm_workers.store.db import connect, resolve_url
 
     celery_app = get_app()
@@ -114,7 +114,7 @@ def _turn(
     conn: psycopg.Connection, *, tenant: str, session_id: str, question: str, timeout: float, ephemeral: bool
 ) -> bool:
     """Ask one question and print its answer and status line; False when the turn has no answer."""
-    from rlm_workers.sessions import cited_sources, post_message
+    from rlm_workers.pipeline.sessions import cited_sources, post_message
     from rlm_workers.submit import cancel_query, wait_for_job
 
     try:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from rlm_workers.doctor import Check
+    from rlm_workers.runtime.doctor import Check
 
 
 def doctor_command(
@@ -23,8 +23,8 @@ def doctor_command(
 ) -> None:
     """Check database (pgvector, schema), broker, workers per queue and the LLM endpoint; only looks."""
     from rlm_workers.config import get_settings
-    from rlm_workers.doctor import Check, check_broker, check_database, check_encoder, check_llm, check_workers
-    from rlm_workers.local_servers import running_broker_url, running_database_url
+    from rlm_workers.runtime.doctor import Check, check_broker, check_database, check_encoder, check_llm, check_workers
+    from rlm_workers.runtime.local_servers import running_broker_url, running_database_url
 
     s = get_settings()
     checks: list[Check] = []

@@ -15,7 +15,7 @@ import typer
 
 from rlm_workers.errors import InvalidInput, RLMError
 from rlm_workers.models import JobStatus, QueryResult
-from rlm_workers.provenance import cite_of
+from rlm_workers.search.provenance import cite_of
 
 from .cli_output import print_json, print_result
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix

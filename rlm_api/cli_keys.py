@@ -102,7 +102,7 @@ def api_command(
     import uvicorn
 
     from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.runtime.local_servers import broker_url, database_url
 
     s = get_settings()
     # Resolve (and start, when embedded) the servers once here, not in every request.

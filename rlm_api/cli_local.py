@@ -19,8 +19,8 @@ def fetch_models(names: list[str]) -> None:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from rlm_workers.config import get_settings
-    from rlm_workers.local_llm import fetch_model, is_ready
-    from rlm_workers.local_models import resolve_model
+    from rlm_workers.runtime.local_llm import fetch_model, is_ready
+    from rlm_workers.runtime.local_models import resolve_model
 
     cache = get_settings().resolved_local_llm_dir
     console = Console(stderr=True)
@@ -50,7 +50,7 @@ def prepare_local_model() -> None:
 
     from rlm_workers.config import get_settings, reset_settings
     from rlm_workers.errors import ConfigError, LLMError
-    from rlm_workers.local_llm import endpoint
+    from rlm_workers.runtime.local_llm import endpoint
 
     s = get_settings()
     if s.resolved_provider != "local":

@@ -40,7 +40,7 @@ def mcp_command(
     """Serve the MCP tools list_buffers, search, query, get_job and get_chunks to a coding agent."""
     # the settings and the servers load with the command, not for `rlm --help` (cli_types)
     from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import broker_url, database_url
+    from rlm_workers.runtime.local_servers import broker_url, database_url
 
     settings = get_settings()
     if transport == Transport.stdio:

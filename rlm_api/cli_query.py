@@ -104,7 +104,7 @@ def query(
     from rich.console import Console
 
     from rlm_workers.celery_app import get_app
-    from rlm_workers.ephemeral import ensure_workers
+    from rlm_workers.runtime.ephemeral import ensure_workers
     from rlm_workers.search.service import validate_query
     from rlm_workers.store.buffers import require_buffers
     from rlm_workers.submit import cancel_query, submit_query, validate_options, wait_for_job

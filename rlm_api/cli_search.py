@@ -12,7 +12,7 @@ import typer
 
 from rlm_workers.errors import NoChunks
 from rlm_workers.models import SearchMode
-from rlm_workers.provenance import cite_of
+from rlm_workers.search.provenance import cite_of
 
 from .cli_output import print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant

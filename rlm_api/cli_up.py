@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from rlm_workers.config import Settings
-    from rlm_workers.local_llm import ServerState
+    from rlm_workers.runtime.local_llm import ServerState
 
 FLOWER_AUTH_FILE = "flower-auth"
 
@@ -33,7 +33,7 @@ FLOWER_AUTH_FILE = "flower-auth"
 def flower_credentials(data_dir: Path) -> tuple[str, Path]:
     """user:password for Flower when none is configured: generated once into the data dir (0600), reused."""
     # the settings' and servers' modules load with a command, not for `rlm --help` (cli_types)
-    from rlm_workers.local_servers import write_private
+    from rlm_workers.runtime.local_servers import write_private
 
     path = data_dir / FLOWER_AUTH_FILE
     try:
@@ -86,7 +86,7 @@ def flower_command(
     The credentials are RLM_FLOWER_BASIC_AUTH, or generated once into RLM_DATA_DIR/flower-auth.
     """
     from rlm_workers.config import get_settings
-    from rlm_workers.local_servers import broker_url
+    from rlm_workers.runtime.local_servers import broker_url
 
     s = get_settings()
     if s.flower_basic_auth:
@@ -157,9 +157,9 @@ def up_command(
     Embedded servers it started are stopped too, unless other processes are still connected to them; ones that
     were already running are left running.
     """
-    from rlm_workers import local_llm as llm
     from rlm_workers.config import get_settings, reset_settings
-    from rlm_workers.local_servers import broker_url, database_url, postgres_status, valkey_status
+    from rlm_workers.runtime import local_llm as llm
+    from rlm_workers.runtime.local_servers import broker_url, database_url, postgres_status, valkey_status
     from rlm_workers.store.db import connect
 
     if local_llm is not None:
@@ -384,7 +384,7 @@ def _release_embedded(s: Settings, started: dict[str, bool]) -> list[str]:
     A server another process is still connected to (an `rlm worker` or `rlm api` started beside `rlm up`) is
     left running: its watcher stops it once it has had no client for RLM_EMBEDDED_IDLE_SECONDS.
     """
-    from rlm_workers.local_servers import embedded_clients, stop_embedded_postgres, stop_embedded_valkey
+    from rlm_workers.runtime.local_servers import embedded_clients, stop_embedded_postgres, stop_embedded_valkey
 
     kinds = {"database": ("postgres", stop_embedded_postgres), "broker": ("valkey", stop_embedded_valkey)}
     lines = []

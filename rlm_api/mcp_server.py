@@ -40,14 +40,14 @@ from rlm_workers import __version__ as RLM_VERSION
 from rlm_workers.celery_app import get_app
 from rlm_workers.config import get_settings
 from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
-from rlm_workers.ephemeral import served_queues
 from rlm_workers.errors import BufferNotFound, InvalidInput, RLMError
 from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import BufferInfo, ChunkView, QueryResult, SearchHit, SearchMode
 from rlm_workers.pipeline.report import status_line
+from rlm_workers.runtime.ephemeral import served_queues
+from rlm_workers.search.sections import read_outline, read_section
 from rlm_workers.search.service import search as run_search
 from rlm_workers.search.service import validate_query, validate_search_params
-from rlm_workers.sections import read_outline, read_section
 from rlm_workers.store.buffers import list_buffers as stored_buffers
 from rlm_workers.store.buffers import require_buffers
 from rlm_workers.store.db import connect, connection, resolve_url

@@ -10,7 +10,7 @@ from rlm_workers.errors import InvalidInput
 from rlm_workers.limits import MAX_BIGINT
 from rlm_workers.models import ChunkView, QueryResult
 from rlm_workers.pipeline.flow import ORDER
-from rlm_workers.provenance import fields
+from rlm_workers.search.provenance import fields
 from rlm_workers.store import jobs as store
 from rlm_workers.store.buffers import get_chunks
 

@@ -17,11 +17,11 @@ from celery import Celery, signals
 from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
 
-from .broker import transport_for
 from .config import Settings, get_settings, share_cores
 from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
-from .local_servers import broker_url, result_backend_url
-from .logs import connect_logging_signals
+from .runtime.broker import transport_for
+from .runtime.local_servers import broker_url, result_backend_url
+from .runtime.logs import connect_logging_signals
 
 #: what a worker imports when it starts: the thin task adapters, by area (the logic they call lives in pipeline/,
 #: overnight/ and ingest/), and the reconciler, whose signals run its sweep beside every worker

@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
 from .llm.prices import parse_prices
-from .local_models import DEFAULT_STAGE_MODELS, MODELS, host_problem, resolve_model
+from .runtime.local_models import DEFAULT_STAGE_MODELS, MODELS, host_problem, resolve_model
 
 #: RLM_LOCAL_LLM's value that keeps `auto` from picking a local model
 LOCAL_OFF = "off"

@@ -83,7 +83,7 @@ class Model:
 @pytest.fixture(scope="module")
 def valkey(tmp_path_factory):
     """This module's own embedded Valkey: the Redis-restart test stops and wipes it."""
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     root = tmp_path_factory.mktemp("batch-valkey")
     url = services.embedded_valkey_url(root)
@@ -772,7 +772,7 @@ def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model,
 
 def test_redis_wiped_mid_batch_loses_and_duplicates_nothing(env, conn, fresh, model, workers, api, valkey):
     """Valkey stopped, its data deleted (a Redis without persistence), started again on the same port."""
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
     from rlm_workers.store import overnight as store
 
     model.analyst_delay = 1.5

@@ -75,7 +75,7 @@ def offline_env(rlm_env: dict[str, str]) -> dict[str, str]:
 
 def ask(conn, session_id: str, content: str, tenant: str = "local"):
     """Post a turn and wait for its job: (turn, job row)."""
-    from rlm_workers.sessions import post_message
+    from rlm_workers.pipeline.sessions import post_message
     from rlm_workers.submit import wait_for_job
 
     turn, job_id = post_message(conn, tenant=tenant, session_id=session_id, content=content)
@@ -86,7 +86,7 @@ def ask(conn, session_id: str, content: str, tenant: str = "local"):
 
 
 def cited(job) -> list[int]:
-    from rlm_workers.sessions import cited_sources
+    from rlm_workers.pipeline.sessions import cited_sources
 
     return [c["chunk_id"] for c in cited_sources(job.result)]
 
@@ -95,7 +95,7 @@ def cited(job) -> list[int]:
 
 
 def test_rule_rewrite_carries_the_subject_into_a_follow_up_only():
-    from rlm_workers.sessions import rule_rewrite
+    from rlm_workers.pipeline.sessions import rule_rewrite
 
     history = [{"question": TURN1}]
     assert rule_rewrite(TURN2, history) == "How is it configured? (about: Frobnicator component)"
@@ -106,7 +106,7 @@ def test_rule_rewrite_carries_the_subject_into_a_follow_up_only():
 
 
 def test_history_is_compacted_past_the_budget_and_quoted_as_data():
-    from rlm_workers.sessions import conversation_section, session_spec
+    from rlm_workers.pipeline.sessions import conversation_section, session_spec
     from rlm_workers.store.sessions import TurnRow
 
     def turn(n: int, answer: str, cid: int) -> TurnRow:
@@ -140,7 +140,7 @@ def test_history_is_compacted_past_the_budget_and_quoted_as_data():
 
 
 def test_two_turns_offline_the_follow_up_answers_from_the_first_turn(rlm_env, conn, corpus, tmp_path):
-    from rlm_workers.sessions import create_session, session_view
+    from rlm_workers.pipeline.sessions import create_session, session_view
 
     with running_workers(offline_env(rlm_env), tmp_path, POOLS):
         session = create_session(conn, tenant="local", buffers=[BUFFER], options={})
@@ -323,7 +323,7 @@ class Script:
 
 def test_two_turns_through_the_scripted_model_carry_question_answer_and_rewrite(rlm_env, conn, corpus, tmp_path):
     from rlm_workers.pipeline.analyst import CARRIED_MARK
-    from rlm_workers.sessions import create_session
+    from rlm_workers.pipeline.sessions import create_session
     from rlm_workers.store.jobs import llm_calls_of
 
     script = Script()
@@ -366,7 +366,7 @@ def test_the_rewrite_call_sends_the_standalone_question_schema_and_its_reply_val
     import jsonschema
 
     from rlm_workers.llm.structured import REWRITE_SCHEMA
-    from rlm_workers.sessions import create_session
+    from rlm_workers.pipeline.sessions import create_session
     from rlm_workers.store.jobs import llm_calls_of
 
     script = Script(rewrite_json=True)
@@ -392,7 +392,7 @@ def test_the_rewrite_call_sends_the_standalone_question_schema_and_its_reply_val
 def test_a_turn_that_outlives_the_in_process_worker_is_cancelled_not_left_busy(rlm_env, conn, corpus, tmp_path):
     """No worker runs, so `rlm chat` starts one in its own process; a turn whose wait runs out is cancelled
     (as `rlm query` does), since nothing could finish it once the chat ends and the session would stay busy."""
-    from rlm_workers.sessions import session_view
+    from rlm_workers.pipeline.sessions import session_view
 
     env = offline_env(rlm_env)
     proc = subprocess.run(

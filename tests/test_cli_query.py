@@ -1,7 +1,7 @@
 """A successful ``rlm query`` as a user runs it: the real CLI in a subprocess, the real chord, real PostgreSQL.
 
 First with no worker anywhere and no API key (what ``make demo`` does): the CLI starts its in-process worker
-(rlm_workers/ephemeral.py) and the offline extractive provider answers; then with ``rlm worker`` processes
+(rlm_workers/runtime/ephemeral.py) and the offline extractive provider answers; then with ``rlm worker`` processes
 and the scripted OpenAI-protocol server.  The module has its own Valkey, so no worker of another module can
 serve its queues and hide the in-process path.
 """
@@ -65,7 +65,7 @@ def run_query(env, *args):
 @pytest.fixture(scope="module")
 def env(rlm_env, tmp_path_factory):
     """This module's own broker; no API key (conftest removed any from the environment)."""
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
     from tests.support.envpatch import patched_env
 
     root = tmp_path_factory.mktemp("cli-query-valkey")
@@ -101,7 +101,7 @@ def job_of(conn, job_id):
 
 def test_offline_query_with_no_worker_runs_in_process_and_prints_the_status_line(env, conn, corpus):
     from rlm_workers.celery_app import get_app
-    from rlm_workers.ephemeral import served_queues
+    from rlm_workers.runtime.ephemeral import served_queues
 
     assert served_queues(get_app()) == set()  # nobody serves the queues: only the CLI's own worker can run the job
     proc = run_query(env)

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from rlm_workers.config import Settings
-from rlm_workers.doctor import check_database, check_llm
+from rlm_workers.runtime.doctor import check_database, check_llm
 from tests.support.scripted_llm import ScriptedLLM
 from tests.support.workers import ROOT
 
@@ -70,8 +70,8 @@ def test_doctor_right_after_make_demo(tmp_path):
     """Embedded servers up, no worker, leftover watchdogs (sent with a countdown) in the control queue."""
     from celery import Celery
 
-    from rlm_workers import local_servers
     from rlm_workers.celery_app import celery_config
+    from rlm_workers.runtime import local_servers
 
     settings = Settings(_env_file=None, data_dir=tmp_path, database_url=None, broker_url=None, result_backend=None)
     local_servers.embedded_postgres_url(tmp_path)

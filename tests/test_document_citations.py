@@ -24,8 +24,8 @@ from rlm_workers.pipeline.analyst import render_messages as analyst_messages
 from rlm_workers.pipeline.collect import ChunkRef, collect
 from rlm_workers.pipeline.prompts import source_line
 from rlm_workers.pipeline.report import sources_from
+from rlm_workers.pipeline.sessions import conversation_section
 from rlm_workers.pipeline.synthesize import synthesis_input
-from rlm_workers.sessions import conversation_section
 from tests.support.api import Api
 from tests.support.workers import running_workers
 from tests.test_cli import CHUNK_VIEW_KEYS, run_rlm

@@ -18,10 +18,10 @@ import pytest
 from rlm_api.auth import create_key
 from rlm_workers.ingest.chunkers import chunk_text
 from rlm_workers.ingest.loader import load_paths
-from rlm_workers.local_servers import database_url
 from rlm_workers.pipeline.tools import MAX_SECTION_CHARS, ToolContext, run_tool
-from rlm_workers.provenance import PATH_SEPARATOR, cite
-from rlm_workers.sections import CUT_MARK, Heading, match_headings, read_section, stitch
+from rlm_workers.runtime.local_servers import database_url
+from rlm_workers.search.provenance import PATH_SEPARATOR, cite
+from rlm_workers.search.sections import CUT_MARK, Heading, match_headings, read_section, stitch
 from rlm_workers.store.buffers import SpanChunk, list_buffers, list_files
 from tests.support.api import Api
 from tests.support.mcp_client import stdio_run

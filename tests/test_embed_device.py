@@ -174,7 +174,7 @@ def test_the_doctor_says_what_an_ingest_worker_here_encodes_with(rlm_env):
     import torch
 
     from rlm_workers.config import get_settings
-    from rlm_workers.doctor import check_encoder
+    from rlm_workers.runtime.doctor import check_encoder
 
     (here,) = check_encoder(get_settings())
     assert here.ok and here.name == "encoder"

@@ -10,6 +10,7 @@ from rlm_workers.errors import ParseError
 from rlm_workers.llm.extractive import ExtractiveProvider, check_by_rules, direct_answer, extract_records
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.llm.stage_input import DirectInput
+from rlm_workers.llm.tokens import estimate_tokens
 from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings, read_input
 from rlm_workers.pipeline.answer import CUT_MARKER, fit_chunks
 from rlm_workers.pipeline.answer import build_messages as build_answer_messages
@@ -24,7 +25,6 @@ from rlm_workers.pipeline.check import build_messages as build_check_messages
 from rlm_workers.pipeline.prompts import PROMPT_NAMES, load_prompt
 from rlm_workers.pipeline.records import RECORDS_INSTRUCTION
 from rlm_workers.pipeline.replies import cited_chunk_ids
-from rlm_workers.tokens import estimate_tokens
 
 P = ExtractiveProvider()
 

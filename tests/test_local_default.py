@@ -21,7 +21,7 @@ BUFFER = "teams"
 @pytest.fixture(scope="module")
 def corpus(rlm_env, conn, embedder, tmp_path_factory):
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_models import wheel_problem
+    from rlm_workers.runtime.local_models import wheel_problem
 
     if why := wheel_problem():
         pytest.skip(f"the prebuilt local model server cannot run here: {why}")
@@ -37,14 +37,14 @@ def corpus(rlm_env, conn, embedder, tmp_path_factory):
 def server_stopped(rlm_env):
     """The server the command starts lives past it (for the next command); the module stops it."""
     from rlm_workers.config import get_settings
-    from rlm_workers.local_llm import stop_server
+    from rlm_workers.runtime.local_llm import stop_server
 
     yield
     stop_server(get_settings().data_dir)
 
 
 def test_with_no_key_rlm_query_answers_with_a_local_model_and_says_so(rlm_env, corpus, server_stopped):
-    from rlm_workers.local_models import DEFAULT_STAGE_MODELS
+    from rlm_workers.runtime.local_models import DEFAULT_STAGE_MODELS
 
     drop = ("RLM_LOCAL_LLM", "RLM_PROVIDER", "OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL")
     env = {k: v for k, v in {**os.environ, **rlm_env}.items() if k not in drop}

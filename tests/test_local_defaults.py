@@ -15,12 +15,12 @@ from rlm_workers.llm.openai_provider import _SPEEDS, OpenAIProvider, _learn_spee
 from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.llm.stage_input import ChunkForPrompt, Question, ReadInput, ShownFinding
 from rlm_workers.llm.structured import action_schema, batch_answer_schema
-from rlm_workers.local_models import DEFAULT_STAGE_MODELS, MODELS, host_problem, resolve_model
 from rlm_workers.pipeline.analyst import answer_entries, parse_findings, render_messages
 from rlm_workers.pipeline.evidence import evidence_lines, grounded
 from rlm_workers.pipeline.params import make_batches
 from rlm_workers.pipeline.route import analyst_batch_tokens, analyst_reply_tokens
 from rlm_workers.pipeline.synthesize import _report_of
+from rlm_workers.runtime.local_models import DEFAULT_STAGE_MODELS, MODELS, host_problem, resolve_model
 
 LOCAL = "qwen2.5-coder-0.5b"
 

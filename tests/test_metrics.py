@@ -192,8 +192,8 @@ def test_a_scrape_reads_no_llm_calls(conn, api):
 
 def test_metric_writes_never_raise_without_a_broker(env, tmp_path):
     """A dead broker drops the increments (debug log) instead of failing the stage that counts them."""
-    from rlm_workers import metrics
     from rlm_workers.config import reset_settings
+    from rlm_workers.runtime import metrics
     from tests.support.envpatch import patched_env
 
     with patched_env({"RLM_BROKER_URL": "redis://127.0.0.1:1/0"}):

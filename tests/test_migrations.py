@@ -39,7 +39,7 @@ def test_concurrent_first_start_applies_each_migration_once(test_services):
     results: list[list[str]] = []
 
     def start():
-        from rlm_workers.local_servers import ensure_pgvector
+        from rlm_workers.runtime.local_servers import ensure_pgvector
 
         with psycopg.connect(url, autocommit=True) as conn:
             with conn.transaction():  # what store.db does on a first start: the extension under the lock

@@ -14,10 +14,10 @@ import sys
 import psycopg
 import pytest
 
-from rlm_workers import local_servers as services
 from rlm_workers.config import Settings
-from rlm_workers.doctor import check_database
 from rlm_workers.errors import MissingExtension
+from rlm_workers.runtime import local_servers as services
+from rlm_workers.runtime.doctor import check_database
 from tests.support.plain_postgres import postgres_without_pgvector
 from tests.support.workers import ROOT
 

@@ -76,8 +76,8 @@ def test_the_cli_shows_the_server_and_refuses_bad_names(env, tmp_path):
 
     from rlm_workers.config import Settings
     from rlm_workers.errors import ModelServerError
-    from rlm_workers.local_llm import endpoint, model_file
-    from rlm_workers.local_models import resolve_model
+    from rlm_workers.runtime.local_llm import endpoint, model_file
+    from rlm_workers.runtime.local_models import resolve_model
 
     drop = ("RLM_LOCAL_LLM", "OPENAI_BASE_URL", "RLM_API_KEY")
     status = _rlm(env, "services", "status", drop=drop)

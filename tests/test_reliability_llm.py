@@ -249,8 +249,8 @@ def test_a_call_is_logged_with_the_stage_that_made_it_not_the_task_that_started(
     attempts) is tagged ``answer``, not the task's ``plan`` (seen on a failed instant query)."""
     from rlm_workers.errors import LLMError
     from rlm_workers.llm.protocol import CompletionRequest
-    from rlm_workers.logs import ContextFilter, reset_context, set_context
     from rlm_workers.pipeline.calls import call_llm
+    from rlm_workers.runtime.logs import ContextFilter, reset_context, set_context
     from tests.support.envpatch import patched_env
     from tests.support.scripted_llm import always_error
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from rlm_workers.renewals import Renewals
+from rlm_workers.runtime.renewals import Renewals
 
 
 def test_held_items_are_renewed_until_dropped_and_lost_ones_reported_once():

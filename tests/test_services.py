@@ -17,8 +17,8 @@ import psycopg
 import pytest
 import redis
 
-from rlm_workers import local_servers as services
 from rlm_workers.errors import MissingExtension
+from rlm_workers.runtime import local_servers as services
 from tests.support.services import start_services
 
 
@@ -431,7 +431,7 @@ def test_a_role_that_may_not_create_pgvector_gets_one_line(without_pgvector, tmp
 
 def test_a_server_without_pgvector_gets_one_line(without_pgvector, tmp_path):
     from rlm_workers.config import Settings
-    from rlm_workers.doctor import check_database
+    from rlm_workers.runtime.doctor import check_database
 
     if "novec" not in without_pgvector:
         pytest.skip("hiding pgvector needs PostgreSQL 18 (extension_control_path)")

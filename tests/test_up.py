@@ -76,7 +76,7 @@ def test_up_runs_everything_and_stops_cleanly_on_ctrl_c(rlm_env, tmp_path):
         assert f'data-flower="http://127.0.0.1:{flower_port}"' in httpx.get(f"{base}/ui/").text
         # the workers it started answer on every queue
         from rlm_workers.celery_app import get_app
-        from rlm_workers.ephemeral import served_queues
+        from rlm_workers.runtime.ephemeral import served_queues
 
         deadline = time.monotonic() + 60
         while served_queues(get_app(), timeout=1.0) < {"rlm.control", "rlm.analyst", "rlm.ingest"}:
@@ -178,7 +178,7 @@ def _run_up_until_ready_then_ctrl_c(env: dict[str, str], log_path, before_ctrl_c
 
 def test_up_leaves_embedded_servers_that_were_running_before_it(tmp_path):
     """Ctrl-C on `rlm up` stopped the embedded servers a separately started worker and API were using."""
-    from rlm_workers import local_servers
+    from rlm_workers.runtime import local_servers
 
     data_dir = tmp_path / "data"
     local_servers.embedded_postgres_url(data_dir, idle_seconds=0)
@@ -199,7 +199,7 @@ def test_up_stops_the_embedded_servers_it_started_unless_others_are_connected(tm
     """What `rlm up` started it stops, except a server another process is still connected to."""
     import redis
 
-    from rlm_workers import local_servers
+    from rlm_workers.runtime import local_servers
 
     data_dir = tmp_path / "data"
     clients = []

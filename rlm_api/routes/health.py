@@ -10,10 +10,10 @@ from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from rlm_workers import metrics as worker_metrics
 from rlm_workers.config import get_settings
 from rlm_workers.constants import ALL_QUEUES
-from rlm_workers.local_servers import broker_url
+from rlm_workers.runtime import metrics as worker_metrics
+from rlm_workers.runtime.local_servers import broker_url
 from rlm_workers.store.db import connection
 from rlm_workers.store.metrics import jobs_in_flight, ping
 

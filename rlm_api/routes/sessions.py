@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from rlm_workers import sessions
+from rlm_workers.pipeline import sessions
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import MessageAccepted, MessageRequest, SessionCreate, SessionCreated, SessionView

@@ -27,8 +27,8 @@ from ..models import RELEVANCE_RANK, Record
 from ..pipeline.record_lines import extract_records
 from ..pipeline.records import aggregate, records_markdown, stem_terms
 from ..pipeline.replies import cited_chunk_ids
-from ..provenance import cite_of, page_span
 from ..search.preview import CUT, shorten
+from ..search.provenance import cite_of, page_span
 from ..search.service import query_vector
 from ..search.tokenize import tokenize
 from .protocol import Completion, CompletionRequest

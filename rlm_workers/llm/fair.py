@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from celery import current_task
 
-from .. import metrics
 from ..errors import ServiceUnavailable
-from ..resources import provider
+from ..runtime import metrics
+from ..runtime.resources import provider
 from ..store import jobs as job_store
 from ..store.db import connection
 from .limiter import ConcurrencyLimiter

@@ -30,9 +30,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import constants, metrics
+from .. import constants
 from ..errors import ConfigError, ServiceUnavailable
-from ..renewals import Renewals
+from ..runtime import metrics
+from ..runtime.renewals import Renewals
 from .redis_scripts import LUA_NOW_MS, redis_call
 
 if TYPE_CHECKING:

@@ -33,11 +33,11 @@ from ..errors import (
     RateLimited,
     ServiceUnavailable,
 )
-from ..local_llm import endpoint as local_llm_endpoint
-from ..tokens import CHARS_PER_TOKEN
+from ..runtime.local_llm import endpoint as local_llm_endpoint
 from .limiter import ConcurrencyLimiter, Limits, wait_bound
 from .protocol import Attempt, Completion, CompletionRequest, ToolCall
 from .structured import ToolAction, action_schema, describe_tools, parse_action
+from .tokens import CHARS_PER_TOKEN
 from .usage import BadResponse, cached_tokens, to_completion, token_usage
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from ..models import AnalystBatchSize, MaxChunks, Relevance, Route, SearchMode, Threshold, TopK
 from ..pipeline.replies import cited_chunk_ids, clip, json_candidates
-from ..provenance import cite_of
+from ..search.provenance import cite_of
 
 #: words models use for grades, mapped onto ours
 GRADES = {

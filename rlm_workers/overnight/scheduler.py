@@ -44,7 +44,7 @@ from ..errors import BufferNotFound
 from ..models import JobStatus
 from ..pipeline.flow import Stage, position
 from ..pipeline.reads import Launch, launch_group, send_launch
-from ..resources import redis_client
+from ..runtime.resources import redis_client
 from ..store import jobs as job_store
 from ..store import overnight as store
 from ..store import reads as read_store

@@ -23,7 +23,7 @@ from ..config import Settings, get_settings
 from ..errors import IdempotencyKeyReused, InvalidInput
 from ..limits import MAX_RUN_AT_AHEAD_DAYS, MAX_RUN_AT_BEHIND_DAYS
 from ..models import JobStatus
-from ..provenance import cite
+from ..search.provenance import cite
 from ..search.service import validate_query
 from ..store import jobs as job_store
 from ..store import overnight as store

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from .. import metrics
 from ..config import get_settings
 from ..errors import BudgetExhausted, LLMError, ServiceUnavailable
 from ..llm.prices import Price, cost_usd, prices
 from ..llm.protocol import Attempt, Completion, LLMProvider
 from ..models import LLMCall
+from ..runtime import metrics
 from ..store import jobs as job_store
 from ..store.db import durable_write
 from .budget import ledger_for_job

@@ -43,9 +43,8 @@ from ..llm.structured import (
     validate_entry,
 )
 from ..models import RELEVANCE_RANK, Finding, Relevance
-from ..renewals import Renewals
-from ..resources import provider, redis_client
-from ..sessions import conversation_section, evidence_ids
+from ..runtime.renewals import Renewals
+from ..runtime.resources import provider, redis_client
 from ..store import jobs as job_store
 from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
@@ -55,6 +54,7 @@ from .prompts import chunk_source_line, content_block, escape_content, load_prom
 from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from .replies import clip, json_candidates, leading_objects
 from .route import analyst_reply_tokens
+from .sessions import conversation_section, evidence_ids
 
 log = logging.getLogger("rlm.pipeline.analyst")
 

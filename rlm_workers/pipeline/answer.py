@@ -23,12 +23,11 @@ from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import ChunkForPrompt, DirectInput
 from ..llm.structured import answer_schema, parse_answer, render_answer, render_cited
+from ..llm.tokens import CHARS_PER_TOKEN, estimate_tokens
 from ..search.preview import shorten
-from ..sessions import conversation_section
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
-from ..tokens import CHARS_PER_TOKEN, estimate_tokens
 from .calls import call_llm
 from .evidence import grounded
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
@@ -37,6 +36,7 @@ from .records import RECORDS_INSTRUCTION
 from .replies import cited_chunk_ids
 from .report import store_report
 from .route import direct_answer_tokens, direct_budget
+from .sessions import conversation_section
 
 CUT_MARKER = "[…cut to fit the context]"
 #: a citation the answer wrote inline: its words (chunk, path) are no part of what the answer says

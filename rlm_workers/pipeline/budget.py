@@ -13,7 +13,7 @@ from typing import Any
 
 from ..llm.budget import BudgetLedger, BudgetLimits
 from ..models import BudgetReport
-from ..resources import redis_client
+from ..runtime.resources import redis_client
 from ..store import jobs as job_store
 from ..store.db import connection
 

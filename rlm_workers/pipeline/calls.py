@@ -19,8 +19,8 @@ from ..errors import BudgetExhausted, JobCancelled, LLMError, ParseError
 from ..llm import fair
 from ..llm.prices import prices
 from ..llm.protocol import Attempt, Completion, CompletionRequest
-from ..logs import stage_context
-from ..resources import provider
+from ..runtime.logs import stage_context
+from ..runtime.resources import provider
 from ..store import jobs as job_store
 from ..store.db import connection
 from . import accounting

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 import kombu.exceptions
 import redis.exceptions
 
-from .. import metrics
 from ..config import Settings
 from ..errors import error_record
 from ..models import JobStatus
+from ..runtime import metrics
 from ..store import jobs as job_store
 from ..store.db import connection
 

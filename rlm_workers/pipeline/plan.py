@@ -18,7 +18,6 @@ from ..llm.stage_input import PlanInput
 from ..llm.structured import PLAN_SCHEMA, PlanReply
 from ..models import AnalysisPlan
 from ..search.service import query_vector
-from ..sessions import conversation_section, resolve_question
 from ..store import jobs as job_store
 from ..store.buffers import list_buffers
 from ..store.db import durable_write
@@ -26,6 +25,7 @@ from .calls import call_llm
 from .flow import OK, StageContext
 from .prompts import load_prompt, system_message
 from .replies import json_candidates
+from .sessions import conversation_section, resolve_question
 
 if TYPE_CHECKING:
     import psycopg

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..llm.stage_input import ChunkForPrompt, ShownFinding
-from ..provenance import page_span, section_of
+from ..search.provenance import page_span, section_of
 
 PROMPT_NAMES = ("primary", "subcall", "answering", "synthesizer", "check", "direct", "rewrite", "shared")
 #: a prompt file larger than this is a mistake, not a prompt

@@ -35,7 +35,7 @@ from ..llm import fair
 from ..llm.protocol import Attempt, Completion, CompletionRequest
 from ..llm.stage_input import ReadInput
 from ..models import Finding
-from ..resources import provider
+from ..runtime.resources import provider
 from ..store import jobs as job_store
 from ..store import reads as store
 from ..store.db import DB_OUTAGE, connection, durable_write

@@ -24,7 +24,7 @@ from ..config import Settings, get_settings
 from ..constants import RECONCILE_LOCK_KEY
 from ..ingest.groups import send_groups
 from ..overnight.scheduler import reconcile_overnight
-from ..resources import redis_client
+from ..runtime.resources import redis_client
 from ..store import jobs as job_store
 from ..store.db import connection
 from ..store.uploads import orphaned_groups, orphaned_uploads, stale_groups, stale_uploads

@@ -22,9 +22,9 @@ from ..models import (
     Source,
     ToolCallRecord,
 )
-from ..provenance import fields
-from ..resources import provider
+from ..runtime.resources import provider
 from ..search.preview import shorten
+from ..search.provenance import fields
 from ..store import jobs as job_store
 from ..store.jobs import BatchRecord
 from .budget import report as budget_report

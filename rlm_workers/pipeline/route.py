@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..llm.tokens import CHARS_PER_TOKEN
 from ..models import Mode, QueryOptions, Route, Scope
-from ..tokens import CHARS_PER_TOKEN
 from .records import aggregation_reason
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..config import get_settings
 from ..errors import RLMError
-from ..logs import stage_context
+from ..runtime.logs import stage_context
 from ..store import jobs as job_store
 from ..store.db import DB_OUTAGE, connection
 from . import answer, collect, fanout, plan, search, synthesize

@@ -19,10 +19,9 @@ from ..llm.extractive import write_report
 from ..llm.protocol import CompletionRequest
 from ..llm.stage_input import FindingsInput, ShownFinding
 from ..llm.structured import FinalAnswer, answer_schema, parse_action, render_answer, stray_action
-from ..local_servers import database_url
 from ..models import RELEVANCE_RANK
-from ..provenance import cite_of
-from ..sessions import conversation_section
+from ..runtime.local_servers import database_url
+from ..search.provenance import cite_of
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
@@ -40,6 +39,7 @@ from .prompts import (
 )
 from .replies import clip
 from .report import not_run_for_budget, store_report
+from .sessions import conversation_section
 from .tools import (
     QUERY_SUBSET_SPEC,
     TOOL_SPECS,

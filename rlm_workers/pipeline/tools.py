@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from ..limits import MAX_REGEX_BYTES, MAX_TOOL_ARGS_BYTES, MAX_TOOL_ARGS_SUMMARY_CHARS, MAX_TOOL_CALLS_PER_TURN
 from ..models import SearchMode, check_storable_text
-from ..provenance import cite_of
+from ..search.provenance import cite_of
+from ..search.sections import read_outline, read_section
 from ..search.service import search
-from ..sections import read_outline, read_section
 from ..store.buffers import buffer_info, get_chunks, iter_chunk_texts, list_buffers, require_buffers
 from .prompts import tool_json
 

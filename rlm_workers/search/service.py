@@ -19,13 +19,13 @@ from ..ingest.embed import get_query_encoder, model_id_for, ranked_as, resolve_r
 from ..ingest.windows import DEFAULT_WINDOWS, WindowSpec
 from ..limits import MAX_QUERY_BYTES
 from ..models import SearchHit, SearchMode, Threshold, TopK, check_storable_text
-from ..provenance import fields
-from ..search.tokenize import tokenize
 from ..store.buffers import BufferRow, get_chunks, require_buffers
 from ..store.vectors import Near
 from . import bm25_cache
 from .fusion import fuse_arms
+from .provenance import fields
 from .semantic import semantic_search
+from .tokenize import tokenize
 
 if TYPE_CHECKING:
     import numpy as np

@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from ..config import Settings, get_settings
 from ..errors import ServiceUnavailable
-from ..local_servers import database_url, ensure_pgvector
+from ..runtime.local_servers import database_url, ensure_pgvector
 from .migrations import MIGRATION_LOCK, migrate
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .. import metrics
 from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall
+from ..runtime import metrics
 from .db import held_session_locks, release_session_lock, session_lock_key, transaction_lock, try_session_lock
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)

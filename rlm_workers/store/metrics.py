@@ -1,6 +1,6 @@
 """Read-only probes for the health routes (``/readyz``, ``/metrics``).
 
-Everything else ``/metrics`` shows is counted in Redis as the work happens (``rlm_workers/metrics.py``):
+Everything else ``/metrics`` shows is counted in Redis as the work happens (``rlm_workers/runtime/metrics.py``):
 nothing here may aggregate a whole table per scrape."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from tests.support.workers import running_workers, scripted_env
 
 @pytest.fixture(scope="session")
 def test_services():
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
     from tests.support.services import TestServices
 
     data_dir = Path(tempfile.mkdtemp(prefix="rlm-faults-"))

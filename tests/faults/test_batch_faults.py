@@ -100,7 +100,7 @@ def check_nothing_lost_or_billed_twice(batch_id, items, llm, baseline):
 
 
 def test_redis_stopped_for_10s_during_a_batch(fresh, model, workers, test_services):
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     model.analyst_delay = 1.0
     baseline = logged_total()
@@ -120,7 +120,7 @@ def test_redis_stopped_for_10s_during_a_batch(fresh, model, workers, test_servic
 
 
 def test_postgres_restarted_during_a_batch_with_readyz_reporting_it(fresh, model, workers, api, test_services):
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     model.analyst_delay = 1.0
     baseline = logged_total()

@@ -71,7 +71,7 @@ def test_sigkill_of_the_analyst_worker_mid_batch(db, fresh, model, workers):
 
 
 def test_redis_stopped_for_10s_during_a_job(db, fresh, model, test_services):
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     model.analyst_delay = 1.5
     job_id = submit(db, batch_size=2)
@@ -93,7 +93,7 @@ def test_redis_stopped_for_10s_during_a_job(db, fresh, model, test_services):
 def test_postgres_restarted_during_a_job(db, fresh, model, test_services):
     import psycopg
 
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     model.analyst_delay = 1.5
     job_id = submit(db, batch_size=2)

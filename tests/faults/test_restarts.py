@@ -28,14 +28,14 @@ def env(rlm_env):
 
 
 def restart_postgres(data_dir) -> None:
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     assert services.stop_embedded_postgres(data_dir)
     services.embedded_postgres_url(data_dir)
 
 
 def restart_valkey(data_dir, url: str) -> None:
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     assert services.stop_embedded_valkey(data_dir)
     assert services.embedded_valkey_url(data_dir) == url
@@ -89,7 +89,7 @@ def test_the_api_answers_the_first_request_after_postgres_restarted(api, test_se
 def test_the_api_answers_after_postgres_was_down_while_it_was_asked(api, test_services):
     """Requests during the outage set the pool retrying; the first one after the restart must not wait for its
     retries to come round (they doubled up to minutes apart)."""
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     with api.client(api.key) as c:
         busy(c)

@@ -21,7 +21,7 @@ _MARKER = re.compile(r"[<\uff1c]\s*/?\s*content", re.I)
 @pytest.fixture(scope="module")
 def ctx(settings, conn, embedder, tmp_path_factory):
     from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.local_servers import database_url
+    from rlm_workers.runtime.local_servers import database_url
 
     mine = tmp_path_factory.mktemp("tools-mine")
     (mine / "retry.py").write_text(

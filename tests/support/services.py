@@ -36,7 +36,7 @@ class TestServices:
         return with_database(self.admin_url, name)
 
     def stop(self) -> None:
-        from rlm_workers import local_servers as services
+        from rlm_workers.runtime import local_servers as services
 
         if self.embedded_valkey:
             services.stop_embedded_valkey(self.data_dir)
@@ -51,7 +51,7 @@ def with_database(url: str, name: str) -> str:
 
 
 def start_services(data_dir: Path) -> TestServices:
-    from rlm_workers import local_servers as services
+    from rlm_workers.runtime import local_servers as services
 
     pg = os.environ.get("RLM_TEST_DATABASE_URL")
     redis_url = os.environ.get("RLM_TEST_BROKER_URL")

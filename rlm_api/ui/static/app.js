@@ -67,7 +67,7 @@ function age(iso) {
   return Math.round(s / 86400) + " d";
 }
 
-// Where a chunk sits, as provenance.cite writes it (rlm_workers/provenance.py): "spec.pdf p. 4–5 § 2.1 Transport",
+// Where a chunk sits, as provenance.cite writes it (rlm_workers/search/provenance.py): "spec.pdf p. 4–5 § 2.1 Transport",
 // "guide.docx:10-14 § Install" or "src/x.py:10-14". Kept in step with it: tests/test_document_tools.py compares
 // what the page shows with what provenance.cite returns.
 function cite(c) {

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from celery.contrib.testing.worker import start_worker
 
-from .constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL
+from ..constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL
 
 if TYPE_CHECKING:
     from celery import Celery

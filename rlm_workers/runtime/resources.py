@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .config import get_settings, on_settings_reset
-from .llm.registry import build_provider
+from ..config import get_settings, on_settings_reset
+from ..llm.registry import build_provider
 from .local_servers import broker_url
 
 if TYPE_CHECKING:
-    from .llm.protocol import LLMProvider
+    from ..llm.protocol import LLMProvider
 
 _lock = threading.RLock()  # re-entrant: building the provider builds the Redis client
 _built: dict[str, Any] = {}

@@ -23,31 +23,31 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .config import get_settings
-from .errors import BudgetExhausted, InvalidInput, JobCancelled, RLMError, SessionBusy
-from .llm.protocol import CompletionRequest
-from .llm.structured import REWRITE_SCHEMA, RewriteReply
-from .models import check_storable_text
-from .pipeline.calls import call_llm
-from .pipeline.prompts import content_block, escape_content, load_prompt, quote_field, system_message
-from .pipeline.replies import cited_chunk_ids, json_candidates
-from .provenance import cite, fields
-from .resources import provider
-from .search.service import validate_query
-from .store import sessions as store
-from .store.buffers import require_buffers, validate_buffer_name
-from .store.db import commit, durable_write
-from .submit import submit_query, validate_options
-from .tokens import CHARS_PER_TOKEN
+from ..config import get_settings
+from ..errors import BudgetExhausted, InvalidInput, JobCancelled, RLMError, SessionBusy
+from ..llm.protocol import CompletionRequest
+from ..llm.structured import REWRITE_SCHEMA, RewriteReply
+from ..llm.tokens import CHARS_PER_TOKEN
+from ..models import check_storable_text
+from ..runtime.resources import provider
+from ..search.provenance import cite, fields
+from ..search.service import validate_query
+from ..store import sessions as store
+from ..store.buffers import require_buffers, validate_buffer_name
+from ..store.db import commit, durable_write
+from ..submit import submit_query, validate_options
+from .calls import call_llm
+from .prompts import content_block, escape_content, load_prompt, quote_field, system_message
+from .replies import cited_chunk_ids, json_candidates
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import psycopg
 
-    from .config import Settings
-    from .store.jobs import JobRow
-    from .store.sessions import SessionRow, TurnRow
+    from ..config import Settings
+    from ..store.jobs import JobRow
+    from ..store.sessions import SessionRow, TurnRow
 
 log = logging.getLogger("rlm.sessions")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from celery import signals
 
-from .config import get_settings
+from ..config import get_settings
 
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("rlm_log_context", default=None)
 

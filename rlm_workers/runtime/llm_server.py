@@ -1,6 +1,6 @@
 """The local model server process: llama.cpp's HTTP server for one or more GGUF models, each on its own port.
 
-``python -m rlm_workers.llm_server CONFIG`` is started, detached, by ``local_llm`` (docs/contract.md#local-llm).
+``python -m rlm_workers.runtime.llm_server CONFIG`` is started, detached, by ``local_llm`` (docs/contract.md#local-llm).
 ``CONFIG`` is a JSON file: the models (alias, GGUF path, port), the context per slot, the slots, the threads, the
 API key's file and, only where the prebuilt wheel cannot run, a ``llama-server`` binary built from source.
 
@@ -77,7 +77,7 @@ def _serve_binaries(cfg: dict[str, Any]) -> list[subprocess.Popen]:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.exit("usage: python -m rlm_workers.llm_server CONFIG")
+        sys.exit("usage: python -m rlm_workers.runtime.llm_server CONFIG")
     cfg = json.loads(Path(args[0]).read_text())
     children: list[subprocess.Popen] = []
 

@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import InvalidInput
-from .models import check_storable_text
+from ..errors import InvalidInput
+from ..models import check_storable_text
+from ..store.buffers import SpanChunk, chunks_in_lines, file_outline, list_files, paths_ending, require_buffers
 from .provenance import PATH_SEPARATOR, cite
-from .store.buffers import SpanChunk, chunks_in_lines, file_outline, list_files, paths_ending, require_buffers
 
 if TYPE_CHECKING:
     import psycopg
 
-    from .store.buffers import FileOutline
+    from ..store.buffers import FileOutline
 
 #: longest path or heading argument taken; a stored path is at most a few hundred characters
 MAX_ARG_CHARS = 2000

@@ -1,9 +1,10 @@
 """The watcher beside an embedded server: it stops the server once nobody can need it any more.
 
-``python -m rlm_workers.embedded_watch postgres|valkey|llm DATA_DIR SERVER_PID IDLE_SECONDS`` is started, detached,
-by ``local_servers`` beside each embedded PostgreSQL, Valkey and model server it starts (or first finds unwatched).  An
-embedded server outlives the command that started it, so that the next command starts in milliseconds; without
-a watcher it also outlived everything else: a killed test run left its servers running on removed temp dirs.
+``python -m rlm_workers.runtime.embedded_watch postgres|valkey|llm DATA_DIR SERVER_PID IDLE_SECONDS`` is started,
+detached, by ``local_servers`` beside each embedded PostgreSQL, Valkey and model server it starts (or first finds
+unwatched).  An embedded server outlives the command that started it, so that the next command starts in
+milliseconds; without a watcher it also outlived everything else: a killed test run left its servers running on
+removed temp dirs.
 
 Each round it looks at three things:
 
@@ -139,7 +140,9 @@ def watch(server: Watched, idle_seconds: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlm_workers.embedded_watch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlm_workers.runtime.embedded_watch", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("kind", choices=["postgres", "valkey", "llm"])
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("pid", type=int)

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import psutil
 
-from .config import Settings, usable_cores
-from .errors import ConfigError, ModelServerError
+from ..config import Settings, usable_cores
+from ..errors import ConfigError, ModelServerError
 from .local_models import (
     LLAMA_CPP_PACKAGE,
     LLAMA_CPP_VERSION,
@@ -56,7 +56,7 @@ log = logging.getLogger("rlm.services.llm")
 
 LLM_DIRNAME = "llm"
 #: what the launcher's command line holds, so a pid can be told to be our model server
-SERVER_MODULE = "rlm_workers.llm_server"
+SERVER_MODULE = "rlm_workers.runtime.llm_server"
 #: how long a started server gets to load its models and answer /health
 START_TIMEOUT_SECONDS = 180.0
 

