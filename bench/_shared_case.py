@@ -20,7 +20,7 @@ import re
 import time
 from pathlib import Path
 
-import _util
+import harness
 
 PRICE = [0.25, 0.025, 2.0]  # gpt-5-mini list prices, USD per 1M tokens: input, cached input, output
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
@@ -124,14 +124,14 @@ def _corpus(root: Path, chunks: int) -> Path:
 
 
 def run(args) -> None:
-    data_dir = _util.isolated_env("batch-shared")
+    data_dir = harness.isolated_env("batch-shared")
     from tests.support.scripted_llm import ScriptedLLM
     from tests.support.workers import WorkerProcess
 
     model = Model()
     srv = ScriptedLLM(model).start()
     q = args.questions
-    settings = _util.scripted_settings(
+    settings = harness.scripted_settings(
         srv.base_url,
         data_dir,
         {
@@ -154,8 +154,8 @@ def run(args) -> None:
     load_paths(conn, buffer="shared-bench", paths=[_corpus(data_dir, args.chunks)])
     conn.commit()
     conn.autocommit = True
-    _util.hand_services_to_workers(settings)
-    logs = _util.log_dir(data_dir)
+    harness.hand_services_to_workers(settings)
+    logs = harness.log_dir(data_dir)
     nonce = time.strftime("%H%M%S")
     # one topic word of the corpus each (a note names two of them): about a fifth of the chunks bear on a question
     queries = [f"Run {nonce}, question {i}: what do the notes say about {WORDS[i % len(WORDS)]}s?" for i in range(q)]
@@ -233,7 +233,7 @@ def run(args) -> None:
         conn.close()
         srv.stop()
         if not args.keep_servers:
-            _util.stop_servers(data_dir)
+            harness.stop_servers(data_dir)
 
     ratios: dict[tuple[bool, str], float] = {}
 
@@ -275,9 +275,9 @@ def run(args) -> None:
         [
             "## Shared reads across a batch's questions (`bench/batch.py --case shared`)",
             "",
-            f"Command: `{_util.command_line()}`",
+            f"Command: `{harness.command_line()}`",
             "",
-            _util.machine_markdown(),
+            harness.machine_markdown(),
             "",
             f"Setup: one overnight batch of {q} questions × 1 buffer of {args.chunks} chunks, `--scope all`, "
             f"`batch_size` {args.batch_size}, `skip_plan`; each question asks about one topic word of the corpus "
@@ -324,4 +324,4 @@ def run(args) -> None:
             "(the single-question prompt does not offer the compact form).",
         ]
     )
-    _util.publish("shared-reads", md, _util.machine_markdown(), write=not args.no_write)
+    harness.publish("shared-reads", md, harness.machine_markdown(), write=not args.no_write)

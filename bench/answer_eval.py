@@ -55,9 +55,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))  # tests.support.workers
+sys.path.insert(0, str(harness.REPO))  # tests.support.workers
 
 TENANT = "local"
 #: mode → query options; fanout's batch size keeps a fan-out where auto would answer a small corpus in one call
@@ -254,9 +254,9 @@ def report(meta: dict[str, str], questions: list[dict], results: dict[str, list[
         f"## Answer quality: {meta['set']} set, {' '.join(filter(None, (meta['provider'], meta['model'])))} "
         "(`bench/answer_eval.py`)",
         "",
-        f"{_util.machine_line()}.",
+        f"{harness.machine_line()}.",
         "",
-        f"Command: `{_util.command_line()}` at {_util.revision()}. Questions of `{meta['path']}`: {len(questions)} "
+        f"Command: `{harness.command_line()}` at {harness.revision()}. Questions of `{meta['path']}`: {len(questions)} "
         f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}) over {len({q['corpus'] for q in questions})} "
         "corpora; thinking is asked the two-hop ones only. The judging rules are in the bench's docstring.",
         "",
@@ -338,7 +338,9 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     ap.add_argument("--section", help="the RESULTS.md section (default answer_eval_<set>_<provider>[_<model>])")
     ap.add_argument("--jsonl", type=Path, help="also write one line per question asked, answer included")
-    ap.add_argument("--eval-dir", type=Path, default=_util.BENCH_DIR / "eval", help="where the sets and corpora.py are")
+    ap.add_argument(
+        "--eval-dir", type=Path, default=harness.BENCH_DIR / "eval", help="where the sets and corpora.py are"
+    )
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in MODES]:
@@ -351,7 +353,7 @@ def main() -> None:
 
     # a run stopped with SIGTERM (kill, a timeout) still stops its workers and servers in the finally below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    data_dir = _util.isolated_env("answer_eval")
+    data_dir = harness.isolated_env("answer_eval")
     os.environ["RLM_PROMPT_DIR"] = str(data_dir / "prompts")  # the shipped prompts, never the user's overrides
     from rlm_workers.config import get_settings
     from rlm_workers.runtime.local_llm import stop_server
@@ -364,12 +366,12 @@ def main() -> None:
         model = use_provider(args)
         settings = get_settings()
         path = set_path.resolve()
-        path = path.relative_to(_util.REPO) if path.is_relative_to(_util.REPO) else path
+        path = path.relative_to(harness.REPO) if path.is_relative_to(harness.REPO) else path
         meta = {"set": args.set, "provider": args.provider, "model": model, "path": str(path)}
         section = args.section or "_".join(
             ["answer_eval", args.set, args.provider] + ([args.model] if args.model else [])
         )
-        _util.hand_services_to_workers(settings)
+        harness.hand_services_to_workers(settings)
         conn = connect(settings)
         base = data_dir / "corpora"
         chunks = {name: prepare_corpus(conn, name, corpora, base) for name in {q["corpus"]: 0 for q in questions}}
@@ -377,7 +379,7 @@ def main() -> None:
         has_parse_ok = conn.execute(PARSE_OK_COLUMN).fetchone()
         parse_failed = "parse_ok = false" if has_parse_ok else "status = 'retried'"
         analysts = {"local": settings.local_llm_parallel, "extractive": 4}.get(args.provider, 8)
-        logs = _util.log_dir(data_dir)
+        logs = harness.log_dir(data_dir)
         workers = [
             WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=2),
             WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=analysts),
@@ -403,7 +405,9 @@ def main() -> None:
                     out_file.write(json.dumps({**row, "correct_and_cited": o.both}) + "\n")
                     out_file.flush()
             # rewritten after each mode: a long run stopped half-way keeps what it measured
-            _util.publish(section, report(meta, questions, results), _util.machine_markdown(), write=not args.no_write)
+            harness.publish(
+                section, report(meta, questions, results), harness.machine_markdown(), write=not args.no_write
+            )
     finally:
         if out_file:
             out_file.close()
@@ -413,7 +417,7 @@ def main() -> None:
             conn.close()
         if args.provider == "local":
             stop_server(get_settings().data_dir)
-        _util.stop_servers(data_dir)
+        harness.stop_servers(data_dir)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))  # tests.support.* (scripted server, worker processes)
+sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
 
 WINDOW = 60.0
 BUFFERS = ("batch-a", "batch-b", "batch-c", "batch-d")
@@ -185,7 +185,7 @@ def main() -> None:
         ap.error("--headroom is a fraction in [0, 1)")
     budget = max(1, int(args.rpm * (1 - args.headroom)))
 
-    data_dir = _util.isolated_env("batch")
+    data_dir = harness.isolated_env("batch")
     from tests.support.scripted_llm import ScriptedLLM
     from tests.support.workers import WorkerProcess
 
@@ -195,7 +195,7 @@ def main() -> None:
         os.environ["RLM_BATCH_PARALLEL"] = str(args.parallel)
     if args.tick:
         os.environ["RLM_BATCH_TICK_SECONDS"] = str(args.tick)
-    settings = _util.scripted_settings(
+    settings = harness.scripted_settings(
         srv.base_url, data_dir, {"RLM_RPM": str(budget)}, ("RLM_API_KEY", "RLM_BASE_URL", "RLM_TPM")
     )
     workers: list = []
@@ -214,8 +214,8 @@ def main() -> None:
         conn.autocommit = True
         conn.execute("DELETE FROM result_cache")  # the bench's own database: every item must really run
         redis.Redis.from_url(broker_url(settings)).flushdb()
-        _util.hand_services_to_workers(settings)
-        logs = _util.log_dir(data_dir)
+        harness.hand_services_to_workers(settings)
+        logs = harness.log_dir(data_dir)
         workers = [WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=4)]
         workers += [
             WorkerProcess(f"an{i}", queues="rlm.analyst", env={}, log_dir=logs, concurrency=args.analyst_concurrency)
@@ -280,9 +280,9 @@ def main() -> None:
             [
                 f"## Batch throughput under a provider RPM limit (`bench/batch.py`, headroom {args.headroom:.0%})",
                 "",
-                f"Command: `{_util.command_line()}`",
+                f"Command: `{harness.command_line()}`",
                 "",
-                _util.machine_markdown(),
+                harness.machine_markdown(),
                 "",
                 f"Setup: one batch of {n_items} items ({n_queries} queries × {len(BUFFERS)} buffers, `skip_plan`, one "
                 f"chunk each: 1 analyst + 1 synthesizer call per item); scripted provider limit {args.rpm} RPM "
@@ -302,18 +302,18 @@ def main() -> None:
                 f"| wall time (submit → batch done) | {elapsed:.0f} s | |",
                 f"| accepted requests per minute, whole run (incl. the tail) | "
                 f"{len(accepted) / (max(accepted) - first) * 60:.0f} | {args.rpm} |",
-                f"| item latency submitted → finished, p50 / p95 | {_util.percentile(lat, 50):.1f} s / "
-                f"{_util.percentile(lat, 95):.1f} s | |",
+                f"| item latency submitted → finished, p50 / p95 | {harness.percentile(lat, 50):.1f} s / "
+                f"{harness.percentile(lat, 95):.1f} s | |",
                 "",
                 f"Result: {'meets both targets' if ok else 'MISSES a target (see above)'}.",
             ]
         )
         print(md, flush=True)
     finally:
-        _util.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
-    if md and not args.no_write and _util.RESULTS.exists():
+        harness.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
+    if md and not args.no_write and harness.RESULTS.exists():
         section = "batch" if args.headroom == 0.05 else f"batch-headroom-{args.headroom:g}"
-        _util.update_results(section, md)
+        harness.update_results(section, md)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
 N_CHUNKS = 10_000
 N_DISTINCT = 10  # distinct sets of N_CHUNKS chunks, as bench/search.py --million
@@ -235,7 +235,7 @@ def merged(n_buffers: int) -> dict:
 
 def report(run: dict) -> str:
     w, s = run["warm"], run["warm"]["series"]
-    p50, p95 = _util.percentile(s["total"], 50), _util.percentile(s["total"], 95)
+    p50, p95 = harness.percentile(s["total"], 50), harness.percentile(s["total"], 95)
     cold = run["cold"]
     cold_first = [c["first_s"] for c in cold]
     mem = w["mem_after"]
@@ -263,10 +263,10 @@ def report(run: dict) -> str:
         f"| warm, top 10 over {run['buffers']} buffers: p50 / p95 / mean / max | **{p50:.1f}** / {p95:.1f} / "
         f"{statistics.mean(s['total']):.1f} / {max(s['total']):.1f} ms |",
         f"| of which finding the indexes and the union's statistics (cached), p50 | "
-        f"{_util.percentile(s['index'], 50):.2f} ms |",
-        f"| of which scoring (`top_k`), p50 | {_util.percentile(s['top_k'], 50):.1f} ms |",
-        f"| warm, top 20 (a hybrid search's depth): p50 / p95 | {_util.percentile(w['top20'], 50):.1f} / "
-        f"{_util.percentile(w['top20'], 95):.1f} ms |",
+        f"{harness.percentile(s['index'], 50):.2f} ms |",
+        f"| of which scoring (`top_k`), p50 | {harness.percentile(s['top_k'], 50):.1f} ms |",
+        f"| warm, top 20 (a hybrid search's depth): p50 / p95 | {harness.percentile(w['top20'], 50):.1f} / "
+        f"{harness.percentile(w['top20'], 95):.1f} ms |",
         f"| first query in a fresh process (map {run['buffers']} files, the union's statistics, score), "
         f"{len(cold)} runs | **{' / '.join(f'{x * 1000:.0f}' for x in cold_first)} ms** |",
         f"| its imports before that (`search.service`), median | "
@@ -289,8 +289,8 @@ def report(run: dict) -> str:
             f"| for comparison, the merged index the old path built: build (`BM25Index.merge`, files mapped) | "
             f"{m['merge_s']:.1f} s |",
             f"| its size | {m['mb']:.0f} MB |",
-            f"| top 10 on it alone, p50 / p95 | {_util.percentile(m['top_k_ms'], 50):.1f} / "
-            f"{_util.percentile(m['top_k_ms'], 95):.1f} ms |",
+            f"| top 10 on it alone, p50 / p95 | {harness.percentile(m['top_k_ms'], 50):.1f} / "
+            f"{harness.percentile(m['top_k_ms'], 95):.1f} ms |",
             f"| queries whose top 10 (ids and scores) equal the union's exactly | {m['same']} of {m['queries']} |",
         ]
     lines += [
@@ -325,7 +325,7 @@ def main() -> None:
     ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cold", metavar="QUERY", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    _util.isolated_env("bm25-many")
+    harness.isolated_env("bm25-many")
     if args.cold is not None:
         cold_child(args.buffers, args.cold)
         return
@@ -338,12 +338,12 @@ def main() -> None:
     t_start = time.perf_counter()
     # the corpus (~1 GB in memory) is built in a child, so this process's memory is a worker's
     subprocess.run([sys.executable, __file__, "--build-only", "--buffers", str(args.buffers)], check=True)
-    run: dict = {"buffers": args.buffers, "rounds": args.rounds, "command": _util.command_line()}
-    run["machine"] = _util.machine_line()
-    run["revision"] = _util.revision()
-    run["busy_before"] = _util.wait_for_quiet(args.wait_quiet)
-    run["load_before"] = _util.loadavg()
-    others, cpu0 = _util.OtherCpu(), _own_cpu()
+    run: dict = {"buffers": args.buffers, "rounds": args.rounds, "command": harness.command_line()}
+    run["machine"] = harness.machine_line()
+    run["revision"] = harness.revision()
+    run["busy_before"] = harness.wait_for_quiet(args.wait_quiet)
+    run["load_before"] = harness.loadavg()
+    others, cpu0 = harness.OtherCpu(), _own_cpu()
     cold = []
     for i in range(args.cold_runs):
         proc = subprocess.run(
@@ -357,14 +357,14 @@ def main() -> None:
     run["cold"] = cold
     run["warm"] = warm(args.buffers, args.rounds)
     run["busy_during"] = others.share(_own_cpu() - cpu0)
-    run["load_after"] = _util.loadavg()
-    print(f"warm p50 {_util.percentile(run['warm']['series']['total'], 50):.1f} ms", flush=True)
+    run["load_after"] = harness.loadavg()
+    print(f"warm p50 {harness.percentile(run['warm']['series']['total'], 50):.1f} ms", flush=True)
     if not args.no_merged:
         run["merged"] = merged(args.buffers)
         print(f"merged: { {k: v for k, v in run['merged'].items() if k != 'top_k_ms'} }", flush=True)
     run["finished"] = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime())
     md = report(run) + f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
-    _util.publish("bm25-many", md, None, write=not args.no_write)
+    harness.publish("bm25-many", md, None, write=not args.no_write)
 
 
 if __name__ == "__main__":

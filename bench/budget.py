@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))  # tests.support.* (scripted server, worker processes)
+sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
 
 FILES = 30
 CASES = (("thinking", 5), ("auto", 8), ("thinking", 25), ("auto", 25))
@@ -78,12 +78,12 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
 
-    data_dir = _util.isolated_env("budget")
+    data_dir = harness.isolated_env("budget")
     from tests.support.scripted_llm import ScriptedLLM
     from tests.support.workers import WorkerProcess
 
     srv = ScriptedLLM(Model(args.fault_rate)).start()
-    settings = _util.scripted_settings(
+    settings = harness.scripted_settings(
         srv.base_url,
         data_dir,
         {"RLM_CHECK_MODEL": "check-model", "RLM_LLM_RETRIES": "3", "RLM_MAX_CONCURRENCY": "4"},
@@ -97,8 +97,8 @@ def main() -> None:
     load_paths(conn, buffer="notes", paths=[_corpus(data_dir)])
     conn.commit()
     conn.autocommit = True
-    _util.hand_services_to_workers(settings)
-    logs = _util.log_dir(data_dir)
+    harness.hand_services_to_workers(settings)
+    logs = harness.log_dir(data_dir)
 
     rows = []
     worst_over = 0
@@ -134,16 +134,16 @@ def main() -> None:
         ctl.stop()
         conn.close()
         srv.stop()
-        _util.stop_servers(data_dir)
+        harness.stop_servers(data_dir)
 
     md = "\n".join(
         [
             '<a id="budget-faults"></a>',
             "## Budgets under provider faults: requests at the server vs `--max-llm-calls` (`bench/budget.py`)",
             "",
-            f"Command: `{_util.command_line()}` at {_util.revision()}",
+            f"Command: `{harness.command_line()}` at {harness.revision()}",
             "",
-            _util.machine_markdown(),
+            harness.machine_markdown(),
             "",
             f"Setup: a scripted OpenAI-protocol server on loopback fails {args.fault_rate:.0%} of requests "
             "(seeded; 429 with Retry-After 0.1 s, 503 or 500), the provider retries (`RLM_LLM_RETRIES=3`); "
@@ -163,8 +163,8 @@ def main() -> None:
     print()
     print(md)
     if not args.no_write:  # its own section only: the machine block above is shared with the other benches
-        _util.update_results("budget-faults", md)
-        print(f"\nupdated {_util.RESULTS}")
+        harness.update_results("budget-faults", md)
+        print(f"\nupdated {harness.RESULTS}")
 
 
 if __name__ == "__main__":

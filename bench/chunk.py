@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))
+sys.path.insert(0, str(harness.REPO))
 
 from rlm_workers.ingest.chunkers import CHUNKERS, chunk_text  # noqa: E402
 
@@ -36,9 +36,9 @@ PACKAGE = "celery"
 
 def source_corpus() -> list[tuple[str, str]]:
     """(path relative to site-packages, text) of every non-empty .py file of the installed celery."""
-    root = _util.SITE_PACKAGES / PACKAGE
+    root = harness.SITE_PACKAGES / PACKAGE
     files = sorted(root.rglob("*.py"))
-    out = [(str(f.relative_to(_util.SITE_PACKAGES)), f.read_text(encoding="utf-8")) for f in files]
+    out = [(str(f.relative_to(harness.SITE_PACKAGES)), f.read_text(encoding="utf-8")) for f in files]
     return [(p, t) for p, t in out if t.strip()]
 
 
@@ -53,7 +53,7 @@ def run(corpora: dict[str, list[tuple[str, str]]], repeats: int) -> tuple[dict, 
     """Seconds per (corpus, chunker) and round, chunk counts, and the CPU share others took meanwhile."""
     times: dict[tuple[str, str], list[float]] = {(c, k): [] for c in corpora for k in CHUNKERS}
     counts: dict[tuple[str, str], int] = {}
-    others = _util.OtherCpu()
+    others = harness.OtherCpu()
     cpu0 = time.process_time()
     for _ in range(repeats):
         for corpus, files in corpora.items():
@@ -70,8 +70,8 @@ def report(corpora: dict, result: dict, args: argparse.Namespace, busy: float, d
     lines = [
         "## Chunker throughput (`bench/chunk.py`)",
         "",
-        f"- command: `{_util.command_line()}` at {_util.revision()}",
-        f"- run finished (`date -u`): {_util.sh('date -u')}; {_util.machine_line()}; share of the CPU used by "
+        f"- command: `{harness.command_line()}` at {harness.revision()}",
+        f"- run finished (`date -u`): {harness.sh('date -u')}; {harness.machine_line()}; share of the CPU used by "
         f"other processes just before / during the timed rounds: {busy:.0%} / {during:.0%}",
         f"- corpora: **source** = the {len(corpora['source']):,} non-empty .py files of the installed `{PACKAGE}`, "
         "one call per file; **prose** = tests/test_chunkers.py's non-ASCII text as one file `big.txt` "
@@ -103,9 +103,9 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     args = ap.parse_args()
     corpora = {"source": source_corpus(), "prose": prose_corpus(args.prose_mb)}
-    busy = _util.wait_for_quiet(args.wait_quiet) if args.wait_quiet > 0 else _util.other_cpu_busy()
+    busy = harness.wait_for_quiet(args.wait_quiet) if args.wait_quiet > 0 else harness.other_cpu_busy()
     result, during = run(corpora, args.repeats)
-    _util.publish("chunk", report(corpora, result, args, busy, during), None, write=not args.no_write)
+    harness.publish("chunk", report(corpora, result, args, busy, during), None, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -48,13 +48,13 @@ import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))
+sys.path.insert(0, str(harness.REPO))
 
 from rlm_workers.ingest.documents import read_document  # noqa: E402
 
-DATA = _util.REPO / "tests" / "data" / "documents"
+DATA = harness.REPO / "tests" / "data" / "documents"
 
 
 def corpus() -> list[Path]:
@@ -132,10 +132,10 @@ def main() -> None:
     lines = [
         "## Document conversion (`bench/documents.py`)",
         "",
-        f"- command: `{_util.command_line()}` at {_util.revision()}",
-        f"- run finished (`date -u`): {_util.sh('date -u')}",
-        f"- machine: {platform.platform()}, {cores} cores usable ({_util.cpu_model()}), "
-        f"python {platform.python_version()}; {_util.machine_line()}",
+        f"- command: `{harness.command_line()}` at {harness.revision()}",
+        f"- run finished (`date -u`): {harness.sh('date -u')}",
+        f"- machine: {platform.platform()}, {cores} cores usable ({harness.cpu_model()}), "
+        f"python {platform.python_version()}; {harness.machine_line()}",
         f"- `read_document` on each real file of tests/data/documents, repeated for ≥ {args.seconds:g} s, best of "
         f"{args.rounds} rounds, one thread; MB = 10^6 bytes of input file",
         "",
@@ -165,7 +165,7 @@ def main() -> None:
 def load_folder(files: list[Path], copies: int) -> list[str]:
     """The whole `rlm load` of a folder of PDFs, and how much of it is conversion."""
     pdfs = [p for p in files if p.suffix == ".pdf"]
-    data_dir = _util.isolated_env("documents")
+    data_dir = harness.isolated_env("documents")
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     with tempfile.TemporaryDirectory(prefix="rlm-bench-pdfs-") as tmp:
@@ -179,13 +179,13 @@ def load_folder(files: list[Path], copies: int) -> list[str]:
         for p in sorted(folder.iterdir()):
             read_document(p, p.name)
         convert_s = time.perf_counter() - t0
-        env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
+        env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
         cmd = [sys.executable, "-m", "rlm_api.cli", "load", str(folder), "-b", "pdfs", "--format", "json"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - t0
     try:
-        _util.stop_servers(data_dir)
+        harness.stop_servers(data_dir)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     if proc.returncode != 0:
@@ -361,7 +361,7 @@ def hostile(scale: float, *, write: bool, whole: bool) -> None:
         p = folder / "page.html"
         _write_html(p, 20 * mb)
         cases.append(("HTML page of 20 MB", p))
-        env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
+        env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
         for label, path in cases:
             unpacked = _declared(path)
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path)]
@@ -377,10 +377,10 @@ def hostile(scale: float, *, write: bool, whole: bool) -> None:
     lines = [
         "## Hostile documents (`bench/documents.py --hostile`, issue #41)",
         "",
-        f"- command: `{_util.command_line()}` at {_util.revision()}",
-        f"- run finished (`date -u`): {_util.sh('date -u')}",
-        f"- machine: {platform.platform()}, {cores} cores usable ({_util.cpu_model()}), "
-        f"python {platform.python_version()}; {_util.machine_line()}",
+        f"- command: `{harness.command_line()}` at {harness.revision()}",
+        f"- run finished (`date -u`): {harness.sh('date -u')}",
+        f"- machine: {platform.platform()}, {cores} cores usable ({harness.cpu_model()}), "
+        f"python {platform.python_version()}; {harness.machine_line()}",
         "- each file converted by `read_document` in a fresh process; idle = its resident memory with "
         "`rlm_workers.ingest.documents` imported; peak = its own high-water mark (`VmHWM`); child = the "
         "conversion child's `ru_maxrss`, the whole process with its interpreter and library (an upper bound: "
@@ -419,17 +419,17 @@ def hostile(scale: float, *, write: bool, whole: bool) -> None:
                 f"| {label} | {r['outcome']} | {r['chunks']:,} | {r['windows']:,} | {r['seconds']:,.1f} | "
                 f"{r['wall']:,.1f} | {r['peak_mb']:,.0f} | {max(0.0, r['peak_mb'] - idle):,.0f} |"
             )
-    _util.publish("documents-hostile", "\n".join(lines), None, write=write)
+    harness.publish("documents-hostile", "\n".join(lines), None, write=write)
 
 
 def whole_loads(folder: Path, cases: list[tuple[str, Path]]) -> list[tuple[str, dict]]:
     """Each case loaded by the real CLI into its own buffer, after a one-line text file as the idle baseline."""
-    data_dir = _util.isolated_env("documents-hostile")
+    data_dir = harness.isolated_env("documents-hostile")
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     small = folder / "one-line.txt"
     small.write_text("One line of text, to measure the load's own size.\n")
-    env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
+    env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
     out = []
     try:
         # The first load starts the embedded servers (their start is reaped by the `rlm` process and would count
@@ -451,7 +451,7 @@ def whole_loads(folder: Path, cases: list[tuple[str, Path]]) -> list[tuple[str, 
             if k:
                 out.append((label, r))
     finally:
-        _util.stop_servers(data_dir)
+        harness.stop_servers(data_dir)
         shutil.rmtree(data_dir, ignore_errors=True)
     return out
 

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))  # tests.support.* (scripted server, worker processes)
+sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
 
 ANALYST_SECONDS = 0.2
 LIMIT = 4
@@ -67,12 +67,12 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
 
-    data_dir = _util.isolated_env("fairness")
+    data_dir = harness.isolated_env("fairness")
     from tests.support.scripted_llm import ScriptedLLM
     from tests.support.workers import WorkerProcess
 
     srv = ScriptedLLM(Model()).start()
-    settings = _util.scripted_settings(
+    settings = harness.scripted_settings(
         srv.base_url,
         data_dir,
         {
@@ -93,11 +93,11 @@ def main() -> None:
     load_paths(conn, buffer="small", paths=[_corpus(data_dir, "small", 2)], tenant="ten-b")
     conn.commit()
     conn.autocommit = True
-    _util.hand_services_to_workers(settings)
+    harness.hand_services_to_workers(settings)
     import redis
 
     r = redis.Redis.from_url(broker_url(settings))
-    logs = _util.log_dir(data_dir)
+    logs = harness.log_dir(data_dir)
 
     def submit(tenant: str, buffer: str, n: int, query: str) -> str:
         opts = {"skip_plan": True, "threshold": -1.0, "batch_size": 1, "top_k": n, "max_chunks": n}
@@ -128,7 +128,7 @@ def main() -> None:
                 small_once(f"{label} warm-up")
                 alone, shared = [], []
                 for rep in range(args.reps):
-                    _util.wait_for_quiet(60)
+                    harness.wait_for_quiet(60)
                     alone.append(small_once(f"{label} alone {rep}"))
                     srv.reset()
                     bulk = submit("ten-a", "bulk", args.bulk, f"{label} {rep}: what do the bulk notes say?")
@@ -147,7 +147,7 @@ def main() -> None:
         an.stop()
         conn.close()
         srv.stop()
-        _util.stop_servers(data_dir)
+        harness.stop_servers(data_dir)
 
     rows, ratios = [], {}
     for label, res in results.items():
@@ -161,9 +161,9 @@ def main() -> None:
             '<a id="fair-share"></a>',
             "## Fair share: a small query beside another tenant's large job (`bench/fairness.py`)",
             "",
-            f"Command: `{_util.command_line()}` at {_util.revision()}",
+            f"Command: `{harness.command_line()}` at {harness.revision()}",
             "",
-            _util.machine_markdown(),
+            harness.machine_markdown(),
             "",
             f"Setup: tenant A's job of {args.bulk} analyst batches (a chunk each) holds every slot of "
             f"`RLM_MAX_CONCURRENCY={LIMIT}` with the rest of its batches queued; then tenant B submits a 2-chunk "
@@ -181,7 +181,7 @@ def main() -> None:
             "step aside one re-queue at a time.",
         ]
     )
-    _util.publish("fair-share", md, _util.machine_markdown(), write=not args.no_write)
+    harness.publish("fair-share", md, harness.machine_markdown(), write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import (  # noqa: E402
+from harness import (  # noqa: E402
     REPO,
     command_line,
     free_port,

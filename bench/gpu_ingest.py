@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
 PACKAGE = "celery"
 NO_CUDA = "no CUDA device: skipped the GPU figures"
@@ -42,7 +42,7 @@ NO_CUDA = "no CUDA device: skipped the GPU figures"
 
 def build_corpus(root: Path, budget: int | None) -> int:
     """Copy the package's .py files into ``root`` (all, or the first ``budget`` bytes); the bytes copied."""
-    return _util.copy_package_sources(root, PACKAGE, budget)[1]
+    return harness.copy_package_sources(root, PACKAGE, budget)[1]
 
 
 def corpus_windows(root: Path, embedder) -> list[str]:
@@ -135,7 +135,7 @@ def whole_load(corpus: Path, data_dir: Path, size: int, device: str) -> dict:
     shutil.rmtree(data_dir / "pg", ignore_errors=True)
     conn = db.connect()  # started and migrated before the clock: a first load's start-up is not the load
     conn.commit()
-    env = {**os.environ, "PYTHONPATH": str(_util.REPO)}
+    env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
     cmd = [sys.executable, "-m", "rlm_api.cli", "load", str(corpus), "--buffer", "gpu-cli", "--format", "json"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -207,14 +207,14 @@ def main() -> None:
     ap.add_argument("--cpu-load", action="store_true", help="run the whole load on the CPU where there is no GPU")
     args = ap.parse_args()
 
-    data_dir = _util.isolated_env("gpu-ingest")
+    data_dir = harness.isolated_env("gpu-ingest")
     os.environ["RLM_EMBEDDING_DEVICE"] = "cpu"  # the reference below is the CPU's whatever this host has
     import torch
 
     from rlm_workers.config import get_settings
     from rlm_workers.ingest.embed import get_embedder
 
-    out: dict = {"machine": _util.machine_line(), "load": _util.loadavg(), "revision": _util.revision()}
+    out: dict = {"machine": harness.machine_line(), "load": harness.loadavg(), "revision": harness.revision()}
     tmp = Path(tempfile.mkdtemp(prefix="gpu-ingest-"))
     try:
         corpus = tmp / "corpus"

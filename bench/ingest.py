@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
 PACKAGE = "celery"
 RUNTIMES = ("torch", "onnx", "onnx-int8")
@@ -99,7 +99,7 @@ print(json.dumps({"export_s": t1 - t0, "quantize_s": t2 - t1, "folder": str(int8
 def child_env(**extra: str) -> dict[str, str]:
     """The bench's isolated environment, with this checkout's code first on the path."""
     env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_util.REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(harness.REPO), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
 
@@ -115,7 +115,7 @@ def children_cpu() -> float:
 
 def timed_child(cmd: list[str], env: dict[str, str]) -> tuple[str, float, float, float]:
     """Run ``cmd``; (stdout, wall s, its CPU s, other processes' CPU share meanwhile). Raises on failure."""
-    cpu0, others = children_cpu(), _util.OtherCpu()
+    cpu0, others = children_cpu(), harness.OtherCpu()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -131,7 +131,7 @@ def last_json(stdout: str) -> dict:
 
 def build_corpus(root: Path, budget: int | None) -> tuple[int, int]:
     """Copy the package's .py files into ``root`` (all of them, or the first ``budget`` bytes); (files, bytes)."""
-    return _util.copy_package_sources(root, PACKAGE, budget)
+    return harness.copy_package_sources(root, PACKAGE, budget)
 
 
 def fresh_database(data_dir: Path) -> None:
@@ -155,14 +155,14 @@ def run_load(corpus: Path, data_dir: Path, runtime: str) -> dict:
     """`rlm load` as a user runs it with RLM_EMBEDDING_RUNTIME=runtime, then what the buffer recorded."""
     buffer = f"bench-ingest-{runtime}"
     env = child_env(RLM_EMBEDDING_RUNTIME=runtime)
-    pg0 = _util.postgres_cpu(data_dir)
-    cpu0, others = children_cpu(), _util.OtherCpu()
+    pg0 = harness.postgres_cpu(data_dir)
+    cpu0, others = children_cpu(), harness.OtherCpu()
     t0 = time.perf_counter()
     proc = subprocess.run(
         rlm_cmd("load", str(corpus), "--buffer", buffer, "--format", "json"), capture_output=True, text=True, env=env
     )
     wall = time.perf_counter() - t0
-    cpu, pg = children_cpu() - cpu0, _util.postgres_cpu(data_dir) - pg0
+    cpu, pg = children_cpu() - cpu0, harness.postgres_cpu(data_dir) - pg0
     if proc.returncode != 0:
         raise SystemExit(f"rlm load ({runtime}) failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     rep = last_json(proc.stdout)
@@ -235,7 +235,7 @@ def encode_as_loader(encoder, windows: list[str], batch: int, group: int):
     import numpy as np
 
     encoder.encode(windows[:batch], batch_size=batch)  # warm-up: first-call allocations, not throughput
-    others = _util.OtherCpu()
+    others = harness.OtherCpu()
     c0, t0 = time.process_time(), time.perf_counter()
     parts = [encoder.encode(windows[i : i + group], batch_size=batch) for i in range(0, len(windows), group)]
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -285,7 +285,7 @@ def in_process(corpus: Path, loads: dict, sample_bytes: int, min_windows: int, w
                 f"the {rt} load reported {rep}"
             )
     out: dict = {"windows": len(windows), "batch": batch, "group": group, "cores": cores}
-    busy = _util.wait_for_quiet(wait)
+    busy = harness.wait_for_quiet(wait)
     wall, cpu, others, _ = encode_as_loader(int8, windows, batch, group)
     out["raw"] = {"s": wall, "cpu": cpu, "busy": busy, "others": others}
     print(f"raw onnx-int8 encode of all {len(windows)} windows: {wall:.1f} s", flush=True)
@@ -324,7 +324,7 @@ def in_process(corpus: Path, loads: dict, sample_bytes: int, min_windows: int, w
     ]
     rows, vecs = [], {}
     for runtime, label, enc in layouts:
-        busy = _util.wait_for_quiet(wait)
+        busy = harness.wait_for_quiet(wait)
         wall, cpu, others, v = encode_as_loader(enc, sample, batch, group)
         vecs.setdefault(runtime, v)
         rows.append({"runtime": runtime, "label": label, "s": wall, "cpu": cpu, "busy": busy, "others": others})
@@ -383,9 +383,9 @@ def report(a: dict) -> str:
     lines = [
         "## Ingest throughput (`bench/ingest.py`, issue #15: encoder runtimes)",
         "",
-        f"- command: `{_util.command_line()}`",
+        f"- command: `{harness.command_line()}`",
         f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; "
-        f"load average then: {_util.loadavg()}",
+        f"load average then: {harness.loadavg()}",
         f"- corpus: the .py files of the installed `{PACKAGE}` package from site-packages, {corpus_bytes / 1e6:.2f} MB "
         f"({corpus_bytes:,} bytes) in {a['corpus_files']} files ({rep0['files_loaded']} non-empty, loaded), copied "
         "to a temp dir; every row reads the same files. KB/s = corpus bytes (1 KB = 1000 B) / seconds.",
@@ -480,7 +480,7 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
     """`rlm load --queue --wait` of the corpus with ``workers`` ingest worker processes (-c 1, prefork), each
     encoding on one thread (RLM_ENCODE_THREADS=1, OMP/MKL 1); the workers are warmed by a small load first, so
     the timed load measures embedding spread over them, not their model loads."""
-    sys.path.insert(0, str(_util.REPO))
+    sys.path.insert(0, str(harness.REPO))
     from tests.support.workers import WorkerProcess
 
     fresh_database(data_dir)
@@ -490,7 +490,7 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
         MKL_NUM_THREADS="1",
         RLM_INGEST_GROUP_BYTES=str(max(1024, n_bytes // SPREAD_GROUPS)),
     )
-    logs = _util.log_dir(data_dir, "spread-logs")
+    logs = harness.log_dir(data_dir, "spread-logs")
     ws = [
         WorkerProcess(f"ing{i}", queues="rlm.ingest", env=env, log_dir=logs, concurrency=1, pool="prefork")
         for i in range(workers)
@@ -507,12 +507,12 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
             data = src.read_bytes() or b"pass\n"
             (warm / f"w{i}.py").write_bytes((data * (group_bytes // len(data) + 1))[:group_bytes])
         timed_child(rlm_cmd("load", str(warm), "-b", "warm", "--queue", "--wait", "--format", "json"), env)
-        busy = _util.wait_for_quiet(wait)
-        cpu0, pg0, meter = _tree_cpu(ws), _util.postgres_cpu(data_dir), _util.OtherCpu()
+        busy = harness.wait_for_quiet(wait)
+        cpu0, pg0, meter = _tree_cpu(ws), harness.postgres_cpu(data_dir), harness.OtherCpu()
         out, wall, cli_cpu, _ = timed_child(
             rlm_cmd("load", str(corpus), "-b", f"spread{workers}", "--queue", "--wait", "--format", "json"), env
         )
-        workers_cpu, pg_cpu = _tree_cpu(ws) - cpu0, _util.postgres_cpu(data_dir) - pg0
+        workers_cpu, pg_cpu = _tree_cpu(ws) - cpu0, harness.postgres_cpu(data_dir) - pg0
         others = meter.share(cli_cpu + workers_cpu + pg_cpu)
     finally:
         for w in ws:
@@ -589,10 +589,10 @@ and the commit; with S seconds of it, two workers can reach at most T1 / ((T1 âˆ
 
 
 def spread_main(args: argparse.Namespace) -> None:
-    data_dir = _util.isolated_env("ingest-spread")
+    data_dir = harness.isolated_env("ingest-spread")
     for var in ("RLM_EMBEDDING_RUNTIME", "RLM_ENCODE_THREADS", "RLM_ENCODER_DIR", "RLM_EMBED_BATCH_SIZE"):
         os.environ.pop(var, None)
-    machine = _util.machine_markdown()
+    machine = harness.machine_markdown()
     with tempfile.TemporaryDirectory(prefix="rlm-bench-spread-") as tmp:
         corpus = Path(tmp) / "corpus"
         n_files, n_bytes = build_corpus(corpus, None if args.mb is None else int(args.mb * 1_000_000))
@@ -606,7 +606,7 @@ def spread_main(args: argparse.Namespace) -> None:
                 print(f"{workers} worker(s): {r['wall']:.1f} s (CPU s: {cpu}; others {r['others']:.0%})", flush=True)
         finally:
             if not args.keep_servers:
-                _util.stop_servers(data_dir)
+                harness.stop_servers(data_dir)
     # the machine goes inside this section: the shared Machine block describes the other benches' runs
     md = spread_report(runs, n_bytes, n_files).replace(
         "\n\n| ingest workers", "\n\n**Machine of this run:**\n\n" + machine.strip() + "\n\n| ingest workers", 1
@@ -614,7 +614,7 @@ def spread_main(args: argparse.Namespace) -> None:
     print()
     print(md)
     if not args.no_write:
-        _util.update_results("ingest-spread", md)
+        harness.update_results("ingest-spread", md)
 
 
 def main() -> None:
@@ -647,10 +647,10 @@ def main() -> None:
         args.mb, args.sample_kb, args.no_write = args.mb or 0.15, min(args.sample_kb, 50), True
     searches = 1 if args.quick else 3
 
-    data_dir = _util.isolated_env("ingest")
+    data_dir = harness.isolated_env("ingest")
     for var in ("RLM_EMBEDDING_RUNTIME", "RLM_ENCODE_THREADS", "RLM_ENCODER_DIR", "RLM_EMBED_BATCH_SIZE"):
         os.environ.pop(var, None)  # every run gets the shipped defaults unless the bench sets one on purpose
-    machine = _util.machine_markdown()
+    machine = harness.machine_markdown()
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlm-bench-ingest-") as tmp:
         corpus = Path(tmp) / "corpus"
@@ -658,7 +658,7 @@ def main() -> None:
         print(f"corpus: {n_bytes / 1e6:.2f} MB in {n_files} files under {corpus}", flush=True)
 
         shutil.rmtree(data_dir / "encoders", ignore_errors=True)  # the export is timed from nothing
-        busy = _util.wait_for_quiet(args.wait_quiet)
+        busy = harness.wait_for_quiet(args.wait_quiet)
         out, wall, cpu, others = timed_child([sys.executable, "-c", EXPORT_SCRIPT], child_env())
         export = {**last_json(out), "wall": wall, "cpu": cpu, "others": others, "busy": busy}
         print(f"export: {export}", flush=True)
@@ -669,24 +669,24 @@ def main() -> None:
 
                 def load_once(rt: str = rt) -> dict:
                     fresh_database(data_dir)
-                    busy = _util.wait_for_quiet(args.wait_quiet)
+                    busy = harness.wait_for_quiet(args.wait_quiet)
                     return {**run_load(corpus, data_dir, rt), "busy": busy}
 
                 ld = least_contended(load_once, args.retries, f"rlm load {rt}")
                 print(f"rlm load {rt}: {ld['wall']:.1f} s wall; {ld['report']}", flush=True)
-                _util.wait_for_quiet(args.wait_quiet)
+                harness.wait_for_quiet(args.wait_quiet)
                 ld["search"] = cold_searches(ld["buffer"], rt, searches)
                 print(f"rlm search {rt}: {ld['search']}", flush=True)
                 loads[rt] = ld
         finally:
             if not args.keep_servers:
-                _util.stop_servers(data_dir)
+                harness.stop_servers(data_dir)
         for rt, ld in loads.items():
             if ld["report"]["bytes_loaded"] != n_bytes:
                 raise SystemExit(f"the {rt} load read {ld['report']['bytes_loaded']} bytes of {n_bytes}")
 
         def baseline_once() -> dict:
-            busy = _util.wait_for_quiet(args.wait_quiet)
+            busy = harness.wait_for_quiet(args.wait_quiet)
             out, wall, cpu, others = timed_child(
                 [sys.executable, "-c", BASELINE_SCRIPT, str(corpus), str(BASELINE_TOKENS), str(BASELINE_BATCH)],
                 child_env(),
@@ -714,7 +714,7 @@ def main() -> None:
         }
     )
     md += f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
-    _util.publish("ingest", md, machine, write=not args.no_write)
+    harness.publish("ingest", md, machine, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import (  # noqa: E402
+from harness import (  # noqa: E402
     REPO,
     command_line,
     free_port,

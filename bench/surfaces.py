@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))
+sys.path.insert(0, str(harness.REPO))
 
 #: every synthetic id starts with this, so the clean-up cannot touch anything else
 PREFIX = "bench-surf-"
@@ -264,9 +264,9 @@ def report(metrics_rows: list[dict], list_rows: list[dict], args: argparse.Names
     lines = [
         "## Read paths at growing table sizes: /metrics and the job list (`bench/surfaces.py`)",
         "",
-        f"- command: `{_util.command_line()}` at {_util.revision()}",
-        f"- run finished (`date -u`): {_util.sh('date -u')}; `nproc` {_util.sh('nproc')}; load average "
-        f"{_util.loadavg()}; share of the CPU used by other processes just before: {busy:.0%}",
+        f"- command: `{harness.command_line()}` at {harness.revision()}",
+        f"- run finished (`date -u`): {harness.sh('date -u')}; `nproc` {harness.sh('nproc')}; load average "
+        f"{harness.loadavg()}; share of the CPU used by other processes just before: {busy:.0%}",
         "- in-process calls against the embedded PostgreSQL+pgvector and Valkey (bench/_data/surfaces), tables "
         "filled with synthetic rows (`INSERT … SELECT generate_series`) then `VACUUM ANALYZE`d; median of "
         f"{args.repeats} calls after one warm-up (the pre-#13 aggregate: {args.old_repeats})",
@@ -323,8 +323,8 @@ def main() -> None:
     if min(calls) < 0 or min(jobs) < 1000 or args.repeats < 1 or args.old_repeats < 1:
         ap.error("--calls >= 0, --jobs >= 1000 (a page 90 % down must exist), --repeats/--old-repeats >= 1")
 
-    data_dir = _util.isolated_env("surfaces")
-    machine = _util.machine_markdown()
+    data_dir = harness.isolated_env("surfaces")
+    machine = harness.machine_markdown()
     from rlm_workers.config import get_settings, reset_settings
     from rlm_workers.store.db import connect
 
@@ -337,7 +337,7 @@ def main() -> None:
         cleanup(conn)  # an interrupted earlier run's rows
         _seed_counters()
         t0 = conn.execute("SELECT now()").fetchone()[0]
-        busy = _util.other_cpu_busy()
+        busy = harness.other_cpu_busy()
         metrics_rows = bench_metrics(conn, calls, args.repeats, args.old_repeats, t0)
         list_rows = bench_list(conn, jobs, args.repeats, t0)
         cleanup(conn)
@@ -345,12 +345,12 @@ def main() -> None:
         if conn is not None:
             conn.close()
         if not args.keep_servers:
-            _util.stop_servers(data_dir)
+            harness.stop_servers(data_dir)
             # a few hundred MB of table files the next run would not reuse (it fills its own rows)
             if not (data_dir / "pg" / "postmaster.pid").exists():
                 shutil.rmtree(data_dir, ignore_errors=True)
     print(f"total {time.perf_counter() - t_start:.0f} s")
-    _util.publish("surfaces", report(metrics_rows, list_rows, args, busy), machine, write=not args.no_write)
+    harness.publish("surfaces", report(metrics_rows, list_rows, args, busy), machine, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _util  # noqa: E402 - after the path tweak, before any project import
+import harness  # noqa: E402 - after the path tweak, before any project import
 
-sys.path.insert(0, str(_util.REPO))
+sys.path.insert(0, str(harness.REPO))
 
 
 def timed(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -136,7 +136,7 @@ def limiter(repeats: int) -> list[tuple[str, list[float]]]:
 def readyz(repeats: int, data_dir: Path) -> list[tuple[str, list[float]]]:
     import os
 
-    dead = _util.free_port()  # nobody listens on it once closed
+    dead = harness.free_port()  # nobody listens on it once closed
     os.environ["RLM_BROKER_URL"] = f"redis://127.0.0.1:{dead}/0"
     from fastapi.testclient import TestClient
 
@@ -156,21 +156,21 @@ def readyz(repeats: int, data_dir: Path) -> list[tuple[str, list[float]]]:
 
             return [("`GET /readyz`, broker down, database up", timed(check, repeats))]
     finally:
-        _util.stop_servers(data_dir)
+        harness.stop_servers(data_dir)
 
 
 def report(rows: list[tuple[str, list[float]]], args: argparse.Namespace, busy: float) -> str:
     lines = [
         "## Figures moved out of the tests (`bench/timings.py`)",
         "",
-        f"- command: `{_util.command_line()}`",
-        f"- run finished (`date -u`): {_util.sh('date -u')}; "
-        f"`nproc` {_util.sh('nproc')}; load average {_util.loadavg()}; share of the CPU used by other "
+        f"- command: `{harness.command_line()}`",
+        f"- run finished (`date -u`): {harness.sh('date -u')}; "
+        f"`nproc` {harness.sh('nproc')}; load average {harness.loadavg()}; share of the CPU used by other "
         f"processes just before: {busy:.0%}",
         "- `free -h`:",
         "",
         "```",
-        _util.sh("free -h"),
+        harness.sh("free -h"),
         "```",
         "",
         "Each figure was a wall-clock assertion in tests/ (see the docstring of bench/timings.py for which);",
@@ -192,13 +192,13 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--skip-readyz", action="store_true", help="no embedded PostgreSQL (the other figures only)")
     args = ap.parse_args()
-    data_dir = _util.isolated_env("timings")
+    data_dir = harness.isolated_env("timings")
     logging.getLogger("rlm").setLevel(logging.ERROR)  # one "llm call" line per attempt would bury the table
-    busy = _util.other_cpu_busy()
+    busy = harness.other_cpu_busy()
     rows = chunking(args.repeats) + provider(args.repeats) + limiter(args.repeats)
     if not args.skip_readyz:
         rows += readyz(args.repeats, data_dir)
-    _util.publish("timings", report(rows, args, busy), None, write=not args.no_write)
+    harness.publish("timings", report(rows, args, busy), None, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
-"""Helpers shared by the benchmarks: an isolated environment, the scripted-LLM and worker set-up and
-teardown, machine facts, stats, RESULTS.md.
+"""The benchmarks' one shared harness: what every bench under bench/ takes from here rather than keeping a copy.
+
+An isolated environment (``isolated_env``), the scripted-LLM server, embedded servers and Celery workers a bench
+starts and stops, corpus files written for a run, timing (median, min, percentiles, peak RSS), machine facts and
+the sections of RESULTS.md a bench writes (``publish``).
 
 Kept free of project imports so a bench can set the environment *before*
 ``rlm_workers`` reads its settings.
