@@ -74,7 +74,7 @@ def _paths(n_buffers: int) -> list[Path]:
 
 def build(n_buffers: int) -> dict:
     """Write the index files an earlier run did not leave; seconds per buffer built."""
-    import search  # bench/search.py: the corpus
+    import search_corpus  # bench/search.py's corpus
 
     from rlm_workers.search.bm25 import BM25Index
 
@@ -82,7 +82,7 @@ def build(n_buffers: int) -> dict:
     if not todo:
         return {}
     t0 = time.perf_counter()
-    corpus = search.build_corpus(N_CHUNKS * N_DISTINCT, search.CORPUS_DIR)
+    corpus = search_corpus.build_corpus(N_CHUNKS * N_DISTINCT, search_corpus.CORPUS_DIR)
     print(f"corpus: {corpus.n_chunks:,} chunks in {time.perf_counter() - t0:.0f} s", flush=True)
     took = {}
     for i, path in todo:
@@ -134,7 +134,7 @@ def cold_child(n_buffers: int, query: str) -> None:
 
 
 def warm(n_buffers: int, rounds: int) -> dict:
-    import search
+    import search_corpus
 
     from rlm_workers.search import bm25_cache, service
     from rlm_workers.search.tokenize import tokenize
@@ -142,7 +142,7 @@ def warm(n_buffers: int, rounds: int) -> dict:
     rows = _rows(n_buffers)
     out: dict = {"mem_start": memory()}
     t0 = time.perf_counter()
-    _query(rows, tokenize(search.QUERIES[0]), 10)
+    _query(rows, tokenize(search_corpus.QUERIES[0]), 10)
     out["first_ms"] = (time.perf_counter() - t0) * 1000
     # where a query's time goes: the indexes and statistics (cache lookups) vs the scoring
     series: dict[str, list[float]] = {"total": [], "index": [], "top_k": []}
@@ -150,7 +150,7 @@ def warm(n_buffers: int, rounds: int) -> dict:
 
     settings = get_settings()
     for _ in range(rounds):
-        for q in search.QUERIES:
+        for q in search_corpus.QUERIES:
             t0 = time.perf_counter()
             index = service._bm25_index(None, rows, settings, DB_URL)
             t1 = time.perf_counter()
@@ -161,7 +161,7 @@ def warm(n_buffers: int, rounds: int) -> dict:
             series["total"].append((t2 - t0) * 1000)
     out["series"] = series
     out["top20"] = []
-    for q in search.QUERIES:
+    for q in search_corpus.QUERIES:
         t0 = time.perf_counter()
         _query(rows, tokenize(q), 20)
         out["top20"].append((time.perf_counter() - t0) * 1000)
@@ -187,7 +187,7 @@ def warm(n_buffers: int, rounds: int) -> dict:
 
 def merged(n_buffers: int) -> dict:
     """The old path's merged index over the same buffers: cost, size, latency, and equality of results."""
-    import search
+    import search_corpus
 
     from rlm_workers.config import get_settings
     from rlm_workers.search import bm25_cache
@@ -220,7 +220,7 @@ def merged(n_buffers: int) -> dict:
         / 1e6
     )
     ms, same = [], 0
-    for q in search.QUERIES:
+    for q in search_corpus.QUERIES:
         tokens = tokenize(q)
         t0 = time.perf_counter()
         want = big.top_k(tokens, 10)
@@ -228,7 +228,7 @@ def merged(n_buffers: int) -> dict:
         same += _query(rows, tokens, 10) == want
     out["top_k_ms"] = ms
     out["same"] = same
-    out["queries"] = len(search.QUERIES)
+    out["queries"] = len(search_corpus.QUERIES)
     out["mem"] = memory()
     return out
 
@@ -333,7 +333,7 @@ def main() -> None:
         print(json.dumps(build(args.buffers)))
         return
 
-    import search
+    import search_corpus
 
     t_start = time.perf_counter()
     # the corpus (~1 GB in memory) is built in a child, so this process's memory is a worker's
@@ -347,7 +347,7 @@ def main() -> None:
     cold = []
     for i in range(args.cold_runs):
         proc = subprocess.run(
-            [sys.executable, __file__, "--cold", search.QUERIES[3 + i], "--buffers", str(args.buffers)],
+            [sys.executable, __file__, "--cold", search_corpus.QUERIES[3 + i], "--buffers", str(args.buffers)],
             check=True,
             capture_output=True,
             text=True,
