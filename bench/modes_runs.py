@@ -229,8 +229,6 @@ def _facts(
 
 #: process ids of each part of the system the bench runs (PostgreSQL is read from its data dir)
 CPU_GROUPS: dict[str, list[int]] = {}
-
-
 CPU_DATA_DIR: list[Path] = []
 
 
