@@ -110,6 +110,33 @@ def stop_run(workers: list, srv, conn, data_dir: Path, *, keep_servers: bool) ->
         stop_servers(data_dir)
 
 
+def celery_source_corpus(out: Path, files: int, chars: int) -> Path:
+    """``files`` real-text files in ``out``: the first ``chars`` characters of Celery's larger modules (sorted, so
+    stable; one chunk each when ``chars`` is under the chunk size).  Kept from an earlier run when all there."""
+    import celery
+
+    if out.is_dir() and len(list(out.iterdir())) == files:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    pkg = Path(celery.__file__).parent
+    picked = [p for p in sorted(pkg.rglob("*.py")) if p.stat().st_size > chars][:files]
+    if len(picked) < files:
+        raise SystemExit(f"celery has only {len(picked)} modules over {chars} bytes; need {files}")
+    for p in picked:
+        name = str(p.relative_to(pkg.parent)).replace("/", "__")
+        (out / name).write_text(p.read_text(errors="replace")[:chars])
+    return out
+
+
+def buffer_chunks(conn, name: str) -> int:
+    """How many chunks the buffer ``name`` holds now (0 when there is no such buffer)."""
+    (n,) = conn.execute(
+        "SELECT count(*) FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = %s", (name,)
+    ).fetchone()
+    conn.commit()
+    return int(n)
+
+
 def free_port() -> int:
     """A loopback port nobody listens on (once this returns): for a server the bench starts."""
     with socket.socket() as s:

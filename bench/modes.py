@@ -58,6 +58,8 @@ from modes_setup import (  # noqa: E402
     ANALYST_THREADS,
     BATCHES_PER_FILE,
     CODE_BUFFER,
+    CODE_CHARS,
+    CODE_FILES,
     CONTROL_THREADS,
     COUNT_QUERY,
     EXHAUSTIVE_RUNS,
@@ -69,7 +71,6 @@ from modes_setup import (  # noqa: E402
     MODE_RUNS,
     QUERY,
     Server,
-    build_code_corpus,
     build_log_corpus,
     ensure_buffer,
 )
@@ -148,7 +149,9 @@ def main() -> None:
         from rlm_workers.store.db import connect
 
         conn = connect(settings)
-        setup["code"] = ensure_buffer(conn, data_dir, CODE_BUFFER, build_code_corpus(data_dir))
+        setup["code"] = ensure_buffer(
+            conn, data_dir, CODE_BUFFER, harness.celery_source_corpus(data_dir / "corpus-code", CODE_FILES, CODE_CHARS)
+        )
         log_dir, truth = build_log_corpus(data_dir, log_files)
         setup["truth"], setup["log_buffer"], setup["log_files"] = truth, log_buffer, log_files
         setup["logs"] = ensure_buffer(

@@ -21,47 +21,20 @@ import harness  # noqa: E402 - after the path tweak, before any project import
 
 sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
 
-
 CODE_BUFFER = "modes-code"
-
-
 LOG_BUFFER = "modes-logs"
-
-
 CODE_FILES = 120
-
-
 CODE_CHARS = 2400  # under the 3000-char chunk size: one chunk per file
-
-
 LOG_FILES = 40
-
-
 LOG_CHUNKS_PER_FILE = 250  # 40 × 250 = 10,000 chunks
-
-
 LOG_CHUNK_SIZE = 250
-
-
 LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
-
-
 MAX_CONCURRENCY = 100
-
-
 #: one thread per call in flight: a thread beyond RLM_MAX_CONCURRENCY could only poll the limiter for a slot
 ANALYST_THREADS = MAX_CONCURRENCY
-
-
 CONTROL_THREADS = 8
-
-
 QUERY = "How does Celery schedule, retry and acknowledge tasks?"
-
-
 COUNT_QUERY = "How many log lines are there of each level (ERROR, WARN, INFO, DEBUG)?"
-
-
 #: the completeness check's follow-ups, one list per round; the round after the last is complete
 FOLLOW_UPS = (
     (
@@ -74,8 +47,6 @@ FOLLOW_UPS = (
         "How are tasks routed to queues?",
     ),
 )
-
-
 #: (name, options) of each part on the code buffer; the targets are in TARGETS
 MODE_RUNS = (
     ("instant", {"mode": "instant"}),
@@ -83,28 +54,18 @@ MODE_RUNS = (
     ("fanout", {"mode": "auto", "batch_size": 10}),
     ("thinking", {"mode": "thinking", "depth": 2}),
 )
-
-
 #: (name, rlm.analyst worker processes sharing ANALYST_THREADS threads) of each `--scope all` series: one
 #: process as the issue asks, and two, to see how much of the time one process's GIL costs
 EXHAUSTIVE_RUNS = (("exhaustive", 1), ("exhaustive-2p", 2))
-
-
 #: most a run may take, as a multiple of its ideal (issue #11); None: reported, no target
 TARGETS = {"instant": 1.2, "auto": None, "fanout": None, "thinking": 1.15, "exhaustive": 1.15, "exhaustive-2p": 1.15}
-
-
 #: `--scope all` batches (of 50 chunks) per log file, and the target of a count smaller than the full 200 batches
 #: (issue #29: a single wave has less time to hide a fixed overhead in, and is held to a tighter ratio)
 BATCHES_PER_FILE = LOG_CHUNKS_PER_FILE // 50
-
-
 SMALL_EXHAUSTIVE_TARGET = 1.10
 
 
 _CHUNK = re.compile(r"### Chunk (\d+)\n\nsource: [^\n]*\n\n<content>\n(.*?)\n</content>", re.S)
-
-
 _LEVEL = re.compile(r"\b(ERROR|WARN|INFO|DEBUG)\b")
 
 
@@ -241,27 +202,7 @@ class Server:
         self.log.close()
 
 
-def build_code_corpus(root: Path) -> Path:
-    """120 real-text files: the first 2400 chars of celery's larger modules (sorted, so stable)."""
-    import celery
-
-    out = root / "corpus-code"
-    if out.is_dir() and len(list(out.iterdir())) == CODE_FILES:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    pkg = Path(celery.__file__).parent
-    picked = [p for p in sorted(pkg.rglob("*.py")) if p.stat().st_size > CODE_CHARS][:CODE_FILES]
-    if len(picked) < CODE_FILES:
-        raise SystemExit(f"celery has only {len(picked)} modules over {CODE_CHARS} bytes; need {CODE_FILES}")
-    for p in picked:
-        name = str(p.relative_to(pkg.parent)).replace("/", "__")
-        (out / name).write_text(p.read_text(errors="replace")[:CODE_CHARS])
-    return out
-
-
 _SERVICES = ("api", "billing", "auth", "search", "mailer", "scheduler", "gateway", "inventory")
-
-
 _WORDS = (
     "request served from cache",
     "user session refreshed",
@@ -278,8 +219,6 @@ _WORDS = (
     "invoice rendered as pdf",
     "webhook delivery failed with status 502",
 )
-
-
 _WEIGHTS = {"ERROR": 6, "WARN": 14, "INFO": 68, "DEBUG": 12}
 
 
@@ -361,8 +300,4 @@ def ensure_buffer(conn, data_dir: Path, name: str, corpus: Path, **chunking: Any
         }
         ledger.write_text(json.dumps(loads, indent=1))
         print(f"loaded {loaded.chunks_written} chunks into {name!r} in {loads[name]['seconds']:.1f} s", flush=True)
-    (n,) = conn.execute(
-        "SELECT count(*) FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = %s", (name,)
-    ).fetchone()
-    conn.commit()
-    return {"chunks": int(n), "load": loads.get(name)}
+    return {"chunks": harness.buffer_chunks(conn, name), "load": loads.get(name)}

@@ -156,22 +156,6 @@ def _quiet_worker_class(base: type) -> type:
 # --------------------------------------------------------------------------- setup
 
 
-def build_corpus(root: Path) -> Path:
-    """60 real-text files: the first 2400 chars of celery's larger modules (sorted, so stable)."""
-    import celery
-
-    out = root / "corpus"
-    if out.is_dir() and len(list(out.iterdir())) == CORPUS_FILES:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    pkg = Path(celery.__file__).parent
-    picked = [p for p in sorted(pkg.rglob("*.py")) if p.stat().st_size > CORPUS_CHARS][:CORPUS_FILES]
-    for p in picked:
-        name = str(p.relative_to(pkg.parent)).replace("/", "__")
-        (out / name).write_text(p.read_text(errors="replace")[:CORPUS_CHARS])
-    return out
-
-
 def ensure_buffer(conn, corpus: Path) -> int:
     from rlm_workers.ingest.loader import load_paths
     from rlm_workers.store.buffers import DEFAULT_TENANT, get_buffer
@@ -179,16 +163,13 @@ def ensure_buffer(conn, corpus: Path) -> int:
     buf = get_buffer(conn, tenant=DEFAULT_TENANT, name=BUFFER)
     conn.commit()
     if buf is None:
-        report = load_paths(conn, buffer=BUFFER, paths=[corpus])
+        loaded = load_paths(conn, buffer=BUFFER, paths=[corpus])
         conn.commit()
-        print(f"loaded {report.chunks_written} chunks into buffer {BUFFER!r}", flush=True)
-    (n,) = conn.execute(
-        "SELECT count(*) FROM chunks c JOIN buffers b ON b.id = c.buffer_id WHERE b.name = %s", (BUFFER,)
-    ).fetchone()
-    conn.commit()
+        print(f"loaded {loaded.chunks_written} chunks into buffer {BUFFER!r}", flush=True)
+    n = harness.buffer_chunks(conn, BUFFER)
     if n < 50:
         raise SystemExit(f"buffer {BUFFER!r} has only {n} chunks; need >= 50")
-    return int(n)
+    return n
 
 
 # --------------------------------------------------------------------------- Celery's own events
@@ -812,7 +793,7 @@ def main() -> None:
         app = get_app()
 
         conn = connect(settings)
-        chunks = ensure_buffer(conn, build_corpus(data_dir))
+        chunks = ensure_buffer(conn, harness.celery_source_corpus(data_dir / "corpus", CORPUS_FILES, CORPUS_CHARS))
         conn.autocommit = True
         # stale tasks (e.g. watchdogs of an earlier run) would compete with this run's; the db is the bench's own
         redis.Redis.from_url(broker_url(settings)).flushdb()

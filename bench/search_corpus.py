@@ -19,29 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402 - after the path tweak, before any project import
 
 DIM = 384
-
-
 MODEL_TOKENS = 256 - 2  # MiniLM max_seq_length minus [CLS]/[SEP], as Embedder.window_tokens
-
-
 SEED = 20_240_601
-
-
 CHUNK_SIZE, OVERLAP, CHUNKER = 3000, 500, "semantic"  # `rlm load` defaults
-
-
 # The packages the brief names go first, so the 10k buffer is mostly them; the rest follow by name.
 PREFERRED = ("celery", "kombu", "pydantic", "fastapi", "starlette")
-
-
 SUFFIXES = (".py", ".pyi", ".md", ".rst")
-
-
 TARGET_HYBRID_P50_MS = 50.0
-
-
 TARGET_COLD_S = 5.0
-
 
 # 50 distinct questions a user of this corpus might ask: prose, identifiers, and mixes of both.
 QUERIES = [
@@ -523,8 +508,6 @@ def warm_bm25(conn, name: str) -> float:
 
 
 CORPUS_DIR = harness.BENCH_DIR / "_data" / "search-corpus"
-
-
 #: real vectors for every REAL_STRIDE-th chunk of the first REAL_FROM chunks (a spread over every package):
 #: 3,334 chunks, 54k windows; the 1k-chunk buffer is every third of those
 REAL_FROM, REAL_STRIDE, REAL_SMALL = 100_000, 30, 1000

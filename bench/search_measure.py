@@ -30,8 +30,6 @@ from search_corpus import (  # noqa: E402
 )
 
 EF_VALUES = (40, 100, 200, 400)
-
-
 TARGET_RECALL = 0.95
 
 
@@ -166,8 +164,6 @@ def choose_ef(study: dict, efs: tuple[int, ...]) -> int | None:
 
 
 MILLION_BUFFERS, MILLION_CHUNKS = 100, 10_000
-
-
 TARGET_MILLION_P50_MS = 150.0
 
 
