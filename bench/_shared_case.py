@@ -124,16 +124,11 @@ def _corpus(root: Path, chunks: int) -> Path:
 
 
 def run(args) -> None:
-    data_dir = harness.isolated_env("batch-shared")
-    from tests.support.scripted_llm import ScriptedLLM
-    from tests.support.workers import WorkerProcess
-
     model = Model()
-    srv = ScriptedLLM(model).start()
     q = args.questions
-    settings = harness.scripted_settings(
-        srv.base_url,
-        data_dir,
+    bench = harness.ScriptedRun(
+        "batch-shared",
+        model,
         {
             "RLM_BATCH_PARALLEL": str(q),
             "RLM_BATCH_TICK_SECONDS": "0.5",
@@ -144,23 +139,18 @@ def run(args) -> None:
     )
     import redis
 
-    from rlm_workers.ingest.loader import load_paths
     from rlm_workers.overnight.submit import submit_overnight
     from rlm_workers.runtime.local_servers import broker_url
     from rlm_workers.store import overnight as store
-    from rlm_workers.store.db import connect
 
-    conn = connect(settings)
-    load_paths(conn, buffer="shared-bench", paths=[_corpus(data_dir, args.chunks)])
-    conn.commit()
-    conn.autocommit = True
-    harness.hand_services_to_workers(settings)
-    logs = harness.log_dir(data_dir)
+    srv, conn, settings = bench.srv, bench.conn, bench.settings
+    bench.load("shared-bench", _corpus(bench.data_dir, args.chunks))
+    bench.ready()
     nonce = time.strftime("%H%M%S")
     # one topic word of the corpus each (a note names two of them): about a fifth of the chunks bear on a question
     queries = [f"Run {nonce}, question {i}: what do the notes say about {WORDS[i % len(WORDS)]}s?" for i in range(q)]
     results = {}
-    an = WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=8).start()
+    an = bench.worker("an", "rlm.analyst", 8).start()
     try:
         plan = [(c, m, r) for c in (False, True) for m in MODELS for r in (("shared", q), ("one by one", 1))]
         for cache, mode, (label, per_read) in plan:
@@ -168,12 +158,8 @@ def run(args) -> None:
             srv.prompt_cache = cache
             conn.execute("DELETE FROM result_cache")
             redis.Redis.from_url(broker_url(settings)).flushdb()
-            ctl = WorkerProcess(
-                f"ctl-{per_read}",
-                queues="rlm.control",
-                env={"RLM_SHARED_READ_QUESTIONS": str(per_read)},
-                log_dir=logs,
-                concurrency=4,
+            ctl = bench.worker(
+                f"ctl-{per_read}", "rlm.control", 4, {"RLM_SHARED_READ_QUESTIONS": str(per_read)}
             ).start()
             try:
                 srv.reset()
@@ -229,11 +215,7 @@ def run(args) -> None:
             }
             print("cache" if cache else "no cache", mode, label, results[cache, mode, label], flush=True)
     finally:
-        an.stop()
-        conn.close()
-        srv.stop()
-        if not args.keep_servers:
-            harness.stop_servers(data_dir)
+        bench.stop([an], keep_servers=args.keep_servers)
 
     ratios: dict[tuple[bool, str], float] = {}
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import threading
@@ -128,14 +127,6 @@ def build_corpus(root: Path) -> dict[str, Path]:
     return out
 
 
-def ensure_buffers(conn, dirs: dict[str, Path]) -> None:
-    from rlm_workers.ingest.loader import load_paths
-
-    for name, d in dirs.items():
-        load_paths(conn, buffer=name, paths=[d])  # unchanged files are skipped on later runs
-        conn.commit()
-
-
 def window_shares(accepted: list[float], start: float, end: float, rpm: int) -> list[float]:
     """accepted-in-window / rpm for every full 60 s window [t, t + 60) with start <= t and t + 60 <= end."""
     xs = sorted(accepted)
@@ -185,21 +176,15 @@ def main() -> None:
         ap.error("--headroom is a fraction in [0, 1)")
     budget = max(1, int(args.rpm * (1 - args.headroom)))
 
-    data_dir = harness.isolated_env("batch")
-    from tests.support.scripted_llm import ScriptedLLM
-    from tests.support.workers import WorkerProcess
-
-    model = RpmModel(args.rpm, args.latency_ms / 1000)
-    srv = ScriptedLLM(model).start()
+    extra = {"RLM_RPM": str(budget)}
     if args.parallel:
-        os.environ["RLM_BATCH_PARALLEL"] = str(args.parallel)
+        extra["RLM_BATCH_PARALLEL"] = str(args.parallel)
     if args.tick:
-        os.environ["RLM_BATCH_TICK_SECONDS"] = str(args.tick)
-    settings = harness.scripted_settings(
-        srv.base_url, data_dir, {"RLM_RPM": str(budget)}, ("RLM_API_KEY", "RLM_BASE_URL", "RLM_TPM")
-    )
+        extra["RLM_BATCH_TICK_SECONDS"] = str(args.tick)
+    model = RpmModel(args.rpm, args.latency_ms / 1000)
+    run = harness.ScriptedRun("batch", model, extra, ("RLM_API_KEY", "RLM_BASE_URL", "RLM_TPM"))
+    srv, conn, settings = run.srv, run.conn, run.settings
     workers: list = []
-    conn = None
     md = ""
     try:
         import redis
@@ -207,20 +192,14 @@ def main() -> None:
         from rlm_workers.overnight.submit import submit_overnight
         from rlm_workers.runtime.local_servers import broker_url
         from rlm_workers.store import overnight as store
-        from rlm_workers.store.db import connect
 
-        conn = connect(settings)
-        ensure_buffers(conn, build_corpus(data_dir))
-        conn.autocommit = True
+        for name, d in build_corpus(run.data_dir).items():
+            run.load(name, d)  # unchanged files are skipped on later runs
+        run.ready()
         conn.execute("DELETE FROM result_cache")  # the bench's own database: every item must really run
         redis.Redis.from_url(broker_url(settings)).flushdb()
-        harness.hand_services_to_workers(settings)
-        logs = harness.log_dir(data_dir)
-        workers = [WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=4)]
-        workers += [
-            WorkerProcess(f"an{i}", queues="rlm.analyst", env={}, log_dir=logs, concurrency=args.analyst_concurrency)
-            for i in (1, 2)
-        ]
+        workers = [run.worker("ctl", "rlm.control", 4)]
+        workers += [run.worker(f"an{i}", "rlm.analyst", args.analyst_concurrency) for i in (1, 2)]
         for w in workers:
             w.start()
 
@@ -310,7 +289,7 @@ def main() -> None:
         )
         print(md, flush=True)
     finally:
-        harness.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
+        run.stop(workers, keep_servers=args.keep_servers)
     if md and not args.no_write and harness.RESULTS.exists():
         section = "batch" if args.headroom == 0.05 else f"batch-headroom-{args.headroom:g}"
         harness.update_results(section, md)

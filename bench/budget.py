@@ -78,32 +78,22 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
 
-    data_dir = harness.isolated_env("budget")
-    from tests.support.scripted_llm import ScriptedLLM
-    from tests.support.workers import WorkerProcess
-
-    srv = ScriptedLLM(Model(args.fault_rate)).start()
-    settings = harness.scripted_settings(
-        srv.base_url,
-        data_dir,
+    run = harness.ScriptedRun(
+        "budget",
+        Model(args.fault_rate),
         {"RLM_CHECK_MODEL": "check-model", "RLM_LLM_RETRIES": "3", "RLM_MAX_CONCURRENCY": "4"},
         ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_PRICES"),
     )
-    from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.store.db import connect
     from rlm_workers.submit import submit_query, wait_for_job
 
-    conn = connect(settings)
-    load_paths(conn, buffer="notes", paths=[_corpus(data_dir)])
-    conn.commit()
-    conn.autocommit = True
-    harness.hand_services_to_workers(settings)
-    logs = harness.log_dir(data_dir)
+    srv, conn = run.srv, run.conn
+    run.load("notes", _corpus(run.data_dir))
+    run.ready()
 
     rows = []
     worst_over = 0
-    ctl = WorkerProcess("ctl", queues="rlm.control", env={}, log_dir=logs, concurrency=4).start()
-    an = WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=8).start()
+    ctl = run.worker("ctl", "rlm.control", 4).start()
+    an = run.worker("an", "rlm.analyst", 8).start()
     try:
         for mode, limit in CASES:
             seen, used, ended = [], [], []
@@ -130,11 +120,7 @@ def main() -> None:
                 f"{sum(ended)}/{len(ended)} |"
             )
     finally:
-        an.stop()
-        ctl.stop()
-        conn.close()
-        srv.stop()
-        harness.stop_servers(data_dir)
+        run.stop([an, ctl])
 
     md = "\n".join(
         [

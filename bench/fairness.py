@@ -67,14 +67,9 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
 
-    data_dir = harness.isolated_env("fairness")
-    from tests.support.scripted_llm import ScriptedLLM
-    from tests.support.workers import WorkerProcess
-
-    srv = ScriptedLLM(Model()).start()
-    settings = harness.scripted_settings(
-        srv.base_url,
-        data_dir,
+    run = harness.ScriptedRun(
+        "fairness",
+        Model(),
         {
             "RLM_MAX_CONCURRENCY": str(LIMIT),
             "RLM_MAX_CHUNKS_PER_JOB": str(max(args.bulk, 1000)),
@@ -83,21 +78,16 @@ def main() -> None:
         },
         ("RLM_API_KEY", "RLM_RPM", "RLM_TPM", "RLM_TENANT_WEIGHTS"),
     )
-    from rlm_workers.ingest.loader import load_paths
     from rlm_workers.runtime.local_servers import broker_url
-    from rlm_workers.store.db import connect
     from rlm_workers.submit import cancel_query, submit_query, wait_for_job
 
-    conn = connect(settings)
-    load_paths(conn, buffer="bulk", paths=[_corpus(data_dir, "bulk", args.bulk)], tenant="ten-a")
-    load_paths(conn, buffer="small", paths=[_corpus(data_dir, "small", 2)], tenant="ten-b")
-    conn.commit()
-    conn.autocommit = True
-    harness.hand_services_to_workers(settings)
+    srv, conn = run.srv, run.conn
+    run.load("bulk", _corpus(run.data_dir, "bulk", args.bulk), tenant="ten-a")
+    run.load("small", _corpus(run.data_dir, "small", 2), tenant="ten-b")
+    run.ready()
     import redis
 
-    r = redis.Redis.from_url(broker_url(settings))
-    logs = harness.log_dir(data_dir)
+    r = redis.Redis.from_url(broker_url(run.settings))
 
     def submit(tenant: str, buffer: str, n: int, query: str) -> str:
         opts = {"skip_plan": True, "threshold": -1.0, "batch_size": 1, "top_k": n, "max_chunks": n}
@@ -118,12 +108,10 @@ def main() -> None:
         return not any(r.llen(k) for k in r.scan_iter("rlm.analyst*"))
 
     results: dict[str, dict[str, list[float]]] = {}
-    an = WorkerProcess("an", queues="rlm.analyst", env={}, log_dir=logs, concurrency=8).start()
+    an = run.worker("an", "rlm.analyst", 8).start()
     try:
         for label, head in (("tail a step down", LIMIT), ("one priority", args.bulk + 1000)):
-            ctl = WorkerProcess(
-                f"ctl-{head}", queues="rlm.control", env={"RLM_MAX_CONCURRENCY": str(head)}, log_dir=logs, concurrency=4
-            ).start()
+            ctl = run.worker(f"ctl-{head}", "rlm.control", 4, {"RLM_MAX_CONCURRENCY": str(head)}).start()
             try:
                 small_once(f"{label} warm-up")
                 alone, shared = [], []
@@ -144,10 +132,7 @@ def main() -> None:
             finally:
                 ctl.stop()
     finally:
-        an.stop()
-        conn.close()
-        srv.stop()
-        harness.stop_servers(data_dir)
+        run.stop([an])
 
     rows, ratios = [], {}
     for label, res in results.items():

@@ -82,6 +82,50 @@ def hand_services_to_workers(settings) -> None:
     os.environ["RLM_BROKER_URL"] = broker_url(settings)
 
 
+class ScriptedRun:
+    """A bench's run against the scripted OpenAI-protocol server and real workers, set up as every such bench does.
+
+    Made in order: the isolated environment (``isolated_env(name)``), the scripted server answering with ``model``,
+    the settings pointed at it (``scripted_settings(..., extra, unset)``), a connection to the bench's own
+    database (its embedded servers start here) and the folder for the workers' logs.  Then ``load`` the buffers,
+    call ``ready`` and start workers with ``worker``; ``stop`` tears down what was started.
+    """
+
+    def __init__(self, name: str, model, extra: dict[str, str], unset: tuple[str, ...]) -> None:
+        self.data_dir = isolated_env(name)
+        from tests.support.scripted_llm import ScriptedLLM
+
+        self.srv = ScriptedLLM(model).start()
+        self.settings = scripted_settings(self.srv.base_url, self.data_dir, extra, unset)
+        from rlm_workers.store.db import connect
+
+        self.conn = connect(self.settings)
+        self.logs = log_dir(self.data_dir)
+
+    def load(self, buffer: str, path: Path, **options):
+        """Load ``path`` into ``buffer`` as ``rlm load`` does (``options``: the loader's, a tenant say); its report."""
+        from rlm_workers.ingest.loader import load_paths
+
+        report = load_paths(self.conn, buffer=buffer, paths=[path], **options)
+        self.conn.commit()
+        return report
+
+    def ready(self) -> None:
+        """Loading done: the connection commits each statement from here, and workers are told the servers' URLs."""
+        self.conn.autocommit = True
+        hand_services_to_workers(self.settings)
+
+    def worker(self, name: str, queues: str, concurrency: int, env: dict[str, str] | None = None):
+        """A worker process on ``queues`` logging under the run's logs (not started: call its ``start``)."""
+        from tests.support.workers import WorkerProcess
+
+        return WorkerProcess(name, queues=queues, env=env or {}, log_dir=self.logs, concurrency=concurrency)
+
+    def stop(self, workers: list, *, keep_servers: bool = False) -> None:
+        """Stop ``workers``, the scripted server, the connection and (unless kept) the embedded servers."""
+        stop_run(workers, self.srv, self.conn, self.data_dir, keep_servers=keep_servers)
+
+
 def log_dir(data_dir: Path, name: str = "logs") -> Path:
     """The folder under the bench's data dir where its worker processes write their logs."""
     logs = data_dir / name
@@ -162,6 +206,39 @@ def percentile(values: list[float], p: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def timed_runs(fn, repeats: int) -> list[float]:
+    """Seconds each of ``repeats`` calls of ``fn`` took, one after the other (a warm-up, if wanted, is the caller's)."""
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def own_memory_mb(*fields: str) -> dict[str, float]:
+    """This process's ``fields`` of /proc/self/status in MB (``VmRSS``, ``VmHWM`` its peak RSS, ``RssAnon`` ...).
+
+    A bench reads its peak from ``VmHWM``, not ``ru_maxrss``: Linux carries ru_maxrss across exec, so a freshly
+    started child would begin at its parent's size.  A field the kernel does not report is 0.
+    """
+    out = dict.fromkeys(fields, 0.0)
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in out:
+            out[key] = int(value.split()[0]) / 1024  # kB -> MB
+    return out
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process of a bench: this one's (isolated) variables, this checkout's code first
+    on the path, then ``extra``."""
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
 
 
 def sh(cmd: str) -> str:
