@@ -98,11 +98,7 @@ def build(n_buffers: int) -> dict:
 
 def memory() -> dict:
     """RSS of this process split into heap and file-backed pages, and the index files it maps."""
-    status = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"):
-            status[key] = int(value.split()[0]) / 1024  # kB -> MB
+    status: dict = harness.own_memory_mb("VmRSS", "RssAnon", "RssFile", "VmHWM")
     maps = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(".npz")}
     status["mapped_files"] = len(maps)
     status["mapped_mb"] = sum(os.path.getsize(m) for m in maps if os.path.exists(m)) / 1e6

@@ -179,7 +179,7 @@ def load_folder(files: list[Path], copies: int) -> list[str]:
         for p in sorted(folder.iterdir()):
             read_document(p, p.name)
         convert_s = time.perf_counter() - t0
-        env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
+        env = harness.child_env()
         cmd = [sys.executable, "-m", "rlm_api.cli", "load", str(folder), "-b", "pdfs", "--format", "json"]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -215,27 +215,18 @@ _W = b'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
 _WORDS = b"the of and a to in is for on that by this with from as are be at an or it not which have".split()
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def measure_one(path: Path) -> dict:
     """One conversion in this (fresh) process: idle and peak resident memory, the child's peak, seconds."""
-    idle = _status_kb("VmRSS")
+    idle = harness.own_memory_mb("VmRSS")["VmRSS"]
     t0 = time.perf_counter()
     doc, reason, _ = read_document(path, path.name)
     seconds = time.perf_counter() - t0
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so it would start at the bench's own size.
-    own = _status_kb("VmHWM")
+    own = harness.own_memory_mb("VmHWM")["VmHWM"]  # VmHWM, not ru_maxrss (see own_memory_mb)
     # The child's ru_maxrss carries this process's size at the fork over the same way: an upper bound.
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {
-        "idle_mb": idle / 1024,
-        "peak_mb": own / 1024,
+        "idle_mb": idle,
+        "peak_mb": own,
         "child_peak_mb": child / 1024,
         "seconds": seconds,
         "reason": reason,
@@ -361,7 +352,7 @@ def hostile(scale: float, *, write: bool, whole: bool) -> None:
         p = folder / "page.html"
         _write_html(p, 20 * mb)
         cases.append(("HTML page of 20 MB", p))
-        env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
+        env = harness.child_env()
         for label, path in cases:
             unpacked = _declared(path)
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path)]
@@ -429,7 +420,7 @@ def whole_loads(folder: Path, cases: list[tuple[str, Path]]) -> list[tuple[str, 
     data_dir.mkdir(parents=True)
     small = folder / "one-line.txt"
     small.write_text("One line of text, to measure the load's own size.\n")
-    env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
+    env = harness.child_env()
     out = []
     try:
         # The first load starts the embedded servers (their start is reaped by the `rlm` process and would count

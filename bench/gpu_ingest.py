@@ -135,7 +135,7 @@ def whole_load(corpus: Path, data_dir: Path, size: int, device: str) -> dict:
     shutil.rmtree(data_dir / "pg", ignore_errors=True)
     conn = db.connect()  # started and migrated before the clock: a first load's start-up is not the load
     conn.commit()
-    env = {**os.environ, "PYTHONPATH": str(harness.REPO)}
+    env = harness.child_env()
     cmd = [sys.executable, "-m", "rlm_api.cli", "load", str(corpus), "--buffer", "gpu-cli", "--format", "json"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

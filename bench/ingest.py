@@ -96,14 +96,6 @@ print(json.dumps({"export_s": t1 - t0, "quantize_s": t2 - t1, "folder": str(int8
 """
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The bench's isolated environment, with this checkout's code first on the path."""
-    env = os.environ.copy()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(harness.REPO), env.get("PYTHONPATH", "")) if p)
-    env.update(extra)
-    return env
-
-
 def rlm_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rlm_api.cli", *args]
 
@@ -154,7 +146,7 @@ def fresh_database(data_dir: Path) -> None:
 def run_load(corpus: Path, data_dir: Path, runtime: str) -> dict:
     """`rlm load` as a user runs it with RLM_EMBEDDING_RUNTIME=runtime, then what the buffer recorded."""
     buffer = f"bench-ingest-{runtime}"
-    env = child_env(RLM_EMBEDDING_RUNTIME=runtime)
+    env = harness.child_env(RLM_EMBEDDING_RUNTIME=runtime)
     pg0 = harness.postgres_cpu(data_dir)
     cpu0, others = children_cpu(), harness.OtherCpu()
     t0 = time.perf_counter()
@@ -182,7 +174,7 @@ def run_load(corpus: Path, data_dir: Path, runtime: str) -> dict:
 
 def cold_searches(buffer: str, runtime: str, n: int) -> list[float]:
     """Wall seconds of ``n`` fresh `rlm search` processes (servers up; one untimed run first warms the OS cache)."""
-    env = child_env(RLM_EMBEDDING_RUNTIME=runtime)
+    env = harness.child_env(RLM_EMBEDDING_RUNTIME=runtime)
     cmd = rlm_cmd("search", QUERY, "--buffer", buffer)
     out = []
     for i in range(n + 1):
@@ -484,7 +476,7 @@ def spread_load(corpus: Path, data_dir: Path, n_bytes: int, workers: int, wait: 
     from tests.support.workers import WorkerProcess
 
     fresh_database(data_dir)
-    env = child_env(
+    env = harness.child_env(
         RLM_ENCODE_THREADS="1",
         OMP_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
@@ -659,7 +651,7 @@ def main() -> None:
 
         shutil.rmtree(data_dir / "encoders", ignore_errors=True)  # the export is timed from nothing
         busy = harness.wait_for_quiet(args.wait_quiet)
-        out, wall, cpu, others = timed_child([sys.executable, "-c", EXPORT_SCRIPT], child_env())
+        out, wall, cpu, others = timed_child([sys.executable, "-c", EXPORT_SCRIPT], harness.child_env())
         export = {**last_json(out), "wall": wall, "cpu": cpu, "others": others, "busy": busy}
         print(f"export: {export}", flush=True)
 
@@ -689,7 +681,7 @@ def main() -> None:
             busy = harness.wait_for_quiet(args.wait_quiet)
             out, wall, cpu, others = timed_child(
                 [sys.executable, "-c", BASELINE_SCRIPT, str(corpus), str(BASELINE_TOKENS), str(BASELINE_BATCH)],
-                child_env(),
+                harness.child_env(),
             )
             return {**last_json(out), "wall": wall, "cpu": cpu, "others": others, "busy": busy}
 

@@ -94,12 +94,7 @@ def size_name(n: int) -> str:
 
 def timed_ms(fn: Callable[[], object], repeats: int) -> list[float]:
     fn()  # warm-up: plans cached, pages in shared buffers, as for a server that has been up a while
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
+    return [s * 1000 for s in harness.timed_runs(fn, repeats)]
 
 
 def _fill_jobs(conn: Any, *, tag: str, tenant: str, lo: int, hi: int, step: float, in_flight: bool, t0: Any) -> None:

@@ -27,22 +27,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402 - after the path tweak, before any project import
 
 sys.path.insert(0, str(harness.REPO))
-
-
-def timed(fn: Callable[[], object], repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def chunking(repeats: int) -> list[tuple[str, list[float]]]:
@@ -53,7 +43,7 @@ def chunking(repeats: int) -> list[tuple[str, list[float]]]:
     return [
         (
             f"chunk_text {len(text) / 1e6:.1f} M chars, `{c}`",
-            timed(lambda c=c: chunk_text(text, path="big.txt", chunker=c), repeats),
+            harness.timed_runs(lambda c=c: chunk_text(text, path="big.txt", chunker=c), repeats),
         )
         for c in ("fixed", "semantic")
     ]
@@ -86,7 +76,7 @@ def provider(repeats: int) -> list[tuple[str, list[float]]]:
             raise SystemExit("the provider did not time out")
 
         try:
-            rows.append(("provider gives up (timeout 0.5 s, 1 retry)", timed(give_up, repeats)))
+            rows.append(("provider gives up (timeout 0.5 s, 1 retry)", harness.timed_runs(give_up, repeats)))
         finally:
             gate.set()
     gaps = []
@@ -154,7 +144,7 @@ def readyz(repeats: int, data_dir: Path) -> list[tuple[str, list[float]]]:
                 if r.status_code != 503 or not r.json()["broker"].startswith("unreachable"):
                     raise SystemExit(f"unexpected readyz answer: {r.status_code} {r.text}")
 
-            return [("`GET /readyz`, broker down, database up", timed(check, repeats))]
+            return [("`GET /readyz`, broker down, database up", harness.timed_runs(check, repeats))]
     finally:
         harness.stop_servers(data_dir)
 
