@@ -9,6 +9,7 @@ import pytest
 from rlm_workers.errors import ParseError
 from rlm_workers.llm.extractive import ExtractiveProvider, check_by_rules, direct_answer, extract_records
 from rlm_workers.llm.protocol import CompletionRequest
+from rlm_workers.llm.replies import cited_chunk_ids
 from rlm_workers.llm.stage_input import DirectInput
 from rlm_workers.llm.tokens import estimate_tokens
 from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings, read_input
@@ -23,8 +24,7 @@ from rlm_workers.pipeline.check import (
 )
 from rlm_workers.pipeline.check import build_messages as build_check_messages
 from rlm_workers.pipeline.prompts import PROMPT_NAMES, load_prompt
-from rlm_workers.pipeline.records import RECORDS_INSTRUCTION
-from rlm_workers.pipeline.replies import cited_chunk_ids
+from rlm_workers.records.totals import RECORDS_INSTRUCTION
 
 P = ExtractiveProvider()
 

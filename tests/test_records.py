@@ -15,7 +15,8 @@ from rlm_workers.llm.protocol import CompletionRequest
 from rlm_workers.models import AggregateRow, QueryOptions, Record
 from rlm_workers.pipeline.analyst import ChunkForPrompt, parse_findings, read_input, render_messages
 from rlm_workers.pipeline.analyst import build_messages as build_analyst_messages
-from rlm_workers.pipeline.records import (
+from rlm_workers.pipeline.route import first_routing
+from rlm_workers.records.totals import (
     MAX_RECORDS_PER_CHUNK,
     RECORDS_INSTRUCTION,
     aggregate,
@@ -27,7 +28,6 @@ from rlm_workers.pipeline.records import (
     parse_records,
     records_markdown,
 )
-from rlm_workers.pipeline.route import first_routing
 
 # ---------------------------------------------------------------- parsing
 

@@ -504,9 +504,9 @@ def test_follow_ups_asked_before_are_dropped_even_reworded():
 def test_a_direct_answer_object_is_rendered_with_the_citations_it_names():
     """Replies of qwen2.5-coder-0.5b under llama-server: in free text it answered with a citation alone
     ("[Chunk 5]"); as an object the answer is words and the ids are ours to render, only those it was shown."""
+    from rlm_workers.llm.replies import cited_chunk_ids
     from rlm_workers.llm.structured import answer_schema, parse_answer, render_answer
     from rlm_workers.pipeline.analyst import ChunkForPrompt
-    from rlm_workers.pipeline.replies import cited_chunk_ids
 
     shown = {
         5: ChunkForPrompt(5, "b", "docs/teams.md", 1, 3, "The billing team maintains the Zephyrine service."),

@@ -24,14 +24,14 @@ from ..config import get_settings
 from ..errors import LLMError
 from ..ingest.embed import get_embedder, resolve_runtime
 from ..models import RELEVANCE_RANK, Record
-from ..pipeline.record_lines import extract_records
-from ..pipeline.records import aggregate, records_markdown, stem_terms
-from ..pipeline.replies import cited_chunk_ids
+from ..records.lines import extract_records
+from ..records.totals import aggregate, records_markdown, stem_terms
 from ..search.preview import CUT, shorten
 from ..search.provenance import cite_of, page_span
 from ..search.service import query_vector
 from ..search.tokenize import tokenize
 from .protocol import Completion, CompletionRequest
+from .replies import cited_chunk_ids
 from .stage_input import ChunkForPrompt, DirectInput, FindingsInput, PlanInput, Question, ReadInput, ShownFinding
 
 __all__ = ["ExtractiveProvider", "check_by_rules", "direct_answer", "extract_records", "write_report"]

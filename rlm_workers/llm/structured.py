@@ -26,8 +26,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, model_validator
 
 from ..models import AnalystBatchSize, MaxChunks, Relevance, Route, SearchMode, Threshold, TopK
-from ..pipeline.replies import cited_chunk_ids, clip, json_candidates
 from ..search.provenance import cite_of
+from .replies import cited_chunk_ids, clip, json_candidates
 
 #: words models use for grades, mapped onto ours
 GRADES = {
@@ -131,7 +131,7 @@ class PlanReply(BaseModel):
 
 # --------------------------------------------------------------------------- analyst and shared read
 
-#: records are checked one by one by ``pipeline/records.parse_records`` (a bad one is skipped, not the entry):
+#: records are checked one by one by ``records/totals.parse_records`` (a bad one is skipped, not the entry):
 #: the model takes them as they come, and only the schema says their shape
 _RECORD_SCHEMA = {
     "type": "object",

@@ -31,6 +31,7 @@ from ..errors import BudgetExhausted, JobCancelled, LimiterBusy, ParseError, err
 from ..limits import MAX_FINDINGS_PER_BATCH, MAX_FOLLOW_UPS
 from ..llm.limiter import ConcurrencyLimiter, wait_bound
 from ..llm.protocol import CompletionRequest
+from ..llm.replies import clip, json_candidates, leading_objects
 from ..llm.stage_input import ChunkForPrompt, Question, ReadInput
 from ..llm.structured import (
     ANALYST_SCHEMA,
@@ -43,6 +44,7 @@ from ..llm.structured import (
     validate_entry,
 )
 from ..models import RELEVANCE_RANK, Finding, Relevance
+from ..records.totals import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
 from ..runtime.renewals import Renewals
 from ..runtime.resources import provider, redis_client
 from ..store import jobs as job_store
@@ -51,8 +53,6 @@ from ..store.db import DB_OUTAGE, connection, durable_write
 from .calls import call_llm
 from .evidence import CONTEXT_SHARE, evidence_lines, grounded
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, quote_field, system_message
-from .records import RECORDS_INSTRUCTION, is_table, merge_records, own_lines, parse_records
-from .replies import clip, json_candidates, leading_objects
 from .route import analyst_reply_tokens
 from .sessions import conversation_section, evidence_ids
 

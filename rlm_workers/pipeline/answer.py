@@ -21,9 +21,11 @@ from collections.abc import Sequence
 from ..errors import BudgetExhausted
 from ..llm.extractive import ExtractiveProvider
 from ..llm.protocol import CompletionRequest
+from ..llm.replies import cited_chunk_ids
 from ..llm.stage_input import ChunkForPrompt, DirectInput
 from ..llm.structured import answer_schema, parse_answer, render_answer, render_cited
 from ..llm.tokens import CHARS_PER_TOKEN, estimate_tokens
+from ..records.totals import RECORDS_INSTRUCTION
 from ..search.preview import shorten
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
@@ -32,8 +34,6 @@ from .calls import call_llm
 from .evidence import grounded
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, system_message
-from .records import RECORDS_INSTRUCTION
-from .replies import cited_chunk_ids
 from .report import store_report
 from .route import direct_answer_tokens, direct_budget
 from .sessions import conversation_section

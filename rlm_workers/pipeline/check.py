@@ -18,9 +18,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, ValidationError, WithJsonSchema, field_validator
 
 from ..errors import ParseError
+from ..llm.replies import clip, json_candidates
 from ..llm.stage_input import FindingsInput
 from .prompts import escape_content, findings_blocks, quote_field, shown_findings, system_message
-from .replies import clip, json_candidates
 
 CHECK_MAX_TOKENS = 1024
 #: the checker sees at most this much findings text; the rest is counted

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetExhausted, BufferNotFound, ParseError
 from ..llm.protocol import CompletionRequest
+from ..llm.replies import json_candidates
 from ..llm.stage_input import PlanInput
 from ..llm.structured import PLAN_SCHEMA, PlanReply
 from ..models import AnalysisPlan
@@ -24,7 +25,6 @@ from ..store.db import durable_write
 from .calls import call_llm
 from .flow import OK, StageContext
 from .prompts import load_prompt, system_message
-from .replies import json_candidates
 from .sessions import conversation_section, resolve_question
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from ..models import (
     Source,
     ToolCallRecord,
 )
+from ..records.totals import aggregate, is_aggregation_question, records_markdown
 from ..runtime.resources import provider
 from ..search.preview import shorten
 from ..search.provenance import fields
@@ -29,7 +30,6 @@ from ..store import jobs as job_store
 from ..store.jobs import BatchRecord
 from .budget import report as budget_report
 from .flow import fail_job
-from .records import aggregate, is_aggregation_question, records_markdown
 
 if TYPE_CHECKING:
     import psycopg

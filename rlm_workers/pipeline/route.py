@@ -3,7 +3,7 @@
 ``--mode`` says how deep the user wants to go; the route is what ran (docs/contract.md#modes).  ``instant``
 is always direct.  ``auto`` takes the planner's word where it gave one, else rules: an aggregation question
 ("how many", "list all", "every", "count"…) over buffers that hold records to count (log lines, JSON lines,
-tables: ``records.holds_records`` on a sample) needs every chunk, so it goes exhaustive; the same words over
+tables: ``records.totals.holds_records`` on a sample) needs every chunk, so it goes exhaustive; the same words over
 source code or prose are searched like any question ("how often does the beat wake up" asks about a behaviour,
 and is no aggregation at all); otherwise fan-out, and
 a fan-out whose selected chunks fit the direct context (``RLM_DIRECT_MAX_TOKENS``, 16K by default: the
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..llm.tokens import CHARS_PER_TOKEN
 from ..models import Mode, QueryOptions, Route, Scope
-from .records import aggregation_reason
+from ..records.totals import aggregation_reason
 
 if TYPE_CHECKING:
     from ..config import Settings

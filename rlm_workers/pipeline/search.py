@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from ..errors import NoChunks
 from ..models import AnalysisPlan, QueryOptions, Route, Scope
+from ..records.totals import holds_records
 from ..runtime.local_servers import database_url
 from ..search.service import rank
 from ..store import jobs as job_store
 from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sample_chunks, sizes_of
 from .flow import OK, StageContext
 from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
-from .records import holds_records
 from .route import analyst_batch_tokens, block_tokens, checked_plan, final_routing, first_routing
 from .scale import scaling_profile
 from .sessions import evidence_ids

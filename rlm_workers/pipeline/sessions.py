@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from ..config import get_settings
 from ..errors import BudgetExhausted, InvalidInput, JobCancelled, RLMError, SessionBusy
 from ..llm.protocol import CompletionRequest
+from ..llm.replies import cited_chunk_ids, json_candidates
 from ..llm.structured import REWRITE_SCHEMA, RewriteReply
 from ..llm.tokens import CHARS_PER_TOKEN
 from ..models import check_storable_text
@@ -38,7 +39,6 @@ from ..store.db import commit, durable_write
 from ..submit import submit_query, validate_options
 from .calls import call_llm
 from .prompts import content_block, escape_content, load_prompt, quote_field, system_message
-from .replies import cited_chunk_ids, json_candidates
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -17,6 +17,7 @@ from ..errors import BudgetExhausted, ContextExceeded, LLMError
 from ..limits import MAX_TOOL_CALLS_PER_TURN
 from ..llm.extractive import write_report
 from ..llm.protocol import CompletionRequest
+from ..llm.replies import clip
 from ..llm.stage_input import FindingsInput, ShownFinding
 from ..llm.structured import FinalAnswer, answer_schema, parse_action, render_answer, stray_action
 from ..models import RELEVANCE_RANK
@@ -37,7 +38,6 @@ from .prompts import (
     tool_json,
     unescape_content,
 )
-from .replies import clip
 from .report import not_run_for_budget, store_report
 from .sessions import conversation_section
 from .tools import (

@@ -369,7 +369,7 @@ def get_chunks(
 
 @dataclass(frozen=True)
 class CountedChunk:
-    """A chunk with what an exhaustive count needs of its neighbours in the file (``records.own_lines``)."""
+    """A chunk with what an exhaustive count needs of its neighbours in the file (``records.totals.own_lines``)."""
 
     row: ChunkRow
     prev_end_line: int | None

@@ -4,7 +4,7 @@ exact totals (``--scope all``, docs/contract.md#modes).
 A plain parser of common record formats, not of any one corpus: a log line's level, logfmt ``key=value``
 fields, the scalar fields of a JSON line, a ``Key: value`` line, and each cell of a CSV/TSV row under its
 column.  Fields that are free text or unique per line (messages, times, ids) are left out: counting them would
-count lines, not kinds.  A line of code is no record (``records.is_record_line``).  Pure: no I/O.
+count lines, not kinds.  A line of code is no record (``totals.is_record_line``).  Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import csv
 import json
 import re
 
-from .records import CODE_LINE, MAX_RECORDS_PER_CHUNK, TABLE_SUFFIXES, is_record_line, is_table
+from .totals import CODE_LINE, MAX_RECORDS_PER_CHUNK, TABLE_SUFFIXES, is_record_line, is_table
 
 _LEVEL_NAMES = ("TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "WARNING", "ERROR", "CRITICAL", "FATAL", "SEVERE")
 #: a level written as a word of its own: "ERROR", "[WARN]", "INFO:"; not part of a name or a path
