@@ -54,7 +54,7 @@ def check_priced(settings) -> None:
     """--max-cost needs a price for every model the tree may call; a missing one would make the limit a lie."""
     if settings.offline:
         return  # the offline provider costs nothing
-    table = prices(settings)
+    table = prices(settings.prices)
     models = {settings.primary_model, settings.subcall_model, settings.synthesizer_model, settings.resolved_check_model}
     if missing := sorted(m for m in models if price_for(m, table) is None):
         raise InvalidInput(

@@ -127,15 +127,15 @@ def test_prices_from_settings_is_cached_per_value_and_a_copy(tmp_path):
     f = tmp_path / "p.json"
     f.write_text('{"a": [1, 1, 1]}')
     s = Settings(prices=str(f))
-    first = prices(s)
+    first = prices(s.prices)
     assert first["a"] == Price(1.0, 1.0, 1.0)
     f.write_text('{"a": [2, 2, 2]}')
     # parsed once per process for one value: the file is not re-read on every call
-    assert prices(s)["a"] == Price(1.0, 1.0, 1.0)
+    assert prices(s.prices)["a"] == Price(1.0, 1.0, 1.0)
     first["a"] = Price(9, 9, 9)
-    assert prices(s)["a"] == Price(1.0, 1.0, 1.0)
-    assert prices(Settings(prices='{"a": [3, 3, 3]}'))["a"] == Price(3.0, 3.0, 3.0)
-    assert prices(Settings(prices=None)) == BUILTIN_PRICES
+    assert prices(s.prices)["a"] == Price(1.0, 1.0, 1.0)
+    assert prices(Settings(prices='{"a": [3, 3, 3]}').prices)["a"] == Price(3.0, 3.0, 3.0)
+    assert prices(Settings(prices=None).prices) == BUILTIN_PRICES
 
 
 def test_a_bad_rlm_prices_fails_at_start_up_with_one_line(monkeypatch):

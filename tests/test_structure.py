@@ -219,36 +219,40 @@ def test_every_task_name_the_architecture_uses_exists():
     assert not unknown, f"rlm.* names in docs/architecture.md that are no task or queue: {', '.join(unknown)}"
 
 
-def _imports(module: str, path: Path) -> list[tuple[ast.stmt, str, bool]]:
-    """Every import statement of a module with its target resolved to an absolute dotted name, and whether it
-    runs when the module is imported (module level, including under a module-level ``if``/``try``, but not
-    ``if TYPE_CHECKING:``)."""
+def _imports(module: str, path: Path) -> list[tuple[ast.stmt, str, str]]:
+    """Every import statement of a module with its target resolved to an absolute dotted name, and when it
+    runs: ``"load"`` when the module is imported (module level, including under a module-level ``if``/``try``),
+    ``"typing"`` never (under ``if TYPE_CHECKING:``, for annotations), ``"call"`` when a function runs."""
     tree = ast.parse(path.read_text())
-    at_import: set[int] = set()
-
-    def module_level(body: list) -> None:
-        for node in body:
-            at_import.add(id(node))
-            if isinstance(node, ast.If):
-                # `if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:`: annotations only, never run
-                if getattr(node.test, "id", getattr(node.test, "attr", None)) != "TYPE_CHECKING":
-                    module_level(node.body)
-                module_level(node.orelse)
-            elif isinstance(node, ast.Try | ast.TryStar):
-                for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                    module_level(block)
-
-    module_level(tree.body)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    found = []
-    for node in ast.walk(tree):
+    found: list[tuple[ast.stmt, str, str]] = []
+
+    def visit(node: ast.AST, when: str) -> None:
         if isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
-            target = ".".join([*base, *([node.module] if node.module else [])])
-            found.append((node, target, id(node) in at_import))
+            found.append((node, ".".join([*base, *([node.module] if node.module else [])]), when))
         elif isinstance(node, ast.Import):
-            found.extend((node, alias.name, id(node) in at_import) for alias in node.names)
+            found.extend((node, alias.name, when) for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            when = "call"
+        elif isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            # `if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:`
+            for child in node.body:
+                visit(child, "typing" if when == "load" else when)
+            for child in node.orelse:
+                visit(child, when)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, when)
+
+    visit(tree, "load")
     return found
+
+
+def _targets(node: ast.stmt, target: str) -> list[str]:
+    """What one import names: its module, and for ``from pkg import name`` also ``pkg.name`` (a submodule, if
+    ``name`` is one)."""
+    return [target] + [f"{target}.{a.name}" for a in node.names if isinstance(node, ast.ImportFrom)]
 
 
 def test_no_module_imports_another_modules_private_names():
@@ -267,15 +271,15 @@ def test_no_module_imports_another_modules_private_names():
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """Module → the project modules it imports when it is imported (``from pkg import mod`` counts ``pkg.mod``)."""
+    """Module → the project modules it imports anywhere: when it is imported, under ``if TYPE_CHECKING:`` and
+    inside functions alike (``from pkg import mod`` counts ``pkg.mod``; an import of a package counts the
+    package, its ``__init__.py``).  An import tucked into a function or under TYPE_CHECKING to dodge a circle
+    still ties the two modules to each other, so it counts."""
     modules = _modules()
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():
-        for node, target, at_import in _imports(module, path):
-            if not at_import:
-                continue
-            targets = [target] + [f"{target}.{a.name}" for a in node.names if isinstance(node, ast.ImportFrom)]
-            graph[module] |= {t for t in targets if t in modules and t != module}
+        for node, target, _ in _imports(module, path):
+            graph[module] |= {t for t in _targets(node, target) if t in modules and t != module}
     return graph
 
 
@@ -327,8 +331,32 @@ def test_cycle_finder_finds_cycles():
 
 
 def test_no_import_cycles_among_the_projects_modules():
+    """Counting every import (``_import_graph``): module level, TYPE_CHECKING and in-function ones."""
     cycles = _cycles(_import_graph())
-    assert not cycles, "import cycles among module-level imports:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+    assert not cycles, "import cycles (what two modules share belongs in a third):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_llm_layer_imports_nothing_from_the_pipeline():
+    """``llm/`` is a leaf below ``pipeline/`` (docs/architecture.md#layout): the stages call the providers, never
+    the other way round, at load, under TYPE_CHECKING or in a function.  What both need lives where neither
+    owns it: reading replies in ``llm/replies.py``, typed records in ``records/``."""
+    offenders = [
+        f"{module}:{node.lineno} ({when}): {ast.unparse(node)}"
+        for module, path in _modules().items()
+        if module.split(".")[:2] == ["rlm_workers", "llm"]
+        for node, target, when in _imports(module, path)
+        if any(name.split(".")[:2] == ["rlm_workers", "pipeline"] for name in _targets(node, target))
+    ]
+    assert not offenders, "llm/ imports from pipeline/:\n" + "\n".join(offenders)
+
+
+def test_the_root_of_rlm_workers_holds_at_most_ten_modules():
+    """The root is the first thing a newcomer reads: the app, the settings and what everything shares.  Anything
+    else goes in the package it belongs to (docs/architecture.md#layout)."""
+    root = sorted(p.name for p in (ROOT / "rlm_workers").glob("*.py"))
+    assert len(root) <= 10, f"rlm_workers/ holds {len(root)} modules (at most 10): {', '.join(root)}"
 
 
 def test_light_entry_points_import_nothing_heavy():

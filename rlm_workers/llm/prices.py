@@ -11,12 +11,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ..config import Settings
 
 
 @dataclass(frozen=True)
@@ -150,7 +147,9 @@ def _parsed(value: str | None) -> dict[str, Price]:
     return parse_prices(value)
 
 
-def prices(settings: Settings) -> dict[str, Price]:
-    """The table for ``settings.prices``, parsed once per distinct value (a file is read once per process).
-    A copy, so a caller that edits it cannot change what other callers see."""
-    return dict(_parsed(settings.prices))
+def prices(value: str | None) -> dict[str, Price]:
+    """The table for an ``RLM_PRICES`` value (``settings.prices``), parsed once per distinct value (a file is
+    read once per process).  The value, not the settings: ``config.py`` checks it with ``parse_prices``, so this
+    module must not need ``config.py`` back.  A copy, so a caller that edits it cannot change what other
+    callers see."""
+    return dict(_parsed(value))

@@ -90,7 +90,7 @@ def priced(
     """Each attempt as one ``LLMCall`` row, priced from RLM_PRICES (``table``: the caller's, read before the
     call; else read now) at the model that answered (``model`` where the attempt names none); a local provider's
     calls cost nothing.  ``latency_ms``: for an attempt nothing timed."""
-    table = prices(get_settings()) if table is None else table
+    table = prices(get_settings().prices) if table is None else table
     rows = []
     for a in attempts:
         name = a.model or model

@@ -55,7 +55,7 @@ def call_llm(
     (``parsed``), or the ``ParseError`` (``parse_error``) for the stage to re-ask or fail as it does.  A parser
     returning None counts as a failure too."""
     p = provider()
-    table = prices(get_settings())
+    table = prices(get_settings().prices)
     if check_open:
         _still_open(conn, job_id)
     if request.tenant is None and not p.local:
