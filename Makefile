@@ -70,6 +70,7 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: install
 	$(PY) bench/search.py
