@@ -4,8 +4,8 @@ An isolated environment (``isolated_env``), the scripted-LLM server, embedded se
 starts and stops, corpus files written for a run, timing (median, min, percentiles, peak RSS), machine facts and
 the sections of RESULTS.md a bench writes (``publish``).
 
-Kept free of project imports so a bench can set the environment *before*
-``rlm_workers`` reads its settings.
+It imports the project (and tests.support) only inside its functions, so a bench can set the environment
+*before* ``rlm_workers`` reads its settings.
 """
 
 from __future__ import annotations
