@@ -24,8 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlm_workers.config import get_settings
-from rlm_workers.errors import RLMError
-from rlm_workers.store.db import POOL_MAX_SIZE
+from rlm_workers.engine import POOL_MAX_SIZE, RLMError
 
 from .deps import UNAUTHORIZED, tenant_from_header
 from .routes import batches, buffers, chunks, health, queries, search, sessions, uploads

@@ -21,7 +21,7 @@ try:
 
     import typer
 
-    from rlm_workers.errors import RLMError
+    from rlm_workers.engine import RLMError
 
     from .cli_batch import batch_app
     from .cli_buffers import buffer_app, buffers_cmd
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _broker_down(exc: BaseException) -> bool:
     # pipeline.flow pulls in kombu and psycopg: loaded only once a command has failed
-    from rlm_workers.pipeline.flow import BROKER_OUTAGE
+    from rlm_workers.engine import BROKER_OUTAGE
 
     return isinstance(exc, BROKER_OUTAGE)
 

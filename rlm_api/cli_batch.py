@@ -18,10 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
-from rlm_workers.errors import InvalidInput
-from rlm_workers.limits import MAX_RUN_AT_AHEAD_DAYS
-from rlm_workers.models import Scope
+from rlm_workers.engine import MAX_RUN_AT_AHEAD_DAYS, QUEUE_ANALYST, QUEUE_CONTROL, InvalidInput, Scope
 
 from .cli_output import err
 from .cli_types import SearchModeOpt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix
@@ -30,7 +27,7 @@ from .cli_wait import sigint_as_flag
 if TYPE_CHECKING:
     import psycopg
 
-    from rlm_workers.store.overnight import OvernightRow
+    from rlm_workers.engine import OvernightRow
 
 batch_app = new_typer(help="Batches of queries over many buffers (run by the workers).")
 
@@ -56,7 +53,7 @@ def parse_at(value: str, *, now: datetime | None = None) -> datetime:
     """
     # overnight.submit, the overnight store and celery pull in psycopg and kombu: each command loads what it
     # uses, so `rlm --help` does not (cli_types)
-    from rlm_workers.overnight.submit import check_run_at
+    from rlm_workers.engine import check_run_at
 
     now = now or datetime.now(UTC)
     m = _RELATIVE.match(value.strip())
@@ -76,7 +73,7 @@ def parse_at(value: str, *, now: datetime | None = None) -> datetime:
 
 
 def read_queries(path: str) -> list[str]:
-    from rlm_workers.overnight.submit import MAX_QUERIES_FILE_BYTES, parse_queries
+    from rlm_workers.engine import MAX_QUERIES_FILE_BYTES, parse_queries
 
     if path == "-":
         text = sys.stdin.read()
@@ -94,8 +91,7 @@ def read_queries(path: str) -> list[str]:
 
 
 def _warn_if_no_worker() -> None:
-    from rlm_workers.celery_app import get_app
-    from rlm_workers.runtime.ephemeral import served_queues
+    from rlm_workers.engine import get_app, served_queues
 
     celery_app = get_app()
 
@@ -170,8 +166,7 @@ def submit(
     shown = False
     # from the first line: a Ctrl-C while the imports below load (most of the first second) is one too
     try:
-        from rlm_workers.overnight.submit import start_overnight, store_overnight
-        from rlm_workers.submit import validate_options
+        from rlm_workers.engine import start_overnight, store_overnight, validate_options
 
         tenant = resolve_tenant(tenant)
         texts = read_queries(queries)
@@ -229,7 +224,7 @@ def submit(
 
 
 def _get_overnight_batch(conn: psycopg.Connection, batch_id: str, tenant: str) -> OvernightRow:
-    from rlm_workers.store.overnight import get_overnight, overnight_batch_ids_starting
+    from rlm_workers.engine import get_overnight, overnight_batch_ids_starting
 
     overnight_batch = get_overnight(conn, overnight_batch_id=batch_id, tenant=tenant)
     if overnight_batch is None:
@@ -262,7 +257,7 @@ def status(
     batch_id: str, fmt: Annotated[StatusFmt, typer.Option("--format")] = StatusFmt.text, tenant: TenantOpt = None
 ) -> None:
     """Counts by state, tokens spent, ETA."""
-    from rlm_workers.overnight.submit import status_of
+    from rlm_workers.engine import status_of
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_settings, _url, conn):
@@ -275,7 +270,7 @@ def results(
     batch_id: str, fmt: Annotated[ResultFmt, typer.Option("--format")] = ResultFmt.jsonl, tenant: TenantOpt = None
 ) -> None:
     """Every item, in order: JSON lines {batch_id, query, buffer, status, result, …} or CSV."""
-    from rlm_workers.overnight.submit import iter_csv, iter_jsonl
+    from rlm_workers.engine import iter_csv, iter_jsonl
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_settings, _url, conn):
@@ -289,7 +284,7 @@ def results(
 @batch_app.command("cancel")
 def cancel(batch_id: str, tenant: TenantOpt = None) -> None:
     """Stop a batch: nothing new starts, running items' jobs are cancelled."""
-    from rlm_workers.overnight.submit import cancel_overnight, status_of
+    from rlm_workers.engine import cancel_overnight, status_of
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_settings, _url, conn):
@@ -305,8 +300,7 @@ def list_cmd(
     tenant: TenantOpt = None,
 ) -> None:
     """The most recent batches, newest first."""
-    from rlm_workers.overnight.submit import status_of
-    from rlm_workers.store.overnight import list_overnight
+    from rlm_workers.engine import list_overnight, status_of
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_settings, _url, conn):

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from .cli_load import warm_bm25
+from rlm_workers.engine import warm_bm25
+
 from .cli_output import human, one_transaction_interrupt, plural, print_json
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant
 
@@ -18,7 +19,7 @@ buffer_app = new_typer(help="Inspect or remove one buffer.")
 
 def buffers_cmd(fmt: Annotated[Fmt, typer.Option("--format")] = Fmt.text, tenant: TenantOpt = None) -> None:
     """List buffers."""
-    from rlm_workers.store.buffers import list_buffers
+    from rlm_workers.engine import list_buffers
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_s, _u, conn):
@@ -46,7 +47,7 @@ def buffer_show(
     tenant: TenantOpt = None,
 ) -> None:
     """Show one buffer's size, chunking and model, and its files (path, bytes, chunks)."""
-    from rlm_workers.store.buffers import buffer_info, list_files
+    from rlm_workers.engine import buffer_info, list_files
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_s, _u, conn):
@@ -76,7 +77,7 @@ def buffer_show(
 @buffer_app.command("rm")
 def buffer_rm(name: str, tenant: TenantOpt = None) -> None:
     """Delete a buffer with its chunks and embeddings."""
-    from rlm_workers.store.buffers import buffer_not_found, delete_buffer
+    from rlm_workers.engine import buffer_not_found, delete_buffer
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_s, _u, conn):
@@ -101,9 +102,7 @@ def buffer_reembed(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rlm_workers.celery_app import get_app
-    from rlm_workers.ingest.reembed import reembed_buffer
-    from rlm_workers.store.buffers import require_buffers
+    from rlm_workers.engine import get_app, reembed_buffer, require_buffers
 
     tenant = resolve_tenant(tenant)
     with open_db() as (settings, url, conn):

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlm_workers.errors import InvalidInput, RLMError
-from rlm_workers.models import Mode, QueryResult
+from rlm_workers.engine import InvalidInput, Mode, QueryResult, RLMError
 
 from .cli_local import prepare_local_model
 from .cli_types import TenantOpt, resolve_tenant
@@ -43,11 +42,8 @@ def chat_command(
 ) -> None:
     """Chat with your buffers: each question may follow up on the earlier ones (docs/contract.md#sessions)."""
     # celery, psycopg and the sessions load with the command, not for `rlm --help` (cli_types)
-    from rlm_workers.celery_app import get_app
     from rlm_workers.config import get_settings
-    from rlm_workers.pipeline.sessions import create_session, session_view
-    from rlm_workers.runtime.ephemeral import ensure_workers
-    from rlm_workers.store.db import connect, resolve_url
+    from rlm_workers.engine import connect, create_session, ensure_workers, get_app, resolve_url, session_view
 
     celery_app = get_app()
 
@@ -114,8 +110,7 @@ def _turn(
     conn: psycopg.Connection, *, tenant: str, session_id: str, question: str, timeout: float, ephemeral: bool
 ) -> bool:
     """Ask one question and print its answer and status line; False when the turn has no answer."""
-    from rlm_workers.pipeline.sessions import cited_sources, post_message
-    from rlm_workers.submit import cancel_query, wait_for_job
+    from rlm_workers.engine import cancel_query, cited_sources, post_message, wait_for_job
 
     try:
         posted = post_message(conn, tenant=tenant, session_id=session_id, content=question)

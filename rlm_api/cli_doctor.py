@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from rlm_workers.runtime.doctor import Check
+    from rlm_workers.engine import Check
 
 
 def doctor_command(
@@ -23,8 +23,16 @@ def doctor_command(
 ) -> None:
     """Check database (pgvector, schema), broker, workers per queue and the LLM endpoint; only looks."""
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.doctor import Check, check_broker, check_database, check_encoder, check_llm, check_workers
-    from rlm_workers.runtime.local_servers import running_broker_url, running_database_url
+    from rlm_workers.engine import (
+        Check,
+        check_broker,
+        check_database,
+        check_encoder,
+        check_llm,
+        check_workers,
+        running_broker_url,
+        running_database_url,
+    )
 
     s = get_settings()
     checks: list[Check] = []
@@ -46,7 +54,7 @@ def doctor_command(
     try:
         broker = running_broker_url(s)
         if broker:
-            from rlm_workers.celery_app import get_app
+            from rlm_workers.engine import get_app
 
             celery_app = get_app()
 

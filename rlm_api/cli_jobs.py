@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlm_workers.errors import InvalidInput, RLMError
-from rlm_workers.models import JobStatus, QueryResult
-from rlm_workers.search.provenance import cite_of
+from rlm_workers.engine import InvalidInput, JobStatus, QueryResult, RLMError, cite_of
 
 from .cli_output import print_json, print_result
 from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, unique_prefix
@@ -23,7 +21,7 @@ from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, uniqu
 if TYPE_CHECKING:
     import psycopg
 
-    from rlm_workers.store.jobs import JobRow
+    from rlm_workers.engine import JobRow
 
     from .schemas import ChildView, JobSummary, JobView
 
@@ -34,7 +32,7 @@ def _job(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:
     """The tenant's job by its id or a unique prefix of it (``1e96c35a``)."""
     # the job store, the views and submit pull in psycopg: each command loads what it uses, so `rlm --help`
     # does not (cli_types)
-    from rlm_workers.store.jobs import get_job, job_ids_starting
+    from rlm_workers.engine import get_job, job_ids_starting
 
     job = get_job(conn, job_id=job_id, tenant=tenant) if len(job_id) <= 64 else None
     if job is None:
@@ -186,7 +184,7 @@ def result(
 @job_app.command("cancel")
 def cancel(job_id: Annotated[str, typer.Argument(metavar="ID")], tenant: TenantOpt = None) -> None:
     """Cancel a queued or running job (its tasks stop at their next check; queued ones are revoked)."""
-    from rlm_workers.submit import cancel_query
+    from rlm_workers.engine import cancel_query
 
     tenant = resolve_tenant(tenant)
     with open_db() as (_s, _u, conn):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlm_workers.errors import InvalidInput
+from rlm_workers.engine import InvalidInput
 
 from .auth import KEY_PREFIX, create_key, list_keys, revoke_key
 from .cli_types import new_typer
@@ -21,7 +21,7 @@ keys_app = new_typer(help="API keys: create (printed once), list, revoke.")
 
 def _conn() -> psycopg.Connection:
     # psycopg loads with a command that connects, not for `rlm --help` (cli_types)
-    from rlm_workers.store.db import connect
+    from rlm_workers.engine import connect
 
     return connect()
 
@@ -102,7 +102,7 @@ def api_command(
     import uvicorn
 
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_servers import broker_url, database_url
+    from rlm_workers.engine import broker_url, database_url
 
     s = get_settings()
     # Resolve (and start, when embedded) the servers once here, not in every request.

@@ -12,17 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlm_workers.errors import InvalidInput, RLMError
-from rlm_workers.limits import MAX_DOCUMENT_CHARS, MAX_DOCUMENT_WINDOWS
+from rlm_workers.engine import MAX_DOCUMENT_CHARS, MAX_DOCUMENT_WINDOWS, InvalidInput, RLMError, warm_bm25
 
 from .cli_output import Ticker, human, one_transaction_interrupt, plural, print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
 
 if TYPE_CHECKING:
-    import psycopg
     from rich.progress import Progress
-
-    from rlm_workers.config import Settings
 
 
 class Chunker(str, Enum):
@@ -116,10 +112,7 @@ def load(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rlm_workers.ingest.chunkers import validate_chunk_params
-    from rlm_workers.ingest.embed import get_embedder
-    from rlm_workers.ingest.loader import load_paths
-    from rlm_workers.store.buffers import validate_buffer_name
+    from rlm_workers.engine import get_embedder, load_paths, validate_buffer_name, validate_chunk_params
 
     tenant = resolve_tenant(tenant)
     validate_buffer_name(buffer)
@@ -226,10 +219,7 @@ def _warn_documents(named: dict[str, list[str]], skipped: dict[str, int], cut: d
 
 def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: str, fmt: Fmt, wait: bool) -> None:
     """Stage the files as an upload (what a large POST /v1/buffers does) and send it to the ingest workers."""
-    from rlm_workers.celery_app import get_app
-    from rlm_workers.ingest.files import discover
-    from rlm_workers.ingest.staging import check_names
-    from rlm_workers.store.uploads import create_upload, get_upload, listen_upload_ended
+    from rlm_workers.engine import check_names, create_upload, discover, get_app, get_upload, listen_upload_ended
 
     with open_db() as (settings, _url, conn):
         try:
@@ -288,13 +278,3 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
         typer.echo(_loaded_line(buffer, r["version"], r))
     if up.status != "done":
         raise RLMError(f"upload {upload_id} failed: {(up.error or {}).get('message', 'no reason recorded')}")
-
-
-def warm_bm25(conn: psycopg.Connection, settings: Settings, url: str, buffer: str, tenant: str) -> None:
-    """Build the BM25 cache now, so the first search after a load is fast."""
-    from rlm_workers.search import bm25_cache
-    from rlm_workers.store.buffers import require_buffers
-
-    (row,) = require_buffers(conn, tenant=tenant, names=[buffer])
-    bm25_cache.index_for(conn, row, cache_dir=settings.data_dir / "cache", dbk=bm25_cache.db_key(url))
-    conn.commit()

@@ -19,8 +19,7 @@ def fetch_models(names: list[str]) -> None:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_llm import fetch_model, is_ready
-    from rlm_workers.runtime.local_models import resolve_model
+    from rlm_workers.engine import fetch_model, is_ready, resolve_model
 
     cache = get_settings().resolved_local_llm_dir
     console = Console(stderr=True)
@@ -49,8 +48,7 @@ def prepare_local_model() -> None:
     from rich.console import Console
 
     from rlm_workers.config import get_settings, reset_settings
-    from rlm_workers.errors import ConfigError, LLMError
-    from rlm_workers.runtime.local_llm import endpoint
+    from rlm_workers.engine import ConfigError, LLMError, endpoint
 
     s = get_settings()
     if s.resolved_provider != "local":

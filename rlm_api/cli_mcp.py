@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from rlm_workers.errors import InvalidInput
+from rlm_workers.engine import InvalidInput
 
 from .auth import validate_tenant
 
@@ -40,7 +40,7 @@ def mcp_command(
     """Serve the MCP tools list_buffers, search, query, get_job and get_chunks to a coding agent."""
     # the settings and the servers load with the command, not for `rlm --help` (cli_types)
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_servers import broker_url, database_url
+    from rlm_workers.engine import broker_url, database_url
 
     settings = get_settings()
     if transport == Transport.stdio:

@@ -14,7 +14,7 @@ import typer
 from .cli_types import Fmt
 
 if TYPE_CHECKING:
-    from rlm_workers.models import QueryResult
+    from rlm_workers.engine import QueryResult
 
 
 def err(message: str) -> None:
@@ -40,7 +40,7 @@ def print_json(obj: Any) -> None:
 def print_result(result: QueryResult, fmt: Fmt) -> None:
     """A finished query: its QueryResult as JSON, or the report and a status line."""
     # the status line's module pulls in psycopg and kombu: imported by the commands that print a result
-    from rlm_workers.pipeline.report import status_line
+    from rlm_workers.engine import status_line
 
     if fmt == Fmt.json:
         typer.echo(result.model_dump_json())

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlm_workers.errors import InvalidInput, NoChunks, RLMError
-from rlm_workers.models import LLMCall, Mode, QueryResult, Scope, allowed_values
+from rlm_workers.engine import InvalidInput, LLMCall, Mode, NoChunks, QueryResult, RLMError, Scope, allowed_values
 
 from .cli_local import prepare_local_model
 from .cli_output import Ticker, err, print_result
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     import psycopg
     from rich.console import Console
 
-    from rlm_workers.store.jobs import JobRow
+    from rlm_workers.engine import JobRow
 
 
 def _range(option: str) -> str:
@@ -103,11 +102,16 @@ def query(
     # celery, psycopg and rich load when a query runs, not for `rlm --help` (cli_types)
     from rich.console import Console
 
-    from rlm_workers.celery_app import get_app
-    from rlm_workers.runtime.ephemeral import ensure_workers
-    from rlm_workers.search.service import validate_query
-    from rlm_workers.store.buffers import require_buffers
-    from rlm_workers.submit import cancel_query, submit_query, validate_options, wait_for_job
+    from rlm_workers.engine import (
+        cancel_query,
+        ensure_workers,
+        get_app,
+        require_buffers,
+        submit_query,
+        validate_options,
+        validate_query,
+        wait_for_job,
+    )
 
     celery_app = get_app()
 
@@ -192,7 +196,7 @@ def query(
 
 
 def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
-    from rlm_workers.store.jobs import llm_calls_of, tree_of
+    from rlm_workers.engine import llm_calls_of, tree_of
 
     # soft_wrap: a line each, never cut at the console's width (80 when stderr is a file), so a log greps
     console.print(f"[bold]plan[/]: {json.dumps(job.plan)}", markup=True, highlight=False, soft_wrap=True)

@@ -10,9 +10,7 @@ from typing import Annotated
 
 import typer
 
-from rlm_workers.errors import NoChunks
-from rlm_workers.models import SearchMode
-from rlm_workers.search.provenance import cite_of
+from rlm_workers.engine import NoChunks, SearchMode, cite_of
 
 from .cli_output import print_json
 from .cli_types import Fmt, TenantOpt, open_db, resolve_tenant
@@ -35,9 +33,8 @@ def search(
 ) -> None:
     """Search buffers without any LLM: bm25, semantic, or hybrid (both arms fused)."""
     # the search service reads the settings and the embedder: loaded with the command (cli_types)
-    from rlm_workers.search.preview import matched_lines, shorten
-    from rlm_workers.search.service import search as run_search
-    from rlm_workers.search.service import validate_query, validate_search_params
+    from rlm_workers.engine import matched_lines, shorten, validate_query, validate_search_params
+    from rlm_workers.engine import search as run_search
 
     tenant = resolve_tenant(tenant)
     validate_query(query)

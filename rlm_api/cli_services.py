@@ -19,8 +19,7 @@ services_app = new_typer(help="The embedded PostgreSQL, Valkey and local model s
 def services_status() -> None:
     """Show whether the database and broker run (pid, port); only looks, never starts them."""
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_llm import status_line as llm_status_line
-    from rlm_workers.runtime.local_servers import status_lines
+    from rlm_workers.engine import llm_status_line, status_lines
 
     s = get_settings()
     lines = status_lines(s)
@@ -33,8 +32,7 @@ def services_status() -> None:
 def services_stop() -> None:
     """Stop the embedded PostgreSQL and Valkey (configured servers are never touched)."""
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_llm import stop_server
-    from rlm_workers.runtime.local_servers import stop_embedded
+    from rlm_workers.engine import stop_embedded, stop_server
 
     s = get_settings()
     for name, stopped in {**stop_embedded(s), "llm": stop_server(s.data_dir)}.items():
@@ -63,8 +61,7 @@ def services_setup_llm(
     The server itself is the prebuilt xllamacpp wheel installed with rlm; nothing is compiled unless --build asks.
     """
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_llm import build_server, model_file
-    from rlm_workers.runtime.local_models import DEFAULT_STAGE_MODELS, resolve_model, wheel_problem
+    from rlm_workers.engine import DEFAULT_STAGE_MODELS, build_server, model_file, resolve_model, wheel_problem
 
     from .cli_local import fetch_models
 

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rlm_workers.errors import InvalidInput
-from rlm_workers.models import SearchMode
+from rlm_workers.engine import InvalidInput, SearchMode
 
 from .auth import validate_tenant
 
@@ -72,7 +71,7 @@ def resolve_tenant(tenant: str | None) -> str:
 def open_db() -> Iterator[tuple[Settings, str, psycopg.Connection]]:
     """``(settings, database url, connection)`` for one command; the connection is closed on the way out."""
     from rlm_workers.config import get_settings
-    from rlm_workers.store.db import connect, resolve_url
+    from rlm_workers.engine import connect, resolve_url
 
     settings = get_settings()
     url = resolve_url(settings)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from rlm_workers.errors import InvalidInput
+from rlm_workers.engine import InvalidInput
 
 from .auth import create_key, tenant_for_key
 from .cli_local import prepare_local_model
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from rlm_workers.config import Settings
-    from rlm_workers.runtime.local_llm import ServerState
+    from rlm_workers.engine import ServerState
 
 FLOWER_AUTH_FILE = "flower-auth"
 
@@ -33,7 +33,7 @@ FLOWER_AUTH_FILE = "flower-auth"
 def flower_credentials(data_dir: Path) -> tuple[str, Path]:
     """user:password for Flower when none is configured: generated once into the data dir (0600), reused."""
     # the settings' and servers' modules load with a command, not for `rlm --help` (cli_types)
-    from rlm_workers.runtime.local_servers import write_private
+    from rlm_workers.engine import write_private
 
     path = data_dir / FLOWER_AUTH_FILE
     try:
@@ -86,7 +86,7 @@ def flower_command(
     The credentials are RLM_FLOWER_BASIC_AUTH, or generated once into RLM_DATA_DIR/flower-auth.
     """
     from rlm_workers.config import get_settings
-    from rlm_workers.runtime.local_servers import broker_url
+    from rlm_workers.engine import broker_url
 
     s = get_settings()
     if s.flower_basic_auth:
@@ -158,9 +158,15 @@ def up_command(
     were already running are left running.
     """
     from rlm_workers.config import get_settings, reset_settings
-    from rlm_workers.runtime import local_llm as llm
-    from rlm_workers.runtime.local_servers import broker_url, database_url, postgres_status, valkey_status
-    from rlm_workers.store.db import connect
+    from rlm_workers.engine import (
+        broker_url,
+        connect,
+        database_url,
+        postgres_status,
+        server_status,
+        stop_server,
+        valkey_status,
+    )
 
     if local_llm is not None:
         os.environ["RLM_LOCAL_LLM"] = local_llm
@@ -169,10 +175,10 @@ def up_command(
     llm_started = False
     if s.resolved_provider == "local":
         # fetched and started before anything else: a first download must not run inside a worker's first call
-        llm_started = llm.server_status(s.data_dir) is None
+        llm_started = server_status(s.data_dir) is None
         prepare_local_model()
         s = get_settings()  # the extractive provider, if the local model could not start
-    state = llm.server_status(s.data_dir) if s.resolved_provider == "local" else None
+    state = server_status(s.data_dir) if s.resolved_provider == "local" else None
     # what was running before is someone else's (a separately started `rlm worker`, `rlm api`, a one-shot
     # command's servers): Ctrl-C here must not pull it from under them
     started = {
@@ -272,7 +278,7 @@ def up_command(
         _shutdown(running)
         for line in _release_embedded(s, started):
             typer.echo(line)
-        if llm_started and llm.stop_server(s.data_dir):
+        if llm_started and stop_server(s.data_dir):
             typer.echo("llm       local model server, stopped")
         typer.echo("stopped")
 
@@ -311,7 +317,7 @@ def wait_for_workers(nodes: list[str]) -> None:
     opened them, and in `rlm up` itself they would count as other clients of the embedded broker at the stop,
     keeping it running.  Ended with its process, they end for certain.
     """
-    from rlm_workers.celery_app import get_app
+    from rlm_workers.engine import get_app
 
     app = get_app()
     waiting = set(nodes)
@@ -384,7 +390,7 @@ def _release_embedded(s: Settings, started: dict[str, bool]) -> list[str]:
     A server another process is still connected to (an `rlm worker` or `rlm api` started beside `rlm up`) is
     left running: its watcher stops it once it has had no client for RLM_EMBEDDED_IDLE_SECONDS.
     """
-    from rlm_workers.runtime.local_servers import embedded_clients, stop_embedded_postgres, stop_embedded_valkey
+    from rlm_workers.engine import embedded_clients, stop_embedded_postgres, stop_embedded_valkey
 
     kinds = {"database": ("postgres", stop_embedded_postgres), "broker": ("valkey", stop_embedded_valkey)}
     lines = []

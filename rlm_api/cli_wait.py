@@ -36,8 +36,7 @@ def sigint_as_flag() -> Iterator[threading.Event]:
 def timed_out(conn: psycopg.Connection, job_id: str, timeout: float, ephemeral: bool, tenant: str) -> None:
     """Say that ``--timeout`` ran out, and cancel the job when only this command's in-process worker ran it."""
     # the job store and submit pull in psycopg: imported only once a wait has timed out
-    from rlm_workers.store.jobs import get_job
-    from rlm_workers.submit import cancel_query
+    from rlm_workers.engine import cancel_query, get_job
 
     if ephemeral:
         # The in-process worker leaves with this command: nothing would ever finish the job.

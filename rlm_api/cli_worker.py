@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rlm_workers.constants import ALL_QUEUES, QUEUE_INGEST
-from rlm_workers.errors import InvalidInput
+from rlm_workers.engine import ALL_QUEUES, QUEUE_INGEST, InvalidInput
 
 
 def resolve_pool(queues: list[str], pool: str | None) -> str:
@@ -80,6 +79,6 @@ def worker(
     """Run a Celery worker (same as `celery -A rlm_workers worker`)."""
     argv = worker_argv(queues, pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname)
     # celery loads after the queues were checked (a bad -Q is a fast exit 2) and never for `rlm --help`
-    from rlm_workers.celery_app import app as celery_app
+    from rlm_workers.engine import celery_app
 
     celery_app.worker_main(argv)

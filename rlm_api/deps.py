@@ -12,7 +12,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from rlm_workers.store.db import connection
+from rlm_workers.engine import connection
 
 from .auth import tenant_for_key
 

@@ -36,23 +36,38 @@ from starlette.concurrency import run_in_threadpool
 
 from rlm_api.deps import OFF_LOOP_JSON_BYTES, UnparsableBody, loads_json
 from rlm_api.schemas import JobView, describe_errors
-from rlm_workers import __version__ as RLM_VERSION
-from rlm_workers.celery_app import get_app
 from rlm_workers.config import get_settings
-from rlm_workers.constants import QUEUE_ANALYST, QUEUE_CONTROL
-from rlm_workers.errors import BufferNotFound, InvalidInput, RLMError
-from rlm_workers.limits import MAX_BIGINT
-from rlm_workers.models import BufferInfo, ChunkView, QueryResult, SearchHit, SearchMode
-from rlm_workers.pipeline.report import status_line
-from rlm_workers.runtime.ephemeral import served_queues
-from rlm_workers.search.sections import read_outline, read_section
-from rlm_workers.search.service import search as run_search
-from rlm_workers.search.service import validate_query, validate_search_params
-from rlm_workers.store.buffers import list_buffers as stored_buffers
-from rlm_workers.store.buffers import require_buffers
-from rlm_workers.store.db import connect, connection, resolve_url
-from rlm_workers.store.jobs import get_job as stored_job
-from rlm_workers.submit import submit_query, validate_options, wait_for_job
+from rlm_workers.engine import (
+    MAX_BIGINT,
+    QUEUE_ANALYST,
+    QUEUE_CONTROL,
+    BufferInfo,
+    BufferNotFound,
+    ChunkView,
+    InvalidInput,
+    QueryResult,
+    RLMError,
+    SearchHit,
+    SearchMode,
+    connect,
+    connection,
+    get_app,
+    read_outline,
+    read_section,
+    require_buffers,
+    resolve_url,
+    served_queues,
+    status_line,
+    submit_query,
+    validate_options,
+    validate_query,
+    validate_search_params,
+    wait_for_job,
+)
+from rlm_workers.engine import __version__ as RLM_VERSION
+from rlm_workers.engine import get_job as stored_job
+from rlm_workers.engine import list_buffers as stored_buffers
+from rlm_workers.engine import search as run_search
 
 from .app import KeyFirst
 from .views import chunk_views, job_view

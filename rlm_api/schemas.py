@@ -7,15 +7,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rlm_workers.errors import InvalidInput
-from rlm_workers.ingest.files import path_problem
-from rlm_workers.limits import (
+from rlm_workers.engine import (
     MAX_CHUNK_SIZE,
     MAX_QUERY_BYTES,
     MIN_CHUNK_SIZE,
+    BufferInfo,
+    InvalidInput,
+    LLMCall,
+    QueryOptions,
+    QueryResult,
+    check_storable_text,
+    path_problem,
+    validate_buffer_name,
 )
-from rlm_workers.models import BufferInfo, LLMCall, QueryOptions, QueryResult, check_storable_text
-from rlm_workers.store.buffers import validate_buffer_name
 
 #: most files one upload may carry (JSON documents or multipart parts)
 MAX_UPLOAD_FILES = 10_000

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlm_workers.errors import InvalidInput
-from rlm_workers.limits import MAX_BIGINT
-from rlm_workers.models import ChunkView, QueryResult
-from rlm_workers.pipeline.flow import ORDER
-from rlm_workers.search.provenance import fields
-from rlm_workers.store import jobs as store
-from rlm_workers.store.buffers import get_chunks
+from rlm_workers import engine
+from rlm_workers.engine import MAX_BIGINT, ORDER, ChunkView, InvalidInput, QueryResult, get_chunks
+from rlm_workers.engine import citation_fields as fields
 
 from .schemas import BatchView, ChildView, ErrorBody, JobList, JobSummary, JobView, Progress, StageTiming, Usage
 
 if TYPE_CHECKING:
     import psycopg
 
-    from rlm_workers.store.jobs import JobRow, TreeUsage
+    from rlm_workers.engine import JobRow, TreeUsage
 
 
 def usage_of(u: TreeUsage | None) -> Usage:
@@ -58,9 +54,9 @@ def _child_tree(rows: list[JobRow], parent: str) -> list[ChildView]:
 def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
     """Everything a person watching the job sees (docs/contract.md#job-view): one job, its batches, its
     calls, the jobs below it."""
-    states = store.batch_states(conn, job_id=job.id)
+    states = engine.batch_states(conn, job_id=job.id)
     # the whole tree by its indexed root; _child_tree keeps only what hangs below this job
-    below = store.tree_of(conn, root_id=job.tree)
+    below = engine.tree_of(conn, root_id=job.tree)
     return JobView(
         job_id=job.id,
         status=job.status,
@@ -88,16 +84,16 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
             )
             for b in states
         ],
-        calls=store.llm_calls_of(conn, job_id=job.id),
+        calls=engine.llm_calls_of(conn, job_id=job.id),
         children=_child_tree(below, job.id),
-        usage=usage_of(store.job_usage(conn, job_ids=[job.id]).get(job.id)),
+        usage=usage_of(engine.job_usage(conn, job_ids=[job.id]).get(job.id)),
         task_ids=list(job.task_ids),
         spec=job.spec,
     )
 
 
 def job_summaries(conn: psycopg.Connection, jobs: list[JobRow]) -> list[JobSummary]:
-    usage = store.job_usage(conn, job_ids=[j.id for j in jobs])
+    usage = engine.job_usage(conn, job_ids=[j.id for j in jobs])
     return [
         JobSummary(
             job_id=j.id,
@@ -130,10 +126,10 @@ def job_page(
     for name, value in (("buffer", buffer), ("q", text), ("cursor", cursor)):
         if value and "\x00" in value:  # PostgreSQL text cannot hold one: no job can match
             raise InvalidInput(f"{name}: contains a NUL character")
-    if cursor is not None and store.get_job(conn, job_id=cursor, tenant=tenant) is None:
+    if cursor is not None and engine.get_job(conn, job_id=cursor, tenant=tenant) is None:
         raise InvalidInput(f"unknown cursor {cursor[:64]!r}: pass the next_cursor of the previous page")
     # one row past the page says whether there is a next one
-    rows = store.list_jobs(
+    rows = engine.list_jobs(
         conn,
         tenant=tenant,
         status=status,

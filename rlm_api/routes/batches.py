@@ -15,18 +15,26 @@ from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlm_workers.limits import MAX_BIGINT
-from rlm_workers.models import QueryOptions, check_storable_text
-from rlm_workers.overnight.submit import cancel_overnight, iter_csv, iter_jsonl, status_of, submit_overnight
-from rlm_workers.store.db import connection
-from rlm_workers.store.overnight import get_overnight, list_overnight
+from rlm_workers.engine import (
+    MAX_BIGINT,
+    QueryOptions,
+    cancel_overnight,
+    check_storable_text,
+    connection,
+    get_overnight,
+    iter_csv,
+    iter_jsonl,
+    list_overnight,
+    status_of,
+    submit_overnight,
+)
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 
 if TYPE_CHECKING:
     import psycopg
 
-    from rlm_workers.store.overnight import OvernightRow
+    from rlm_workers.engine import OvernightRow
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=ParseOffLoop)
 

@@ -16,23 +16,25 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from rlm_workers.celery_app import get_app
-from rlm_workers.config import get_settings
-from rlm_workers.errors import BufferNotFound, InvalidInput
-from rlm_workers.ingest.staging import check_names, load_files
-from rlm_workers.limits import MAX_INLINE_UPLOAD_BYTES
-from rlm_workers.models import BufferInfo, FileInfo
-from rlm_workers.store.buffers import (
+from rlm_workers.engine import (
+    MAX_INLINE_UPLOAD_BYTES,
+    BufferInfo,
+    BufferNotFound,
+    FileInfo,
+    InvalidInput,
     buffer_info,
     buffer_not_found,
+    check_names,
+    connection,
+    create_upload,
     delete_buffer,
+    get_app,
     get_buffer,
     list_buffers,
     list_files,
+    load_upload,
     validate_buffer_name,
 )
-from rlm_workers.store.db import connect, connection
-from rlm_workers.store.uploads import create_upload
 
 from ..deps import ConnDep, TenantDep
 from ..schemas import (
@@ -50,24 +52,15 @@ log = logging.getLogger("rlm.api")
 
 
 def _load(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> LoadResponse:
-    check_names(name for name, _ in files)  # a bad name is a 422 before anything else is tried
-    settings = get_settings()
-    conn = connect(settings)  # one transaction: a failed upload leaves the previous buffer intact
-    try:
-        report = load_files(
-            conn,
-            tenant=tenant,
-            buffer=opts.name,
-            files=files,
-            chunker=opts.chunker,
-            chunk_size=opts.chunk_size,
-            overlap=opts.overlap,
-            settings=settings,
-        )
-        conn.commit()
-        info = buffer_info(conn, tenant=tenant, name=opts.name)
-    finally:
-        conn.close()
+    # one transaction: a failed upload leaves the previous buffer intact; a bad name is a 422 before anything
+    report, info = load_upload(
+        tenant=tenant,
+        buffer=opts.name,
+        files=files,
+        chunker=opts.chunker,
+        chunk_size=opts.chunk_size,
+        overlap=opts.overlap,
+    )
     return LoadResponse(buffer=info, **{k: getattr(report, k) for k in LoadResponse.model_fields if k != "buffer"})
 
 

@@ -6,9 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from rlm_workers.errors import InvalidInput
-from rlm_workers.limits import MAX_BIGINT
-from rlm_workers.models import ChunkView
+from rlm_workers.engine import MAX_BIGINT, ChunkView, InvalidInput
 
 from ..deps import ConnDep, TenantDep
 from ..views import chunk_views

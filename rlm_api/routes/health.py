@@ -11,11 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from rlm_workers.config import get_settings
-from rlm_workers.constants import ALL_QUEUES
-from rlm_workers.runtime import metrics as worker_metrics
-from rlm_workers.runtime.local_servers import broker_url
-from rlm_workers.store.db import connection
-from rlm_workers.store.metrics import jobs_in_flight, ping
+from rlm_workers.engine import broker_url, connection, metrics_text, ping
 
 from ..auth import tenant_for_key
 
@@ -85,4 +81,4 @@ def metrics(request: Request, authorization: str | None = Header(None)) -> Plain
 def render_metrics(conn: psycopg.Connection) -> bytes:
     """O(number of series): in-flight jobs from the partial index, everything else from the Redis counters
     the workers keep (docs/contract.md#metrics)."""
-    return worker_metrics.render(jobs_in_flight(conn), ALL_QUEUES)
+    return metrics_text(conn)

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from rlm_workers.store.jobs import get_job
-from rlm_workers.submit import cancel_query, submit_query
+from rlm_workers.engine import cancel_query, get_job, submit_query
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import JobList, JobStatusName, JobView, QueryAccepted, QueryRequest
@@ -17,7 +16,7 @@ from ..views import job_page, job_view
 if TYPE_CHECKING:
     import psycopg
 
-    from rlm_workers.store.jobs import JobRow
+    from rlm_workers.engine import JobRow
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"], route_class=ParseOffLoop)
 NOT_FOUND = {404: {"description": "no such job for this tenant"}}

@@ -10,9 +10,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from rlm_workers.config import get_settings
-from rlm_workers.models import SearchHit, SearchMode, Threshold, TopK
-from rlm_workers.runtime.local_servers import database_url
-from rlm_workers.search.service import search as run_search
+from rlm_workers.engine import SearchHit, SearchMode, Threshold, TopK, database_url
+from rlm_workers.engine import search as run_search
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep
 from ..schemas import Strict, buffer_name_ok, query_ok

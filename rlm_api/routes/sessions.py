@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from rlm_workers.pipeline import sessions
+from rlm_workers import engine
 
 from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import MessageAccepted, MessageRequest, SessionCreate, SessionCreated, SessionView
@@ -25,7 +25,7 @@ NOT_FOUND = {404: {"description": "no such session for this tenant"}}
 )
 def create(body: SessionCreate, response: Response, conn: ConnDep, tenant: TenantDep) -> SessionCreated:
     """Start a session over some buffers; every turn runs with these buffers and options."""
-    row = sessions.create_session(conn, tenant=tenant, buffers=body.buffers, options=body.options.stored())
+    row = engine.create_session(conn, tenant=tenant, buffers=body.buffers, options=body.options.stored())
     url = f"{router.prefix}/{row.id}"
     response.headers["Location"] = url
     return SessionCreated(session_id=row.id, buffers=row.buffers, options=row.options, session_url=url)
@@ -47,7 +47,7 @@ def post_message(
 ) -> MessageAccepted:
     """Ask the next question; it runs as a query job whose context carries the earlier turns."""
     posted = found_or_404(
-        lambda i: sessions.post_message(conn, tenant=tenant, session_id=i, content=body.content),
+        lambda i: engine.post_message(conn, tenant=tenant, session_id=i, content=body.content),
         session_id,
         "session",
     )  # SessionBusy is answered 409 by the app's RLMError handler
@@ -60,5 +60,5 @@ def post_message(
 @router.get("/{session_id}", response_model=SessionView, responses=NOT_FOUND)
 def get_session(session_id: str, conn: ConnDep, tenant: TenantDep) -> SessionView:
     """The session and its turns: each question, its job's status, and once done the answer and its citations."""
-    view = found_or_404(lambda i: sessions.session_view(conn, tenant=tenant, session_id=i), session_id, "session")
+    view = found_or_404(lambda i: engine.session_view(conn, tenant=tenant, session_id=i), session_id, "session")
     return SessionView.model_validate(view)

@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 
-from rlm_workers.store.uploads import get_upload as stored_upload
+from rlm_workers.engine import get_upload as stored_upload
 
 from ..deps import ConnDep, TenantDep, found_or_404
 from ..schemas import ErrorBody, UploadView
 
 if TYPE_CHECKING:
-    from rlm_workers.store.uploads import UploadRow
+    from rlm_workers.engine import UploadRow
 
 router = APIRouter(prefix="/v1/uploads", tags=["buffers"])
 
