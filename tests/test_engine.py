@@ -83,6 +83,25 @@ def test_every_name_the_engine_exports_resolves():
     assert len(engine.__all__) == len(set(engine.__all__))
 
 
+def test_type_checkers_see_every_lazy_name():
+    """A name resolved on first use is imported under ``TYPE_CHECKING`` too, or mypy would not know it."""
+    from rlm_workers import engine
+
+    tree = ast.parse((ROOT / "rlm_workers" / "engine.py").read_text(encoding="utf-8"))
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    seen = {a.asname or a.name for n in ast.walk(guarded) if isinstance(n, ast.ImportFrom) for a in n.names}
+    bound = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Assign):
+            bound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    lazy = set(engine.__all__) - bound
+    assert lazy and lazy <= seen, sorted(lazy - seen)
+
+
 def test_importing_the_engine_loads_no_database_or_broker_client():
     """``rlm --help`` imports the engine: what it resolves lazily must stay unloaded."""
     code = "import sys, rlm_workers.engine; print([m for m in ('psycopg', 'celery', 'torch') if m in sys.modules])"
