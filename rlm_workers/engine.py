@@ -42,7 +42,7 @@ import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from rlm_workers import __version__
 from rlm_workers.constants import ALL_QUEUES, QUEUE_ANALYST, QUEUE_CONTROL, QUEUE_INGEST
@@ -425,8 +425,9 @@ def ask(
     finally:
         conn.close()
     if job.status != "done" or not job.result:
-        failure = job.error or {"type": "error", "message": f"job ended {job.status}"}
-        raise RLMError(f"job {job_id} {job.status} ({failure.get('type')}): {failure.get('message')}")
+        failure = dict(job.error or {})  # the stored error record, as a dict or as its typed model
+        message = failure.get("message") or f"job ended {job.status}"
+        raise RLMError(f"job {job_id} {job.status} ({failure.get('type', 'error')}): {message}")
     return QueryResult.model_validate(job.result)
 
 
@@ -447,7 +448,7 @@ def load_upload(
     *,
     tenant: str,
     buffer: str,
-    files: list[tuple[str, object]],
+    files: Sequence[tuple[str, bytes | BinaryIO]],
     chunker: str,
     chunk_size: int,
     overlap: int,
