@@ -21,7 +21,7 @@ try:
 
     import typer
 
-    from rlm_workers.engine import RLMError
+    from rlm_workers.engine import RLMError, worker_abandoned
 
     from .cli_batch import batch_app
     from .cli_buffers import buffer_app, buffers_cmd
@@ -144,8 +144,7 @@ def _broker_down(exc: BaseException) -> bool:
 
 def entry() -> None:
     rc = main()
-    ephemeral = sys.modules.get("rlm_workers.runtime.ephemeral")  # loaded only by the commands that may start one
-    if ephemeral is not None and ephemeral.abandoned():
+    if worker_abandoned():
         # an in-process worker's threads still wait on a model: the interpreter would join them before exiting
         sys.stdout.flush()
         sys.stderr.flush()

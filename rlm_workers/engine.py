@@ -40,6 +40,7 @@ import hashlib
 import importlib
 import re
 import secrets
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -481,6 +482,17 @@ def load_upload(
     return report, info
 
 
+# --- services -----------------------------------------------------------------------------------------
+
+
+def worker_abandoned() -> bool:
+    """Whether an in-process worker (``ensure_workers``) was stopped with tasks still running: the process
+    should then end without joining their threads (``rlm_api.cli.entry``)."""
+    # looked up, not imported: only the commands that may start such a worker load its module
+    ephemeral = sys.modules.get("rlm_workers.runtime.ephemeral")
+    return ephemeral is not None and ephemeral.abandoned()
+
+
 # --- health -------------------------------------------------------------------------------------------
 
 
@@ -594,6 +606,7 @@ __all__ = [
     "tenant_for_key",
     "validate_tenant",
     "warm_bm25",
+    "worker_abandoned",
     # re-exported on first use (_LAZY), by resource
     # database
     "connect",
