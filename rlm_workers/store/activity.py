@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .rows import one
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -13,9 +15,11 @@ def client_connections(conn: psycopg.Connection, *, ignore_application: str) -> 
 
     Background processes (autovacuum, walwriter, ...) are not clients: only ``client backend`` counts.
     """
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-        "AND pid <> pg_backend_pid() AND coalesce(application_name, '') <> %s",
-        (ignore_application,),
-    ).fetchone()
+    row = one(
+        conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+            "AND pid <> pg_backend_pid() AND coalesce(application_name, '') <> %s",
+            (ignore_application,),
+        )
+    )
     return int(row[0])

@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 from ..errors import BufferNotFound, InvalidInput
 from ..models import BufferInfo, FileInfo
 from . import vectors
+from .rows import one
 
 if TYPE_CHECKING:
     import psycopg
@@ -104,33 +105,36 @@ def update_buffer_meta(
     conn: psycopg.Connection,
     *,
     buffer_id: int,
-    chunker: str,
-    chunk_size: int,
-    overlap: int,
+    # None where the buffer has none yet (BufferRow's columns): a re-embed writes back what it read
+    chunker: str | None,
+    chunk_size: int | None,
+    overlap: int | None,
     embedding_model: str,
     embedding_dim: int,
     embedding_windows: str,
     embedding_runtime: str,
     bump: bool,
 ) -> int:
-    row = conn.execute(
-        """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
+    row = one(
+        conn.execute(
+            """UPDATE buffers SET chunker = %s, chunk_size = %s, chunk_overlap = %s, embedding_model = %s,
                embedding_dim = %s, embedding_windows = %s, embedding_runtime = %s, version = version + %s,
                updated_at = CASE WHEN %s THEN now() ELSE updated_at END
            WHERE id = %s RETURNING version""",
-        (
-            chunker,
-            chunk_size,
-            overlap,
-            embedding_model,
-            embedding_dim,
-            embedding_windows,
-            embedding_runtime,
-            1 if bump else 0,
-            bump,
-            buffer_id,
-        ),
-    ).fetchone()
+            (
+                chunker,
+                chunk_size,
+                overlap,
+                embedding_model,
+                embedding_dim,
+                embedding_windows,
+                embedding_runtime,
+                1 if bump else 0,
+                bump,
+                buffer_id,
+            ),
+        )
+    )
     return int(row[0])
 
 
@@ -346,7 +350,7 @@ _PROVENANCE_COLS = "c.page_start, c.page_end, c.heading_path"
 
 def _chunk_row(r: Sequence[Any]) -> ChunkRow:
     """A ChunkRow from id, buffer, ordinal, path, start, end, text, then the provenance columns."""
-    return ChunkRow(*r[:7], r[7], r[8], tuple(r[9] or ()))
+    return ChunkRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tuple(r[9] or ()))
 
 
 def get_chunks(
@@ -452,7 +456,7 @@ def sizes_of(conn: psycopg.Connection, *, tenant: str, chunk_ids: Sequence[int])
 
 
 def count_chunks(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> int:
-    row = conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = ANY(%s)", (list(buffer_ids),)).fetchone()
+    row = one(conn.execute("SELECT count(*) FROM chunks WHERE buffer_id = ANY(%s)", (list(buffer_ids),)))
     return int(row[0])
 
 

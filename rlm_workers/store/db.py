@@ -22,6 +22,7 @@ from ..config import Settings, get_settings
 from ..errors import ServiceUnavailable
 from ..runtime.local_servers import database_url, ensure_pgvector
 from .migrations import MIGRATION_LOCK, migrate
+from .rows import one
 
 if TYPE_CHECKING:
     import psycopg
@@ -144,7 +145,7 @@ def session_lock_key(space: int, name: str) -> int:
 def try_session_lock(conn: psycopg.Connection, key: int) -> bool:
     """A session advisory lock, held until ``release_session_lock`` or until the connection closes (a dead
     worker's lock goes with it); False when another session holds it."""
-    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+    return bool(one(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)))[0])
 
 
 def release_session_lock(conn: psycopg.Connection, key: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .rows import one
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -20,10 +22,12 @@ class KeyInfo:
 
 
 def insert_key(conn: psycopg.Connection, *, tenant: str, key_hash: str, prefix: str, name: str) -> KeyInfo:
-    row = conn.execute(
-        "INSERT INTO api_keys (tenant, key_hash, prefix, name) VALUES (%s, %s, %s, %s) RETURNING id, created_at",
-        (tenant, key_hash, prefix, name),
-    ).fetchone()
+    row = one(
+        conn.execute(
+            "INSERT INTO api_keys (tenant, key_hash, prefix, name) VALUES (%s, %s, %s, %s) RETURNING id, created_at",
+            (tenant, key_hash, prefix, name),
+        )
+    )
     return KeyInfo(id=row[0], tenant=tenant, prefix=prefix, name=name, created_at=row[1].isoformat(), revoked=False)
 
 

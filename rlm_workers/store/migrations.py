@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from .rows import one
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -582,7 +584,7 @@ def schema_version(conn: psycopg.Connection) -> str | None:
 
 
 def server_version(conn: psycopg.Connection) -> str:
-    return str(conn.execute("SHOW server_version").fetchone()[0])
+    return str(one(conn.execute("SHOW server_version"))[0])
 
 
 def vector_installed(conn: psycopg.Connection) -> str | None:
@@ -602,6 +604,6 @@ def create_vector_extension(conn: psycopg.Connection) -> None:
 
 def applied_if_any(conn: psycopg.Connection) -> list[str]:
     """The applied migrations, [] on an empty database; unlike ``applied`` it creates nothing."""
-    if conn.execute("SELECT to_regclass('rlm_migrations')").fetchone()[0] is None:
+    if one(conn.execute("SELECT to_regclass('rlm_migrations')"))[0] is None:
         return []
     return [r[0] for r in conn.execute("SELECT name FROM rlm_migrations ORDER BY name")]

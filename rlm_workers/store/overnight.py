@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from .rows import one
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -135,10 +137,12 @@ def create_overnight(
             ),
         ).fetchone()
         if row is None:
-            existing = conn.execute(
-                "SELECT id, request_fingerprint FROM overnight_batches WHERE tenant = %s AND idempotency_key = %s",
-                (tenant, idempotency_key),
-            ).fetchone()
+            existing = one(
+                conn.execute(
+                    "SELECT id, request_fingerprint FROM overnight_batches WHERE tenant = %s AND idempotency_key = %s",
+                    (tenant, idempotency_key),
+                )
+            )
             return existing[0], False, existing[1]
         with (
             conn.cursor() as cur,
@@ -198,13 +202,15 @@ def progress(conn: psycopg.Connection, *, overnight_batch_id: str) -> Progress:
         (overnight_batch_id,),
     ):
         counts[status] = int(n)
-    row = conn.execute(
-        """SELECT coalesce(sum(tokens), 0), count(*) FILTER (WHERE from_cache),
+    row = one(
+        conn.execute(
+            """SELECT coalesce(sum(tokens), 0), count(*) FILTER (WHERE from_cache),
                   avg(extract(epoch FROM finished_at - submitted_at))
                       FILTER (WHERE NOT from_cache AND status IN ('done', 'failed') AND submitted_at IS NOT NULL)
            FROM overnight_batch_items WHERE overnight_batch_id = %s""",
-        (overnight_batch_id,),
-    ).fetchone()
+            (overnight_batch_id,),
+        )
+    )
     return Progress(
         counts=counts,
         total=sum(counts.values()),
@@ -250,7 +256,7 @@ def overnight_exists(conn: psycopg.Connection, *, overnight_batch_id: str) -> bo
 
 
 def db_now(conn: psycopg.Connection) -> datetime:
-    return conn.execute("SELECT now()").fetchone()[0]
+    return one(conn.execute("SELECT now()"))[0]
 
 
 def mark_started(conn: psycopg.Connection, *, overnight_batch_id: str) -> None:
@@ -431,22 +437,26 @@ def pending_items(
 
 def count_status(conn: psycopg.Connection, *, overnight_batch_id: str, status: str) -> int:
     return int(
-        conn.execute(
-            "SELECT count(*) FROM overnight_batch_items WHERE overnight_batch_id = %s AND status = %s",
-            (overnight_batch_id, status),
-        ).fetchone()[0]
+        one(
+            conn.execute(
+                "SELECT count(*) FROM overnight_batch_items WHERE overnight_batch_id = %s AND status = %s",
+                (overnight_batch_id, status),
+            )
+        )[0]
     )
 
 
 def tokens_spent(conn: psycopg.Connection, *, overnight_batch_id: str) -> int:
     """Tokens of every finished item plus those already logged by the jobs in flight."""
-    row = conn.execute(
-        """SELECT (SELECT coalesce(sum(tokens), 0) FROM overnight_batch_items WHERE overnight_batch_id = %(b)s)
+    row = one(
+        conn.execute(
+            """SELECT (SELECT coalesce(sum(tokens), 0) FROM overnight_batch_items WHERE overnight_batch_id = %(b)s)
                 + (SELECT coalesce(sum(c.tokens_in + c.tokens_out), 0) FROM llm_calls c
                    JOIN overnight_batch_items r ON r.job_id = c.job_id
                    WHERE r.overnight_batch_id = %(b)s AND r.status = 'running')""",
-        {"b": overnight_batch_id},
-    ).fetchone()
+            {"b": overnight_batch_id},
+        )
+    )
     return int(row[0])
 
 

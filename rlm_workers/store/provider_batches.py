@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from .rows import one
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -132,9 +134,11 @@ def close_queued_reads(conn: psycopg.Connection, *, overnight_id: str, error: di
 
 def open_count(conn: psycopg.Connection, *, overnight_id: str) -> int:
     return int(
-        conn.execute(
-            "SELECT count(*) FROM provider_batches WHERE overnight_id = %s AND finished_at IS NULL", (overnight_id,)
-        ).fetchone()[0]
+        one(
+            conn.execute(
+                "SELECT count(*) FROM provider_batches WHERE overnight_id = %s AND finished_at IS NULL", (overnight_id,)
+            )
+        )[0]
     )
 
 

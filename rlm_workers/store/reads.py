@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from .rows import one
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -55,11 +57,13 @@ def create_read(
     llm_batch: bool,
 ) -> int:
     """A read and its members (question numbers in the order given)."""
-    read_id = conn.execute(
-        """INSERT INTO reads (tenant, overnight_id, chunk_ids, status, llm_batch)
+    read_id = one(
+        conn.execute(
+            """INSERT INTO reads (tenant, overnight_id, chunk_ids, status, llm_batch)
            VALUES (%s, %s, %s, %s, %s) RETURNING id""",
-        (tenant, overnight_id, list(chunk_ids), "queued" if llm_batch else "pending", llm_batch),
-    ).fetchone()[0]
+            (tenant, overnight_id, list(chunk_ids), "queued" if llm_batch else "pending", llm_batch),
+        )
+    )[0]
     with conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO read_members (read_id, job_id, batch_no, question_no) VALUES (%s, %s, %s, %s)",
@@ -149,10 +153,12 @@ def job_ids_of_reads(conn: psycopg.Connection, *, read_ids: Sequence[int]) -> li
 def open_reads_of_overnight(conn: psycopg.Connection, *, overnight_id: str) -> int:
     """Reads of the batch still waiting for a provider batch (queued or submitted)."""
     return int(
-        conn.execute(
-            "SELECT count(*) FROM reads WHERE overnight_id = %s AND status IN ('queued', 'submitted')",
-            (overnight_id,),
-        ).fetchone()[0]
+        one(
+            conn.execute(
+                "SELECT count(*) FROM reads WHERE overnight_id = %s AND status IN ('queued', 'submitted')",
+                (overnight_id,),
+            )
+        )[0]
     )
 
 
@@ -201,11 +207,13 @@ def flip_to_collect(conn: psycopg.Connection, *, job_id: str) -> bool:
 def read_tokens(conn: psycopg.Connection, *, overnight_id: str) -> tuple[int, int, int]:
     """The batch's analyst input tokens as billed, as they would have been without shared reads, and of them
     those served from the provider's prompt cache (the items' current jobs)."""
-    row = conn.execute(
-        """SELECT coalesce(sum(c.tokens_in), 0), coalesce(sum(coalesce(c.solo_tokens_in, c.tokens_in)), 0),
+    row = one(
+        conn.execute(
+            """SELECT coalesce(sum(c.tokens_in), 0), coalesce(sum(coalesce(c.solo_tokens_in, c.tokens_in)), 0),
                   coalesce(sum(c.cached_tokens), 0)
            FROM overnight_batch_items i JOIN llm_calls c ON c.job_id = i.job_id
            WHERE i.overnight_batch_id = %s AND c.stage = 'analyst'""",
-        (overnight_id,),
-    ).fetchone()
+            (overnight_id,),
+        )
+    )
     return int(row[0]), int(row[1]), int(row[2])

@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from ..constants import UPLOAD_ENDED_CHANNEL
 from .buffers import CHUNK_COPY_COLS, CHUNK_COPY_TYPES
 from .db import held_session_locks, session_lock_key, try_session_lock
+from .rows import one
 from .vectors import WindowRow, vector_table
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ def staged_files_in(conn: psycopg.Connection, *, upload_id: str, paths: Sequence
 def ensure_staged_vectors(conn: psycopg.Connection) -> None:
     """The table staged window vectors wait in; made on first use because ``halfvec`` needs pgvector, which a
     migration cannot assume (the server may gain it after the schema is made)."""
-    if conn.execute("SELECT to_regclass('ingest_staged_vectors')").fetchone()[0] is not None:
+    if one(conn.execute("SELECT to_regclass('ingest_staged_vectors')"))[0] is not None:
         return
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_SPACE << 32,))  # two first uses at once
@@ -288,7 +289,7 @@ def note_group_error(conn: psycopg.Connection, *, upload_id: str, group_no: int,
 def clear_staged(conn: psycopg.Connection, *, upload_id: str, group_no: int | None = None) -> None:
     """Staged rows of one group (a re-run starts clean, so a redelivery never duplicates) or of the whole upload."""
     tables = ["ingest_staged_files", "ingest_staged_chunks"]
-    if conn.execute("SELECT to_regclass('ingest_staged_vectors')").fetchone()[0] is not None:
+    if one(conn.execute("SELECT to_regclass('ingest_staged_vectors')"))[0] is not None:
         tables.append("ingest_staged_vectors")
     for table in tables:
         conn.execute(
@@ -379,10 +380,12 @@ def finish_group(
            WHERE upload_id = %s AND group_no = %s AND status <> 'done'""",
         (Jsonb(report), upload_id, group_no),
     ).rowcount
-    row = conn.execute(
-        "UPDATE uploads SET groups_done = groups_done + %s WHERE id = %s RETURNING groups_done, groups",
-        (hit, upload_id),
-    ).fetchone()
+    row = one(
+        conn.execute(
+            "UPDATE uploads SET groups_done = groups_done + %s WHERE id = %s RETURNING groups_done, groups",
+            (hit, upload_id),
+        )
+    )
     return int(row[0]), int(row[1])
 
 

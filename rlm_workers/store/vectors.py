@@ -35,6 +35,7 @@ from pgvector import HalfVector
 
 from ..errors import ConfigError
 from ..limits import MAX_INDEXED_EMBEDDING_DIM
+from .rows import one
 
 if TYPE_CHECKING:
     import numpy as np
@@ -109,7 +110,7 @@ def ensure_table(conn: psycopg.Connection, *, buffer_id: int, dim: int, staging:
 def ensure_index(conn: psycopg.Connection, *, buffer_id: int, staging: bool = False) -> None:
     """The buffer's HNSW graph (cosine), built now if the table has none."""
     table = vector_table(buffer_id, staging=staging)
-    if conn.execute("SELECT to_regclass(%s)", (f"{table}_hnsw",)).fetchone()[0] is not None:
+    if one(conn.execute("SELECT to_regclass(%s)", (f"{table}_hnsw",)))[0] is not None:
         return
     conn.execute(
         "SELECT set_config('maintenance_work_mem', least(greatest(%s * pg_relation_size(%s::regclass) / 1048576, %s),"
@@ -138,7 +139,7 @@ def promote(conn: psycopg.Connection, *, buffer_id: int) -> None:
 
 
 def has_table(conn: psycopg.Connection, *, buffer_id: int) -> bool:
-    return conn.execute("SELECT to_regclass(%s)", (vector_table(buffer_id),)).fetchone()[0] is not None
+    return one(conn.execute("SELECT to_regclass(%s)", (vector_table(buffer_id),)))[0] is not None
 
 
 def delete_for_files(conn: psycopg.Connection, *, buffer_id: int, file_ids: Sequence[int]) -> None:
@@ -167,7 +168,7 @@ def copy(conn: psycopg.Connection, *, buffer_id: int, rows: Iterable[WindowRow],
 def count(conn: psycopg.Connection, *, buffer_id: int) -> int:
     if not has_table(conn, buffer_id=buffer_id):
         return 0
-    return int(conn.execute(f"SELECT count(*) FROM {vector_table(buffer_id)}").fetchone()[0])
+    return int(one(conn.execute(f"SELECT count(*) FROM {vector_table(buffer_id)}"))[0])
 
 
 @dataclass(frozen=True, slots=True)
