@@ -461,7 +461,7 @@ def chunk_document(
     # citation names is the passage's own, not the span of a chunk that joined three short pages.
     parts = _page_bounds(doc.pages, len(text)) if doc.format in PAGE_BOUNDED_FORMATS else [(0, len(text))]
     heads = [h.start for h in doc.headings]
-    spans = []
+    spans: list[tuple[int, int]] = []
     for a, b in parts:
         if chunker == "fixed":
             found = _fixed_spans(text[a:b], chunk_size, overlap)
@@ -529,7 +529,8 @@ def _section_bounds(doc: Document, n: int) -> list[tuple[int, int, tuple[str, ..
 def _path_of(sections: list[tuple[int, int, tuple[str, ...]]], s: int, e: int) -> tuple[str, ...]:
     """The heading path of the section holding most of [s, e): a chunk that starts with a section's last lines
     and then runs through the next is cited by the one it is mostly about."""
-    best, best_len = (), 0
+    best: tuple[str, ...] = ()
+    best_len = 0
     before = sections[0][0] - s if sections else 0  # text above the first heading belongs to no section
     if before > 0:
         best_len = min(before, e - s)

@@ -940,6 +940,8 @@ def _docx(data: bytes, out: _Builder) -> None:
             while piece := body_xml.read(_FEED_PIECE):
                 parser.feed(piece)
                 for event, el in parser.read_events():
+                    if not isinstance(el, etree._Element):  # only namespace events yield other things; none asked
+                        continue
                     if event == "start":
                         depth += 1
                         if depth == 1 and el.tag != _W_NS + "document":
@@ -950,9 +952,9 @@ def _docx(data: bytes, out: _Builder) -> None:
                         continue
                     _docx_block(out, el, parent)
                     # Converted: drop it and whatever came before it in the body.
-                    el.clear(keep_tail=False)
+                    el.clear()  # the tail too (keep_tail=False)
                     body = el.getparent()
-                    while el.getprevious() is not None:
+                    while body is not None and el.getprevious() is not None:
                         del body[0]
                     if out.done():
                         return
@@ -1186,7 +1188,7 @@ def _html_builder() -> Any:
         stopped = False
 
         def feed(self, markup: Any) -> None:  # bs4's own, fed in pieces
-            encoding = self.soup.original_encoding
+            encoding = self.soup.original_encoding if self.soup is not None else None  # set by BeautifulSoup()
             try:
                 self.parser = self.parser_for(encoding)
                 for at in range(0, len(markup), _HTML_FEED_PIECE):
@@ -1219,7 +1221,7 @@ def _html_into(data: bytes, out: _Builder) -> None:
             out.cut("cut-time")
     for tag in soup.find_all(_DROP_TAGS):
         tag.decompose()
-    for tag in soup.find_all(attrs={"role": True}):
+    for tag in soup.find_all(None, attrs={"role": True}):
         if not tag.decomposed and str(tag.get("role", "")).lower() in _DROP_ROLES:
             tag.decompose()
     # A page-level <header> is the site's banner; one inside an article or section holds that part's title.
@@ -1228,7 +1230,7 @@ def _html_into(data: bytes, out: _Builder) -> None:
             tag.decompose()
     for tag in soup.select("a.headerlink"):  # Sphinx's "¶" after every heading
         tag.decompose()
-    root = soup.find("main") or soup.find(attrs={"role": "main"})
+    root = soup.find("main") or soup.find(None, attrs={"role": "main"})
     if root is None:
         articles = soup.find_all("article")
         root = max(articles, key=lambda a: len(a.get_text())) if articles else None

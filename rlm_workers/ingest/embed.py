@@ -42,7 +42,7 @@ log = logging.getLogger("rlm.embed")
 
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
-_models: dict[str, Embedder] = {}
+_models: dict[str, Embedder | OnnxEncoder] = {}
 _lock = threading.Lock()
 
 
@@ -88,13 +88,18 @@ class Embedder:
         self.model = model
         self.runtime = runtime
         self._tokenizers: ThreadPoolExecutor | None = None
-        self.dim: int = int(
+        dim = (
             model.get_embedding_dimension()
             if hasattr(model, "get_embedding_dimension")
             else model.get_sentence_embedding_dimension()
         )
+        max_seq_length = model.max_seq_length
+        if dim is None or max_seq_length is None:
+            # a model made of modules that set neither (no Transformer, no Pooling) cannot be cut into windows
+            raise ConfigError(f"embedding model {model_id!r} states no embedding dimension or sequence length")
+        self.dim: int = int(dim)
         # two special tokens ([CLS]/[SEP]) share the model's sequence budget
-        self.window_tokens = max(16, int(model.max_seq_length) - 2)
+        self.window_tokens = max(16, int(max_seq_length) - 2)
         self.tokenizer = model.tokenizer
         self.spec = DEFAULT_WINDOWS.capped(self.window_tokens)
         # The window cutter gets its own copy of a fast tokenizer: the model's sets truncation and padding on its
@@ -344,7 +349,7 @@ def torch_encoder(name: str | None = None, *, device: str = "cpu", half: bool = 
     return Embedder(model_id, model, runtime)
 
 
-_query_encoders: dict[str, object] = {}
+_query_encoders: dict[str, Embedder | FastBertEncoder | OnnxEncoder] = {}
 
 
 def get_query_encoder(

@@ -81,7 +81,9 @@ class FastBertEncoder:
         return self._torch.nn.functional.linear(x, self.w[prefix + ".weight"], self.w[prefix + ".bias"])
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
-        torch, F, w = self._torch, self._torch.nn.functional, self.w
+        import torch  # already loaded by __init__; a module name (not an attribute) types the nested split
+
+        F, w = torch.nn.functional, self.w
         t = torch.tensor([ids], dtype=torch.long)
         pos = torch.arange(len(ids)).unsqueeze(0)
         x = (

@@ -16,6 +16,7 @@ any group or of ``rlm.ingest`` (the reconciler re-sends both).
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
@@ -251,7 +252,7 @@ def _stage(
                     outline(doc) if doc.headings else None,
                 )
                 writer.submit(
-                    lambda rows=rows: store.copy_staged_chunks(conn, upload_id=up.id, group_no=g.group_no, rows=rows)
+                    functools.partial(store.copy_staged_chunks, conn, upload_id=up.id, group_no=g.group_no, rows=rows)
                 )
                 report.files_loaded += 1
                 report.bytes_loaded += cand.size

@@ -173,7 +173,7 @@ def read_counted(cand: Any, report: LoadReport) -> tuple[Document | None, bool, 
     return doc, False, digest
 
 
-def _roots(paths: Sequence[Path]) -> list[tuple[str, bool]]:
+def _roots(paths: Sequence[Path | str]) -> list[tuple[str, bool]]:
     """Stored-path prefixes covered by this load, for removing files that disappeared."""
     out = []
     for p in paths:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -48,7 +48,7 @@ def check_names(names: Iterable[str]) -> None:
         seen.add(path)
 
 
-def write_files(root: Path, files: list[tuple[str, bytes | BinaryIO]]) -> None:
+def write_files(root: Path, files: Sequence[tuple[str, bytes | BinaryIO]]) -> None:
     """Write (name, bytes | binary file) pairs under ``root``; every name is checked before anything is written."""
     check_names(name for name, _ in files)
     for name, data in files:
@@ -83,7 +83,7 @@ def load_files(
     *,
     tenant: str,
     buffer: str,
-    files: list[tuple[str, bytes | BinaryIO]],
+    files: Sequence[tuple[str, bytes | BinaryIO]],
     chunker: str,
     chunk_size: int,
     overlap: int,

@@ -20,7 +20,7 @@ class Writer:
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
-        self.q: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=8)
+        self.q: queue.Queue[Callable[[], object] | None] = queue.Queue(maxsize=8)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="rlm-load-writer", daemon=True)
         self.thread.start()
@@ -36,7 +36,7 @@ class Writer:
                 except BaseException as exc:  # re-raised on the main thread
                     self.error = exc
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], object]) -> None:
         self.raise_error()
         self.q.put(job)
 
