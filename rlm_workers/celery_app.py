@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from celery import Celery, signals
 from celery.exceptions import TaskRevokedError
@@ -152,7 +153,7 @@ def get_app() -> Celery:
 
 def _connect_worker_signals() -> None:
     @signals.celeryd_init.connect(weak=False)
-    def _reconnecting_transport(conf: object = None, **_kw: object) -> None:
+    def _reconnecting_transport(conf: Any = None, **_kw: object) -> None:  # celery's untyped Settings
         """A worker consumes through ``broker.Transport``, which survives the broker going away under it.  Only
         workers: clients and Flower keep the URL's own transport, whose name Flower reads to find the broker."""
         if conf is not None and not conf.broker_transport:

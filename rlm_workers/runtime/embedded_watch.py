@@ -59,16 +59,20 @@ class Watched:
             data_dir / {"postgres": servers.PG_DIRNAME, "valkey": servers.VALKEY_DIRNAME, "llm": LLM_DIRNAME}[kind]
         )
         self.identity = _identity(self.dir)
-        # read now: once the data dir is gone, its pid and password files are gone with it
+        # read now: once the data dir is gone, its pid and password files are gone with it (each kind sets its own)
+        self.ports: list[int] | None = None
+        self.url: str | None = None
+        self.port: int | None = None
+        self.password: str | None = None
         if kind == "llm":
-            state = llm_status(data_dir)
-            self.ports = list(state.ports.values()) if state and state.pid == pid else None
+            llm = llm_status(data_dir)
+            self.ports = list(llm.ports.values()) if llm and llm.pid == pid else None
         elif kind == "postgres":
             status = servers.postgres_status(data_dir)
             self.url = status["url"] if status and status["pid"] == pid else None
         else:
-            state = servers.valkey_status(data_dir)
-            self.port, self.password = (state.port, state.password) if state and state.pid == pid else (None, None)
+            valkey = servers.valkey_status(data_dir)
+            self.port, self.password = (valkey.port, valkey.password) if valkey and valkey.pid == pid else (None, None)
 
     def alive(self) -> bool:
         return {"postgres": servers.is_postgres, "valkey": servers.is_valkey, "llm": is_model_server}[self.kind](

@@ -209,10 +209,10 @@ class Collector:
         yield jobs
 
         values: dict[str, dict[tuple[str, ...], float]] = {f: {} for f in COUNTER_FAMILIES}
-        for raw, value in counters.items():
+        for raw, stored in counters.items():
             family, labels = _parse(raw)[:2]
             if family in values:
-                values[family][labels] = float(value)
+                values[family][labels] = float(stored)
         for family, (label_names, help_) in COUNTER_FAMILIES.items():
             metric = CounterMetricFamily(family, help_, labels=list(label_names))
             for labels, value in sorted(values[family].items()):
@@ -231,16 +231,16 @@ class Collector:
         yield errors
 
         buckets: dict[str, dict[tuple[str, ...], dict[str, float]]] = {f: {} for f in HISTOGRAM_FAMILIES}
-        for raw, value in histograms.items():
+        for raw, stored in histograms.items():
             family, labels, part = _parse(raw)
             if family in buckets and part is not None:
                 try:
                     key = part if part == "sum" else _le(float(part))
                 except ValueError:
                     continue  # not a bucket we wrote
-                buckets[family].setdefault(labels, {})[key] = float(value)
+                buckets[family].setdefault(labels, {})[key] = float(stored)
         for family, (label_names, bounds, help_) in HISTOGRAM_FAMILIES.items():
-            metric = HistogramMetricFamily(family, help_, labels=list(label_names))
+            histogram = HistogramMetricFamily(family, help_, labels=list(label_names))
             for labels, parts in sorted(buckets[family].items()):
                 total = parts.pop("sum", 0.0)
                 # the current bounds plus any a stored series was written with (bounds changed in an upgrade)
@@ -249,8 +249,8 @@ class Collector:
                 for le in les:
                     running += parts.get(_le(le), 0.0)
                     cumulative.append((_le(le), running))
-                metric.add_metric(list(labels), cumulative, total)
-            yield metric
+                histogram.add_metric(list(labels), cumulative, total)
+            yield histogram
 
         queue = GaugeMetricFamily(
             "rlm_queue_depth", "Messages waiting per Celery queue (all priority levels).", labels=["queue"]

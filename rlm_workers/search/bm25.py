@@ -122,7 +122,7 @@ def _vocab_arrays(terms: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
-def _write_npz(fh, arrays: dict[str, np.ndarray]) -> None:
+def _write_npz(fh, arrays: dict[str, np.ndarray | np.generic]) -> None:
     """An uncompressed .npz (``np.load`` reads it) whose array data start at multiples of ``_ALIGN``.
 
     A zip entry's data follow its local header (30 bytes, the name, the extra field) and the
@@ -146,7 +146,7 @@ def _write_npz(fh, arrays: dict[str, np.ndarray]) -> None:
                 info.extra = struct.pack("<HH", _PAD_EXTRA_ID, pad - 4) + bytes(pad - 4)
             with zf.open(info, "w") as out:
                 out.write(head.getvalue())
-                out.write(memoryview(arr).cast("B"))
+                out.write(arr.data.cast("B"))
 
 
 def _npz_views(path: Path) -> dict[str, np.ndarray]:

@@ -212,10 +212,10 @@ def read_section(
         raise _not_found(headings, query, f.path)
     distinct = list(dict.fromkeys(h.path for h in found))
     if len(distinct) > 1:
-        shown = [f"{h.joined!r} (line {h.start_line})" for h in found[:MAX_CANDIDATES]]
+        listed = [f"{h.joined!r} (line {h.start_line})" for h in found[:MAX_CANDIDATES]]
         more = f" and {len(found) - MAX_CANDIDATES} more" if len(found) > MAX_CANDIDATES else ""
         raise InvalidInput(
-            f"heading {query!r} matches {len(found)} sections of {f.path!r}: {', '.join(shown)}{more}; "
+            f"heading {query!r} matches {len(found)} sections of {f.path!r}: {', '.join(listed)}{more}; "
             "ask again with one of these paths"
         )
     head = found[0]

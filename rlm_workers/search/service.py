@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -59,7 +59,8 @@ def validate_search_params(mode: str, top_k: int, threshold: float | None) -> No
     modes = [m.value for m in SearchMode]
     if mode not in modes:
         raise InvalidInput(f"unknown search mode {mode!r}: use one of {', '.join(modes)}")
-    checks = [(TopK, top_k, "--top-k must be between 1 and 10000, got {}")]
+    # (the Annotated type the value must satisfy, the value, the message): Annotated forms are not classes
+    checks: list[tuple[Any, float, str]] = [(TopK, top_k, "--top-k must be between 1 and 10000, got {}")]
     if threshold is not None:
         checks.append((Threshold, threshold, "--threshold must be between -1 and 1 (cosine similarity), got {}"))
     for kind, value, message in checks:
