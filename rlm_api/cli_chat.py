@@ -142,8 +142,8 @@ def _turn(
             return False
     result = QueryResult.model_validate(job.result) if job.result else None
     if job.status != "done" or result is None:
-        err = job.error or {}
-        typer.echo(f"error: turn {turn} (job {job_id}) {job.status}: {err.get('message', '')}", err=True)
+        why = job.error.message if job.error else ""
+        typer.echo(f"error: turn {turn} (job {job_id}) {job.status}: {why}", err=True)
         return False
     typer.echo(result.response.rstrip())
     cited = [str(c["chunk_id"]) for c in cited_sources(job.result)]

@@ -176,7 +176,7 @@ def result(
     with open_db() as (_s, _u, conn):
         job = _job(conn, job_id, tenant)
     if job.status != "done" or not job.result:
-        why = f" ({job.error.get('type')}: {_one_line(str(job.error.get('message')), 150)})" if job.error else ""
+        why = f" ({job.error.type}: {_one_line(job.error.message, 150)})" if job.error else ""
         raise RLMError(f"job {job.id} is {job.status}, stage {job.stage}{why}: no result to print")
     print_result(QueryResult.model_validate(job.result), fmt)
 

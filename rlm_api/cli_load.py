@@ -277,4 +277,5 @@ def _load_queued(paths: list[Path], buffer: str, opts: dict[str, Any], tenant: s
         _warn_documents(r.get("named") or {}, r.get("skipped") or {}, r.get("cut") or {})
         typer.echo(_loaded_line(buffer, r["version"], r))
     if up.status != "done":
-        raise RLMError(f"upload {upload_id} failed: {(up.error or {}).get('message', 'no reason recorded')}")
+        why = up.error.get("message", "no reason recorded") if up.error else "no reason recorded"
+        raise RLMError(f"upload {upload_id} failed: {why}")

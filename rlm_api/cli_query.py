@@ -185,23 +185,24 @@ def query(
     if job.status == "done" and result is not None:
         print_result(result, fmt)
         return
-    failure = job.error or {"type": "error", "message": f"job ended {job.status}"}
+    kind, message = (job.error.type, job.error.message) if job.error else ("error", f"job ended {job.status}")
     if result is not None and fmt == Fmt.json:
         print_result(result, fmt)  # findings are kept even when synthesis failed
-    if failure.get("type") == "no_chunks":
-        raise NoChunks(failure["message"].split(". Try:")[0])
+    if kind == "no_chunks":
+        raise NoChunks(message.split(". Try:")[0])
     # Even a bad-input failure (a buffer removed mid-job, a worker's setting) happened after the job was
     # stored: exit 1 with its id, not 2, which promises nothing was written (docs/contract.md#exit-codes).
-    raise RLMError(f"job {job_id} {job.status} ({failure.get('type')}): {failure.get('message')}")
+    raise RLMError(f"job {job_id} {job.status} ({kind}): {message}")
 
 
 def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> None:
     from rlm_workers.engine import llm_calls_of, tree_of
 
     # soft_wrap: a line each, never cut at the console's width (80 when stderr is a file), so a log greps
-    console.print(f"[bold]plan[/]: {json.dumps(job.plan)}", markup=True, highlight=False, soft_wrap=True)
+    plan, params = (m.stored() if m else None for m in (job.plan, job.params))
+    console.print(f"[bold]plan[/]: {json.dumps(plan)}", markup=True, highlight=False, soft_wrap=True)
     console.print(f"[bold]route[/]: {job.route} — {job.route_reason}", highlight=False, soft_wrap=True)
-    console.print(f"[bold]params[/]: {json.dumps(job.params)}", highlight=False, soft_wrap=True)
+    console.print(f"[bold]params[/]: {json.dumps(params)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]timings[/]: {json.dumps(job.timings)}", highlight=False, soft_wrap=True)
     for k, verdict in enumerate(job.checks):
         console.print(f"[bold]check {k}[/]: {json.dumps(verdict)}", highlight=False, soft_wrap=True)

@@ -340,9 +340,8 @@ def _answer(job) -> QueryAnswer:
             status_line=status_line(result),
             message=f"job {job.id} done",
         )
-    err = job.error or {"type": "error", "message": f"job ended {job.status}"}
-    message = str(err.get("message") or "").splitlines()[0] if err.get("message") else f"job ended {job.status}"
-    raise ToolError(f"job {job.id} {job.status} ({err.get('type')}): {message}")
+    message = job.error.message.splitlines()[0] if job.error and job.error.message else f"job ended {job.status}"
+    raise ToolError(f"job {job.id} {job.status} ({job.error.type if job.error else 'error'}): {message}")
 
 
 def _job_status(tenant: str, job_id: str) -> QueryAnswer:

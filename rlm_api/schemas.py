@@ -53,11 +53,13 @@ class ErrorBody(BaseModel):
     message: str = Field(description="What went wrong and how to fix it, for a person.")
 
     @classmethod
-    def from_record(cls, error: dict | None) -> ErrorBody | None:
-        """A stored error (job, upload) as the API shows it (its HTTP wording when it has one); None if none."""
+    def from_record(cls, error: BaseModel | dict | None) -> ErrorBody | None:
+        """A stored error (a job's typed one, an upload's record) as the API shows it (its HTTP wording when it
+        has one); None if none."""
         if not error:
             return None
-        return cls(type=str(error.get("type", "")), message=str(error.get("api_message") or error.get("message", "")))
+        rec = error.model_dump() if isinstance(error, BaseModel) else error
+        return cls(type=str(rec.get("type", "")), message=str(rec.get("api_message") or rec.get("message", "")))
 
 
 class ErrorResponse(BaseModel):

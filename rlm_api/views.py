@@ -66,7 +66,7 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
         error=ErrorBody.from_record(job.error),
         query=job.query,
         buffers=list(job.buffers),
-        options=dict(job.options or {}),
+        options=job.options.stored(),
         parent_id=job.parent_id,
         root_id=job.root_id,
         depth=job.depth,
@@ -88,7 +88,7 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
         children=_child_tree(below, job.id),
         usage=usage_of(engine.job_usage(conn, job_ids=[job.id]).get(job.id)),
         task_ids=list(job.task_ids),
-        spec=job.spec,
+        spec=job.spec.stored() if job.spec else None,
     )
 
 
@@ -101,7 +101,7 @@ def job_summaries(conn: psycopg.Connection, jobs: list[JobRow]) -> list[JobSumma
             stage=j.stage,
             query=j.query,
             buffers=list(j.buffers),
-            mode=str((j.options or {}).get("mode") or "auto"),
+            mode=str(j.options.mode or "auto"),
             parent_id=j.parent_id,
             created_at=j.created_at,
             finished_at=j.finished_at,

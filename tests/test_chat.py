@@ -106,14 +106,20 @@ def test_rule_rewrite_carries_the_subject_into_a_follow_up_only():
 
 
 def test_history_is_compacted_past_the_budget_and_quoted_as_data():
+    from rlm_workers.models import AnalysisPlan, QueryResult, Source
     from rlm_workers.pipeline.sessions import conversation_section, session_spec
     from rlm_workers.store.sessions import TurnRow
 
     def turn(n: int, answer: str, cid: int) -> TurnRow:
-        result = {
-            "response": answer + f" [chunk {cid}, a.md:1-2]",
-            "sources": [{"chunk_id": cid, "buffer": "b", "path": "a.md", "start_line": 1, "end_line": 2}],
-        }
+        source = Source(chunk_id=cid, buffer="b", path="a.md", start_line=1, end_line=2, relevance="high", snippet="")
+        result = QueryResult(
+            job_id=f"job{n}",
+            response=answer + f" [chunk {cid}, a.md:1-2]",
+            provider="extractive",
+            scaling_tier="tiny",
+            plan=AnalysisPlan(),
+            sources=[source],
+        )
         return TurnRow(n, f"q{n}", f"job{n}", None, "done", f"question {n}", result, None, None)
 
     long = "x" * 3000
@@ -151,14 +157,14 @@ def test_two_turns_offline_the_follow_up_answers_from_the_first_turn(rlm_env, co
         alone = create_session(conn, tenant="local", buffers=[BUFFER], options={})
         _, control = ask(conn, alone.id, TURN2)
     assert n2 == 2
-    assert cited(job2)[0] == corpus["frob_config.md"], job2.result["response"]
-    assert cited(control)[0] == corpus["engine.md"], control.result["response"]
+    assert cited(job2)[0] == corpus["frob_config.md"], job2.result.response
+    assert cited(control)[0] == corpus["engine.md"], control.result.response
     # what the job used is on it: the rules' rewrite as its query, the turn as asked, history and evidence
     assert job2.query == "How is it configured? (about: Frobnicator component)"
-    assert job2.spec["asked"] == TURN2 and job2.spec["rewrite"] == "rules"
-    assert job2.spec["history"][0]["question"] == TURN1 and job2.spec["history"][0]["answer"]
-    assert job2.spec["evidence_chunk_ids"] == cited(job1)
-    assert set(cited(job1)) <= set(job2.result["analyzed_chunk_ids"])  # carried evidence was read again
+    assert job2.spec.asked == TURN2 and job2.spec.rewrite == "rules"
+    assert job2.spec.history[0]["question"] == TURN1 and job2.spec.history[0]["answer"]
+    assert job2.spec.evidence_chunk_ids == cited(job1)
+    assert set(cited(job1)) <= set(job2.result.analyzed_chunk_ids)  # carried evidence was read again
     view = session_view(conn, tenant="local", session_id=session.id)
     conn.commit()
     assert [t["question"] for t in view["turns"]] == [TURN1, TURN2]
@@ -331,15 +337,15 @@ def test_two_turns_through_the_scripted_model_carry_question_answer_and_rewrite(
         with running_workers(env, tmp_path, POOLS):
             session = create_session(conn, tenant="local", buffers=[BUFFER], options={})
             _, job1 = ask(conn, session.id, TURN1)
-            answer1 = job1.result["response"]
+            answer1 = job1.result.response
             assert cited(job1) == [corpus["frob.md"]], answer1
             mark = len(script.seen)
             _, job2 = ask(conn, session.id, TURN2)
-    assert cited(job2) == [corpus["frob_config.md"]], job2.result["response"]
+    assert cited(job2) == [corpus["frob_config.md"]], job2.result.response
     stages = [c.stage for c in llm_calls_of(conn, job_id=job2.id)]
     conn.commit()
     assert stages[0] == "rewrite" and "rewrite" not in [c.stage for c in llm_calls_of(conn, job_id=job1.id)]
-    assert job2.query == REWRITTEN and job2.spec["rewrite"] == "model" and job2.spec["asked"] == TURN2
+    assert job2.query == REWRITTEN and job2.spec.rewrite == "model" and job2.spec.asked == TURN2
     turn2 = script.seen[mark:]
     rewrite = [t for m, t in turn2 if m == "plan-model" and "## Follow-up" in t]
     assert len(rewrite) == 1 and TURN1 in rewrite[0] and TURN2 in rewrite[0]
@@ -383,7 +389,7 @@ def test_the_rewrite_call_sends_the_standalone_question_schema_and_its_reply_val
     assert sent["name"] == "standalone_question" and sent == REWRITE_SCHEMA
     assert sent["schema"]["required"] == ["question"]
     jsonschema.validate(json.loads(reply), sent["schema"])  # the reply is what the schema asked for
-    assert job2.query == REWRITTEN and job2.spec["rewrite"] == "model" and job2.spec["question"] == REWRITTEN
+    assert job2.query == REWRITTEN and job2.spec.rewrite == "model" and job2.spec.question == REWRITTEN
     rewrite_calls = [c for c in llm_calls_of(conn, job_id=job2.id) if c.stage == "rewrite"]
     conn.commit()
     assert [(c.status, c.parse_ok) for c in rewrite_calls] == [("ok", True)]

@@ -71,7 +71,7 @@ def test_a_known_error_ends_the_job_with_its_message_and_the_stage_timing(settin
     job_id = _job("queued")  # its buffer does not exist: the search's known error
     assert run_stage(job_id, Stage.search) == "failed"
     job = _get(job_id)
-    assert job.status == "failed" and job.error["type"] == "buffer_not_found" and "nope" in job.error["message"]
+    assert job.status == "failed" and job.error.type == "buffer_not_found" and "nope" in job.error.message
     assert "search" in job.timings
 
 
@@ -85,7 +85,7 @@ def test_a_crash_ends_the_job_as_the_stage_failing(settings, monkeypatch):
     job_id = _job("queued")
     assert stages.run_stage(job_id, flow.Stage.collect) == "failed"
     job = _get(job_id)
-    assert job.status == "failed" and job.error == {
+    assert job.status == "failed" and job.error.stored() == {
         "type": "ZeroDivisionError",
         "message": "collect failed: bad arithmetic",
     }

@@ -48,7 +48,7 @@ def test_after_a_salvage_no_batch_can_start_or_store(job):
         _age(conn, job, 600)
         assert salvage_job(conn, job, "test", min_idle_seconds=300)
         row = job_store.get_job(conn, job_id=job)
-        assert row.status == "done" and row.result["batches_failed"] == 3 and row.result["total_tokens"] == 0
+        assert row.status == "done" and row.result.batches_failed == 3 and row.result.total_tokens == 0
         assert job_store.claim_batch(conn, job_id=job, batch_no=1) is None
         assert not job_store.finish_batch(conn, job_id=job, batch_no=0)  # its late answer stays out
         assert {b.status for b in job_store.batches(conn, job_id=job)} == {"failed"}

@@ -304,7 +304,7 @@ def test_thinking_follows_up_and_the_tree_bill_is_exact(conn, script, llm):
     assert r.depth >= 1 and r.rounds == 2
     assert r.complete is True and r.confidence == pytest.approx(0.9)
     kids = children(conn, job.id)
-    assert [(k.root_id, k.depth, k.spec["kind"]) for k in kids] == [(job.id, 1, "follow_up")]
+    assert [(k.root_id, k.depth, k.spec.kind) for k in kids] == [(job.id, 1, "follow_up")]
     # the bill: the sums over every job's llm_calls rows, what the server served, and what the replies said
     calls, tin, tout, cached, _ = logged(conn, tree_ids(conn, job.id))
     assert (r.llm_calls, r.tokens_in, r.tokens_out) == (calls, tin, tout)
@@ -554,7 +554,7 @@ def _hold_child_then_cancel(conn, script, llm, *, batches: int):
     conn.commit()
     assert job_row(conn, root).status == "cancelled"
     assert [k.status for k in children(conn, root)] == ["cancelled"]
-    assert job_row(conn, child.id).error["message"] == "its parent was cancelled"
+    assert job_row(conn, child.id).error.message == "its parent was cancelled"
     script.gate.set()
     # the held calls answer, then every batch ends one way or another (should one never end, we stop waiting)
     wait_for(lambda: llm.stats()["in_flight"] == 0 and all(b[1] != "pending" for b in batch_rows(conn, child.id)), 30)
@@ -592,7 +592,7 @@ def test_query_subset_runs_a_child_and_resumes_the_synthesis(conn, script, llm, 
     [child] = r.children
     assert (child.kind, child.depth, child.status, child.query) == ("subset", 1, "done", FOLLOW_UP)
     kid = job_row(conn, child.job_id)
-    assert kid.spec == {"kind": "subset", "chunk_ids": [corpus["b"]]} and kid.parent_id == job.id
+    assert kid.spec.stored() == {"kind": "subset", "chunk_ids": [corpus["b"]]} and kid.parent_id == job.id
     # the child read exactly b.md, and its finding came back as the tool's result into the report
     assert child.chunks_analyzed == 1 and child.findings_count == 1
     assert f"(from job {child.job_id}) {B_TEXT}" in r.response
@@ -897,9 +897,9 @@ def test_a_counting_question_is_not_read_at_the_planners_cap_and_the_job_says_wh
         conn.commit()
         job = job_row(conn, job_id)
         assert "plan corrected" in job.route_reason and "max_chunks=5" in job.route_reason, job.route_reason
-        assert job.params["max_chunks"] != 5 and job.params["threshold"] != 0.4
+        assert job.params.stored()["max_chunks"] != 5 and job.params.stored()["threshold"] != 0.4
         assert sum(len(b.chunk_ids) for b in job_store.batches(conn, job_id=job_id)) > 5
-        assert job.plan == same  # what the planner said stays on record
+        assert job.plan.stored() == same  # what the planner said stays on record
     finally:
         job_store.cancel_job(conn, job_id=job_id, tenant="local")  # no worker may push it on
         conn.commit()

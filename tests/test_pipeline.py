@@ -254,7 +254,7 @@ def test_plan_failure_aborts_the_job(conn, fresh, model):
     model.plan_reply = Reply.http_error(500, "scripted planner outage")
     job = run_job(conn, QUESTION)
     assert job.status == "failed"
-    assert job.error["message"].startswith("planning failed") and "planner outage" in job.error["message"]
+    assert job.error.message.startswith("planning failed") and "planner outage" in job.error.message
     assert not requests_for(fresh, "analyst-model") and not requests_for(fresh, "synth-model")
 
 
@@ -296,7 +296,7 @@ def test_all_findings_filtered_gives_canned_answer_without_synthesizer(conn, fre
 def test_synthesizer_failure_keeps_findings(conn, fresh):
     job = run_job(conn, QUESTION + " SYNTH-FAIL", skip_plan=True, threshold=-1.0)
     assert job.status == "failed"
-    assert job.error["message"].startswith("synthesis failed")
+    assert job.error.message.startswith("synthesis failed")
     r = result_of(job)
     assert r.findings_count > 0 and any(s.relevance == "high" for s in r.sources)
 

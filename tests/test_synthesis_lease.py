@@ -99,7 +99,7 @@ def test_a_synthesis_slower_than_the_job_timeout_runs_exactly_once(conn, fresh, 
     finally:
         fresh.responder = model
     assert job.status == "done", job.error
-    assert NEEDLE in job.result["response"]
+    assert NEEDLE in job.result.response
     assert synth_runs(fresh) == 1
     assert len(synth_requests(fresh)) == 2  # the tool turn and the answer, nothing repeated
 
@@ -118,7 +118,7 @@ def test_a_killed_synthesizer_is_salvaged_once_its_lease_lapses(conn, fresh, mod
     finally:
         fresh.responder = model
     assert job.status == "done", job.error
-    assert NEEDLE in job.result["response"]
+    assert NEEDLE in job.result.response
     assert synth_runs(fresh) == 2  # the dead one, and the salvage's
     log = "".join(w.log_path.read_text(errors="replace") for w in workers.values())
     assert f"salvaging job {job_id}" in log
@@ -143,7 +143,7 @@ def test_tool_calls_are_bounded_per_turn_and_recorded_on_the_result(conn, fresh,
     finally:
         fresh.responder = model
     assert job.status == "done", job.error
-    calls = job.result["tool_calls"]
+    calls = [c.model_dump() for c in job.result.tool_calls]
     assert len(calls) == asked
     assert [c["status"] for c in calls] == ["ok"] * MAX_TOOL_CALLS_PER_TURN + ["refused"] * 4
     assert all(c["turn"] == 1 and c["name"] in ("grep_chunks", "no_such_tool") for c in calls)

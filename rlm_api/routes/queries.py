@@ -98,7 +98,7 @@ def get_query(job_id: str, conn: ConnDep, tenant: TenantDep) -> JobView:
 def get_report(job_id: str, conn: ConnDep, tenant: TenantDep) -> dict[str, str]:
     """The report as HTML safe to insert in a page (docs/web-view.md#security); empty until the job has one."""
     job = _job_or_404(conn, job_id, tenant)
-    response = (job.result or {}).get("response") or ""
+    response = job.result.response if job.result else ""
     return {"html": report_html(response) if response else ""}
 
 

@@ -40,5 +40,5 @@ def internal_error(exc: BaseException) -> dict[str, str]:
 
 def gave_up(attempts: int, last: dict[str, Any] | None) -> dict[str, str]:
     """The error of a load failed for good after ``attempts`` attempts, quoting the last one's."""
-    why = (last or {}).get("message", "no error recorded")
+    why = last.get("message", "no error recorded") if last else "no error recorded"
     return {"type": "gave_up", "message": f"not loaded after {attempts} attempts; last: {why}"}

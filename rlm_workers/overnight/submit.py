@@ -374,7 +374,7 @@ def iter_csv(conn: psycopg.Connection, overnight_batch_id: str) -> Iterable[str]
             )
             for s in result.get("sources") or []
         )
-        error = (item.error or {}).get("message", "") if item.error else ""
+        error = item.error.get("message", "") if item.error else ""
         writer.writerow(
             (
                 overnight_batch_id,

@@ -50,6 +50,7 @@ from ..runtime.resources import provider, redis_client
 from ..store import jobs as job_store
 from ..store.buffers import chunks_for_counting, get_chunks
 from ..store.db import DB_OUTAGE, connection, durable_write
+from ..store.job_state import JobParams
 from .calls import call_llm
 from .evidence import CONTEXT_SHARE, evidence_lines, grounded
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, quote_field, system_message
@@ -481,9 +482,9 @@ def _analyse_claimed(
         with connection() as conn:
             job_store.finish_batch(conn, job_id=job_id, batch_no=batch_no, error=err)
         return {"batch": batch_no, "status": "failed", "error": err}
-    params = job.params or {}
+    params = job.params or JobParams()
     counting = job.route == "exhaustive"
-    read = read_input(job.query, chunks, params.get("focus_topics") or [], records_wanted=counting)
+    read = read_input(job.query, chunks, params.focus_topics, records_wanted=counting)
     # a small model answers from a few chunks well and grades each one badly; counting needs an entry per chunk
     answering = not counting and settings.answering_analysts(settings.subcall_model)
     messages = render_messages(
@@ -497,7 +498,7 @@ def _analyse_claimed(
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
     with contextlib.ExitStack() as stack:
         try:
-            slot = _job_slot(job_id, params.get("concurrency"), job.batches_total, settings)
+            slot = _job_slot(job_id, params.concurrency, job.batches_total, settings)
             stack.enter_context(slot)
         except TimeoutError as exc:
             raise LimiterBusy(

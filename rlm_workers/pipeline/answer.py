@@ -30,6 +30,7 @@ from ..search.preview import shorten
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
+from ..store.job_state import Collected
 from .calls import call_llm
 from .evidence import grounded
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
@@ -175,7 +176,7 @@ def run(ctx: StageContext) -> str:
                 response, error = "", exc
         cited = cited_chunk_ids(response, by_id)
         kept = [_cited(rows[cid], by_id[cid].text) for cid in cited if cid in rows]
-        collected = {"kept": kept, "filtered": 0, "records": {}}
+        collected = Collected(kept=kept, filtered=0, records={})
         unread = [cid for cid in batch.chunk_ids if cid in rows and cid not in by_id]
 
         def store(c) -> None:

@@ -127,7 +127,7 @@ def collected_of(conn: psycopg.Connection, job: JobRow, default_threshold: str) 
         for _, f in found
         if (c := rows.get(f.chunk_id)) is not None
     ]
-    threshold = (job.options or {}).get("finding_threshold") or default_threshold
+    threshold = job.options.finding_threshold or default_threshold
     result = collect(pairs, finding_threshold=threshold)
     records = {str(f.chunk_id): [r.model_dump() for r in f.records] for f, _ in pairs if f.records}
     return {"kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count, "records": records}
@@ -165,7 +165,7 @@ def collect_job(conn: psycopg.Connection, job: JobRow, default_threshold: str) -
     """Run Collect over the job's stored findings and store the kept ones; returns how many were dropped."""
     collected = collected_of(conn, job, default_threshold)
     # a salvage of a job with children keeps what they found (merge would have united them the same way)
-    kids = [k.collected for k in job_store.children_of(conn, job_id=job.id) if k.terminal and k.collected]
+    kids = [k.collected.stored() for k in job_store.children_of(conn, job_id=job.id) if k.terminal and k.collected]
     if kids:
         collected = unite([collected, *kids])
     job_store.save_collected(conn, job_id=job.id, collected=collected)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def run(ctx: StageContext) -> str:
     """Send the chord for a job whose batches are cut; a redelivery (task ids stored, or a launch in progress
     under the job's launch lock) sends nothing."""
-    if (ctx.job.spec or {}).get("read_group"):
+    if ctx.job.spec and ctx.job.spec.read_group:
         # an overnight batch's question reading together with the others over the same buffer: the batch's tick
         # launches the group's shared reads once every job of it has searched (reads.py)
         return "waiting for the shared reads of its group"

@@ -24,14 +24,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import kombu.exceptions
 import redis.exceptions
 
 from ..config import Settings
 from ..errors import error_record
-from ..models import JobStatus
+from ..models import JobStatus, QueryResult
 from ..runtime import metrics
 from ..store import jobs as job_store
 from ..store.db import connection
@@ -139,7 +139,7 @@ def next_stage(stage: Stage, job: JobRow) -> Stage | None:
         return Stage.answer if fresh is not None and fresh.route == "direct" else Stage.fan_out
     if stage == Stage.collect:
         # only a thinking tree's root checks its rounds; every other job goes on to its report
-        thinking = job.options.get("mode") == "thinking" and job.parent_id is None
+        thinking = job.options.mode == "thinking" and job.parent_id is None
         return Stage.check if thinking else Stage.synthesize
     return CHAINED.get(stage)
 
@@ -166,7 +166,7 @@ def fail_job(
     *,
     job_id: str,
     exc: BaseException,
-    result: dict[str, Any] | None = None,
+    result: QueryResult | None = None,
     prefix: str | None = None,
 ) -> None:
     log.warning("job %s failed: %s", job_id, exc)

@@ -199,7 +199,7 @@ def _prepare(conn: psycopg.Connection, read: store.ReadRow, members: list[_Membe
     questions = [
         Question(
             m.job.query,
-            tuple((m.job.params or {}).get("focus_topics") or ()),
+            tuple(m.job.params.focus_topics if m.job.params else ()),
             records_wanted=m.job.route == "exhaustive",
         )
         for m in members

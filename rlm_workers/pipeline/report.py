@@ -27,6 +27,7 @@ from ..runtime.resources import provider
 from ..search.preview import shorten
 from ..search.provenance import fields
 from ..store import jobs as job_store
+from ..store.job_state import Collected, JobError
 from ..store.jobs import BatchRecord
 from .budget import report as budget_report
 from .flow import fail_job
@@ -61,9 +62,9 @@ def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
     return out
 
 
-def not_run_for_budget(error: dict[str, Any] | None) -> bool:
+def not_run_for_budget(error: JobError | None) -> bool:
     """A batch error of a batch the budget refused before it sent anything (a refused retry is a failure)."""
-    return (error or {}).get("type") == "budget" and not (error or {}).get("sent")
+    return error is not None and error.type == "budget" and not error.sent
 
 
 def build_result(
@@ -116,8 +117,8 @@ def build_result(
         batch_errors=[
             AnalystBatchError(
                 batch=b.batch_no,
-                type=(b.error or {}).get("type", "error"),
-                message=(b.error or {}).get("message", ""),
+                type=b.error.type if b.error else "error",
+                message=b.error.message if b.error else "",
                 chunk_ids=b.chunk_ids,
                 job_id=jid,
             )
@@ -189,10 +190,10 @@ def completeness(
 
 
 def result_for(
-    conn: psycopg.Connection, job: JobRow, response: str, collected: dict[str, Any], tool_log: list[dict[str, Any]]
+    conn: psycopg.Connection, job: JobRow, response: str, collected: Collected, tool_log: list[dict[str, Any]]
 ) -> QueryResult:
     """The job's QueryResult; for a root, over its whole tree (children's batches, calls and findings)."""
-    kept = collected.get("kept") or []
+    kept = collected.kept
     root = job.parent_id is None
     tree = job_store.tree_of(conn, root_id=job.id) if root else []
     child_batches = [(k.id, b) for k in tree for b in job_store.batches(conn, job_id=k.id)]
@@ -200,9 +201,7 @@ def result_for(
         usage = job_store.tree_usage(conn, root_id=job.id)
     else:
         usage = job_store.job_usage(conn, job_ids=[job.id]).get(job.id) or job_store.TreeUsage(0, 0, 0, 0, 0.0)
-    per_chunk = {
-        int(cid): [Record.model_validate(r) for r in recs] for cid, recs in (collected.get("records") or {}).items()
-    }
+    per_chunk = {int(cid): [Record.model_validate(r) for r in recs] for cid, recs in collected.records.items()}
     rows: list[AggregateRow] = aggregate(per_chunk) if per_chunk else []
     if rows and root and response:
         # the exact totals are ours, not the model's: they are added under the report as computed
@@ -211,42 +210,42 @@ def result_for(
     children = []
     for k in tree:
         u = own_usage.get(k.id)
-        r = k.result or {}
         children.append(
             ChildSummary(
                 job_id=k.id,
                 parent_id=k.parent_id or job.id,
-                kind=(k.spec or {}).get("kind", "follow_up"),
+                kind=(k.spec.kind if k.spec else None) or "follow_up",
                 depth=k.depth,
                 query=k.query,
                 status=k.status,
-                findings_count=int(r.get("findings_count") or len((k.collected or {}).get("kept") or [])),
-                chunks_analyzed=int(r.get("chunks_analyzed") or 0),
+                findings_count=(k.result.findings_count if k.result else 0)
+                or (len(k.collected.kept) if k.collected else 0),
+                chunks_analyzed=k.result.chunks_analyzed if k.result else 0,
                 llm_calls=u.calls if u else 0,
                 total_tokens=(u.tokens_in + u.tokens_out) if u else 0,
                 cost_usd=round(u.cost_usd, 6) if u else 0.0,
-                error=(k.error or {}).get("message"),
+                error=k.error.message if k.error else None,
             )
         )
     own_batches = job_store.batches(conn, job_id=job.id)
     spent = next(
         (
-            (b.error or {}).get("reason")
+            b.error.reason
             for b in [*own_batches, *(b for _, b in child_batches)]
-            if (b.error or {}).get("type") == "budget"
+            if b.error and b.error.type == "budget"
         ),
         None,
     )
     used = (usage.calls, usage.tokens_in + usage.tokens_out, usage.cost_usd)
-    budget = budget_report(job.tree, job.options or {}, used, spent) if root else None
+    budget = budget_report(job.tree, job.options.stored(), used, spent) if root else None
     result = build_result(
         job_id=job.id,
         response=response,
         provider=provider().name,
         tier=job.scaling_tier or "tiny",
-        params=job.params or {},
+        params=job.params.stored() if job.params else {},
         collected=kept,
-        findings_filtered=int(collected.get("filtered") or 0),
+        findings_filtered=collected.filtered,
         batches=own_batches,
         chunks_available=job.chunks_available or 0,
         chunk_load_failures=job.chunk_load_failures,
@@ -254,10 +253,10 @@ def result_for(
         elapsed_seconds=time.time() - job.created_at.timestamp(),
         tool_calls=tool_log,
         child_batches=child_batches,
-        mode=(job.options or {}).get("mode") or "auto",
+        mode=job.options.mode or "auto",
         route=job.route or "fanout",
         route_reason=job.route_reason,
-        rounds=1 + max((k.depth for k in tree if (k.spec or {}).get("kind") == "follow_up"), default=0),
+        rounds=1 + max((k.depth for k in tree if k.spec and k.spec.kind == "follow_up"), default=0),
         depth=max((k.depth for k in tree), default=0),
         children=children,
         cached_tokens=usage.cached_tokens,
@@ -318,13 +317,13 @@ def store_report(
     conn: psycopg.Connection,
     job: JobRow,
     response: str,
-    collected: dict,
+    collected: Collected,
     error: BaseException | None,
     tool_log: list[dict[str, Any]] | None = None,
 ) -> None:
     """End the job with its report: done, or failed with the report it had (the direct answer and the
     synthesizer end a job the same way)."""
-    result = result_for(conn, job, response, collected, tool_log or []).model_dump()
+    result = result_for(conn, job, response, collected, tool_log or [])
     if error is not None:
         fail_job(conn, job_id=job.id, exc=error, result=result, prefix="synthesis failed")
     else:

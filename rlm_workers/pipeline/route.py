@@ -14,13 +14,14 @@ The reason for every choice is kept on the job (``--verbose`` prints it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..llm.tokens import CHARS_PER_TOKEN
 from ..models import Mode, QueryOptions, Route, Scope
 from ..records.totals import aggregation_reason
+from ..store.job_state import JobPlan, checked
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -110,7 +111,7 @@ def direct_limit(settings: Settings) -> int:
 
 def first_routing(
     opts: QueryOptions,
-    plan: dict[str, Any] | None,
+    plan: JobPlan | Mapping[str, Any] | None,
     query: str,
     *,
     is_child: bool,
@@ -125,8 +126,8 @@ def first_routing(
         return Routing(Route.direct, "--mode instant: one call over the best chunks that fit")
     if opts.scope == Scope.all:
         return Routing(Route.exhaustive, "--scope all: every chunk is analysed")
-    planned = (plan or {}).get("route")
-    why = (plan or {}).get("route_reason") or ""
+    given = checked(JobPlan, plan) if plan else None
+    planned, why = (given.route, given.route_reason or "") if given else (None, "")
     may_widen = opts.scope != Scope.search
     if planned == Route.exhaustive and may_widen:
         # reads more, never less: kept without the records sample (it costs calls, it loses no evidence)

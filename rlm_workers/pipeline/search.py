@@ -20,6 +20,7 @@ from ..runtime.local_servers import database_url
 from ..search.service import rank
 from ..store import jobs as job_store
 from ..store.buffers import chunk_sizes, count_chunks, require_buffers, sample_chunks, sizes_of
+from ..store.job_state import JobSpec
 from .flow import OK, StageContext
 from .params import ResolvedParams, apply_job_caps, make_batches, resolve_params
 from .route import analyst_batch_tokens, block_tokens, checked_plan, final_routing, first_routing
@@ -46,10 +47,13 @@ def run(ctx: StageContext) -> str:
     # the plan held to the question's kind (a counting question reads every match), except under --scope search
     # (a follow-up child's too), which keeps the search's cut-off; the stored plan stays as the planner wrote it,
     # the correction is said on the route's reason
+    stored_plan = job.plan.stored() if job.plan else None
     planned, corrected = (
-        (job.plan or {}, []) if opts.scope == Scope.search else checked_plan(job.plan, job.query, settings.threshold)
+        (stored_plan or {}, [])
+        if opts.scope == Scope.search
+        else checked_plan(stored_plan, job.query, settings.threshold)
     )
-    plan = AnalysisPlan(**planned) if job.plan else None
+    plan = AnalysisPlan(**planned) if stored_plan else None
     params = resolve_params(opts, plan, profile, settings)
     routing = first_routing(
         opts,
@@ -58,11 +62,11 @@ def run(ctx: StageContext) -> str:
         is_child=job.parent_id is not None,
         has_records=lambda: holds_records(sample_chunks(conn, buffer_ids=[r.id for r in rows], limit=RECORD_SAMPLE)),
     )
-    spec = job.spec or {}
-    if spec.get("chunk_ids"):
+    spec = job.spec or JobSpec()
+    if spec.chunk_ids:
         # a query_subset child reads exactly what its parent chose (those still in the tenant's buffers)
-        sizes = sizes_of(conn, tenant=job.tenant, chunk_ids=spec["chunk_ids"])
-        chosen = [cid for cid in dict.fromkeys(spec["chunk_ids"]) if cid in sizes]
+        sizes = sizes_of(conn, tenant=job.tenant, chunk_ids=spec.chunk_ids)
+        chosen = [cid for cid in dict.fromkeys(spec.chunk_ids) if cid in sizes]
         if not chosen:
             raise NoChunks("none of the chunk ids given to query_subset is in the job's buffers")
     elif routing.route == Route.exhaustive:
@@ -78,7 +82,7 @@ def run(ctx: StageContext) -> str:
             settings=settings,
             url=database_url(settings),
             rows=rows,
-            query=spec.get("search") or job.query,  # a query_subset child searches what its parent asked for
+            query=spec.search or job.query,  # a query_subset child searches what its parent asked for
             mode=params.search_mode,
             top_k=params.top_k,
             threshold=params.threshold,

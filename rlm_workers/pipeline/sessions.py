@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -29,13 +29,14 @@ from ..llm.protocol import CompletionRequest
 from ..llm.replies import cited_chunk_ids, json_candidates
 from ..llm.structured import REWRITE_SCHEMA, RewriteReply
 from ..llm.tokens import CHARS_PER_TOKEN
-from ..models import check_storable_text
+from ..models import QueryResult, check_storable_text
 from ..runtime.resources import provider
 from ..search.provenance import cite, fields
 from ..search.service import validate_query
 from ..store import sessions as store
 from ..store.buffers import require_buffers, validate_buffer_name
 from ..store.db import commit, durable_write
+from ..store.job_state import JobSpec, checked
 from ..submit import submit_query, validate_options
 from .calls import call_llm
 from .prompts import content_block, escape_content, load_prompt, quote_field, system_message
@@ -116,19 +117,20 @@ def _history_chars() -> int:
 # --------------------------------------------------------------------------- the context a turn carries
 
 
-def cited_sources(result: dict[str, Any] | None) -> list[dict[str, Any]]:
+def cited_sources(result: QueryResult | None) -> list[dict[str, Any]]:
     """The sources an answer actually cites, in order of first citation: ``{chunk_id, buffer, path, start_line,
     end_line}`` and the provenance fields (a source the report never cites is not carried forward)."""
     if not result:
         return []
-    sources = {s["chunk_id"]: s for s in result.get("sources") or [] if isinstance(s, dict) and "chunk_id" in s}
+    sources = {s.chunk_id: s for s in result.sources}
     out = []
-    for cid in cited_chunk_ids(result.get("response") or "", sources):
+    for cid in cited_chunk_ids(result.response, sources):
         s = sources[cid]
         out.append(
-            {k: s[k] for k in ("chunk_id", "buffer", "path", "start_line", "end_line")}
-            # a result stored before documents had pages has no such keys: plain text, cited by lines
-            | fields(s.get("page_start"), s.get("page_end"), s.get("heading_path"))
+            {"chunk_id": s.chunk_id, "buffer": s.buffer, "path": s.path, "start_line": s.start_line}
+            | {"end_line": s.end_line}
+            # a result stored before documents had pages read with none: plain text, cited by lines
+            | fields(s.page_start, s.page_end, s.heading_path)
         )
     return out
 
@@ -150,7 +152,7 @@ def session_spec(
     for t in reversed(earlier):
         cited = cited_sources(t.result) if t.status == "done" else []
         question = t.query or t.content
-        answer = ((t.result or {}).get("response") or "").strip() if t.status == "done" else ""
+        answer = t.result.response.strip() if t.result and t.status == "done" else ""
         entry: dict[str, Any] = {"turn": t.turn, "asked": t.content, "question": question, "status": t.status}
         small = len(question) + CITATION_CHARS * len(cited)
         full = small + len(answer)
@@ -188,28 +190,29 @@ def session_spec(
     }
 
 
-def session_context(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+def session_context(spec: JobSpec | Mapping[str, Any] | None) -> JobSpec | None:
     """The job's session context, when it has one with earlier turns."""
-    if not spec or spec.get("kind") != "session" or not spec.get("history"):
+    ctx = None if spec is None else checked(JobSpec, spec)
+    if ctx is None or ctx.kind != "session" or not ctx.history:
         return None
-    return spec
+    return ctx
 
 
-def evidence_ids(spec: dict[str, Any] | None) -> list[int]:
+def evidence_ids(spec: JobSpec | None) -> list[int]:
     ctx = session_context(spec)
-    return [int(c) for c in (ctx or {}).get("evidence_chunk_ids") or []]
+    return list(ctx.evidence_chunk_ids) if ctx else []
 
 
-def conversation_section(spec: dict[str, Any] | None) -> str:
+def conversation_section(spec: JobSpec | Mapping[str, Any] | None) -> str:
     """The earlier turns as a prompt section placed before ``## Query``: quoted, inside a content block, every
     answer line prefixed with ``> `` so nothing in it can pose as a heading or a chunk of the message."""
     ctx = session_context(spec)
     if ctx is None:
         return ""
     lines: list[str] = []
-    if ctx.get("history_omitted"):
-        lines.append(f"({ctx['history_omitted']} older turns left out for length)")
-    for e in ctx["history"]:
+    if ctx.history_omitted:
+        lines.append(f"({ctx.history_omitted} older turns left out for length)")
+    for e in ctx.history:
         lines.append(f"Turn {int(e['turn'])} question: {quote_field(e['question'])}")
         if e.get("answer"):
             lines.append(f"Turn {int(e['turn'])} answer:")
@@ -290,9 +293,9 @@ def rule_rewrite(asked: str, history: Sequence[dict[str, Any]]) -> str:
     return f"{body} (about: {' '.join(terms)})"
 
 
-def rewrite_messages(spec: dict[str, Any], prompt_dir: str | Path | None = None) -> list[dict[str, str]]:
+def rewrite_messages(spec: JobSpec, prompt_dir: str | Path | None = None) -> list[dict[str, str]]:
     user = (
-        f"{conversation_section(spec)}## Follow-up\n\n{escape_content(spec['asked'])}\n\n"
+        f"{conversation_section(spec)}## Follow-up\n\n{escape_content(spec.asked or '')}\n\n"
         'Rewrite the follow-up as one standalone question: reply {"question": "..."}.'
     )
     return [system_message(load_prompt("rewrite", prompt_dir=prompt_dir)), {"role": "user", "content": user}]
@@ -325,11 +328,11 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
     """The first thing a session turn's job does: make its query a standalone question.  The result is stored
     (the query becomes the standalone question, ``spec.question`` and ``spec.rewrite`` say how), so a
     redelivered stage does not pay for it twice."""
-    spec = job.spec or {}
-    if spec.get("kind") != "session" or spec.get("question"):
+    spec = job.spec
+    if spec is None or spec.kind != "session" or spec.question:
         return job
-    asked = str(spec.get("asked") or job.query)
-    history = spec.get("history") or []
+    asked = spec.asked or job.query
+    history = spec.history
     how = "none"
     question = asked
     if history and provider().name != "extractive":
@@ -360,7 +363,8 @@ def resolve_question(conn: psycopg.Connection, job: JobRow, settings: Settings) 
     if how == "none" and history:
         question = rule_rewrite(asked, history)
         how = "rules" if question != asked else "none"
-    spec = {**spec, "question": question, "rewrite": how}
+    spec = spec.model_copy(update={"question": question, "rewrite": how})
+    spec.model_fields_set.update(("question", "rewrite"))
     durable_write(
         conn,
         lambda c: store.save_question(c, job_id=job.id, query=question, spec=spec),
@@ -380,23 +384,17 @@ def session_view(conn: psycopg.Connection, *, tenant: str, session_id: str) -> d
         return None
     turns = []
     for t in store.turns_of(conn, session_id=session_id):
-        result = t.result or {}
-        error = t.error or None
+        error = t.error
         turns.append(
             {
                 "turn": t.turn,
                 "question": t.content,
-                "standalone_question": (t.spec or {}).get("question"),
+                "standalone_question": t.spec.question if t.spec else None,
                 "job_id": t.job_id,
                 "status": t.status or "gone",
-                "answer": result.get("response") if t.status == "done" else None,
-                "citations": cited_sources(result) if t.status == "done" else [],
-                "error": {
-                    "type": error.get("type", "error"),
-                    "message": error.get("api_message") or error.get("message", ""),
-                }
-                if error
-                else None,
+                "answer": t.result.response if t.result and t.status == "done" else None,
+                "citations": cited_sources(t.result) if t.status == "done" else [],
+                "error": {"type": error.type, "message": error.shown} if error else None,
                 "created_at": t.created_at,
             }
         )

@@ -26,6 +26,7 @@ from ..search.provenance import cite_of
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
+from ..store.job_state import Collected
 from .calls import call_llm
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
 from .prompts import (
@@ -418,10 +419,10 @@ def _subset_answers(conn: psycopg.Connection, job: JobRow, pending: dict[str, st
     for call_id, kid in pending.items():
         child = job_store.get_job(conn, job_id=kid)
         if child is None or child.status != "done":
-            err = (child.error or {}).get("message") if child and child.error else "the child job did not finish"
+            err = child.error.message if child and child.error else "the child job did not finish"
             content = tool_json({"job_id": kid, "status": child.status if child else "missing", "error": err})
         else:
-            kept = (child.collected or {}).get("kept") or []
+            kept = child.collected.kept if child.collected else []
             rows, used = [], 0
             for f in kept:
                 row = {
@@ -457,7 +458,7 @@ def _extractive_report(conn: psycopg.Connection, job: JobRow, kept: list[dict], 
 
 
 def _canned(conn: psycopg.Connection, job: JobRow) -> str:
-    counted = any(((job.collected or {}).get("records") or {}).values())
+    counted = any(job.collected.records.values()) if job.collected else False
     not_run = sum(not_run_for_budget(b.error) for b in job_store.batches(conn, job_id=job.id))
     return canned_no_findings_report(job.query, route=job.route, counted=counted, not_run=not_run)
 
@@ -471,8 +472,8 @@ def finish_with_report(
     that finds another worker synthesizing leaves the job to it and returns False, so a long synthesis is
     never run twice.
     """
-    collected = job.collected or {"kept": [], "filtered": 0}
-    kept = collected.get("kept") or []
+    collected = job.collected or Collected()
+    kept = collected.kept
     error: BaseException | None = None
     tool_log: list[dict[str, Any]] = []
     with StageLease(conn, job.id, settings, owner=lease_owner) as lease:

@@ -43,14 +43,13 @@ log = logging.getLogger("rlm.pipeline.tree")
 
 
 def max_depth(job: JobRow, settings: Settings) -> int:
-    depth = (job.options or {}).get("depth")
-    return int(depth) if depth is not None else settings.max_depth
+    return job.options.depth if job.options.depth is not None else settings.max_depth
 
 
 def child_rounds(conn: psycopg.Connection, job: JobRow) -> int:
     """How many rounds of children the job has started (its deepest child's depth below it)."""
     kids = job_store.children_of(conn, job_id=job.id)
-    return max((k.depth - job.depth for k in kids if (k.spec or {}).get("kind") == "follow_up"), default=0)
+    return max((k.depth - job.depth for k in kids if k.spec and k.spec.kind == "follow_up"), default=0)
 
 
 def asked_in_tree(conn: psycopg.Connection, job: JobRow) -> list[str]:
@@ -60,7 +59,7 @@ def asked_in_tree(conn: psycopg.Connection, job: JobRow) -> list[str]:
 
 def run_check(ctx: StageContext) -> str:
     job = ctx.job
-    if job.options.get("mode") != "thinking" or job.parent_id is not None:
+    if job.options.mode != "thinking" or job.parent_id is not None:
         return OK
     return check_and_branch(ctx.conn, job, ctx.settings)
 
@@ -111,7 +110,7 @@ def _ask_checker(
     conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int, asked: list[str]
 ) -> dict[str, Any] | None:
     """Round ``rnd``'s verdict (``asked``: the follow-ups asked so far); None when the budget is spent."""
-    kept = (job.collected or {}).get("kept") or []
+    kept = job.collected.kept if job.collected else []
     shown = check_input(job.query, kept, asked)
     messages = render_messages(load_prompt("check", prompt_dir=settings.prompt_dir), shown)
     try:
@@ -173,7 +172,7 @@ def start_children(
 
     ids = []
     options = {"scope": "search"}
-    if ft := (parent.options or {}).get("finding_threshold"):
+    if ft := parent.options.finding_threshold:
         options["finding_threshold"] = ft
     with conn.transaction():
         for k, (question, spec) in enumerate(tasks):
@@ -222,6 +221,6 @@ def run_merge(ctx: StageContext) -> str:
     job = job_store.get_job(conn, job_id=job.id)
     if job.synth_state:
         return OK  # a synthesis paused on query_subset: it goes on with the children's findings
-    if job.options.get("mode") == "thinking" and job.parent_id is None:
+    if job.options.mode == "thinking" and job.parent_id is None:
         return check_and_branch(conn, job, ctx.settings)
     return OK

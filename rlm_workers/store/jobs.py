@@ -8,7 +8,7 @@ Celery may deliver a stage twice.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +16,10 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from ..constants import JOB_ENDED_CHANNEL
-from ..models import Finding, JobStatus, LLMCall
+from ..models import Finding, JobStatus, LLMCall, QueryResult
 from ..runtime import metrics
 from .db import held_session_locks, release_session_lock, session_lock_key, transaction_lock, try_session_lock
+from .job_state import TIMINGS, Collected, JobError, JobOptions, JobParams, JobPlan, JobSpec, SynthState, checked
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 
@@ -31,16 +32,16 @@ class JobRow:
     stage: str
     query: str
     buffers: list[str]
-    options: dict[str, Any]
-    plan: dict[str, Any] | None
-    params: dict[str, Any] | None
+    options: JobOptions
+    plan: JobPlan | None
+    params: JobParams | None
     scaling_tier: str | None
     chunks_available: int | None
     chunk_load_failures: int
     batches_total: int
-    collected: dict[str, Any] | None
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
+    collected: Collected | None
+    result: QueryResult | None
+    error: JobError | None
     timings: dict[str, float]
     task_ids: list[str]
     created_at: Any
@@ -53,11 +54,26 @@ class JobRow:
     route: str | None = None
     route_reason: str | None = None
     #: a child's task: {"kind": "follow_up"|"subset", "chunk_ids": [...] | None}
-    spec: dict[str, Any] | None = None
+    spec: JobSpec | None = None
     #: completeness verdicts of thinking mode, one per round
     checks: list[dict[str, Any]] = field(default_factory=list)
     #: a synthesis paused on query_subset children: its conversation and the calls it waits for
-    synth_state: dict[str, Any] | None = None
+    synth_state: SynthState | None = None
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> JobRow:
+        """A row of ``_JOB_COLS``, its JSON columns validated (a column stored before a key existed reads with
+        the key's default)."""
+        (jid, tenant, status, stage, query, bufs, options, plan, params, tier, available, load_failures, total,
+         collected, result, error, timings, task_ids, created, started, finished, parent, root, depth, route,
+         reason, spec, checks, synth_state) = row  # fmt: skip
+        return cls(
+            jid, tenant, status, stage, query, list(bufs), JobOptions.model_validate(options or {}),
+            _opt(JobPlan, plan), _opt(JobParams, params), tier, available, load_failures, total,
+            _opt(Collected, collected), _opt(QueryResult, result), _opt(JobError, error),
+            TIMINGS.validate_python(timings or {}), list(task_ids or []), created, started, finished, parent, root,
+            depth, route, reason, _opt(JobSpec, spec), list(checks or []), _opt(SynthState, synth_state),
+        )  # fmt: skip
 
     @property
     def terminal(self) -> bool:
@@ -67,6 +83,18 @@ class JobRow:
     def tree(self) -> str:
         """The root of the job's tree (jobs from before trees are their own root)."""
         return self.root_id or self.id
+
+
+def _opt(model: Any, value: Any) -> Any:
+    return None if value is None else model.model_validate(value)
+
+
+def _json(model: Any, value: Any) -> Jsonb | None:
+    """``value`` validated as ``model`` (a ``ValidationError`` names the bad key), as the column stores it."""
+    if value is None:
+        return None
+    value = checked(model, value)
+    return Jsonb(value.stored() if hasattr(value, "stored") else value.model_dump(mode="json"))
 
 
 _JOB_COLS = (
@@ -83,9 +111,9 @@ def create_job(
     tenant: str,
     query: str,
     buffers: Sequence[str],
-    options: dict[str, Any],
+    options: JobOptions | Mapping[str, Any],
     idempotency_key: str | None = None,
-    spec: dict[str, Any] | None = None,
+    spec: JobSpec | Mapping[str, Any] | None = None,
 ) -> tuple[str, bool]:
     """Insert a queued job; with an idempotency key already used, return the existing job instead."""
     row = conn.execute(
@@ -93,7 +121,16 @@ def create_job(
            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
            RETURNING id""",
-        (job_id, tenant, query, list(buffers), Jsonb(options), idempotency_key, job_id, Jsonb(spec) if spec else None),
+        (
+            job_id,
+            tenant,
+            query,
+            list(buffers),
+            Jsonb(checked(JobOptions, options).stored()),
+            idempotency_key,
+            job_id,
+            _json(JobSpec, spec or None),
+        ),
     ).fetchone()
     if row:
         return row[0], True
@@ -114,7 +151,7 @@ def lock_submissions(conn: psycopg.Connection, *, tenant: str) -> None:
 def job_for_idempotency_key(conn: psycopg.Connection, *, tenant: str, key: str) -> JobRow | None:
     row = conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, key))
     row = row.fetchone()
-    return JobRow(*row) if row else None
+    return JobRow.of(row) if row else None
 
 
 def jobs_in_flight(conn: psycopg.Connection, *, tenant: str) -> int:
@@ -133,7 +170,7 @@ def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None)
         sql += " AND tenant = %s"
         args = (job_id, tenant)
     row = conn.execute(sql, args).fetchone()
-    return JobRow(*row) if row else None
+    return JobRow.of(row) if row else None
 
 
 def job_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, limit: int = 4) -> list[str]:
@@ -190,15 +227,15 @@ def add_task_ids(conn: psycopg.Connection, *, job_id: str, task_ids: Sequence[st
     conn.execute("UPDATE jobs SET task_ids = task_ids || %s::text[] WHERE id = %s", (list(task_ids), job_id))
 
 
-def save_plan(conn: psycopg.Connection, *, job_id: str, plan: dict[str, Any] | None) -> None:
-    conn.execute("UPDATE jobs SET plan = %s WHERE id = %s", (Jsonb(plan) if plan is not None else None, job_id))
+def save_plan(conn: psycopg.Connection, *, job_id: str, plan: JobPlan | Mapping[str, Any] | None) -> None:
+    conn.execute("UPDATE jobs SET plan = %s WHERE id = %s", (_json(JobPlan, plan), job_id))
 
 
 def save_search(
     conn: psycopg.Connection,
     *,
     job_id: str,
-    params: dict[str, Any],
+    params: JobParams | Mapping[str, Any],
     tier: str,
     chunks_available: int,
     chunk_load_failures: int,
@@ -207,7 +244,7 @@ def save_search(
     conn.execute(
         """UPDATE jobs SET params = %s, scaling_tier = %s, chunks_available = %s, chunk_load_failures = %s,
                batches_total = %s WHERE id = %s""",
-        (Jsonb(params), tier, chunks_available, chunk_load_failures, len(batches), job_id),
+        (_json(JobParams, params), tier, chunks_available, chunk_load_failures, len(batches), job_id),
     )
     with conn.cursor() as cur:
         cur.executemany(
@@ -216,8 +253,8 @@ def save_search(
         )
 
 
-def save_collected(conn: psycopg.Connection, *, job_id: str, collected: dict[str, Any]) -> None:
-    conn.execute("UPDATE jobs SET collected = %s WHERE id = %s", (Jsonb(collected), job_id))
+def save_collected(conn: psycopg.Connection, *, job_id: str, collected: Collected | Mapping[str, Any]) -> None:
+    conn.execute("UPDATE jobs SET collected = %s WHERE id = %s", (_json(Collected, collected), job_id))
 
 
 def add_chunk_load_failures(conn: psycopg.Connection, *, job_id: str, n: int) -> None:
@@ -367,7 +404,7 @@ def finish_batch(
     job_id: str,
     batch_no: int,
     findings: Sequence[Finding] = (),
-    error: dict[str, Any] | None = None,
+    error: JobError | Mapping[str, Any] | None = None,
     unanswered: Sequence[int] = (),
 ) -> bool:
     """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost.
@@ -377,7 +414,7 @@ def finish_batch(
             conn.execute(
                 """UPDATE job_batches SET status = %s, error = %s, unanswered = %s, finished_at = now()
                WHERE job_id = %s AND batch_no = %s AND status = 'pending' RETURNING batch_no""",
-                ("failed" if error else "ok", Jsonb(error) if error else None, list(unanswered), job_id, batch_no),
+                ("failed" if error else "ok", _json(JobError, error or None), list(unanswered), job_id, batch_no),
             ).fetchone()
             is None
         ):
@@ -408,11 +445,11 @@ def finish_batch(
     return True
 
 
-def fail_unfinished_batches(conn: psycopg.Connection, *, job_id: str, reason: dict[str, Any]) -> int:
+def fail_unfinished_batches(conn: psycopg.Connection, *, job_id: str, reason: JobError | Mapping[str, Any]) -> int:
     return conn.execute(
         """UPDATE job_batches SET status = 'failed', error = %s, finished_at = now()
            WHERE job_id = %s AND status = 'pending'""",
-        (Jsonb(reason), job_id),
+        (_json(JobError, reason), job_id),
     ).rowcount
 
 
@@ -423,14 +460,18 @@ class BatchRecord:
     batch_no: int
     chunk_ids: list[int]
     status: str
-    error: dict[str, Any] | None
+    error: JobError | None
     #: chunks of an ok batch the analyst never answered for
     unanswered: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.error, Mapping):  # built from a plain error record: held to its shape too
+            object.__setattr__(self, "error", JobError.model_validate(self.error))
 
 
 def batches(conn: psycopg.Connection, *, job_id: str) -> list[BatchRecord]:
     return [
-        BatchRecord(r[0], list(r[1]), r[2], r[3], list(r[4] or []))
+        BatchRecord(r[0], list(r[1]), r[2], _opt(JobError, r[3]), list(r[4] or []))
         for r in conn.execute(
             """SELECT batch_no, chunk_ids, status, error, unanswered FROM job_batches WHERE job_id = %s
                ORDER BY batch_no""",
@@ -536,14 +577,14 @@ def tree_of(conn: psycopg.Connection, *, root_id: str) -> list[JobRow]:
         f"SELECT {_JOB_COLS} FROM jobs WHERE root_id = %s AND id <> %s ORDER BY depth, created_at, id",
         (root_id, root_id),
     ).fetchall()
-    return [JobRow(*r) for r in rows]
+    return [JobRow.of(r) for r in rows]
 
 
 def children_of(conn: psycopg.Connection, *, job_id: str) -> list[JobRow]:
     rows = conn.execute(
         f"SELECT {_JOB_COLS} FROM jobs WHERE parent_id = %s ORDER BY created_at, id", (job_id,)
     ).fetchall()
-    return [JobRow(*r) for r in rows]
+    return [JobRow.of(r) for r in rows]
 
 
 def create_child(
@@ -552,9 +593,9 @@ def create_child(
     job_id: str,
     parent: JobRow,
     query: str,
-    options: dict[str, Any],
+    options: JobOptions | Mapping[str, Any],
     depth: int,
-    spec: dict[str, Any],
+    spec: JobSpec | Mapping[str, Any],
 ) -> bool:
     """Insert a queued child of ``parent`` (same tenant, buffers and tree); False if it exists already (a
     redelivered stage creates the same ids, so it never doubles a child)."""
@@ -566,11 +607,11 @@ def create_child(
             parent.tenant,
             query,
             list(parent.buffers),
-            Jsonb(options),
+            Jsonb(checked(JobOptions, options).stored()),
             parent.id,
             parent.tree,
             depth,
-            Jsonb(spec),
+            _json(JobSpec, spec),
         ),
     ).fetchone()
     return row is not None
@@ -583,7 +624,7 @@ def root_options(conn: psycopg.Connection, *, job_id: str) -> tuple[str, dict[st
            JOIN jobs r ON r.id = coalesce(j.root_id, j.id) WHERE j.id = %s""",
         (job_id,),
     ).fetchone()
-    return (row[0], row[1] or {}, float(row[2])) if row else None
+    return (row[0], JobOptions.model_validate(row[1] or {}).stored(), float(row[2])) if row else None
 
 
 def save_route(conn: psycopg.Connection, *, job_id: str, route: str, reason: str) -> None:
@@ -598,8 +639,8 @@ def add_check(conn: psycopg.Connection, *, job_id: str, round_no: int, verdict: 
     )
 
 
-def save_synth_state(conn: psycopg.Connection, *, job_id: str, state: dict[str, Any] | None) -> None:
-    conn.execute("UPDATE jobs SET synth_state = %s WHERE id = %s", (Jsonb(state) if state else None, job_id))
+def save_synth_state(conn: psycopg.Connection, *, job_id: str, state: SynthState | Mapping[str, Any] | None) -> None:
+    conn.execute("UPDATE jobs SET synth_state = %s WHERE id = %s", (_json(SynthState, state or None), job_id))
 
 
 def finish_job(
@@ -607,8 +648,8 @@ def finish_job(
     *,
     job_id: str,
     status: JobStatus,
-    result: dict[str, Any] | None = None,
-    error: dict[str, Any] | None = None,
+    result: QueryResult | Mapping[str, Any] | None = None,
+    error: JobError | Mapping[str, Any] | None = None,
 ) -> bool:
     """End the job once; a second delivery of a final stage changes nothing."""
     cur = conn.execute(
@@ -617,8 +658,8 @@ def finish_job(
         (
             status.value,
             status.value,
-            Jsonb(result) if result is not None else None,
-            Jsonb(error) if error is not None else None,
+            _json(QueryResult, result),
+            _json(JobError, error),
             job_id,
         ),
     )
@@ -843,12 +884,12 @@ class BatchState:
     #: queued (not claimed yet), running (claimed), done, failed
     state: str
     attempts: int
-    error: dict[str, Any] | None
+    error: JobError | None
 
 
 def batch_states(conn: psycopg.Connection, *, job_id: str) -> list[BatchState]:
     return [
-        BatchState(r[0], r[1], r[2], r[3], r[4])
+        BatchState(r[0], r[1], r[2], r[3], _opt(JobError, r[4]))
         for r in conn.execute(
             """SELECT batch_no, cardinality(chunk_ids),
                       CASE WHEN status = 'ok' THEN 'done' WHEN status = 'failed' THEN 'failed'
@@ -900,4 +941,4 @@ def list_jobs(
         f"SELECT {_JOB_COLS} FROM jobs WHERE {' AND '.join(where)} ORDER BY created_at DESC, id DESC LIMIT %(n)s",
         args,
     ).fetchall()
-    return [JobRow(*r) for r in rows]
+    return [JobRow.of(r) for r in rows]

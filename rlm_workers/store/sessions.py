@@ -6,10 +6,15 @@ are read from that job, so there is one truth for both (the job view and the ses
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
+
+from ..models import QueryResult
+from .job_state import JobError, JobSpec, checked
+from .rows import one
 
 if TYPE_CHECKING:
     import psycopg
@@ -34,9 +39,9 @@ class TurnRow:
     #: of the job, None when the job is gone
     status: str | None
     query: str | None
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    spec: dict[str, Any] | None
+    result: QueryResult | None
+    error: JobError | None
+    spec: JobSpec | None
 
 
 _SESSION_COLS = "id, tenant, buffers, options, created_at, updated_at"
@@ -45,10 +50,12 @@ _SESSION_COLS = "id, tenant, buffers, options, created_at, updated_at"
 def create_session(
     conn: psycopg.Connection, *, session_id: str, tenant: str, buffers: list[str], options: dict[str, Any]
 ) -> SessionRow:
-    row = conn.execute(
-        f"INSERT INTO sessions (id, tenant, buffers, options) VALUES (%s, %s, %s, %s) RETURNING {_SESSION_COLS}",
-        (session_id, tenant, list(buffers), Jsonb(options)),
-    ).fetchone()
+    row = one(
+        conn.execute(
+            f"INSERT INTO sessions (id, tenant, buffers, options) VALUES (%s, %s, %s, %s) RETURNING {_SESSION_COLS}",
+            (session_id, tenant, list(buffers), Jsonb(options)),
+        )
+    )
     return SessionRow(*row)
 
 
@@ -67,7 +74,20 @@ def turns_of(conn: psycopg.Connection, *, session_id: str) -> list[TurnRow]:
            WHERE t.session_id = %s ORDER BY t.turn""",
         (session_id,),
     ).fetchall()
-    return [TurnRow(*r) for r in rows]
+    return [
+        TurnRow(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            None if r[6] is None else QueryResult.model_validate(r[6]),
+            None if r[7] is None else JobError.model_validate(r[7]),
+            None if r[8] is None else JobSpec.model_validate(r[8]),
+        )
+        for r in rows
+    ]
 
 
 def add_turn(conn: psycopg.Connection, *, session_id: str, turn: int, content: str, job_id: str) -> None:
@@ -78,12 +98,13 @@ def add_turn(conn: psycopg.Connection, *, session_id: str, turn: int, content: s
     conn.execute("UPDATE sessions SET updated_at = now() WHERE id = %s", (session_id,))
 
 
-def set_job_spec(conn: psycopg.Connection, *, job_id: str, spec: dict[str, Any]) -> None:
+def set_job_spec(conn: psycopg.Connection, *, job_id: str, spec: JobSpec | Mapping[str, Any]) -> None:
     """The session context a root job carries (written in the transaction that creates the job)."""
-    conn.execute("UPDATE jobs SET spec = %s WHERE id = %s", (Jsonb(spec), job_id))
+    conn.execute("UPDATE jobs SET spec = %s WHERE id = %s", (Jsonb(checked(JobSpec, spec).stored()), job_id))
 
 
-def save_question(conn: psycopg.Connection, *, job_id: str, query: str, spec: dict[str, Any]) -> None:
+def save_question(conn: psycopg.Connection, *, job_id: str, query: str, spec: JobSpec | Mapping[str, Any]) -> None:
     """The standalone question a follow-up was rewritten to becomes the job's query (every stage reads that);
     the words as asked stay in the spec."""
-    conn.execute("UPDATE jobs SET query = %s, spec = %s WHERE id = %s", (query, Jsonb(spec), job_id))
+    stored = Jsonb(checked(JobSpec, spec).stored())
+    conn.execute("UPDATE jobs SET query = %s, spec = %s WHERE id = %s", (query, stored, job_id))

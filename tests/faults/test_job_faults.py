@@ -51,7 +51,7 @@ def test_sigkill_of_the_control_worker_between_search_and_fan_out(db, fresh, wor
     workers["ctl"].start()
     job = wait(db, job_id)
     assert job.status == "done", job.error
-    assert NEEDLE in job.result["response"]
+    assert NEEDLE in job.result.response
     # redelivered or reconciled, every batch was analysed exactly once
     assert set(analyst_calls_per_batch(db, job_id).values()) == {1}
     assert_bill_matches_server(job, fresh)
@@ -82,9 +82,9 @@ def test_redis_stopped_for_10s_during_a_job(db, fresh, model, test_services):
     job = wait(db, job_id, timeout=180)
     assert job.status in ("done", "failed"), job.status
     if job.status == "failed":
-        assert job.error and job.error["message"]
+        assert job.error and job.error.message
     else:
-        assert job.result["batches_processed"] + job.result["batches_failed"] == job.batches_total
+        assert job.result.batches_processed + job.result.batches_failed == job.batches_total
     # the stack still works afterwards
     after = wait(db, submit(db, max_chunks=4))
     assert after.status == "done", after.error
@@ -137,7 +137,7 @@ def test_llm_answering_30_percent_errors_for_a_minute(db_url, rlm_env, fresh, mo
             for job in jobs:
                 assert job.status in ("done", "failed"), job.status
                 if job.status == "failed":
-                    assert job.error["message"]
+                    assert job.error.message
             # Every usage the server reported is on exactly one logged call (none twice, none lost);
             # a job salvaged while a call was in flight has that call logged after its result was written.
             assert wait_for(lambda: fresh.stats()["in_flight"] == 0, timeout=60)
@@ -153,7 +153,7 @@ def test_llm_answering_30_percent_errors_for_a_minute(db_url, rlm_env, fresh, mo
                         "SELECT coalesce(sum(tokens_in + tokens_out), 0) FROM llm_calls WHERE job_id = %s",
                         (j.id,),
                     ).fetchone()[0]
-                    assert j.result["total_tokens"] <= mine
+                    assert j.result.total_tokens <= mine
             assert sum(1 for j in jobs if j.status == "done") >= len(jobs) // 2
     finally:
         fresh.responder = model

@@ -112,7 +112,7 @@ def test_a_job_whose_control_worker_died_mid_plan_moves_again(db, fresh, model, 
     workers["ctl"].start()
     job = wait(db, job_id, timeout=PATIENCE)
     assert job.status == "done", (job.status, job.error, workers["ctl"].tail())
-    assert NEEDLE in job.result["response"]
+    assert NEEDLE in job.result.response
 
 
 def test_a_job_whose_analyst_worker_died_mid_batch_moves_again(db, fresh, model, workers):
