@@ -95,7 +95,7 @@ def submit_query(
         if first is not None:
             # A replay answers with the first job, even if its buffer has gone since; a different request under
             # the same key must not get an answer to a question it did not ask.
-            if (first.query, first.buffers, first.options) != (query, names, clean):
+            if (first.query, first.buffers, first.options.stored()) != (query, names, clean):
                 raise IdempotencyKeyReused(
                     f"idempotency key {idempotency_key[:80]!r} was used for a different request (job {first.id}); "
                     "use a new key for a new request"

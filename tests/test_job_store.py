@@ -122,3 +122,58 @@ def test_a_batch_s_findings_are_stored_in_one_go_and_read_back_as_given(job):
         (1, "low", ["later"], "t", [], []),
         (9, "none", [], "", [], [{"label": "level", "value": "ERROR", "count": 3}]),
     ]
+
+
+def test_a_malformed_json_column_is_refused_when_written_and_names_the_key(job):
+    from pydantic import ValidationError
+
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    with connection() as conn:
+        with pytest.raises(ValidationError, match="chunk_ids"):
+            job_store.create_job(
+                conn, job_id="bad" + job, tenant="local", query="q", buffers=["b"], options={}, spec={"chunk_ids": "7"}
+            )
+        with pytest.raises(ValidationError, match="filtered"):
+            job_store.save_collected(conn, job_id=job, collected={"kept": [], "filtered": "some"})
+        with pytest.raises(ValidationError, match="depth"):
+            job_store.create_job(
+                conn, job_id="bad2" + job, tenant="local", query="q", buffers=["b"], options={"depth": 9}
+            )
+        with pytest.raises(ValidationError, match="message"):
+            job_store.finish_batch(conn, job_id=job, batch_no=0, error={"type": "x", "message": ["not", "text"]})
+        assert job_store.get_job(conn, job_id="bad" + job) is None  # nothing was written
+        assert job_store.get_job(conn, job_id=job).collected is None
+
+
+def test_a_row_stored_in_an_older_shape_still_reads(job):
+    """Keys written before the models existed read with their defaults; keys the models do not name are kept
+    where a column is open-ended (spec, plan, errors) and ignored where it is not (options)."""
+    from psycopg.types.json import Jsonb
+
+    from rlm_workers.store import jobs as job_store
+    from rlm_workers.store.db import connection
+
+    with connection() as conn:
+        conn.execute(
+            """UPDATE jobs SET options = %s, plan = %s, collected = %s, spec = %s, error = %s, synth_state = %s
+               WHERE id = %s""",
+            (
+                Jsonb({"mode": "thinking", "retired_knob": 3}),
+                Jsonb({"top_k": 50}),
+                Jsonb({"kept": []}),  # before records were collected
+                Jsonb({"kind": "follow_up", "note": "old"}),
+                Jsonb({"type": "lost"}),  # no message
+                Jsonb({"messages": [], "turn": 2}),  # before reasks were counted
+                job,
+            ),
+        )
+        row = job_store.get_job(conn, job_id=job)
+        assert row.options.mode == "thinking" and "retired_knob" not in row.options.stored()
+        assert row.plan.route is None and row.plan.stored() == {"top_k": 50}
+        assert row.collected.records == {} and row.collected.filtered == 0
+        assert row.spec.kind == "follow_up" and row.spec.stored() == {"kind": "follow_up", "note": "old"}
+        assert row.error.type == "lost" and row.error.message == ""
+        assert row.synth_state.turn == 2 and row.synth_state.reasks == 0
+        assert row.params.stored() == {} and row.params.focus_topics == []

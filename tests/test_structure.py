@@ -369,3 +369,28 @@ def test_light_entry_points_import_nothing_heavy():
         proc = subprocess.run([sys.executable, "-c", probe, entry], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "[]", f"import {entry} loads {proc.stdout.strip()}"
+
+
+#: ``(x or {}).get(`` that stays: dicts no job column holds (a JSON column has a typed model: store/job_state.py)
+NOT_JOB_COLUMNS = {
+    # the OpenAI reply's extra fields (a llama.cpp server's timings), from an external server
+    "rlm_workers/llm/openai_provider.py": ['(getattr(response, "model_extra", None) or {}).get("timings")',
+                                           '(params.get("response_format") or {}).get("type")'],
+    # the ASGI scope's state, set by Starlette
+    "rlm_api/mcp_server.py": ['(request.scope.get("state") or {}).get(TENANT_KEY)'],
+    # one of pydantic's validation error entries
+    "rlm_api/schemas.py": ['(first.get("ctx") or {}).get("error")'],
+}  # fmt: skip
+
+
+def test_no_job_column_is_read_as_an_untyped_dict():
+    """A job's JSON column is read by attribute from its model, never as ``(x or {}).get(…)``, which hides a
+    misspelt key as a missing one; what remains reads dicts from elsewhere, named above."""
+    pattern = re.compile(r"\([^()]*(?:\([^()]*\))?[^()]* or \{\}\)\.get\(")
+    found = [
+        f"{p.relative_to(ROOT)}: {line.strip()}"
+        for p in _python_files()
+        for line in p.read_text().splitlines()
+        if pattern.search(line) and not any(ok in line for ok in NOT_JOB_COLUMNS.get(str(p.relative_to(ROOT)), []))
+    ]
+    assert found == []
