@@ -32,7 +32,7 @@ def test_valkey_is_reused_by_a_second_process(tmp_path):
     try:
         state = json.loads((tmp_path / "valkey" / "server.json").read_text())
         other = _in_subprocess(
-            f"from pathlib import Path; from rlm_workers import local_servers as services; "
+            f"from pathlib import Path; from rlm_workers.runtime import local_servers as services; "
             f"print(services.embedded_valkey_url(Path({str(tmp_path)!r})))"
         )
         assert other == url
@@ -69,7 +69,7 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
             postmaster = int((tmp_path / "pg" / "postmaster.pid").read_text().split()[0])
             assert pid != postmaster
         other = _in_subprocess(
-            f"from pathlib import Path; from rlm_workers import local_servers as services; "
+            f"from pathlib import Path; from rlm_workers.runtime import local_servers as services; "
             f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))"
         )
         assert other == url
@@ -78,7 +78,7 @@ def test_postgres_is_reused_and_recovers_after_kill(tmp_path):
         time.sleep(0.5)
         assert (tmp_path / "pg" / "postmaster.pid").exists()  # stale pid file from the crash
         url2 = _in_subprocess(
-            f"from pathlib import Path; from rlm_workers import local_servers as services; "
+            f"from pathlib import Path; from rlm_workers.runtime import local_servers as services; "
             f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))"
         )
         with psycopg.connect(url2) as c:
@@ -264,7 +264,7 @@ def test_a_crashed_postgres_keeps_its_pid_file_while_a_backend_lives(tmp_path, m
         services.stop_embedded_postgres(tmp_path)
     # with the orphan gone the next process starts the server again
     url2 = _in_subprocess(
-        f"from pathlib import Path; from rlm_workers import local_servers as services; "
+        f"from pathlib import Path; from rlm_workers.runtime import local_servers as services; "
         f"print(services.embedded_postgres_url(Path({str(tmp_path)!r})))"
     )
     try:
@@ -348,7 +348,7 @@ def test_embedded_valkey_refuses_clients_without_its_password(tmp_path):
         # another process gets the same authenticated URL
         assert (
             _in_subprocess(
-                f"from pathlib import Path; from rlm_workers import local_servers as services; "
+                f"from pathlib import Path; from rlm_workers.runtime import local_servers as services; "
                 f"print(services.embedded_valkey_url(Path({str(tmp_path)!r})))"
             )
             == url
