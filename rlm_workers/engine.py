@@ -25,7 +25,8 @@ store's dataclasses such as ``JobRow``, ``UploadRow``, ``OvernightRow``, ``KeyIn
   ``cancel_overnight``
 - uploads: ``create_upload``, ``get_upload``, ``listen_upload_ended``
 - health: ``metrics_text``, the ``check_*`` of ``rlm doctor``
-- services: the embedded PostgreSQL and Valkey, the local model server, workers (``get_app``, ``ensure_workers``)
+- services: the embedded PostgreSQL and Valkey, the local model server, workers (``get_app``, ``ensure_workers``,
+  ``worker_abandoned``)
 
 Why names come two ways: the errors, limits, constants and pydantic records are light and imported here; the
 rest lives in modules that pull in psycopg, celery, numpy or the encoder, which ``rlm --help`` must not pay
@@ -60,10 +61,12 @@ from rlm_workers.limits import (
 )
 from rlm_workers.models import (
     BufferInfo,
+    ChunkId,
     ChunkView,
     FileInfo,
     JobStatus,
     LLMCall,
+    Location,
     Mode,
     QueryOptions,
     QueryResult,
@@ -576,11 +579,13 @@ __all__ = [
     "__version__",
     # records
     "BufferInfo",
+    "ChunkId",
     "ChunkView",
     "FileInfo",
     "JobStatus",
     "KeyInfo",
     "LLMCall",
+    "Location",
     "Mode",
     "QueryOptions",
     "QueryResult",
