@@ -12,8 +12,10 @@ from rlm_workers.engine import (
     MAX_QUERY_BYTES,
     MIN_CHUNK_SIZE,
     BufferInfo,
+    ChunkId,
     InvalidInput,
     LLMCall,
+    Location,
     QueryOptions,
     QueryResult,
     check_storable_text,
@@ -332,19 +334,8 @@ class MessageAccepted(BaseModel):
     status_url: str = Field(description="The turn's query job (GET it, or the session, until it ends).")
 
 
-class Citation(BaseModel):
+class Citation(Location, ChunkId):
     """A chunk an answer cited: a stable chunk id (``GET /v1/chunks/{id}``) with where it comes from."""
-
-    chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
-    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
-    page_start: int | None = None
-    page_end: int | None = None
-    section: str | None = None
-    heading_path: list[str] = Field(default_factory=list)
 
 
 class TurnView(BaseModel):

@@ -202,39 +202,41 @@ class FileInfo(BaseModel):
     loaded_at: str | None = None
 
 
-class ChunkView(BaseModel):
-    """One chunk as a citation points at it (``rlm chunk show``, ``GET /v1/chunks/{id}``, MCP ``get_chunks``)."""
+class Location(BaseModel):
+    """Where a chunk or passage sits: its buffer's file and lines and, for a converted document, its pages and
+    headings (docs/contract.md#documents: null / [] for plain text and code).  The one declaration of these
+    fields: every printed shape that says where something is inherits them, so its JSON stays flat."""
 
-    chunk_id: int
     buffer: str
     path: str
     start_line: int
     end_line: int
-    text: str
-    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
     page_start: int | None = None
     page_end: int | None = None
     section: str | None = None
     heading_path: list[str] = Field(default_factory=list)
 
 
-class SearchHit(BaseModel):
-    """One row of ``rlm search --format json`` (docs/contract.md#search-json)."""
+class ChunkId(BaseModel):
+    """A chunk's stable id, the first key of every shape that points at one (listed last among the bases, so
+    that its field comes first: pydantic lays the bases' fields out from the last base to the first)."""
 
     chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
+
+
+class ChunkView(Location, ChunkId):
+    """One chunk as a citation points at it (``rlm chunk show``, ``GET /v1/chunks/{id}``, MCP ``get_chunks``)."""
+
+    text: str
+
+
+class SearchHit(Location, ChunkId):
+    """One row of ``rlm search --format json`` (docs/contract.md#search-json)."""
+
     score: float
     text: str
     #: the chunk's window nearest the query (the sentences the semantic arm matched); None for a bm25-only hit
     passage: str | None = None
-    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
-    page_start: int | None = None
-    page_end: int | None = None
-    section: str | None = None
-    heading_path: list[str] = Field(default_factory=list)
 
 
 class AnalysisPlan(BaseModel):
@@ -283,21 +285,11 @@ class Finding(BaseModel):
     records: list[Record] = Field(default_factory=list)
 
 
-class Source(BaseModel):
+class Source(Location, ChunkId):
     model_config = ConfigDict(use_enum_values=True)
 
-    chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
     relevance: Relevance
     snippet: str
-    #: where a converted document's chunk sits (docs/contract.md#documents): null / [] for plain text and code
-    page_start: int | None = None
-    page_end: int | None = None
-    section: str | None = None
-    heading_path: list[str] = Field(default_factory=list)
 
 
 class AnalystBatchError(BaseModel):
