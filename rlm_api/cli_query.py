@@ -205,7 +205,7 @@ def _print_verbose(console: Console, conn: psycopg.Connection, job: JobRow) -> N
     console.print(f"[bold]params[/]: {json.dumps(params)}", highlight=False, soft_wrap=True)
     console.print(f"[bold]timings[/]: {json.dumps(job.timings)}", highlight=False, soft_wrap=True)
     for k, verdict in enumerate(job.checks):
-        console.print(f"[bold]check {k}[/]: {json.dumps(verdict)}", highlight=False, soft_wrap=True)
+        console.print(f"[bold]check {k}[/]: {json.dumps(verdict.stored())}", highlight=False, soft_wrap=True)
     for c in llm_calls_of(conn, job_id=job.id):
         console.print("  " + call_line(c), markup=False, highlight=False, soft_wrap=True)
     for kid in tree_of(conn, root_id=job.id):

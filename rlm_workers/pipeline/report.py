@@ -27,7 +27,7 @@ from ..runtime.resources import provider
 from ..search.preview import shorten
 from ..search.provenance import fields
 from ..store import jobs as job_store
-from ..store.job_state import Collected, JobError
+from ..store.job_state import CheckRecord, Collected, JobError
 from ..store.jobs import BatchRecord
 from .budget import report as budget_report
 from .flow import fail_job
@@ -140,7 +140,7 @@ def completeness(
     *,
     query: str,
     route: str,
-    checks: Sequence[dict[str, Any]],
+    checks: Sequence[CheckRecord],
     coverage: float,
     chunks_read: int,
     chunks_available: int,
@@ -155,10 +155,10 @@ def completeness(
     (failed batches, unanswered chunks, a spent budget) named as a gap.  On the direct route the one "batch" is
     the answer's call and an unanswered chunk is one that did not fit its context: the gaps say so, naming the
     error (``batch_errors``) and the chunks left out (``unanswered_ids``)."""
-    verdict = checks[-1] if checks else {}
-    confidence = verdict.get("confidence")
-    complete = verdict.get("complete")
-    gaps = [str(g) for g in verdict.get("gaps") or []]
+    verdict = checks[-1] if checks else CheckRecord()
+    confidence = verdict.confidence
+    complete = verdict.complete
+    gaps = list(verdict.gaps)
     holes = batches_failed or chunks_unanswered
     if route == "exhaustive" or is_aggregation_question(query):
         if coverage < 1.0 or holes:

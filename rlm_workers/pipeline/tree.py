@@ -23,6 +23,7 @@ from ..llm.protocol import CompletionRequest
 from ..llm.structured import response_schema
 from ..store import jobs as job_store
 from ..store.db import connection, durable_write
+from ..store.job_state import CheckRecord
 from .budget import ledger_for_job
 from .calls import call_llm
 from .check import CHECK_MAX_TOKENS, CheckVerdict, check_input, fresh_follow_ups, parse_check, render_messages
@@ -79,13 +80,13 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
             verdict = _ask_checker(conn, job, settings, rnd, asked[1:])
             if verdict is None:
                 return OK  # the budget is spent: write the report with what there is
-            follow, repeated = fresh_follow_ups(verdict.get("follow_ups") or [], asked)
-            if repeated and not follow and not verdict.get("complete"):
+            follow, repeated = fresh_follow_ups(verdict.follow_ups, asked)
+            if repeated and not follow and not verdict.complete:
                 # a small checker asks the same follow-up round after round: the rounds end here, and the
                 # report says why it is not more complete (stored with the verdict, so a redelivery agrees)
                 shown = "; ".join(repeated[:3])
-                verdict["gaps"] = [
-                    *(verdict.get("gaps") or []),
+                verdict.gaps = [
+                    *verdict.gaps,
                     f"the completeness check asked only what was asked before ({shown[:300]}): the rounds "
                     "stopped with what they found",
                 ]
@@ -94,8 +95,8 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
                 lambda c: job_store.add_check(c, job_id=job.id, round_no=rnd, verdict=verdict),
                 what=f"check of job {job.id}",
             )
-        follow, _ = fresh_follow_ups(verdict.get("follow_ups") or [], asked)
-        if verdict.get("complete") or not follow:
+        follow, _ = fresh_follow_ups(verdict.follow_ups, asked)
+        if verdict.complete or not follow:
             return OK
         if rnd + 1 > max_depth(job, settings):
             return OK
@@ -108,7 +109,7 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
 
 def _ask_checker(
     conn: psycopg.Connection, job: JobRow, settings: Settings, rnd: int, asked: list[str]
-) -> dict[str, Any] | None:
+) -> CheckRecord | None:
     """Round ``rnd``'s verdict (``asked``: the follow-ups asked so far); None when the budget is spent."""
     kept = job.collected.kept if job.collected else []
     shown = check_input(job.query, kept, asked)
@@ -131,7 +132,7 @@ def _ask_checker(
         )
         if completion.parse_error is not None:
             raise completion.parse_error
-        return {"round": rnd, **completion.parsed.model_dump()}
+        return CheckRecord.model_validate({"round": rnd, **completion.parsed.model_dump()})
     except BudgetExhausted:
         return None
     except RLMError as exc:  # a failed check ends the rounds, not the job: the report says what is unknown

@@ -136,5 +136,18 @@ class SynthState(StoredModel):
     reasks: int = 0
 
 
+class CheckRecord(StoredModel):
+    """One round's completeness verdict (thinking mode), as the checker gave it (``check.CheckVerdict``)."""
+
+    # "allow": a verdict is kept as the checker's reply was read; a key of an older reader stays on record
+    model_config = ConfigDict(extra="allow")
+
+    round: int | None = None
+    complete: bool | None = None
+    confidence: float | None = None
+    gaps: list[str] = Field(default_factory=list)
+    follow_ups: list[str] = Field(default_factory=list)
+
+
 #: seconds per stage (``jobs.timings``)
 TIMINGS = TypeAdapter(dict[str, float])

@@ -19,7 +19,18 @@ from ..constants import JOB_ENDED_CHANNEL
 from ..models import Finding, JobStatus, LLMCall, QueryResult
 from ..runtime import metrics
 from .db import held_session_locks, release_session_lock, session_lock_key, transaction_lock, try_session_lock
-from .job_state import TIMINGS, Collected, JobError, JobOptions, JobParams, JobPlan, JobSpec, SynthState, checked
+from .job_state import (
+    TIMINGS,
+    CheckRecord,
+    Collected,
+    JobError,
+    JobOptions,
+    JobParams,
+    JobPlan,
+    JobSpec,
+    SynthState,
+    checked,
+)
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 
@@ -56,7 +67,7 @@ class JobRow:
     #: a child's task: {"kind": "follow_up"|"subset", "chunk_ids": [...] | None}
     spec: JobSpec | None = None
     #: completeness verdicts of thinking mode, one per round
-    checks: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[CheckRecord] = field(default_factory=list)
     #: a synthesis paused on query_subset children: its conversation and the calls it waits for
     synth_state: SynthState | None = None
 
@@ -72,7 +83,8 @@ class JobRow:
             _opt(JobPlan, plan), _opt(JobParams, params), tier, available, load_failures, total,
             _opt(Collected, collected), _opt(QueryResult, result), _opt(JobError, error),
             TIMINGS.validate_python(timings or {}), list(task_ids or []), created, started, finished, parent, root,
-            depth, route, reason, _opt(JobSpec, spec), list(checks or []), _opt(SynthState, synth_state),
+            depth, route, reason, _opt(JobSpec, spec), [CheckRecord.model_validate(c) for c in checks or []],
+            _opt(SynthState, synth_state),
         )  # fmt: skip
 
     @property
@@ -631,11 +643,13 @@ def save_route(conn: psycopg.Connection, *, job_id: str, route: str, reason: str
     conn.execute("UPDATE jobs SET route = %s, route_reason = %s WHERE id = %s", (route, reason[:500], job_id))
 
 
-def add_check(conn: psycopg.Connection, *, job_id: str, round_no: int, verdict: dict[str, Any]) -> None:
+def add_check(
+    conn: psycopg.Connection, *, job_id: str, round_no: int, verdict: CheckRecord | Mapping[str, Any]
+) -> None:
     """Store round ``round_no``'s verdict once (a redelivered check finds it and pays for no second call)."""
     conn.execute(
         "UPDATE jobs SET checks = checks || %s WHERE id = %s AND jsonb_array_length(checks) = %s",
-        (Jsonb([verdict]), job_id, round_no),
+        (Jsonb([checked(CheckRecord, verdict).stored()]), job_id, round_no),
     )
 
 
