@@ -201,7 +201,7 @@ def run_synthesizer(
     asked again, at most MAX_REASKS times in all, and then the findings are written up without the model.
     """
     log_ = tool_log if tool_log is not None else []
-    state = job.synth_state or {}
+    state = job.synth_state
     # a small model keeps to a grammar, not to a tool protocol: each reply is a constrained JSON action, the
     # answer an object citing the findings' chunks, and the rounds are few (docs/contract.md#structured-outputs)
     json_mode = settings.json_tool_calls(settings.synthesizer_model)
@@ -212,12 +212,12 @@ def run_synthesizer(
     shown = synthesis_input(job.query, kept)
     max_turns = JSON_MAX_TURNS if json_mode else MAX_TURNS
     citable: dict[int, Any] = {f.chunk_id: f for f in shown.findings}
-    if state:
-        messages = list(state["messages"])
-        log_[:] = list(state.get("tool_log") or [])
-        messages += _subset_answers(conn, job, state.get("pending") or {})
-        first = int(state["turn"]) + 1
-        reasks = int(state.get("reasks") or 0)
+    if state is not None:
+        messages = list(state.messages)
+        log_[:] = list(state.tool_log)
+        messages += _subset_answers(conn, job, state.pending)
+        first = state.turn + 1
+        reasks = state.reasks
     else:
         stats = {"chunks_available": job.chunks_available, "findings": len(kept), "buffers": job.buffers}
 
