@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Annotated, Any, TypeVar
 
+import psycopg
 from fastapi import Depends, HTTPException, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -17,12 +18,12 @@ from rlm_workers.engine import connection
 from .auth import tenant_for_key
 
 
-def get_conn() -> Iterator:
+def get_conn() -> Iterator[psycopg.Connection]:
     with connection() as conn:
         yield conn
 
 
-ConnDep = Annotated[object, Depends(get_conn)]
+ConnDep = Annotated[psycopg.Connection, Depends(get_conn)]
 
 
 UNAUTHORIZED = "missing or invalid API key: send Authorization: Bearer <key>"

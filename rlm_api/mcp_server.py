@@ -314,16 +314,19 @@ def _wait(job_id: str, timeout: float, stop: threading.Event) -> QueryAnswer:
         try:
             job = wait_for_job(conn, job_id, timeout=timeout, on_progress=progress)
         except (TimeoutError, _Stopped):
-            job = stored_job(conn, job_id=job_id)
+            stored = stored_job(conn, job_id=job_id)
             conn.commit()
-            if job is not None and not job.terminal:
+            if stored is None:  # submitted just before this wait, and jobs are never deleted
+                raise LookupError(f"job {job_id} is not stored") from None
+            if not stored.terminal:
                 return QueryAnswer(
                     job_id=job_id,
-                    status=job.status,
-                    stage=job.stage,
-                    message=f"job {job_id} is still {job.status} (stage {job.stage}) after {timeout:g}s; "
+                    status=stored.status,
+                    stage=stored.stage,
+                    message=f"job {job_id} is still {stored.status} (stage {stored.stage}) after {timeout:g}s; "
                     "the workers go on with it: call get_job with this job_id to follow it",
                 )
+            job = stored
     finally:
         conn.close()
     return _answer(job)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -27,7 +28,7 @@ from rlm_workers.engine import (
 MAX_UPLOAD_FILES = 10_000
 
 
-def describe_errors(errors: list[dict]) -> str:
+def describe_errors(errors: Sequence[Mapping[str, Any]]) -> str:
     """The first pydantic error as one line a person can act on: ``options.top_k: Input should be …``."""
     if not errors:
         return "invalid request"

@@ -189,7 +189,7 @@ def run(ctx: StageContext) -> str:
                     unanswered=unread,
                 )
                 job_store.save_collected(c, job_id=job.id, collected=collected)
-                store_report(c, job_store.get_job(c, job_id=job.id), response, collected, error)
+                store_report(c, job_store.reread_job(c, job_id=job.id), response, collected, error)
 
         durable_write(conn, store, what=f"direct answer of job {job.id}")
     return OK

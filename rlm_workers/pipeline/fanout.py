@@ -33,7 +33,7 @@ def run(ctx: StageContext) -> str:
         if not mine:
             return "being launched by another delivery"
         # read again under the lock: a delivery that held it may have launched since this stage began
-        job = job_store.get_job(ctx.conn, job_id=ctx.job.id)
+        job = job_store.reread_job(ctx.conn, job_id=ctx.job.id)
         if job.task_ids:
             return "already launched"
         return _launch(ctx, job)

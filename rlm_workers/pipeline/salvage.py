@@ -61,8 +61,8 @@ def salvage_job(conn: psycopg.Connection, job_id: str, reason: str, *, min_idle_
         lost = job_store.fail_unfinished_batches(conn, job_id=job_id, reason=LOST)
     log.warning("salvaging job %s (%s): %d batches marked lost", job_id, reason, lost)
     try:
-        collect_job(conn, job_store.get_job(conn, job_id=job_id), finding_threshold(settings))
-        finish_with_report(conn, job_store.get_job(conn, job_id=job_id), settings, lease_owner=owner)
+        collect_job(conn, job_store.reread_job(conn, job_id=job_id), finding_threshold(settings))
+        finish_with_report(conn, job_store.reread_job(conn, job_id=job_id), settings, lease_owner=owner)
     except Exception as exc:  # last resort: end the job, never leave it running
         log.exception("salvage of job %s failed", job_id)
         fail_job(conn, job_id=job_id, exc=exc, prefix="salvage failed")
@@ -105,7 +105,7 @@ def watchdog(job_id: str, rearms: int = 0) -> str:
             min_idle_seconds=None if finishing else settings.job_timeout,
         ):
             return "salvaged"
-        if job_store.get_job(conn, job_id=job_id).terminal:
+        if job_store.reread_job(conn, job_id=job_id).terminal:
             return "ended"
         app.send_task(
             "rlm.watchdog", (job_id, rearms), countdown=watchdog_countdown(settings), argsrepr=f"job={job_id}"

@@ -70,9 +70,10 @@ def check_and_branch(conn: psycopg.Connection, job: JobRow, settings: Settings) 
     with job_store.launch_lock(conn, job_id=job.id) as mine:
         if not mine:
             return "being checked by another delivery"
-        job = job_store.get_job(conn, job_id=job.id)
-        if job is None or job.terminal:
+        current = job_store.get_job(conn, job_id=job.id)
+        if current is None or current.terminal:
             return "skipped"
+        job = current
         rnd = child_rounds(conn, job)
         asked = asked_in_tree(conn, job)
         verdict = job.checks[rnd] if len(job.checks) > rnd else None
@@ -142,7 +143,8 @@ def _ask_checker(
             if isinstance(exc, ParseError)
             else f"completeness check failed: {exc}"
         )
-        return {"round": rnd, "complete": None, "confidence": None, "gaps": [gap], "follow_ups": []}
+        # a record, not a dict: the caller reads the verdict's follow-ups and gaps by attribute
+        return CheckRecord(round=rnd, complete=None, confidence=None, gaps=[gap], follow_ups=[])
 
 
 def budget_spent(job: JobRow) -> bool:
@@ -219,7 +221,7 @@ def run_merge(ctx: StageContext) -> str:
         job_store.set_stage(conn, job_id=job.id, stage=Stage.children)
         return "waiting on children"
     collect_job(conn, job, finding_threshold(ctx.settings))  # its own findings, united with every ended child's
-    job = job_store.get_job(conn, job_id=job.id)
+    job = job_store.reread_job(conn, job_id=job.id)
     if job.synth_state:
         return OK  # a synthesis paused on query_subset: it goes on with the children's findings
     if job.options.mode == "thinking" and job.parent_id is None:

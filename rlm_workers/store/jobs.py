@@ -31,6 +31,7 @@ from .job_state import (
     SynthState,
     checked,
 )
+from .rows import one
 
 TERMINAL = (JobStatus.done.value, JobStatus.failed.value, JobStatus.cancelled.value)
 
@@ -146,9 +147,10 @@ def create_job(
     ).fetchone()
     if row:
         return row[0], True
-    existing = conn.execute(
-        "SELECT id FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, idempotency_key)
-    ).fetchone()
+    # the conflict means the key's row exists, and this statement's snapshot sees it
+    existing = one(
+        conn.execute("SELECT id FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, idempotency_key))
+    )
     return existing[0], False
 
 
@@ -161,18 +163,21 @@ def lock_submissions(conn: psycopg.Connection, *, tenant: str) -> None:
 
 
 def job_for_idempotency_key(conn: psycopg.Connection, *, tenant: str, key: str) -> JobRow | None:
-    row = conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, key))
-    row = row.fetchone()
+    row = conn.execute(
+        f"SELECT {_JOB_COLS} FROM jobs WHERE tenant = %s AND idempotency_key = %s", (tenant, key)
+    ).fetchone()
     return JobRow.of(row) if row else None
 
 
 def jobs_in_flight(conn: psycopg.Connection, *, tenant: str) -> int:
     """The tenant's queued or running jobs submitted directly (a batch's items are paced by the batch)."""
-    return conn.execute(
-        """SELECT count(*) FROM jobs j WHERE j.status IN ('queued', 'running') AND j.tenant = %s
+    return one(
+        conn.execute(
+            """SELECT count(*) FROM jobs j WHERE j.status IN ('queued', 'running') AND j.tenant = %s
            AND j.parent_id IS NULL AND NOT EXISTS (SELECT 1 FROM overnight_batch_items i WHERE i.job_id = j.id)""",
-        (tenant,),
-    ).fetchone()[0]
+            (tenant,),
+        )
+    )[0]
 
 
 def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None) -> JobRow | None:
@@ -183,6 +188,12 @@ def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None)
         args = (job_id, tenant)
     row = conn.execute(sql, args).fetchone()
     return JobRow.of(row) if row else None
+
+
+def reread_job(conn: psycopg.Connection, *, job_id: str) -> JobRow:
+    """A job this worker already holds, read again for what changed since: jobs are never deleted, so it is there
+    (a missing one fails loudly, as a ``LookupError``)."""
+    return JobRow.of(one(conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id = %s", (job_id,))))
 
 
 def job_ids_starting(conn: psycopg.Connection, *, tenant: str, prefix: str, limit: int = 4) -> list[str]:
@@ -364,9 +375,10 @@ def lock_for_salvage(
         return False
     if min_idle_seconds is not None:
         # a second statement: its snapshot includes claims that committed while we waited for the lock
-        idle = conn.execute(
-            f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s", (job_id,)
-        ).fetchone()[0]
+        # the row is locked above, so it is still there
+        idle = one(
+            conn.execute(f"SELECT extract(epoch FROM now() - {_LAST_ACTIVITY}) FROM jobs j WHERE j.id = %s", (job_id,))
+        )[0]
         if float(idle) < min_idle_seconds:
             return False
     if lease_owner is not None:
@@ -493,10 +505,12 @@ def batches(conn: psycopg.Connection, *, job_id: str) -> list[BatchRecord]:
 
 
 def batch_progress(conn: psycopg.Connection, *, job_id: str) -> tuple[int, int]:
-    row = conn.execute(
-        """SELECT count(*) FILTER (WHERE status <> 'pending'), count(*) FROM job_batches WHERE job_id = %s""",
-        (job_id,),
-    ).fetchone()
+    row = one(
+        conn.execute(
+            """SELECT count(*) FILTER (WHERE status <> 'pending'), count(*) FROM job_batches WHERE job_id = %s""",
+            (job_id,),
+        )
+    )
     return int(row[0]), int(row[1])
 
 
@@ -550,12 +564,14 @@ class TreeUsage:
 
 
 def tree_usage(conn: psycopg.Connection, *, root_id: str) -> TreeUsage:
-    row = conn.execute(
-        """SELECT count(c.*), coalesce(sum(c.tokens_in), 0), coalesce(sum(c.tokens_out), 0),
+    row = one(
+        conn.execute(
+            """SELECT count(c.*), coalesce(sum(c.tokens_in), 0), coalesce(sum(c.tokens_out), 0),
                   coalesce(sum(c.cached_tokens), 0), coalesce(sum(c.cost_usd), 0)
            FROM llm_calls c JOIN jobs j ON j.id = c.job_id WHERE coalesce(j.root_id, j.id) = %s""",
-        (root_id,),
-    ).fetchone()
+            (root_id,),
+        )
+    )
     return TreeUsage(int(row[0]), int(row[1]), int(row[2]), int(row[3]), float(row[4]))
 
 
