@@ -92,7 +92,7 @@ def submit_query(
     with conn.transaction():
         job_store.lock_submissions(conn, tenant=tenant)
         first = job_store.job_for_idempotency_key(conn, tenant=tenant, key=idempotency_key) if idempotency_key else None
-        if first is not None:
+        if idempotency_key and first is not None:  # a first job is found only by a key
             # A replay answers with the first job, even if its buffer has gone since; a different request under
             # the same key must not get an answer to a question it did not ask.
             if (first.query, first.buffers, first.options.stored()) != (query, names, clean):

@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import openai
 from openai.types.chat import ChatCompletion
@@ -143,7 +143,7 @@ class _Errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, tp: type[BaseException] | None, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None or isinstance(exc, LLMError):
             return False
         if isinstance(exc, openai.APIStatusError):

@@ -173,7 +173,9 @@ def _analysed(query: str, chunks: Sequence[ChunkForPrompt]) -> list[tuple[dict, 
         if not mine or evidence[mine[0][2]] <= 0:  # nothing of the question in it: nothing to quote
             out.append(({"chunk_id": chunk.chunk_id, "relevance": "none", "findings": [], "summary": ""}, 0.0))
             continue
-        best, quotes, used = -mine[0][0], [], set()
+        best = -mine[0][0]
+        quotes: list[str] = []
+        used: set[int] = set()
         for score, first, i in mine:
             span = set(range(first, cut[i][2] + 1))
             if len(quotes) < MAX_QUOTES and -score >= KEEP_SHARE * best and not used & span:

@@ -424,7 +424,7 @@ class OpenAIProvider:
                 if name in params and name in text:
                     return self._drop(model, name, exc.message)
             refused = form is not None and any(w in text for w in _FORMAT_WORDS.get(form, ()))
-        if refused:
+        if refused and form is not None:
             if form == "json_schema" and self.settings.structured_outputs == "json_schema":
                 where = self.endpoint(model).where
                 raise LLMError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..llm.registry import provider_name
 from ..pipeline.collect import finding_threshold
@@ -28,7 +28,7 @@ def _sha(obj: Any) -> str:
 
 def fingerprint(settings: Settings) -> str:
     """Everything besides the item itself that changes an answer: provider, models, defaults, prompts."""
-    prompts = {}
+    prompts: dict[str, str | None] = {}
     for name in PROMPT_NAMES:
         try:
             prompts[name] = hashlib.sha256(load_prompt(name, prompt_dir=settings.prompt_dir).encode()).hexdigest()
@@ -70,7 +70,9 @@ def cache_key(*, tenant: str, query: str, buffer_id: int, content: str, options:
     )
 
 
-def cacheable(result: dict[str, Any] | None) -> bool:
+def cacheable(result: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
     """Only clean answers are reused: a result with failed (or unrun) analyst batches would be a degraded answer
     forever."""
-    return bool(result) and not any(result.get(k) for k in ("batches_failed", "batches_not_run", "chunk_load_failures"))
+    if not result:
+        return False
+    return not any(result.get(k) for k in ("batches_failed", "batches_not_run", "chunk_load_failures"))

@@ -101,15 +101,18 @@ def cancel_open(overnight_batch_id: str, settings: Settings | None = None) -> li
             return None
         try:
             open_ids = store.open_ids(conn, overnight_id=overnight_batch_id)
-            client = BatchClient(settings) if open_ids else None
-            for pb in open_ids:
-                try:
-                    state = client.cancel(pb)
-                    status, note = state.status, ""
-                except LLMError as exc:
-                    status, note = "cancel_failed", f" (the provider said: {exc.message})"
-                closed = store.close_cancelled(conn, provider_batch_id=pb, status=status, error=why)
-                actions.append(f"batch {overnight_batch_id}: provider batch {pb} {status}{note}; {closed} reads closed")
+            if open_ids:  # a client needs an API key: none is made for a batch with nothing at the provider
+                client = BatchClient(settings)
+                for pb in open_ids:
+                    try:
+                        state = client.cancel(pb)
+                        status, note = state.status, ""
+                    except LLMError as exc:
+                        status, note = "cancel_failed", f" (the provider said: {exc.message})"
+                    closed = store.close_cancelled(conn, provider_batch_id=pb, status=status, error=why)
+                    actions.append(
+                        f"batch {overnight_batch_id}: provider batch {pb} {status}{note}; {closed} reads closed"
+                    )
             queued = store.close_queued_reads(conn, overnight_id=overnight_batch_id, error=why)
             if queued:
                 actions.append(f"batch {overnight_batch_id}: {queued} reads not yet sent to the provider closed")

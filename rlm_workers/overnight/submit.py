@@ -225,7 +225,8 @@ def store_overnight(
         request_fingerprint=fingerprint if idempotency_key else None,
         llm_batch=bool(llm_batch),
     )
-    if not created and first is not None and first != fingerprint:  # None: a batch made before fingerprints
+    # an existing batch is found only by a key; None: a batch made before fingerprints
+    if not created and idempotency_key and first is not None and first != fingerprint:
         raise IdempotencyKeyReused(
             f"idempotency key {idempotency_key[:80]!r} was used for a different request (batch {overnight_batch_id}); "
             "use a new key for a new request"

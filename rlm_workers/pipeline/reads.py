@@ -106,10 +106,10 @@ def launch_group(
         groups.setdefault((counting, tuple(chunk_ids)), []).append((job_id, batch_no))
     tasks: dict[str, list[str]] = {j: [] for j in by_job}
     per_read = max(1, settings.shared_read_questions)
-    for (_counting, chunk_ids), members in groups.items():
+    for (_counting, shared), members in groups.items():
         for part in _parts(members, per_read):
             read_id = store.create_read(
-                conn, tenant=tenant, overnight_id=overnight_id, chunk_ids=chunk_ids, members=part, llm_batch=llm_batch
+                conn, tenant=tenant, overnight_id=overnight_id, chunk_ids=shared, members=part, llm_batch=llm_batch
             )
             task_id = f"read-{read_id}" if llm_batch else uuid.uuid4().hex
             if not llm_batch:
@@ -322,7 +322,7 @@ def _run(read_id: int) -> dict:
     return _store(prepared, answered)
 
 
-def apply_completion(read_id: int, completion: Completion, *, via: str = "sync") -> str:
+def apply_completion(read_id: int, completion: Completion, *, via: accounting.Via = "sync") -> str:
     """A reply that came back some other way (a Batch API output line): parse, log, store, move jobs on.
     Chunks it leaves out are stored as unanswered (a Batch API line is not asked again)."""
     try:
@@ -350,7 +350,7 @@ def apply_completion(read_id: int, completion: Completion, *, via: str = "sync")
 # --------------------------------------------------------------------------- call, parse, store
 
 
-def _call(prepared: _Prepared, *, via: str) -> tuple[Completion, dict[int, dict[int, Finding]], str | None]:
+def _call(prepared: _Prepared, *, via: accounting.Via) -> tuple[Completion, dict[int, dict[int, Finding]], str | None]:
     """One provider call for the read, every attempt logged on every member job (its share); the reply parsed
     as ``_parse`` does."""
     try:
@@ -363,7 +363,7 @@ def _call(prepared: _Prepared, *, via: str) -> tuple[Completion, dict[int, dict[
 
 
 def _parse_logged(
-    prepared: _Prepared, completion: Completion, via: str
+    prepared: _Prepared, completion: Completion, via: accounting.Via
 ) -> tuple[dict[int, dict[int, Finding]], str | None]:
     """Parse the reply, then log the call (the attempts that failed before it too): its ``ok`` rows say whether
     the reply parsed as it came (``parse_ok``, as ``call_llm`` records it for every other JSON stage;
@@ -383,7 +383,7 @@ def _parse_logged(
     return answered, problem
 
 
-def _log(prepared: _Prepared, attempts: list[Attempt], model: str, via: str) -> None:
+def _log(prepared: _Prepared, attempts: list[Attempt], model: str, via: accounting.Via) -> None:
     """Each attempt as one row per member job, holding that job's share: the batch's sum is the exact bill."""
     calls = accounting.priced(attempts, stage="analyst", provider=provider(), model=model, via=via)
     shares = [
@@ -408,9 +408,10 @@ def _parse(prepared: _Prepared, text: str) -> tuple[dict[int, dict[int, Finding]
     wanted = {m.question_no for m in prepared.members}
     by_q: dict[int, list[dict]] = {}
     for e in entries:
-        q = question_no(e)
-        if q in wanted:  # an entry with no (or an unknown) question number answers nothing we can attribute
-            by_q.setdefault(q, []).append(e)
+        no = question_no(e)
+        # an entry with no (or an unknown) question number answers nothing we can attribute
+        if no is not None and no in wanted:
+            by_q.setdefault(no, []).append(e)
     for q, es in by_q.items():
         out[q] = {f.chunk_id: f for f in findings_from_entries(es, batch_chunk_ids=ids)}
     return out, None

@@ -7,6 +7,7 @@ synthesis that fails still ends the job, with its findings and the error.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -135,7 +136,7 @@ def by_search_rank(kept: Sequence[Mapping[str, Any]], ranked: Sequence[int]) -> 
     rank = {cid: i for i, cid in reversed(list(enumerate(ranked)))}
     return sorted(
         (dict(k) for k in kept),
-        key=lambda k: (-RELEVANCE_RANK.get(k.get("relevance"), 0), rank.get(k["chunk_id"], len(rank))),
+        key=lambda k: (-RELEVANCE_RANK.get(k.get("relevance") or "", 0), rank.get(k["chunk_id"], len(rank))),
     )
 
 
@@ -240,7 +241,7 @@ def run_synthesizer(
         if on_turn is not None:
             on_turn()
         last = turn >= max_turns - 1
-        offered = set() if last else {t["function"]["name"] for t in tools}
+        offered: set[str] = set() if last else {t["function"]["name"] for t in tools}
         try:
             completion = call_llm(
                 conn,
@@ -256,7 +257,7 @@ def run_synthesizer(
                     json_schema=answer_schema(sorted(citable)) if json_mode else None,
                     stage_input=shown,
                 ),
-                parse=lambda text, offered=offered: _report_of(text, offered, citable),
+                parse=functools.partial(_report_of, offered=offered, shown=citable),
             )
         except ContextExceeded:
             if turn == 0 and not reasks:

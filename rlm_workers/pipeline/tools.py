@@ -164,7 +164,7 @@ def parse_subset_call(raw: str | None) -> SubsetCall:
         call = SubsetCall.model_validate(args)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = first["loc"][0] if first["loc"] else ""
+        field = str(first["loc"][0]) if first["loc"] else ""
         # blank strings pass min_length; the model is told the same as for an empty one
         raise ToolError(_SUBSET_FIELD_ERRORS.get(field) or first["msg"].removeprefix("Value error, ")) from None
     for name in ("question", "search"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -462,7 +462,7 @@ def count_chunks(conn: psycopg.Connection, *, buffer_ids: Sequence[int]) -> int:
 
 def iter_chunk_texts(
     conn: psycopg.Connection, *, buffer_ids: Sequence[int], page: int = 500
-) -> Iterator[tuple[int, str, str, int, str]]:
+) -> Generator[tuple[int, str, str, int, str], None, None]:
     """(chunk id, buffer name, path, start line, text) in document order, streamed by a server-side cursor.
 
     Runs inside its own transaction (named cursors need one); stop iterating to stop reading.
