@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import psycopg
@@ -269,6 +269,7 @@ def _docs_assets_dir() -> str | None:
 def _serve_docs(app: FastAPI, assets: str) -> None:
     """/docs and /redoc from local files (FastAPI's own pages load them from a CDN: blank when offline)."""
     app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
+    spec_url = app.openapi_url or "/openapi.json"  # FastAPI's default: this app never turns its spec off
 
     def root(request: Request) -> str:
         return request.scope.get("root_path", "").rstrip("/")
@@ -277,7 +278,7 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
     def swagger(request: Request) -> HTMLResponse:
         base = root(request)
         return get_swagger_ui_html(
-            openapi_url=base + app.openapi_url,
+            openapi_url=base + spec_url,
             title=f"{app.title} - Swagger UI",
             oauth2_redirect_url=base + "/docs/oauth2-redirect",
             swagger_js_url=f"{base}{DOCS_ASSETS}/swagger-ui-bundle.js",
@@ -294,7 +295,7 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
     def redoc(request: Request) -> HTMLResponse:
         base = root(request)
         return get_redoc_html(
-            openapi_url=base + app.openapi_url,
+            openapi_url=base + spec_url,
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{base}{DOCS_ASSETS}/redoc.standalone.js",
             redoc_favicon_url=f"{base}{DOCS_ASSETS}/favicon.png",
@@ -302,10 +303,19 @@ def _serve_docs(app: FastAPI, assets: str) -> None:
         )
 
 
+class _App(FastAPI):
+    """The app, its spec documenting the error bodies the handlers send (``_document_errors``)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            _document_errors(super().openapi())  # FastAPI keeps the spec it built: amended in place
+        return super().openapi()
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
     assets = _docs_assets_dir()
-    app = FastAPI(
+    app = _App(
         title="rlm-pipeline",
         version="0.1.0",
         description="Load text into buffers and ask questions answered by a Celery fan-out of analysts.",
@@ -342,14 +352,6 @@ def create_app() -> FastAPI:
             status_code=422,
         )
 
-    original_openapi = app.openapi
-
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            _document_errors(original_openapi())
-        return app.openapi_schema
-
-    app.openapi = openapi
     # Added last is outermost: the catch-all sees everything, admission comes before the key check (which
     # uses the database), the key is checked before the body is counted.
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)

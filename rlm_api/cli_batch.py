@@ -289,7 +289,10 @@ def cancel(batch_id: str, tenant: TenantOpt = None) -> None:
     tenant = resolve_tenant(tenant)
     with open_db() as (_settings, _url, conn):
         batch_id = _get_overnight_batch(conn, batch_id, tenant).id
-        st = status_of(conn, cancel_overnight(conn, tenant=tenant, overnight_batch_id=batch_id))
+        cancelled = cancel_overnight(conn, tenant=tenant, overnight_batch_id=batch_id)
+        if cancelled is None:  # found just above, and batches are never deleted
+            raise InvalidInput(f"no batch {batch_id}; list batches with `rlm batch list`")
+        st = status_of(conn, cancelled)
     typer.echo(_status_line(st))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, BinaryIO, TypeVar
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
@@ -50,8 +50,12 @@ from ..schemas import (
 router = APIRouter(prefix="/v1/buffers", tags=["buffers"])
 log = logging.getLogger("rlm.api")
 
+#: an upload's files by path: a JSON document's bytes, or a multipart part's spooled file
+Files = list[tuple[str, bytes | BinaryIO]]
+Options = TypeVar("Options", bound=BufferOptions)
 
-def _load(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> LoadResponse:
+
+def _load(tenant: str, opts: BufferOptions, files: Files) -> LoadResponse:
     # one transaction: a failed upload leaves the previous buffer intact; a bad name is a 422 before anything
     report, info = load_upload(
         tenant=tenant,
@@ -67,7 +71,7 @@ def _load(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> 
 _FORM_FIELDS = set(BufferOptions.model_fields)
 
 
-async def _from_multipart(request: Request) -> tuple[BufferOptions, list[tuple[str, object]]]:
+async def _from_multipart(request: Request) -> tuple[BufferOptions, Files]:
     # Starlette spools parts over 1 MB to disk; the body limit middleware has already bounded the total.
     form = await request.form(max_files=MAX_UPLOAD_FILES, max_fields=len(_FORM_FIELDS) + 10)
     fields: dict[str, str] = {}
@@ -82,11 +86,12 @@ async def _from_multipart(request: Request) -> tuple[BufferOptions, list[tuple[s
     parts = form.getlist("files")
     if not parts:
         raise InvalidInput("files: a multipart upload needs one or more 'files' parts")
-    if not all(isinstance(f, UploadFile) for f in parts):
+    uploads = [f for f in parts if isinstance(f, UploadFile)]
+    if len(uploads) != len(parts):
         raise InvalidInput("files: every 'files' part must be a file with a filename")
-    names = [f.filename or "" for f in parts]
+    names = [f.filename or "" for f in uploads]
     _check_part_names(names)
-    return _validated(BufferOptions, fields), [(name, f.file) for name, f in zip(names, parts, strict=True)]
+    return _validated(BufferOptions, fields), [(name, f.file) for name, f in zip(names, uploads, strict=True)]
 
 
 def _check_part_names(names: list[str]) -> None:
@@ -106,7 +111,7 @@ def _check_part_names(names: list[str]) -> None:
         seen.add(name)
 
 
-def _size(files: list[tuple[str, object]]) -> int:
+def _size(files: Files) -> int:
     total = 0
     for _, data in files:
         if isinstance(data, bytes):
@@ -117,7 +122,7 @@ def _size(files: list[tuple[str, object]]) -> int:
     return total
 
 
-def _validated(model: type[BufferOptions], data: object) -> BufferOptions:
+def _validated(model: type[Options], data: object) -> Options:
     try:
         if isinstance(data, bytes):
             return model.model_validate_json(data)
@@ -156,7 +161,7 @@ _MULTIPART_SCHEMA = {
 }
 
 
-def _queue(tenant: str, opts: BufferOptions, files: list[tuple[str, object]]) -> UploadAccepted:
+def _queue(tenant: str, opts: BufferOptions, files: Files) -> UploadAccepted:
     """Stage the files in PostgreSQL and send their id to the ingest queue (the API never embeds)."""
     app = get_app()
 

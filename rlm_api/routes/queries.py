@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from rlm_workers.engine import JobRow
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"], route_class=ParseOffLoop)
-NOT_FOUND = {404: {"description": "no such job for this tenant"}}
+#: typed as FastAPI's ``responses`` takes it (a dict is invariant: an inferred ``dict[int, …]`` does not fit)
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such job for this tenant"}}
 
 
 def _job_or_404(conn: psycopg.Connection, job_id: str, tenant: str) -> JobRow:

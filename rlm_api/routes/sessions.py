@@ -3,6 +3,8 @@ context), read the turns back.  Another tenant's session is simply not found."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response, status
 
 from rlm_workers import engine
@@ -11,7 +13,8 @@ from ..deps import ConnDep, ParseOffLoop, TenantDep, found_or_404
 from ..schemas import MessageAccepted, MessageRequest, SessionCreate, SessionCreated, SessionView
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=ParseOffLoop)
-NOT_FOUND = {404: {"description": "no such session for this tenant"}}
+#: typed as FastAPI's ``responses`` takes it (a dict is invariant: an inferred ``dict[int, …]`` does not fit)
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "no such session for this tenant"}}
 
 
 @router.post(

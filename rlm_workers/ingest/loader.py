@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import InvalidInput
 from ..limits import MAX_DOCUMENT_WINDOWS
@@ -151,13 +151,30 @@ class LoadReport:
         self.skip("unreadable-dir", disc.unreadable_dirs)
 
 
-class Progress:
-    """What the loader tells a progress bar; the CLI subclasses it with rich."""
+class Progress(Protocol):
+    """What the loader tells a progress bar.  A protocol: the CLI's bar (rich, or log lines) matches it without
+    importing the loader, which ``rlm --help`` must not pay for."""
 
     def files_total(self, n: int) -> None: ...
     def file_done(self, path: str) -> None: ...
     def windows_added(self, n: int) -> None: ...
     def windows_embedded(self, n: int) -> None: ...
+
+
+class _Unshown:
+    """The progress of a load no one watches."""
+
+    def files_total(self, n: int) -> None:
+        pass
+
+    def file_done(self, path: str) -> None:
+        pass
+
+    def windows_added(self, n: int) -> None:
+        pass
+
+    def windows_embedded(self, n: int) -> None:
+        pass
 
 
 def read_counted(cand: Any, report: LoadReport) -> tuple[Document | None, bool, str]:
@@ -197,7 +214,7 @@ def load_paths(
     progress: Progress | None = None,
 ) -> LoadReport:
     t0 = time.perf_counter()
-    progress = progress or Progress()
+    progress = progress or _Unshown()
     store.validate_buffer_name(buffer)
     try:
         validate_chunk_params(chunker, chunk_size, overlap)
