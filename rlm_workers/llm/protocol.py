@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ..errors import ParseError
 from .stage_input import StageInput
 
 #: "check": the completeness check of thinking mode; "direct": one answer straight from chunks (instant/direct)
@@ -91,7 +90,7 @@ class Completion:
     #: try (None: nothing was parsed), the parsed value, and the ``ParseError`` when it did not parse
     parse_ok: bool | None = None
     parsed: Any = None
-    parse_error: ParseError | None = None
+    parse_error: Exception | None = None
 
 
 class LLMProvider(Protocol):

@@ -623,7 +623,7 @@ def _ask(
         if completion.parse_error is not None:
             if attempt == PARSE_RETRIES and not answered:
                 raise completion.parse_error
-            problem = completion.parse_error.message
+            problem = str(completion.parse_error)  # a ParseError: its message
         for f in got:
             answered[f.chunk_id] = f
         wanted = [cid for cid in wanted if cid not in answered]
