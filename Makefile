@@ -5,6 +5,11 @@ PY     := $(VENV)/bin/python
 RLM    := $(VENV)/bin/rlm
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The suite's parallel processes: its tests mostly wait on workers, servers and models rather than compute, so
+# more processes than cores pay; each has its own embedded servers and runs whole modules (--dist loadfile).
+# `make test PYTEST_ARGS="-n 0"` runs it in one process.
+TEST_WORKERS ?= 3
+XDIST  := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install lock test test-fast test-real-model local-llm demo lint bench up clean-data
 
@@ -38,7 +43,7 @@ lock:
 # The whole suite, slow suites included, against real PostgreSQL+pgvector, Valkey and Celery workers
 # (embedded servers are started by the tests unless RLM_TEST_DATABASE_URL / RLM_TEST_BROKER_URL are set).
 test: install local-llm
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The real-model tests alone (tests/test_real_model*.py, tests/test_local_default.py): the local model server
 # answering every stage.
@@ -54,7 +59,7 @@ local-llm: install
 	$(if $(LOCAL_LLM),,$(RLM) services setup-llm qwen2.5-coder-0.5b)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # Ask this codebase about itself: load the project's own source and docs, search them, then run a
 # real query through the whole pipeline (plan, search, chord fan-out, collect, synthesize).  With no key or base

@@ -22,14 +22,16 @@ for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL",
 os.environ["RLM_LOCAL_LLM"] = "off"
 # Nor the user's own data dir: code that runs outside a module's rlm_env (the limiter's metrics, a settings reset
 # at teardown) would start an embedded server there.  This one is removed at the end, and its servers' watchers
-# stop them once it is gone (docs/architecture.md#embedded-servers).
+# stop them once it is gone (docs/architecture.md#embedded-servers).  Each pytest process has its own: an xdist
+# worker inherits the controller's environment, and would otherwise share (and never remove) the controller's.
 _FALLBACK_DATA_DIR = tempfile.mkdtemp(prefix="rlm-test-fallback-")
-os.environ.setdefault("RLM_DATA_DIR", _FALLBACK_DATA_DIR)
+if os.environ.get("RLM_DATA_DIR") in (None, os.environ.get("RLM_TEST_FALLBACK_DATA_DIR")):
+    os.environ["RLM_DATA_DIR"] = _FALLBACK_DATA_DIR
+os.environ["RLM_TEST_FALLBACK_DATA_DIR"] = _FALLBACK_DATA_DIR
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _fallback_data_dir_removed():
-    yield
+def pytest_unconfigure(config):
+    # here rather than in a session fixture: an xdist controller runs no fixtures, but made one too
     shutil.rmtree(_FALLBACK_DATA_DIR, ignore_errors=True)
 
 
@@ -50,6 +52,8 @@ def _encoder_exported():
 def test_services():
     from tests.support.services import start_services
 
+    # one per pytest process: under xdist each worker has its own servers, so one module's flushdb or queues never
+    # reach another's
     data_dir = Path(tempfile.mkdtemp(prefix="rlm-test-"))
     svc = start_services(data_dir)
     yield svc

@@ -18,13 +18,15 @@ from tests.support.workers import running_workers, scripted_env
 @pytest.fixture(scope="session")
 def test_services():
     from rlm_workers.runtime import local_servers as services
-    from tests.support.services import TestServices
+    from tests.support.services import TestServices, embedded_start_lock
 
     data_dir = Path(tempfile.mkdtemp(prefix="rlm-faults-"))
+    with embedded_start_lock():
+        admin_url, broker_url = services.embedded_postgres_url(data_dir), services.embedded_valkey_url(data_dir)
     svc = TestServices(
         data_dir=data_dir,
-        admin_url=services.embedded_postgres_url(data_dir),
-        broker_url=services.embedded_valkey_url(data_dir),
+        admin_url=admin_url,
+        broker_url=broker_url,
         embedded_pg=True,
         embedded_valkey=True,
     )
