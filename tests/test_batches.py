@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests.support.jobs import wait_for
 from tests.support.pipeline_model import MODEL_ENV
 from tests.support.scripted_llm import Reply, last_user_message
 from tests.support.workers import ROOT, WorkerProcess
@@ -755,7 +756,13 @@ def test_interactive_query_gets_through_a_running_batch(env, conn, fresh, model,
     queries = [f"Long batch question {i} about clockmaking?" for i in range(6)]
     r = api.post("/v1/batches", json={"queries": queries, "buffers": ["beta"], "priority": 9})
     batch_id = r.json()["batch_id"]
-    time.sleep(1.0)
+
+    def batch_running():
+        p = store.progress(conn, overnight_batch_id=batch_id)
+        conn.commit()
+        return p.counts["running"] >= 1
+
+    assert wait_for(batch_running, timeout=60)  # the query is submitted mid-batch, not before it began
     job_id, _ = submit_query(
         conn, tenant="local", query="Interactive: what about salt marshes?", buffers=["beta"], options={}
     )
