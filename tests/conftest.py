@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# mypy starts with the session and runs beside the tests (tests/test_types.py reads its result)
+pytest_plugins = ["tests.support.typecheck"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Exported ONNX encoders are cached across modules (each module has its own RLM_DATA_DIR) and across test runs:
