@@ -108,7 +108,7 @@ def main() -> None:
                     options=options,
                 )
                 job = wait_for_job(conn, job_id, timeout=300)
-                r = job.result or {}
+                r = job.result.model_dump(mode="json") if job.result else {}
                 seen.append(srv.calls)
                 used.append((r.get("budget") or {}).get("used_llm_calls"))
                 ok = job.status == "done" and bool(r.get("response")) and r["budget"]["exhausted"] == "max_llm_calls"

@@ -155,7 +155,7 @@ def run_one(conn, srv: Server, part: str, buffer: str, query: str, options: dict
     stats = srv.stats()
     jobs = _tree(conn, job_id)
     calls = _attribute(srv.requests(), jobs, job_id, latency)
-    res = job.result or {}
+    res = job.result.model_dump(mode="json") if job.result else {}
     if len(calls) != res.get("llm_calls"):
         raise RuntimeError(f"{part}: the server saw {len(calls)} calls, the job logged {res.get('llm_calls')}")
     steps = plan_steps(calls, jobs)

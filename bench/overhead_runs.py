@@ -66,7 +66,7 @@ def run_celery(
         return None
     if job.status != "done":
         raise RuntimeError(f"job {job_id} ended {job.status}: {job.error}")
-    res = job.result or {}
+    res = job.result.model_dump(mode="json") if job.result else {}
     if res.get("batches_processed") != n or res.get("batches_failed") or res.get("llm_calls") != n + 2:
         raise RuntimeError(
             f"job {job_id}: expected {n} ok batches and {n + 2} calls, got "

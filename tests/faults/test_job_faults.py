@@ -42,7 +42,7 @@ def analyst_calls_per_batch(conn, job_id):
 
 def assert_bill_matches_server(job, llm):
     """Billed tokens = tokens the server reported; no call counted twice, none missing."""
-    r = job.result
+    r = job.result.model_dump(mode="json")
     assert r["total_tokens"] == llm.usage["total_tokens"]
 
 
@@ -69,7 +69,7 @@ def test_sigkill_of_the_analyst_worker_mid_batch(db, fresh, model, workers):
     workers["an"].start()
     job = wait(db, job_id)
     assert job.status == "done", job.error
-    r = job.result
+    r = job.result.model_dump(mode="json")
     assert r["batches_processed"] + r["batches_failed"] == job.batches_total
     assert all(e["type"] == "lost" for e in r["batch_errors"])
 
@@ -110,7 +110,7 @@ def test_postgres_restarted_during_a_job(db, fresh, model, test_services):
     with psycopg.connect(db_url, autocommit=True) as c2:
         job = wait(c2, job_id, timeout=180)
         assert job.status == "done", job.error
-        r = job.result
+        r = job.result.model_dump(mode="json")
         assert r["batches_processed"] + r["batches_failed"] == job.batches_total
         # batches that were in flight during the outage retried (a retry is not a failure)
         assert NEEDLE in r["response"] or any(e["chunk_ids"] for e in r["batch_errors"])
@@ -206,6 +206,6 @@ def test_graceful_worker_shutdown_requeues_unstarted_work(db, fresh, model, work
         workers["an"].start()
     job = wait(db, job_id)
     assert job.status == "done", job.error
-    r = job.result
+    r = job.result.model_dump(mode="json")
     assert r["batches_processed"] == job.batches_total == 6 and r["batches_failed"] == 0
     assert set(analyst_calls_per_batch(db, job_id).values()) == {1}  # none run twice

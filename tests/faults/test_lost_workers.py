@@ -125,7 +125,7 @@ def test_a_job_whose_analyst_worker_died_mid_batch_moves_again(db, fresh, model,
     workers["an"].start()
     job = wait(db, job_id, timeout=PATIENCE)
     assert job.status == "done", (job.status, job.error, workers["ctl"].tail())
-    r = job.result
+    r = job.result.model_dump(mode="json")
     assert r["batches_processed"] == job.batches_total and not r["batch_errors"], r["batch_errors"]
     # every batch was paid once: the dead worker's calls never reached the log, the re-sent ones did
     calls = db.execute(
