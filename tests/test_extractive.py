@@ -237,3 +237,22 @@ def test_a_cut_inside_a_bold_span_leaves_no_unclosed_stars():
     answer = _ask("direct", DirectInput("What does the broker connection retry on startup decide?", (chunk,))).text
     shown = re.search(r'^> "(.*)" \(docs/bold\.md:1\)', answer, re.M).group(1)
     assert shown.endswith(" …") and shown.count("**") % 2 == 0, shown
+
+
+def test_passage_vectors_are_computed_once_and_the_oldest_are_dropped():
+    import numpy as np
+
+    from rlm_workers.ingest.embed import get_embedder, resolve_runtime
+    from rlm_workers.llm.extractive import _PassageVectors
+
+    model = None
+    runtime = resolve_runtime(model)
+    texts = ["the harbour has three bridges", "fog on most mornings", "lentil soup on Fridays"]
+    memo = _PassageVectors(capacity=2)
+    first = memo.encode(model, runtime, texts)
+    reference = np.asarray(get_embedder(model, runtime).encode(texts))
+    assert first.shape == reference.shape and np.allclose(first, reference, atol=1e-3)
+    # the last two are kept; asked again (one repeated), they come back as computed, in the order asked
+    again = memo.encode(model, runtime, [texts[2], texts[1], texts[2]])
+    assert np.array_equal(again, first[[2, 1, 2]])
+    assert len(memo._vectors) == 2 and (model, runtime, texts[0]) not in memo._vectors
