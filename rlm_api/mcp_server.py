@@ -31,7 +31,7 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.stdio import stdio_server
 from mcp.types import ToolAnnotations
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 from starlette.concurrency import run_in_threadpool
 
 from rlm_api.deps import OFF_LOOP_JSON_BYTES, UnparsableBody, loads_json
@@ -45,6 +45,7 @@ from rlm_workers.engine import (
     BufferNotFound,
     ChunkView,
     InvalidInput,
+    Location,
     QueryResult,
     RLMError,
     SearchHit,
@@ -163,22 +164,27 @@ class DocumentOutline(BaseModel):
     message: str | None = None
 
 
-class DocumentSection(BaseModel):
-    buffer: str
-    path: str
+#: get_section's keys in the order its JSON has always had them (Location's fields come first in the model)
+SECTION_KEYS = ("buffer", "path", "heading", "heading_path", "section", "cite", "start_line", "end_line")
+
+
+# one section's text and where it sits (``section`` is its heading's title); no docstring: that would become a
+# description in the tool's output schema
+class DocumentSection(Location):
     heading: str
-    heading_path: list[str]
-    section: str
     #: how a report cites it: "spec.pdf p. 4–5 § 2.1 Transport" or "guide.md:10-14 § Install"
     cite: str
-    start_line: int
-    end_line: int
-    page_start: int | None = None
-    page_end: int | None = None
     #: the section ran past SECTION_CHARS characters: the text ends with a cut marker
     truncated: bool
     text: str
     message: str | None = None
+
+    @model_serializer(mode="wrap")
+    # no return annotation: pydantic would take it for the output's schema in place of the model's
+    def _in_published_order(self, handler: SerializerFunctionWrapHandler):
+        out = handler(self)
+        # the keys named first, then the rest as they come (page_start, page_end, truncated, text, message)
+        return {key: out[key] for key in SECTION_KEYS if key in out} | out
 
 
 # --------------------------------------------------------------------------- tenant and errors

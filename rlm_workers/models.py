@@ -205,7 +205,9 @@ class FileInfo(BaseModel):
 class Location(BaseModel):
     """Where a chunk or passage sits: its buffer's file and lines and, for a converted document, its pages and
     headings (docs/contract.md#documents: null / [] for plain text and code).  The one declaration of these
-    fields: every printed shape that says where something is inherits them, so its JSON stays flat."""
+    fields: every shape that says where something is inherits them — the printed ones, so their JSON stays
+    flat, and the internal records (a stored chunk row, a prompt's chunk, Collect's reference, a section read
+    back), so a new field reaches them all (tests/test_structure.py keeps it so)."""
 
     buffer: str
     path: str
@@ -213,8 +215,20 @@ class Location(BaseModel):
     end_line: int
     page_start: int | None = None
     page_end: int | None = None
+    #: the innermost heading; left out, it is taken from ``heading_path``, so no record can carry a stale one
     section: str | None = None
     heading_path: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _section_of_heading_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("section") is None and data.get("heading_path"):
+            return {**data, "section": data["heading_path"][-1]}
+        return data
+
+    def location(self) -> dict[str, Any]:
+        """Just these fields, to pass where something sits on to another record (``Record(**x.location())``)."""
+        return {name: getattr(self, name) for name in Location.model_fields}
 
 
 class ChunkId(BaseModel):

@@ -86,7 +86,17 @@ def test_offline_reports_cite_pages_and_sections():
     # the fan-out: Collect stamps the place on the finding, the synthesizer's report and the sources carry it
     chunk = _pdf_chunk()
     findings = parse_findings(_ask("analyst", read_input(QUESTION, [chunk])).text, batch_chunk_ids=[12])
-    ref = ChunkRef(12, "docs", 0, "spec.pdf", 40, 52, page_start=4, page_end=5, heading_path=chunk.heading_path)
+    ref = ChunkRef(
+        chunk_id=12,
+        buffer="docs",
+        ordinal=0,
+        path="spec.pdf",
+        start_line=40,
+        end_line=52,
+        page_start=4,
+        page_end=5,
+        heading_path=chunk.heading_path,
+    )
     kept = [json.loads(json.dumps(k.__dict__)) for k in collect([(f, ref) for f in findings]).kept]
     report = _ask("synthesizer", synthesis_input(QUESTION, kept)).text
     assert "[chunk 12, docs:spec.pdf p. 4–5 § 2.1 Transport]" in report
@@ -101,7 +111,7 @@ def test_offline_reports_cite_pages_and_sections():
 
 def test_a_direct_answers_added_sources_cite_pages():
     reply = json.dumps({"answer": "At 23:40.", "cited_chunks": [12, 3]})
-    plain = ChunkForPrompt(3, "docs", "notes.txt", 1, 4, "x")
+    plain = ChunkForPrompt(chunk_id=3, buffer="docs", path="notes.txt", start_line=1, end_line=4, text="x")
     text = render_answer(reply, {12: _pdf_chunk(), 3: plain})
     assert text.endswith("Sources: [chunk 12, spec.pdf p. 4–5 § 2.1 Transport], [chunk 3, notes.txt:1-4]")
 

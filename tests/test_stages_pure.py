@@ -509,8 +509,22 @@ def test_a_direct_answer_object_is_rendered_with_the_citations_it_names():
     from rlm_workers.pipeline.analyst import ChunkForPrompt
 
     shown = {
-        5: ChunkForPrompt(5, "b", "docs/teams.md", 1, 3, "The billing team maintains the Zephyrine service."),
-        7: ChunkForPrompt(7, "b", "docs/kitchen.md", 1, 3, "The staff kitchen opens at seven."),
+        5: ChunkForPrompt(
+            chunk_id=5,
+            buffer="b",
+            path="docs/teams.md",
+            start_line=1,
+            end_line=3,
+            text="The billing team maintains the Zephyrine service.",
+        ),
+        7: ChunkForPrompt(
+            chunk_id=7,
+            buffer="b",
+            path="docs/kitchen.md",
+            start_line=1,
+            end_line=3,
+            text="The staff kitchen opens at seven.",
+        ),
     }
     report = render_answer('{"answer": "Zephyrine service", "cited_chunks": [5, 99]}', shown)
     assert report == "Zephyrine service\n\nSources: [chunk 5, docs/teams.md:1-3]"
@@ -538,9 +552,30 @@ def test_a_direct_answer_cites_the_chunk_that_holds_its_words():
     from rlm_workers.pipeline.answer import grounded_report
 
     chunks = [
-        ChunkForPrompt(5, "b", "docs/teams.md", 1, 3, "The billing team maintains the Zephyrine service."),
-        ChunkForPrompt(7, "b", "docs/kitchen.md", 1, 3, "The staff kitchen opens at seven on weekdays."),
-        ChunkForPrompt(9, "b", "docs/rota.md", 1, 3, "Kitchen rota: the billing team cleans on Fridays."),
+        ChunkForPrompt(
+            chunk_id=5,
+            buffer="b",
+            path="docs/teams.md",
+            start_line=1,
+            end_line=3,
+            text="The billing team maintains the Zephyrine service.",
+        ),
+        ChunkForPrompt(
+            chunk_id=7,
+            buffer="b",
+            path="docs/kitchen.md",
+            start_line=1,
+            end_line=3,
+            text="The staff kitchen opens at seven on weekdays.",
+        ),
+        ChunkForPrompt(
+            chunk_id=9,
+            buffer="b",
+            path="docs/rota.md",
+            start_line=1,
+            end_line=3,
+            text="Kitchen rota: the billing team cleans on Fridays.",
+        ),
     ]
     ask = "When does the staff kitchen open?"
     wrong_id = '{"answer": "It opens at seven on weekdays.", "cited_chunks": [5]}'

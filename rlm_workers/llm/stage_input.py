@@ -14,36 +14,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ConfigDict
 
-@dataclass(frozen=True)
-class ChunkForPrompt:
-    """A chunk as a prompt shows it: its id, where it comes from and its text."""
+from ..models import ChunkId, Location
 
-    chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
+
+class ChunkForPrompt(Location, ChunkId):
+    """A chunk as a prompt shows it: its id, where it comes from (a converted document's pages and section
+    included) and its text."""
+
+    model_config = ConfigDict(frozen=True)
+
     text: str
-    #: a converted document's pages and section (provenance.cite); None / () for plain text and code
-    page_start: int | None = None
-    page_end: int | None = None
-    heading_path: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, row: Any) -> ChunkForPrompt:
-        """From a stored chunk (``store.buffers.ChunkRow``), its place in the document included."""
-        return cls(
-            chunk_id=row.id,
-            buffer=row.buffer,
-            path=row.path,
-            start_line=row.start_line,
-            end_line=row.end_line,
-            text=row.text,
-            page_start=row.page_start,
-            page_end=row.page_end,
-            heading_path=tuple(row.heading_path),
-        )
+        """From a stored chunk (``store.buffers.ChunkRow``, not named: that would close an import circle)."""
+        return cls(chunk_id=row.id, text=row.text, **row.location())
 
 
 @dataclass(frozen=True)
@@ -55,22 +42,15 @@ class Question:
     records_wanted: bool = False
 
 
-@dataclass(frozen=True)
-class ShownFinding:
+class ShownFinding(Location, ChunkId):
     """A collected finding as the synthesizer and the completeness check are shown it."""
 
-    chunk_id: int
-    buffer: str
-    path: str
-    start_line: int
-    end_line: int
+    model_config = ConfigDict(frozen=True)
+
     relevance: str
     summary: str = ""
     findings: tuple[str, ...] = ()
     follow_up: tuple[str, ...] = ()
-    page_start: int | None = None
-    page_end: int | None = None
-    heading_path: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, kept: Mapping[str, Any]) -> ShownFinding:
@@ -88,7 +68,7 @@ class ShownFinding:
             # findings collected before documents had pages have no such keys
             page_start=kept.get("page_start"),
             page_end=kept.get("page_end"),
-            heading_path=tuple(kept.get("heading_path") or ()),
+            heading_path=list(kept.get("heading_path") or ()),
         )
 
 

@@ -20,7 +20,6 @@ import functools
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -582,10 +581,14 @@ def _owned(chunk: ChunkForPrompt, counted: Any) -> ChunkForPrompt:
     first, text = own_lines(chunk.text, chunk.start_line, chunk.end_line, counted.prev_end_line, counted.tail)
     if first > 1 and is_table(chunk.path) and counted.first_line:
         # a table's rows name their columns only through the header: every chunk of it starts with that row
-        return replace(
-            chunk, start_line=first - 1, end_line=max(first, chunk.end_line), text=f"{counted.first_line}\n{text}"
+        return chunk.model_copy(
+            update={
+                "start_line": first - 1,
+                "end_line": max(first, chunk.end_line),
+                "text": f"{counted.first_line}\n{text}",
+            }
         )
-    return replace(chunk, start_line=first, end_line=max(first, chunk.end_line), text=text)
+    return chunk.model_copy(update={"start_line": first, "end_line": max(first, chunk.end_line), "text": text})
 
 
 def _ask(

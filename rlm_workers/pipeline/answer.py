@@ -13,7 +13,6 @@ offline writer answers from the same chunks and says so.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Sequence
@@ -52,15 +51,15 @@ def _cut(c: ChunkForPrompt, budget_tokens: int) -> ChunkForPrompt:
     """``c`` with its text cut (at a line end where one is near) so that its block fits, marked as cut."""
     text = c.text
     for _ in range(8):  # escaping can lengthen the text a little: shrink until the block fits
-        over = estimate_tokens(_block(dataclasses.replace(c, text=text + "\n" + CUT_MARKER))) - budget_tokens
+        over = estimate_tokens(_block(c.model_copy(update={"text": text + "\n" + CUT_MARKER}))) - budget_tokens
         if over <= 0 or not text:
             break
         keep = max(0, len(text) - over * CHARS_PER_TOKEN)
         nl = text.rfind("\n", 0, keep)
         text = text[: nl if nl >= keep // 2 else keep]
     # the source line says which lines the model is shown
-    return dataclasses.replace(
-        c, text=f"{text}\n{CUT_MARKER}", end_line=min(c.end_line, c.start_line + text.count("\n"))
+    return c.model_copy(
+        update={"text": f"{text}\n{CUT_MARKER}", "end_line": min(c.end_line, c.start_line + text.count("\n"))}
     )
 
 

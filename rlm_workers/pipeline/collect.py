@@ -8,13 +8,14 @@ order the text does.  ``collect`` is pure; ``collect_job`` reads and stores.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..models import RELEVANCE_RANK, Finding, Relevance
+from pydantic import ConfigDict, Field
+
+from ..models import RELEVANCE_RANK, ChunkId, Finding, Location, Relevance
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from .flow import OK, StageContext
@@ -28,29 +29,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlm.pipeline.collect")
 
 
-@dataclass(frozen=True)
-class ChunkRef:
-    chunk_id: int
-    buffer: str
+class ChunkRef(Location, ChunkId):
+    """Where a finding's chunk lives, and its place in its buffer's reading order (``ordinal``)."""
+
+    model_config = ConfigDict(frozen=True)
+
     ordinal: int
-    path: str
-    start_line: int
-    end_line: int
-    #: a converted document's pages and section (provenance.cite); None / () for plain text and code
-    page_start: int | None = None
-    page_end: int | None = None
-    heading_path: tuple[str, ...] = ()
 
 
-# keyword-only: its own fields follow ChunkRef's defaulted provenance fields
-@dataclass(frozen=True, kw_only=True)
 class CollectedFinding(ChunkRef):
     """A kept finding, stamped with where its chunk lives."""
 
     relevance: str
-    findings: list[str] = field(default_factory=list)
+    findings: list[str] = Field(default_factory=list)
     summary: str = ""
-    follow_up: list[str] = field(default_factory=list)
+    follow_up: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -83,7 +76,7 @@ def collect(pairs: Iterable[tuple[Finding, ChunkRef]], *, finding_threshold: str
             continue
         kept.append(
             CollectedFinding(
-                **vars(ref),
+                **dict(ref),
                 relevance=f.relevance,
                 findings=list(f.findings),
                 summary=f.summary,
@@ -110,27 +103,14 @@ def collected_of(conn: psycopg.Connection, job: JobRow, default_threshold: str) 
     found = job_store.findings_of(conn, job_id=job.id)
     rows = get_chunks(conn, tenant=job.tenant, chunk_ids=sorted({f.chunk_id for _, f in found}), with_text=False)
     pairs = [
-        (
-            f,
-            ChunkRef(
-                chunk_id=c.id,
-                buffer=c.buffer,
-                ordinal=c.ordinal,
-                path=c.path,
-                start_line=c.start_line,
-                end_line=c.end_line,
-                page_start=c.page_start,
-                page_end=c.page_end,
-                heading_path=c.heading_path,
-            ),
-        )
+        (f, ChunkRef(chunk_id=c.id, ordinal=c.ordinal, **c.location()))
         for _, f in found
         if (c := rows.get(f.chunk_id)) is not None
     ]
     threshold = job.options.finding_threshold or default_threshold
     result = collect(pairs, finding_threshold=threshold)
     records = {str(f.chunk_id): [r.model_dump() for r in f.records] for f, _ in pairs if f.records}
-    return {"kept": [dataclasses.asdict(k) for k in result.kept], "filtered": result.filtered_count, "records": records}
+    return {"kept": [k.model_dump() for k in result.kept], "filtered": result.filtered_count, "records": records}
 
 
 def unite(parts: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..models import Location
+
 #: what joins a heading path when it is shown or asked for as one string ("Transport › Framing")
 PATH_SEPARATOR = " › "
 
@@ -43,10 +45,9 @@ def cite(
     return f"{where} § {section}" if section else where
 
 
-def cite_of(c: Any, path: str | None = None) -> str:
-    """``cite`` of anything that carries a chunk's place (``path``, lines, pages, ``heading_path``): a stored chunk,
-    a hit, a prompt record; ``path`` overrides the path when the caller shows it otherwise (quoted, with its
-    buffer)."""
+def cite_of(c: Location, path: str | None = None) -> str:
+    """``cite`` of anything that says where it sits: a stored chunk, a hit, a prompt record, a section; ``path``
+    overrides the path when the caller shows it otherwise (quoted, with its buffer)."""
     return cite(c.path if path is None else path, c.start_line, c.end_line, c.page_start, c.page_end, c.heading_path)
 
 

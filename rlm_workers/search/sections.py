@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pydantic import ConfigDict
+
 from ..errors import InvalidInput
-from ..models import check_storable_text
+from ..models import Location, check_storable_text
 from ..store.buffers import SpanChunk, chunks_in_lines, file_outline, list_files, paths_ending, require_buffers
-from .provenance import PATH_SEPARATOR, cite
+from .provenance import PATH_SEPARATOR, cite_of
 
 if TYPE_CHECKING:
     import psycopg
@@ -63,17 +65,14 @@ class Outline:
     headings: list[Heading]
 
 
-@dataclass(frozen=True)
-class Section:
-    buffer: str
-    path: str
+class Section(Location):
+    """A section read back: its heading and text, and where the text sits: the lines it covers (fewer than the
+    section's when it was cut) and the heading's path."""
+
+    model_config = ConfigDict(frozen=True)
+
     heading: Heading
     text: str
-    #: lines of the converted text the returned text covers (shorter than the section's when it was cut)
-    start_line: int
-    end_line: int
-    page_start: int | None
-    page_end: int | None
     #: the text stops before the section's end (``max_chars``)
     truncated: bool
     #: start lines of other sections with exactly this heading path (this one is the first)
@@ -81,7 +80,7 @@ class Section:
 
     @property
     def cite(self) -> str:
-        return cite(self.path, self.start_line, self.end_line, self.page_start, self.page_end, self.heading.path)
+        return cite_of(self)
 
 
 def _arg(value: object, name: str) -> str:
@@ -248,6 +247,7 @@ def read_section(
         path=f.path,
         heading=head,
         text=body,
+        heading_path=list(head.path),
         start_line=head.start_line,
         end_line=end_line,
         page_start=page_start,

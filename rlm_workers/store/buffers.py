@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
+from pydantic import ConfigDict
 
 from ..errors import BufferNotFound, InvalidInput
-from ..models import BufferInfo, FileInfo
+from ..models import BufferInfo, FileInfo, Location
 from . import vectors
 from .rows import one
 
@@ -329,28 +330,34 @@ def renumber_ordinals(conn: psycopg.Connection, *, buffer_id: int) -> None:
     )
 
 
-@dataclass(frozen=True)
-class ChunkRow:
+class ChunkRow(Location):
+    """A stored chunk: where it sits, its place in its buffer's reading order (``ordinal``) and its text."""
+
+    model_config = ConfigDict(frozen=True)
+
     id: int
-    buffer: str
     ordinal: int
-    path: str
-    start_line: int
-    end_line: int
     text: str
-    #: where a converted document's chunk sits (provenance.cite); None / () for plain text and code
-    page_start: int | None = None
-    page_end: int | None = None
-    heading_path: tuple[str, ...] = ()
 
 
-#: the provenance columns every displayed chunk carries, in ChunkRow's order after ``text``
+#: the provenance columns every displayed chunk carries, read after ``text`` by ``_chunk_row``
 _PROVENANCE_COLS = "c.page_start, c.page_end, c.heading_path"
 
 
 def _chunk_row(r: Sequence[Any]) -> ChunkRow:
     """A ChunkRow from id, buffer, ordinal, path, start, end, text, then the provenance columns."""
-    return ChunkRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tuple(r[9] or ()))
+    return ChunkRow(
+        id=r[0],
+        buffer=r[1],
+        ordinal=r[2],
+        path=r[3],
+        start_line=r[4],
+        end_line=r[5],
+        text=r[6],
+        page_start=r[7],
+        page_end=r[8],
+        heading_path=r[9] or [],
+    )
 
 
 def get_chunks(
