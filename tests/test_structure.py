@@ -394,3 +394,45 @@ def test_no_job_column_is_read_as_an_untyped_dict():
         if pattern.search(line) and not any(ok in line for ok in NOT_JOB_COLUMNS.get(str(p.relative_to(ROOT)), []))
     ]
     assert found == []
+
+
+#: classes that declare a place of their own, not a chunk's or passage's location (``Location``), each with why
+OWN_PLACE = {
+    # a chunk as the chunker cuts it: no buffer yet, and its byte offsets are what loading stores
+    "Chunk": "rlm_workers/ingest/chunkers.py",
+    # a chunk's span in its file (byte offsets, no buffer or path): what stitching a section back together needs
+    "SpanChunk": "rlm_workers/store/buffers.py",
+    # a heading's span in its document's outline: its path is the heading path, not a file's
+    "Heading": "rlm_workers/search/sections.py",
+    # get_outline's row for one heading: the heading's span, printed with the heading's own keys
+    "OutlineHeading": "rlm_api/mcp_server.py",
+}
+
+
+def _annotated(node: ast.ClassDef) -> set[str]:
+    return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def test_where_a_chunk_sits_is_declared_once_in_location():
+    """A class that says where something sits inherits ``models.Location`` instead of declaring ``start_line``
+    beside a path, pages or a heading path again, so a new location field reaches every such record
+    (docs/architecture.md#layout)."""
+    models = ast.parse((ROOT / "rlm_workers" / "models.py").read_text())
+    location = next(n for n in models.body if isinstance(n, ast.ClassDef) and n.name == "Location")
+    # the lines alone are no location: a line span (a batch's, a quote's) may be declared anywhere
+    beside = _annotated(location) - {"start_line", "end_line"}
+    assert {"buffer", "path", "page_start", "heading_path"} <= beside
+    found = {
+        (node.name, str(path.relative_to(ROOT)))
+        for path in _python_files()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and "start_line" in (names := _annotated(node)) and names & beside
+    }
+    offenders = sorted(
+        f"{where}:{name}" for name, where in found - set(OWN_PLACE.items()) - {("Location", "rlm_workers/models.py")}
+    )
+    assert not offenders, "classes declaring a location of their own (inherit models.Location):\n" + "\n".join(
+        offenders
+    )
+    stale = sorted(set(OWN_PLACE.items()) - found)
+    assert not stale, f"OWN_PLACE names classes that declare no place of their own (any more): {stale}"
