@@ -242,17 +242,25 @@ def test_a_cut_inside_a_bold_span_leaves_no_unclosed_stars():
 def test_passage_vectors_are_computed_once_and_the_oldest_are_dropped():
     import numpy as np
 
-    from rlm_workers.ingest.embed import get_embedder, resolve_runtime
-    from rlm_workers.llm.extractive import _PassageVectors
+    from rlm_workers.ingest.embed import get_embedder
+    from rlm_workers.ingest.vector_memo import VectorMemo
 
-    model = None
-    runtime = resolve_runtime(model)
+    embedder = get_embedder()
     texts = ["the harbour has three bridges", "fog on most mornings", "lentil soup on Fridays"]
-    memo = _PassageVectors(capacity=2)
-    first = memo.encode(model, runtime, texts)
-    reference = np.asarray(get_embedder(model, runtime).encode(texts))
-    assert first.shape == reference.shape and np.allclose(first, reference, atol=1e-3)
-    # the last two are kept; asked again (one repeated), they come back as computed, in the order asked
-    again = memo.encode(model, runtime, [texts[2], texts[1], texts[2]])
-    assert np.array_equal(again, first[[2, 1, 2]])
-    assert len(memo._vectors) == 2 and (model, runtime, texts[0]) not in memo._vectors
+    asked: list[list[str]] = []
+
+    def compute(batch):
+        asked.append(batch)
+        return embedder.encode(batch)
+
+    memo = VectorMemo(capacity=2)
+    first = memo.encode("minilm/int8", texts, compute)
+    assert np.allclose(first, embedder.encode(texts), atol=1e-3) and asked == [texts]
+    # the last two are kept; asked again (one of them twice), they come back as computed, in the order asked
+    again = memo.encode("minilm/int8", [texts[2], texts[1], texts[2]], compute)
+    assert np.array_equal(again, first[[2, 1, 2]]) and len(asked) == 1 and len(memo) == 2
+    # the dropped one is computed again; another encoder's vectors are never handed out
+    memo.encode("minilm/int8", [texts[0]], compute)
+    memo.encode("other/torch", [texts[1]], compute)
+    assert asked[1:] == [[texts[0]], [texts[1]]]
+    assert memo.encode("x", [], compute).shape[0] == 0

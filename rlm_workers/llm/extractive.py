@@ -12,10 +12,9 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 from bisect import bisect_right
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
@@ -24,6 +23,7 @@ import numpy as np
 from ..config import get_settings
 from ..errors import LLMError
 from ..ingest.embed import get_embedder, resolve_runtime
+from ..ingest.vector_memo import VectorMemo
 from ..models import RELEVANCE_RANK, Record
 from ..records.lines import extract_records
 from ..records.totals import aggregate, records_markdown, stem_terms
@@ -117,36 +117,8 @@ def _passages(text: str) -> list[tuple[int, int, str]]:
 _encoder_failed = False
 
 
-class _PassageVectors:
-    """Passage vectors already computed in this process, least recently used dropped first.  A buffer's passages
-    come back with every question asked of it (a chat's next turn, a thinking round, every ``--scope all`` read
-    over the same logs), and encoding them is most of this provider's time on a small CPU."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._vectors: OrderedDict[tuple[str | None, str, str], np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()  # a threads-pool worker runs several analysts at once
-
-    def encode(self, model: str | None, runtime: str, texts: Sequence[str]) -> np.ndarray:
-        keys = [(model, runtime, t) for t in texts]
-        with self._lock:
-            found = {k: v for k in keys if (v := self._vectors.get(k)) is not None}
-            for k in found:
-                self._vectors.move_to_end(k)
-        missing = list(dict.fromkeys(k for k in keys if k not in found))
-        if missing:
-            fresh = np.asarray(get_embedder(model, runtime).encode([t for *_, t in missing]), dtype=np.float32)
-            new = dict(zip(missing, fresh, strict=True))
-            found.update(new)
-            with self._lock:
-                self._vectors.update(new)
-                while len(self._vectors) > self.capacity:
-                    self._vectors.popitem(last=False)
-        return np.stack([found[k] for k in keys])
-
-
-#: 20,000 passages of a 384-dimension encoder: 30 MB per process
-_passage_vectors = _PassageVectors(20_000)
+#: passage vectors kept per process (ingest/vector_memo.py): 20,000 of a 384-dimension encoder are 30 MB
+_passage_vectors = VectorMemo(20_000)
 
 
 def _meaning(query: str, texts: Sequence[str]) -> list[float] | None:
@@ -157,7 +129,8 @@ def _meaning(query: str, texts: Sequence[str]) -> list[float] | None:
     try:
         runtime = resolve_runtime(model := get_settings().embedding_model)
         readable = [_CAMEL.sub(" ", t[:MAX_EMBED_CHARS]).replace("_", " ") for t in texts]
-        vectors = _passage_vectors.encode(model, runtime, readable)
+        embedder = get_embedder(model, runtime)
+        vectors = _passage_vectors.encode(f"{embedder.model_id}/{embedder.runtime}", readable, embedder.encode)
         return [float(x) for x in vectors @ np.asarray(query_vector(model, query, runtime))]
     except Exception as exc:  # no model files, no runtime: rank by words, and say so once
         _encoder_failed = True
