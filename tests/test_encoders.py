@@ -20,8 +20,10 @@ from rlm_workers.ingest.windows import DEFAULT_WINDOWS, WindowSpec, query_window
 pytestmark = pytest.mark.usefixtures("rlm_env")
 
 
-def _real_corpus(limit: int = 2500) -> list[str]:
-    """Windows of real text: an installed package's source and this project's own prose, by the default cut."""
+def _real_corpus(limit: int = 800) -> list[str]:
+    """Windows of real text: an installed package's source and this project's own prose, by the default cut.
+    800 of them, an even spread: int8's mean cosine over them was 0.99625 against 0.99626 over all 2,131 the cut
+    gives, and the float32 reference over all was two minutes of the suite on 2 cores (2026-11-30)."""
     import celery
 
     from rlm_workers.ingest.embed import get_embedder
@@ -58,7 +60,7 @@ def test_int8_vectors_stay_within_a_cosine_of_099_of_the_reference(corpus, refer
     assert fast.runtime == "onnx-int8" and fast.dim == reference.shape[1]
     vecs = fast.encode(corpus, batch_size=64)
     cos = np.sum(vecs * reference, axis=1)
-    assert len(corpus) >= 2000
+    assert len(corpus) >= 800
     assert float(cos.mean()) >= 0.99, f"mean cosine {cos.mean():.4f} over {len(corpus)} windows"
     assert float(cos.min()) >= 0.95, f"worst window {corpus[int(cos.argmin())]!r} at {cos.min():.4f}"
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
