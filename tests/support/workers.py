@@ -40,21 +40,29 @@ class WorkerProcess:
         self.name, self.queues, self.env, self.concurrency, self.pool = name, queues, env, concurrency, pool
         self.log_path = log_dir / f"worker-{name}.log"
         self.proc: subprocess.Popen | None = None
+        self._mark = 0  # the log's size when the process was started: "ready." is looked for after it
 
     def start(self, timeout: float = 90.0) -> WorkerProcess:
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> WorkerProcess:
+        """Start the process and return at once (``wait_ready`` waits for it): a module's workers boot together."""
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        log = open(self.log_path, "ab")
-        mark = self.log_path.stat().st_size
-        self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.log_path, "ab") as log:
+            self._mark = self.log_path.stat().st_size
+            self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         if self not in _STARTED:
             _STARTED.append(self)
-        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> WorkerProcess:
+        assert self.proc is not None, "spawn() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited {self.proc.returncode}:\n{self.tail()}")
             with open(self.log_path, "rb") as fh:
-                fh.seek(mark)
+                fh.seek(self._mark)
                 if b" ready." in fh.read():
                     return self
             time.sleep(0.2)
@@ -85,11 +93,18 @@ class WorkerProcess:
 
     def stop(self) -> None:
         """Warm shutdown (SIGTERM); SIGKILL if it does not leave in time."""
+        self.ask_to_stop()
+        self.wait_stopped()
+
+    def ask_to_stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
 
@@ -121,11 +136,15 @@ def running_workers(
     }
     try:
         for w in ws.values():
-            w.start()
-        yield ws
-    finally:
+            w.spawn()
         for w in ws.values():
-            w.stop()
+            w.wait_ready()
+        yield ws
+    finally:  # all asked at once: each warm shutdown waits on its own pool
+        for w in ws.values():
+            w.ask_to_stop()
+        for w in ws.values():
+            w.wait_stopped()
 
 
 @contextlib.contextmanager
