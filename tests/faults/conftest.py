@@ -37,7 +37,12 @@ def test_services():
 # --- per module: a scripted model, the essays corpus, a control and an analyst worker ---------------
 
 #: short clocks so redelivery, the watchdog and the reconciler act within a test's patience
-CLOCKS = {"RLM_VISIBILITY_TIMEOUT": "30", "RLM_JOB_TIMEOUT": "20", "RLM_RECONCILE_SECONDS": "2"}
+CLOCKS = {
+    "RLM_VISIBILITY_TIMEOUT": "30",
+    "RLM_JOB_TIMEOUT": "20",
+    "RLM_RECONCILE_SECONDS": "2",
+    "RLM_WORKER_LOST_SECONDS": "2",
+}
 
 
 @pytest.fixture(scope="module")
