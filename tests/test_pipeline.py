@@ -45,6 +45,9 @@ def env(rlm_env, llm, tmp_path_factory):
         # short enough that a lost batch is redelivered or salvaged within the test's patience
         RLM_VISIBILITY_TIMEOUT="30",
         RLM_JOB_TIMEOUT="25",
+        # a dead worker's work looked for every 2 s and re-sent once it is 2 s gone (production: 60 s and 20 s)
+        RLM_RECONCILE_SECONDS="2",
+        RLM_WORKER_LOST_SECONDS="2",
     ) as e:
         yield e
 
