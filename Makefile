@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
 	# Exactly the versions the suite was tested with (constraints.txt); pyproject.toml only bounds them.
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	# An editable install leaves our own modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set every
+	# `rlm` command and worker would compile them again at each start.
+	$(PY) -m compileall -q rlm_workers rlm_api > /dev/null
 	touch $(STAMP)
 
 # Re-resolve pyproject.toml's ranges in a throw-away venv and rewrite constraints.txt: run on purpose,
