@@ -111,7 +111,7 @@ class JobSpec(StoredModel):
 
 
 class Collected(StoredModel):
-    """What Collect kept (``collect.Kept`` rows), how many it dropped, and each chunk's typed records."""
+    """What Collect kept (``collect.CollectedFinding`` rows), how many it dropped, and each chunk's typed records."""
 
     # "allow": nothing else is written today; a later key must not make an old job unreadable, nor be lost
     model_config = ConfigDict(extra="allow")
