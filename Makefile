@@ -6,10 +6,10 @@ RLM    := $(VENV)/bin/rlm
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # The suite's parallel processes (pytest-xdist; each has its own embedded servers and runs whole modules,
-# --dist loadfile).  0 (one process) by default: on 2 cores the suite is CPU-bound, and 3 processes took longer
-# (47 min against 40) and slowed the timing-sensitive fault tests past their waits (bench/RESULTS.md#suite).
-# A machine with more cores: `make test TEST_WORKERS=4`.
-TEST_WORKERS ?= 0
+# --dist loadfile).  3 on 2 cores: many tests wait (on workers, clocks, a restarted server) while others compute,
+# and 3 kept the cores 89 % busy: a clean clone's .ci/run took 20:40, against 23:38 with 2 and about 38 min with one
+# (bench/RESULTS.md#suite).  TEST_WORKERS=0 runs one process; a machine with more cores: TEST_WORKERS=6.
+TEST_WORKERS ?= 3
 XDIST  := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install lock test test-fast test-real-model local-llm demo lint bench up clean-data
