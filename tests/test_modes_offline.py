@@ -32,7 +32,7 @@ def env(rlm_env):
         yield {**rlm_env, **extra}
 
 
-def write_logs(root, *, files: int = 25, lines: int = 2000, seed: int = 11) -> collections.Counter:
+def write_logs(root, *, files: int = 25, lines: int = 1000, seed: int = 11) -> collections.Counter:
     """``lines`` log lines over ``files`` files; 7 error kinds with counts known only from the writing.  Five
     files are quiet (no errors): a search for errors has no reason to read them."""
     rng = random.Random(seed)
@@ -238,7 +238,7 @@ def test_scope_all_counts_every_record_exactly(conn, workers, corpora):
         kinds = {row.value: row.count for row in r.records if row.label == "kind"}
         assert kinds == dict(truth), buffer
         levels = {row.value: row.count for row in r.records if row.label == "level"}
-        assert levels["ERROR"] == sum(truth.values()) and sum(levels.values()) == 2000
+        assert levels["ERROR"] == sum(truth.values()) and sum(levels.values()) == 1000
         assert "Exact totals" in r.response and f"| {KINDS[0]} | {truth[KINDS[0]]} |" in r.response
 
 
