@@ -48,6 +48,13 @@ def test_scaling_table(count, tier, batch, conc, depth, loaded):
     )
 
 
+def _doc(chunk_id: int, path: str, text: str):
+    """A three-line chunk of buffer ``b``, as a prompt shows it."""
+    from rlm_workers.llm.stage_input import ChunkForPrompt
+
+    return ChunkForPrompt(chunk_id=chunk_id, buffer="b", path=path, start_line=1, end_line=3, text=text)
+
+
 def test_scaling_rejects_negative():
     with pytest.raises(ValueError):
         scaling_profile(-1)
@@ -506,25 +513,10 @@ def test_a_direct_answer_object_is_rendered_with_the_citations_it_names():
     ("[Chunk 5]"); as an object the answer is words and the ids are ours to render, only those it was shown."""
     from rlm_workers.llm.replies import cited_chunk_ids
     from rlm_workers.llm.structured import answer_schema, parse_answer, render_answer
-    from rlm_workers.pipeline.analyst import ChunkForPrompt
 
     shown = {
-        5: ChunkForPrompt(
-            chunk_id=5,
-            buffer="b",
-            path="docs/teams.md",
-            start_line=1,
-            end_line=3,
-            text="The billing team maintains the Zephyrine service.",
-        ),
-        7: ChunkForPrompt(
-            chunk_id=7,
-            buffer="b",
-            path="docs/kitchen.md",
-            start_line=1,
-            end_line=3,
-            text="The staff kitchen opens at seven.",
-        ),
+        5: _doc(5, "docs/teams.md", "The billing team maintains the Zephyrine service."),
+        7: _doc(7, "docs/kitchen.md", "The staff kitchen opens at seven."),
     }
     report = render_answer('{"answer": "Zephyrine service", "cited_chunks": [5, 99]}', shown)
     assert report == "Zephyrine service\n\nSources: [chunk 5, docs/teams.md:1-3]"
@@ -548,34 +540,12 @@ def test_a_direct_answer_object_is_rendered_with_the_citations_it_names():
 def test_a_direct_answer_cites_the_chunk_that_holds_its_words():
     """A small model may write the right value under the wrong id: the ids are checked against the chunks'
     words, its own order kept where they hold; a paraphrase no chunk holds keeps the model's ids."""
-    from rlm_workers.pipeline.analyst import ChunkForPrompt
     from rlm_workers.pipeline.answer import grounded_report
 
     chunks = [
-        ChunkForPrompt(
-            chunk_id=5,
-            buffer="b",
-            path="docs/teams.md",
-            start_line=1,
-            end_line=3,
-            text="The billing team maintains the Zephyrine service.",
-        ),
-        ChunkForPrompt(
-            chunk_id=7,
-            buffer="b",
-            path="docs/kitchen.md",
-            start_line=1,
-            end_line=3,
-            text="The staff kitchen opens at seven on weekdays.",
-        ),
-        ChunkForPrompt(
-            chunk_id=9,
-            buffer="b",
-            path="docs/rota.md",
-            start_line=1,
-            end_line=3,
-            text="Kitchen rota: the billing team cleans on Fridays.",
-        ),
+        _doc(5, "docs/teams.md", "The billing team maintains the Zephyrine service."),
+        _doc(7, "docs/kitchen.md", "The staff kitchen opens at seven on weekdays."),
+        _doc(9, "docs/rota.md", "Kitchen rota: the billing team cleans on Fridays."),
     ]
     ask = "When does the staff kitchen open?"
     wrong_id = '{"answer": "It opens at seven on weekdays.", "cited_chunks": [5]}'
