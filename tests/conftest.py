@@ -23,11 +23,17 @@ os.environ.setdefault("RLM_ENCODER_DIR", str(Path(tempfile.gettempdir()) / "rlm-
 for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL", "RLM_PROVIDER"):
     os.environ.pop(_var, None)
 os.environ["RLM_LOCAL_LLM"] = "off"
+# Every data dir of embedded servers the test processes start lies under one directory per run, made by the first
+# process (the xdist controller, or the only one) and removed when it ends: a worker stopped before its teardown
+# (Ctrl-C under xdist) leaves its servers running, and their watchers stop them once their data dir is gone.
+_OWNS_RUN_DIR = "RLM_TEST_RUN_DIR" not in os.environ
+if _OWNS_RUN_DIR:
+    os.environ["RLM_TEST_RUN_DIR"] = tempfile.mkdtemp(prefix="rlm-test-run-")
 # Nor the user's own data dir: code that runs outside a module's rlm_env (the limiter's metrics, a settings reset
 # at teardown) would start an embedded server there.  This one is removed at the end, and its servers' watchers
 # stop them once it is gone (docs/architecture.md#embedded-servers).  Each pytest process has its own: an xdist
 # worker inherits the controller's environment, and would otherwise share (and never remove) the controller's.
-_FALLBACK_DATA_DIR = tempfile.mkdtemp(prefix="rlm-test-fallback-")
+_FALLBACK_DATA_DIR = tempfile.mkdtemp(prefix="rlm-test-fallback-", dir=os.environ["RLM_TEST_RUN_DIR"])
 if os.environ.get("RLM_DATA_DIR") in (None, os.environ.get("RLM_TEST_FALLBACK_DATA_DIR")):
     os.environ["RLM_DATA_DIR"] = _FALLBACK_DATA_DIR
 os.environ["RLM_TEST_FALLBACK_DATA_DIR"] = _FALLBACK_DATA_DIR
@@ -36,6 +42,8 @@ os.environ["RLM_TEST_FALLBACK_DATA_DIR"] = _FALLBACK_DATA_DIR
 def pytest_unconfigure(config):
     # here rather than in a session fixture: an xdist controller runs no fixtures, but made one too
     shutil.rmtree(_FALLBACK_DATA_DIR, ignore_errors=True)
+    if _OWNS_RUN_DIR:
+        shutil.rmtree(os.environ["RLM_TEST_RUN_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -53,12 +61,11 @@ def _encoder_exported():
 
 @pytest.fixture(scope="session")
 def test_services():
-    from tests.support.services import start_services
+    from tests.support.services import run_data_dir, start_services
 
     # one per pytest process: under xdist each worker has its own servers, so one module's flushdb or queues never
     # reach another's
-    data_dir = Path(tempfile.mkdtemp(prefix="rlm-test-"))
-    svc = start_services(data_dir)
+    svc = start_services(run_data_dir("rlm-test-"))
     yield svc
     svc.stop()
 

@@ -6,9 +6,6 @@ must be able to kill and restart them.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from tests.support.pipeline_model import write_essays
@@ -18,9 +15,9 @@ from tests.support.workers import running_workers, scripted_env
 @pytest.fixture(scope="session")
 def test_services():
     from rlm_workers.runtime import local_servers as services
-    from tests.support.services import TestServices, embedded_start_lock
+    from tests.support.services import TestServices, embedded_start_lock, run_data_dir
 
-    data_dir = Path(tempfile.mkdtemp(prefix="rlm-faults-"))
+    data_dir = run_data_dir("rlm-faults-")
     with embedded_start_lock():
         admin_url, broker_url = services.embedded_postgres_url(data_dir), services.embedded_valkey_url(data_dir)
     svc = TestServices(

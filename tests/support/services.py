@@ -74,6 +74,12 @@ def embedded_start_lock() -> Iterator[None]:
         yield
 
 
+def run_data_dir(prefix: str) -> Path:
+    """A new data dir for a test process's embedded servers, under the run's directory (tests/conftest.py makes
+    it and removes it at the end, which stops the servers of a process that never reached its teardown)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("RLM_TEST_RUN_DIR")))
+
+
 def start_services(data_dir: Path) -> TestServices:
     from rlm_workers.runtime import local_servers as services
 
