@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # The suite's parallel processes (pytest-xdist; each has its own embedded servers and runs whole modules,
 # --dist loadfile).  3 on 2 cores: many tests wait (on workers, clocks, a restarted server) while others compute,
-# and 3 kept the cores 86 % busy: a clean clone's .ci/run took 17:30 (3), 23:38 (2) and about 38 min in one process
+# and 3 kept the cores 85 % busy: a clean clone's .ci/run took 16:25 (3), 23:38 (2) and about 38 min in one process
 # (bench/RESULTS.md#suite).  TEST_WORKERS=0 runs one process; a machine with more cores: TEST_WORKERS=6.
 TEST_WORKERS ?= 3
 XDIST  := -n $(TEST_WORKERS) --dist loadfile
