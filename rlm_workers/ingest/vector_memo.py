@@ -39,9 +39,8 @@ class VectorMemo:
             found = {k: v for k in keys if (v := self._vectors.get(k)) is not None}
             for k in found:
                 self._vectors.move_to_end(k)
-        missing = dict.fromkeys(k for k in keys if k not in found)
-        if missing:
-            wanted = {k: t for k, t in zip(keys, texts, strict=True) if k in missing}
+        wanted = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
+        if wanted:
             fresh = np.asarray(compute(list(wanted.values())), dtype=np.float32)
             new = dict(zip(wanted, fresh, strict=True))
             found.update(new)
