@@ -14,7 +14,7 @@ The questions are phrased as a user would ask them, about a third without the id
 before a task is tried again" for ``default_retry_delay``).  Each gold line is a substring of the one line a
 good answer quotes (unique in its corpus, or asked with words that pick one of its definitions).
 
-Used by tests/test_offline_answer.py (the gate) and bench/offline_answer.py (the figure).
+Used by tests/support/offline_answer.py (the gate, one test module per corpus) and bench/offline_answer.py (the figure).
 """
 
 from __future__ import annotations
