@@ -301,7 +301,7 @@ def cleanup(conn: Any) -> None:
     conn.execute("DELETE FROM jobs WHERE id LIKE %s", (PREFIX + "%",))
     from rlm_workers.runtime import metrics
 
-    metrics._client().delete(metrics.COUNTERS_KEY, metrics.HISTOGRAMS_KEY)
+    metrics.client().delete(metrics.COUNTERS_KEY, metrics.HISTOGRAMS_KEY)
 
 
 def main() -> None:

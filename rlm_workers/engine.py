@@ -60,6 +60,7 @@ from rlm_workers.limits import (
     MIN_CHUNK_SIZE,
 )
 from rlm_workers.models import (
+    ORDER,
     BufferInfo,
     ChunkId,
     ChunkView,
@@ -107,7 +108,7 @@ if TYPE_CHECKING:
         store_overnight,
         submit_overnight,
     )
-    from rlm_workers.pipeline.flow import BROKER_OUTAGE, ORDER
+    from rlm_workers.pipeline.flow import BROKER_OUTAGE
     from rlm_workers.pipeline.report import status_line
     from rlm_workers.pipeline.sessions import cited_sources, create_session, post_message, session_view
     from rlm_workers.runtime.doctor import (
@@ -227,7 +228,6 @@ _LAZY = {
     "llm_calls_of": "rlm_workers.store.jobs:llm_calls_of",
     "tree_of": "rlm_workers.store.jobs:tree_of",
     "BROKER_OUTAGE": "rlm_workers.pipeline.flow:BROKER_OUTAGE",
-    "ORDER": "rlm_workers.pipeline.flow:ORDER",
     "status_line": "rlm_workers.pipeline.report:status_line",
     # sessions
     "create_session": "rlm_workers.pipeline.sessions:create_session",
@@ -502,10 +502,10 @@ def worker_abandoned() -> bool:
 def metrics_text(conn: psycopg.Connection) -> bytes:
     """The Prometheus text: in-flight jobs from the partial index, everything else from the Redis counters
     the workers keep (docs/contract.md#metrics)."""
-    from rlm_workers.runtime import metrics
+    from rlm_workers.runtime.metrics_render import render
     from rlm_workers.store.metrics import jobs_in_flight
 
-    return metrics.render(jobs_in_flight(conn), ALL_QUEUES)
+    return render(jobs_in_flight(conn), ALL_QUEUES)
 
 
 # --- keys: created once and printed once, stored only as a sha256, each bound to one tenant ---------------

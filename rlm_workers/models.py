@@ -176,6 +176,41 @@ class JobStatus(str, Enum):
     cancelled = "cancelled"
 
 
+class Stage(StrEnum):
+    """Where a job is: the ``stage`` column of ``jobs``."""
+
+    queued = "queued"
+    plan = "plan"
+    search = "search"
+    #: the direct route's one call (instant, or auto on a small context)
+    answer = "answer"
+    fan_out = "fan_out"
+    collect = "collect"
+    #: thinking mode's completeness check after a round; it may start child jobs
+    check = "check"
+    #: waiting, with no task running, for child jobs (follow-ups, query_subset) to end
+    children = "children"
+    #: the children ended: their findings join the job's, and the job goes on (check again, or synthesize)
+    merge = "merge"
+    synthesize = "synthesize"
+
+
+#: the stages in the order a job moves through them (``pipeline/flow.py`` moves it); a thinking job goes round
+#: check → children → merge more than once, and a direct job leaves at answer (docs/architecture.md#job-trees)
+ORDER: tuple[Stage, ...] = (
+    Stage.queued,
+    Stage.plan,
+    Stage.search,
+    Stage.answer,
+    Stage.fan_out,
+    Stage.collect,
+    Stage.check,
+    Stage.children,
+    Stage.merge,
+    Stage.synthesize,
+)
+
+
 class BufferInfo(BaseModel):
     name: str
     id: int

@@ -109,6 +109,18 @@ def test_importing_the_engine_loads_no_database_or_broker_client():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_command_that_reads_jobs_loads_no_broker_or_metrics_client():
+    """`rlm job show`, `rlm jobs` and `rlm buffers` read PostgreSQL only; the tests start such commands hundreds
+    of times, and Redis's client, kombu and the Prometheus client were once half of each one's start."""
+    code = (
+        "import sys; import rlm_api.cli, rlm_api.cli_jobs, rlm_api.views; "
+        "from rlm_workers.engine import connect, get_job, job_ids_starting, list_buffers, list_jobs; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'redis', 'kombu', 'celery', 'prometheus_client'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
 def readme_example() -> str:
     """The code block of README.md's "Use it from Python"."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -194,6 +194,7 @@ def test_metric_writes_never_raise_without_a_broker(env, tmp_path):
     """A dead broker drops the increments (debug log) instead of failing the stage that counts them."""
     from rlm_workers.config import reset_settings
     from rlm_workers.runtime import metrics
+    from rlm_workers.runtime.metrics_render import render
     from tests.support.envpatch import patched_env
 
     with patched_env({"RLM_BROKER_URL": "redis://127.0.0.1:1/0"}):
@@ -202,8 +203,19 @@ def test_metric_writes_never_raise_without_a_broker(env, tmp_path):
             metrics.job_finished("done")
             metrics.stage_timed("plan", 0.3)
             metrics.limiter_waited(0.0)
-            text = metrics.render({"queued": 2}, ("rlm.analyst",)).decode()
+            text = render({"queued": 2}, ("rlm.analyst",)).decode()
         finally:
             metrics._down_until = 0.0  # the back-off would also skip this process's later writes
             reset_settings()
     assert 'rlm_jobs{status="queued"} 2.0' in text and "rlm_queue_depth{" not in text
+
+
+def test_bucket_labels_are_the_prometheus_clients_own():
+    """Workers label buckets without loading the Prometheus client; a label written another way would be a second
+    series for the same bucket after an upgrade."""
+    from prometheus_client.utils import floatToGoString
+
+    from rlm_workers.runtime.metrics import HISTOGRAM_FAMILIES, bucket_label
+
+    bounds = [b for _, buckets, _ in HISTOGRAM_FAMILIES.values() for b in buckets] + [float("inf")]
+    assert [bucket_label(b) for b in bounds] == [floatToGoString(b) for b in bounds]

@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import kombu.exceptions
@@ -31,7 +30,7 @@ import redis.exceptions
 
 from ..config import Settings
 from ..errors import error_record
-from ..models import JobStatus, QueryResult
+from ..models import ORDER, JobStatus, QueryResult, Stage
 from ..runtime import metrics
 from ..store import jobs as job_store
 from ..store.db import connection
@@ -44,37 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlm.pipeline")
 
 
-class Stage(StrEnum):
-    queued = "queued"
-    plan = "plan"
-    search = "search"
-    #: the direct route's one call (instant, or auto on a small context)
-    answer = "answer"
-    fan_out = "fan_out"
-    collect = "collect"
-    #: thinking mode's completeness check after a round; it may start child jobs
-    check = "check"
-    #: waiting, with no task running, for child jobs (follow-ups, query_subset) to end
-    children = "children"
-    #: the children ended: their findings join the job's, and the job goes on (check again, or synthesize)
-    merge = "merge"
-    synthesize = "synthesize"
-
-
-#: the stages in the order a job moves through them; a thinking job goes round check → children → merge more
-#: than once, and a direct job leaves at answer (docs/architecture.md#job-trees)
-ORDER: tuple[Stage, ...] = (
-    Stage.queued,
-    Stage.plan,
-    Stage.search,
-    Stage.answer,
-    Stage.fan_out,
-    Stage.collect,
-    Stage.check,
-    Stage.children,
-    Stage.merge,
-    Stage.synthesize,
-)
 #: a stage that ends well runs the next one in the same task (fan_out's successor runs as the chord's callback;
 #: search's depends on the route: ``next_stage``)
 CHAINED: dict[Stage, Stage] = {

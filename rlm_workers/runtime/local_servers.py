@@ -34,7 +34,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 import psycopg
-import redis
 
 from ..config import Settings, get_settings
 from ..errors import MissingExtension, ServiceUnavailable
@@ -441,6 +440,8 @@ def embedded_valkey_url(data_dir: Path, *, timeout: float = 15.0, idle_seconds: 
 
 
 def _secure_running_valkey(vdir: Path, port: int, password: str) -> None:
+    import redis  # the heavy edge (as in the two below): a command that only reads PostgreSQL never loads it
+
     _write_config(vdir, port, password)
     client = redis.Redis(port=port, socket_timeout=5)
     try:
@@ -506,6 +507,8 @@ def _start_valkey(vdir: Path, port: int, password: str, timeout: float) -> Valke
 
 def valkey_clients(port: int, password: str | None) -> int | None:
     """Client connections to the Valkey on port, this one and the watcher's not counted; None if it cannot be asked."""
+    import redis
+
     client = redis.Redis(port=port, password=password, socket_timeout=5, socket_connect_timeout=5)
     try:
         client.client_setname(WATCHER_NAME)
@@ -518,10 +521,11 @@ def valkey_clients(port: int, password: str | None) -> int | None:
 
 
 def stop_embedded_valkey(data_dir: Path) -> bool:
+    import redis
+
     state = valkey_status(data_dir)
     if not state:
         return False
-
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(port=state.port, password=state.password).shutdown()
     deadline = time.monotonic() + 10
