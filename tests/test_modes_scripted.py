@@ -906,3 +906,28 @@ def test_a_counting_question_is_not_read_at_the_planners_cap_and_the_job_says_wh
     finally:
         job_store.cancel_job(conn, job_id=job_id, tenant="local")  # no worker may push it on
         conn.commit()
+
+
+def test_the_plan_stage_leaves_no_encoder_thread_behind_when_its_job_was_cancelled(conn, corpus):
+    """The plan embeds the query in a thread while the planner is asked; the stage waits for that thread even when
+    the call is refused because the job was cancelled.  A thread still inside the native encoder when its process
+    exits aborts the process: `rlm chat`, whose in-process worker stops as soon as a turn runs out of time."""
+    import threading
+    import uuid
+
+    from rlm_workers.config import get_settings
+    from rlm_workers.errors import JobCancelled
+    from rlm_workers.pipeline import plan
+    from rlm_workers.pipeline.flow import StageContext
+    from rlm_workers.store import jobs as job_store
+
+    job_id = "plancancel" + uuid.uuid4().hex
+    query = f"Which practitioner is named in note {uuid.uuid4().hex}?"  # a query no cache has embedded yet
+    job_store.create_job(conn, job_id=job_id, tenant="local", query=query, buffers=[BUFFER], options={})
+    job = job_row(conn, job_id)
+    job_store.cancel_job(conn, job_id=job_id, tenant="local")
+    conn.commit()
+    with pytest.raises(JobCancelled):
+        plan.run(StageContext(conn=conn, job=job, settings=get_settings()))
+    conn.commit()
+    assert not [t for t in threading.enumerate() if t.name == "rlm-query-vector" and t.is_alive()]

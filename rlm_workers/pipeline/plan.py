@@ -7,9 +7,10 @@ failure ends the job with a clear error (docs/contract.md#pipeline-semantics);
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetExhausted, BufferNotFound, ParseError
@@ -102,10 +103,15 @@ def buffer_stats(conn: psycopg.Connection, *, tenant: str, names: list[str]) -> 
     return sum(infos[n].chunks for n in names), sum(infos[n].bytes for n in names), runtime
 
 
-def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) -> None:
-    """Embed the query while the planner thinks, so the search that follows finds the vector cached."""
-    if runtime is None:
-        return  # no vectors to search
+@contextlib.contextmanager
+def _query_vector_ahead(query: str, settings: Settings, runtime: str | None) -> Iterator[None]:
+    """Embed the query in a thread while the block (the planner's call) runs, so the search that follows finds the
+    vector cached.  The block's end waits for the thread: the search needs the vector next anyway, and a thread
+    left inside the native encoder when its process exits aborts the process (a chat's in-process worker, stopped
+    when a turn ran out of time, ended ``rlm chat`` with SIGABRT)."""
+    if runtime is None:  # no vectors to search
+        yield
+        return
 
     def run() -> None:
         try:
@@ -113,7 +119,12 @@ def _prefetch_query_vector(query: str, settings: Settings, runtime: str | None) 
         except Exception:  # only a head start; the search embeds it again and reports errors
             log.debug("query vector prefetch failed", exc_info=True)
 
-    threading.Thread(target=run, name="rlm-query-vector", daemon=True).start()
+    thread = threading.Thread(target=run, name="rlm-query-vector", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def run(ctx: StageContext) -> str:
@@ -125,8 +136,12 @@ def run(ctx: StageContext) -> str:
     if not settings.plans_with_model(settings.primary_model):
         return OK  # RLM_PLANNER: the defaults, not a small model's guesses (docs/contract.md#providers)
     chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)
-    _prefetch_query_vector(job.query, settings, runtime)
-    asked = PlanInput(job.query, chunks, size, tuple(job.buffers))
+    with _query_vector_ahead(job.query, settings, runtime):
+        return _ask_planner(ctx, PlanInput(job.query, chunks, size, tuple(job.buffers)))
+
+
+def _ask_planner(ctx: StageContext, asked: PlanInput) -> str:
+    conn, settings, job = ctx.conn, ctx.settings, ctx.job
     messages = render_messages(
         load_prompt("primary", prompt_dir=settings.prompt_dir), asked, conversation=conversation_section(job.spec)
     )
