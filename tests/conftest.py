@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-# mypy starts with the session and runs beside the tests (tests/test_types.py reads its result)
-pytest_plugins = ["tests.support.typecheck"]
+# mypy starts with the session and runs beside the tests (tests/test_types.py reads its result); modules are
+# taken longest first (tests/support/schedule.py)
+pytest_plugins = ["tests.support.typecheck", "tests.support.schedule"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
