@@ -23,13 +23,14 @@ from ..celery_app import get_app
 from ..config import Settings, get_settings
 from ..constants import RECONCILE_LOCK_KEY
 from ..ingest.groups import send_groups
+from ..models import ORDER, Stage
 from ..overnight.scheduler import reconcile_overnight
 from ..runtime.resources import redis_client
 from ..store import jobs as job_store
 from ..store.db import connection
 from ..store.uploads import orphaned_groups, orphaned_uploads, stale_groups, stale_uploads
 from .analyst import batch_lease_seconds
-from .flow import RESEND, TASK, Stage
+from .flow import RESEND, TASK
 from .salvage import salvage_job
 
 if TYPE_CHECKING:
@@ -97,18 +98,10 @@ def reconcile_uploads(
     return actions
 
 
-#: stages a worker runs from start to end in one task (``stages.run_stage``): found open with nobody running
-#: them, their worker died; fan_out counts only before its chord was sent (``store.jobs.orphaned_jobs``)
-RUN_IN_TASK: tuple[Stage, ...] = (
-    Stage.plan,
-    Stage.search,
-    Stage.answer,
-    Stage.fan_out,
-    Stage.collect,
-    Stage.check,
-    Stage.merge,
-    Stage.synthesize,
-)
+#: stages a worker runs from start to end in one task (``stages.run_stage``; all but queued and children): found
+#: open with nobody running them, their worker died; fan_out counts only before its chord was sent
+#: (``store.jobs.orphaned_jobs``)
+RUN_IN_TASK: tuple[Stage, ...] = tuple(s for s in ORDER if s not in (Stage.queued, Stage.children))
 
 
 def reconcile_lost(
