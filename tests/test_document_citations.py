@@ -27,7 +27,7 @@ from rlm_workers.pipeline.report import sources_from
 from rlm_workers.pipeline.sessions import conversation_section
 from rlm_workers.pipeline.synthesize import synthesis_input
 from tests.support.api import Api
-from tests.support.workers import running_workers
+from tests.support.workers import extractive_env, running_workers
 from tests.test_cli import CHUNK_VIEW_KEYS, run_rlm
 
 DOCUMENTS = Path(__file__).parent / "data" / "documents"
@@ -156,12 +156,8 @@ def _pages_cited(text: str) -> list[range]:
 
 @pytest.fixture(scope="module")
 def env(rlm_env):
-    from tests.support.envpatch import patched_env
-
-    # no API key: the offline extractive provider answers
-    extra = {"HF_HUB_OFFLINE": "1"}
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+    with extractive_env(rlm_env) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")

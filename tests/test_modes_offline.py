@@ -15,7 +15,7 @@ import random
 import pytest
 
 from tests.support.pipeline_model import NEEDLE, QUESTION, write_essays
-from tests.support.workers import running_workers
+from tests.support.workers import extractive_env, running_workers
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +25,8 @@ KINDS = ["disk_full", "timeout", "oom", "auth_failed", "dns_failure", "conn_rese
 
 @pytest.fixture(scope="module")
 def env(rlm_env):
-    from tests.support.envpatch import patched_env
-
-    extra = {"RLM_DIRECT_MAX_TOKENS": "16000", "HF_HUB_OFFLINE": "1"}
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+    with extractive_env(rlm_env, RLM_DIRECT_MAX_TOKENS="16000") as e:
+        yield e
 
 
 def write_logs(root, *, files: int = 25, lines: int = 1000, seed: int = 11) -> collections.Counter:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.offline_gold import CORPORA, first_quote
-from tests.support.workers import running_workers
+from tests.support.workers import extractive_env, running_workers
 
 #: the gates per corpus, (gold line among the opening passages, gold file in the sources), set with slack below
 #: what the ranking measured when it replaced the rule engine (e88f075, bench/RESULTS.md#offline-answer): quoted
@@ -30,11 +30,8 @@ GATES = {"celery": (5 / 24, 18 / 24), "httpx": (7 / 24, 19 / 24), "click": (7 / 
 
 @pytest.fixture(scope="module")
 def env(rlm_env):
-    from tests.support.envpatch import patched_env
-
-    extra = {"HF_HUB_OFFLINE": "1"}
-    with patched_env(extra):
-        yield {**rlm_env, **extra}
+    with extractive_env(rlm_env) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")

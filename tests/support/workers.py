@@ -163,3 +163,14 @@ def scripted_env(rlm_env: dict[str, str], llm: Any, **settings: str) -> Iterator
     }
     with patched_env(extra):
         yield {**rlm_env, **extra}
+
+
+@contextlib.contextmanager
+def extractive_env(rlm_env: dict[str, str], **settings: str) -> Iterator[dict[str, str]]:
+    """A module's environment when, with no API key, the offline extractive provider answers: patched into the
+    test process as well, and the dict is what subprocesses are given."""
+    from tests.support.envpatch import patched_env
+
+    extra = {"HF_HUB_OFFLINE": "1", **settings}
+    with patched_env(extra):
+        yield {**rlm_env, **extra}
