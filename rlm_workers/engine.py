@@ -100,14 +100,12 @@ if TYPE_CHECKING:
         MAX_QUERIES_FILE_BYTES,
         cancel_overnight,
         check_run_at,
-        iter_csv,
-        iter_jsonl,
         parse_queries,
         start_overnight,
-        status_of,
         store_overnight,
         submit_overnight,
     )
+    from rlm_workers.overnight.views import iter_csv, iter_jsonl, status_of
     from rlm_workers.pipeline.flow import BROKER_OUTAGE
     from rlm_workers.pipeline.report import status_line
     from rlm_workers.pipeline.sessions import cited_sources, create_session, post_message, session_view
@@ -242,11 +240,11 @@ _LAZY = {
     "MAX_QUERIES_FILE_BYTES": "rlm_workers.overnight.submit:MAX_QUERIES_FILE_BYTES",
     "cancel_overnight": "rlm_workers.overnight.submit:cancel_overnight",
     "check_run_at": "rlm_workers.overnight.submit:check_run_at",
-    "iter_csv": "rlm_workers.overnight.submit:iter_csv",
-    "iter_jsonl": "rlm_workers.overnight.submit:iter_jsonl",
+    "iter_csv": "rlm_workers.overnight.views:iter_csv",
+    "iter_jsonl": "rlm_workers.overnight.views:iter_jsonl",
     "parse_queries": "rlm_workers.overnight.submit:parse_queries",
     "start_overnight": "rlm_workers.overnight.submit:start_overnight",
-    "status_of": "rlm_workers.overnight.submit:status_of",
+    "status_of": "rlm_workers.overnight.views:status_of",
     "store_overnight": "rlm_workers.overnight.submit:store_overnight",
     "submit_overnight": "rlm_workers.overnight.submit:submit_overnight",
     # uploads

@@ -121,6 +121,20 @@ def test_a_command_that_reads_jobs_loads_no_broker_or_metrics_client():
     assert out.stdout.strip() == "[]"
 
 
+def test_reading_a_batch_loads_no_celery_and_sending_one_no_llm_client():
+    """`rlm batch status` and `results` read PostgreSQL only; `submit` and `cancel` send a tick but call no
+    model.  The openai package alone was most of a second of each such command's start."""
+    code = (
+        "import sys; import rlm_api.cli_batch; "
+        "from rlm_workers.engine import get_overnight, iter_csv, iter_jsonl, list_overnight, status_of; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'openai', 'kombu', 'celery', 'numpy'})); "
+        "from rlm_workers.engine import cancel_overnight, submit_overnight; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'openai'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
 def readme_example() -> str:
     """The code block of README.md's "Use it from Python"."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -148,7 +148,8 @@ def workers(env, corpus, tmp_path_factory):
 
 
 def _run(conn, workers, buffer, *, llm_batch=False, timeout=120.0, options=None):
-    from rlm_workers.overnight.submit import status_of, submit_overnight
+    from rlm_workers.overnight.submit import submit_overnight
+    from rlm_workers.overnight.views import status_of
     from rlm_workers.store import overnight as store
 
     batch_id, _ = submit_overnight(

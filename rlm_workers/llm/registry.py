@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from .extractive import ExtractiveProvider
 from .limiter import Limits
-from .openai_provider import OpenAIProvider
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -24,6 +23,10 @@ def _extractive(settings: Settings, redis: Callable[[], Any]) -> LLMProvider:
 
 
 def _openai(settings: Settings, redis: Callable[[], Any]) -> LLMProvider:
+    # the openai package is a heavy edge (its types alone take most of a second to import): a process that
+    # never calls a model, such as `rlm batch cancel` or the API's reads, does not load it
+    from .openai_provider import OpenAIProvider
+
     return OpenAIProvider(settings, limiter=Limits.from_settings(settings, redis()))
 
 

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 from ..config import Settings, get_settings
 from ..errors import LLMError
-from ..llm.batch_api import BatchClient, BatchState
 from ..pipeline import reads as read_stage
 from ..store import provider_batches as store
 from ..store import reads as read_store
@@ -38,6 +37,8 @@ from ..store.db import connection, release_session_lock, session_lock_key, try_s
 
 if TYPE_CHECKING:
     import psycopg
+
+    from ..llm.batch_api import BatchClient, BatchState
 
 log = logging.getLogger("rlm.overnight")
 
@@ -76,7 +77,7 @@ def advance(overnight_batch_id: str, settings: Settings | None = None) -> list[s
             if head is None:
                 return actions
             tenant = head[0]
-            client = BatchClient(settings)
+            client = _client(settings)
             _poll(conn, client, overnight_batch_id, settings, actions)
             _submit(conn, client, overnight_batch_id, tenant, settings, actions)
             store.touch_waiting_jobs(conn, overnight_id=overnight_batch_id)
@@ -85,6 +86,14 @@ def advance(overnight_batch_id: str, settings: Settings | None = None) -> list[s
     for line in actions:
         log.info("llm batch: %s", line)
     return actions
+
+
+def _client(settings: Settings) -> BatchClient:
+    # the Batch API client is built on the openai package, a heavy edge: the scheduler, and through it
+    # `rlm batch submit` and `cancel`, load it only when a batch goes to a provider
+    from ..llm.batch_api import BatchClient
+
+    return BatchClient(settings)
 
 
 def cancel_open(overnight_batch_id: str, settings: Settings | None = None) -> list[str] | None:
@@ -102,7 +111,7 @@ def cancel_open(overnight_batch_id: str, settings: Settings | None = None) -> li
         try:
             open_ids = store.open_ids(conn, overnight_id=overnight_batch_id)
             if open_ids:  # a client needs an API key: none is made for a batch with nothing at the provider
-                client = BatchClient(settings)
+                client = _client(settings)
                 for pb in open_ids:
                     try:
                         state = client.cancel(pb)
