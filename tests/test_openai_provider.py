@@ -291,7 +291,9 @@ def test_timeout_on_a_busy_local_server_waits_for_an_idle_slot_before_retrying(s
     helper = threading.Thread(target=free_when_probed, daemon=True)
     helper.start()
     try:
-        provider = OpenAIProvider(_settings(srv, llm_timeout=0.5, llm_retries=1))
+        # the slot wait is bounded by the attempt's timeout: 2 s leaves a loaded machine time to end the held
+        # request once it is released (with 0.5 s a busy suite once saw the slot still busy at the bound)
+        provider = OpenAIProvider(_settings(srv, llm_timeout=2.0, llm_retries=1))
         provider.SLOT_POLL = 0.05
         c = provider.complete(_request())
     finally:
