@@ -1,7 +1,7 @@
 """What a batch shows while it runs and after: its progress, and its results as JSONL or CSV.
 
 Kept apart from ``submit``: reading a batch needs the store only, so `rlm batch status` and `results` do not
-load the scheduler, the LLM clients or Celery (docs/architecture.md#overnight-batches).
+load the scheduler, the LLM clients or Celery (docs/architecture.md#overnight).
 """
 
 from __future__ import annotations
