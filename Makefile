@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 # --dist loadfile).  3 on 2 cores: many tests wait (on workers, clocks, a restarted server) while others compute,
 # and 3 kept the cores 85 % busy: a clean clone's .ci/run took 16:25 (3), 23:38 (2) and about 38 min in one process
 # (bench/RESULTS.md#suite).  TEST_WORKERS=0 runs one process; a machine with more cores: TEST_WORKERS=6.
-# Modules are taken longest first (tests/support/schedule.py, tests/module_seconds.json), not xdist's most tests first.
+# Modules are taken longest first (tests/support/schedule.py, tests/module_seconds.json), not xdist's most tests first;
+# the real-model modules are one unit, so two local model servers never share the cores.
 TEST_WORKERS ?= 3
 XDIST  := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

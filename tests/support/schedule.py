@@ -5,6 +5,10 @@ collection order, whenever it is free.  xdist's own order (most tests first) put
 real model or load a corpus at the end, where one process ran them while the others had finished.  Longest first,
 the quick modules fill the end instead.  ``tests/module_seconds.json`` holds each module's seconds from a run
 (``make test PYTEST_ARGS=--store-module-seconds`` rewrites it); a module it does not name counts as the median.
+
+The modules that run a real model (marked ``real_model``) are one unit, taken by one process one after another:
+each starts its own local model server, and two servers beside each other on 2 cores, each with a thread per core,
+made each model call take about twice as long as one server did.
 """
 
 from __future__ import annotations
@@ -14,14 +18,26 @@ import os
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 SECONDS_FILE = Path(__file__).resolve().parents[1] / "module_seconds.json"
 
 
+#: modules that run a local model server: one process runs them in turn (a module marked ``real_model`` must be here)
+REAL_MODEL_MODULES = frozenset(
+    {"tests/test_local_default.py", "tests/test_real_model.py", "tests/test_real_model_tools.py"}
+)
+
+
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
+
+
+def unit(module: str) -> str:
+    """The unit of work a module belongs to: the module itself, or the real-model modules together."""
+    return "real-model" if module in REAL_MODEL_MODULES else module
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    strays = sorted({_module(i.nodeid) for i in items if i.get_closest_marker("real_model")} - REAL_MODEL_MODULES)
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)}: a real-model module, add it to REAL_MODEL_MODULES ({__file__})")
     try:
         seconds = json.loads(SECONDS_FILE.read_text())
     except (OSError, ValueError):
@@ -41,8 +60,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if not seconds:
         return
     unknown = statistics.median(seconds.values())
-    # stable: a module's tests stay together and in their order
-    items.sort(key=lambda item: -seconds.get(_module(item.nodeid), unknown))
+    units: defaultdict[str, float] = defaultdict(float)
+    for module in {_module(i.nodeid) for i in items}:
+        units[unit(module)] += seconds.get(module, unknown)
+    # stable: a unit's tests stay together and in their order
+    items.sort(key=lambda item: (-units[unit(_module(item.nodeid))], unit(_module(item.nodeid))))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the real-model modules one unit (``unit``)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _Units(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(super()._split_scope(nodeid))
+
+    return _Units(config, log)
 
 
 class _Recorder:
