@@ -77,10 +77,13 @@ def advance(overnight_batch_id: str, settings: Settings | None = None) -> list[s
             if head is None:
                 return actions
             tenant = head[0]
+            # alive first: building the client (its first import) and the provider's replies take seconds on a
+            # busy machine, and a worker that just came back must not let the reconciler take the jobs for lost
+            store.touch_waiting_jobs(conn, overnight_id=overnight_batch_id)
             client = _client(settings)
             _poll(conn, client, overnight_batch_id, settings, actions)
             _submit(conn, client, overnight_batch_id, tenant, settings, actions)
-            store.touch_waiting_jobs(conn, overnight_id=overnight_batch_id)
+            store.touch_waiting_jobs(conn, overnight_id=overnight_batch_id)  # and the jobs of reads just submitted
         finally:
             release_session_lock(conn, key)
     for line in actions:
