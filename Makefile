@@ -6,12 +6,13 @@ RLM    := $(VENV)/bin/rlm
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # The suite's parallel processes (pytest-xdist; each has its own embedded servers and runs whole modules,
-# --dist loadfile).  3 on 2 cores: many tests wait (on workers, clocks, a restarted server) while others compute,
-# and 3 kept the cores 85 % busy: a clean clone's .ci/run took 16:25 (3), 23:38 (2) and about 38 min in one process
-# (bench/RESULTS.md#suite).  TEST_WORKERS=0 runs one process; a machine with more cores: TEST_WORKERS=6.
+# --dist loadfile).  4 on 2 cores: many tests wait (on workers, clocks, a restarted server) while others compute;
+# a clean clone's .ci/run took 17:39 with 4 and 19:52 with 5 (two tests with short clocks then failed); 3 took
+# 21:03 a commit before, when the real-model modules could still run beside each other (bench/RESULTS.md#suite).
+# TEST_WORKERS=0 runs one process; a machine with more cores: TEST_WORKERS=8.
 # Modules are taken longest first (tests/support/schedule.py, tests/module_seconds.json), not xdist's most tests first;
 # the real-model modules are one unit, so two local model servers never share the cores.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 XDIST  := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: install lock test test-fast test-real-model local-llm demo lint bench up clean-data
