@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for module in {_module(i.nodeid) for i in items}:
         units[unit(module)] += seconds.get(module, unknown)
     # stable: a unit's tests stay together and in their order
-    items.sort(key=lambda item: (-units[unit(_module(item.nodeid))], unit(_module(item.nodeid))))
+    items.sort(key=lambda item: (-units[u := unit(_module(item.nodeid))], u))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
