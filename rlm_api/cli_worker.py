@@ -5,6 +5,7 @@ Registered in cli.py as the ``worker`` command.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -78,7 +79,18 @@ def worker(
 ) -> None:
     """Run a Celery worker (same as `celery -A rlm_workers worker`)."""
     argv = worker_argv(queues, pool, concurrency=concurrency, loglevel=loglevel, hostname=hostname)
-    # celery loads after the queues were checked (a bad -Q is a fast exit 2) and never for `rlm --help`
+    # celery loads after the queues were checked (a bad -Q is a fast exit 2) and never for `rlm --help`.
+    # Celery's `worker` command itself, not `app.worker_main`: that one parses through the whole `celery` CLI,
+    # whose plugins (Flower's web app, the amqp shell's prompt_toolkit) took 0.3 CPU-s of every worker's start.
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker as celery_worker
+
     from rlm_workers.engine import celery_app
 
-    celery_app.worker_main(argv)
+    # as worker_main does: the worker's own exit code is not passed on
+    celery_worker.main(
+        args=argv[1:],
+        prog_name="celery worker",
+        obj=CLIContext(app=celery_app, no_color=bool(os.environ.get("NO_COLOR")), workdir=None),
+        standalone_mode=False,
+    )
