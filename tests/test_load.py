@@ -313,3 +313,32 @@ def test_a_window_text_that_repeats_is_encoded_once_and_stored_for_each(conn, tm
     assert set(sent) == set(by_text)
     assert len(rows) > len(sent), "the two files should share windows"
     assert all(len(vecs) == 1 for vecs in by_text.values())
+
+
+def test_a_text_the_process_loaded_before_is_not_encoded_again(conn, tmp_path, embedder):
+    """The same document in a second buffer costs the encoder nothing, and an edit only the windows it changed;
+    the stored vectors are the first load's."""
+    src = tmp_path / "again"
+    src.mkdir()
+    paras = [f"Paragraph {i} is about the tide tables of harbour number {i} and its pilots." for i in range(30)]
+    (src / "tides.txt").write_text("\n\n".join(paras) + "\n")
+    counting = _CountingEncoder(embedder)
+    load_paths(conn, buffer="again-1", paths=[src], embedder=counting, chunk_size=300, overlap=0)
+    first = [t for call in counting.calls for t in call]
+    load_paths(conn, buffer="again-2", paths=[src], embedder=counting, chunk_size=300, overlap=0)
+    assert [t for call in counting.calls for t in call] == first, "a text seen before went to the encoder again"
+
+    def stored(name: str) -> dict[str, str]:
+        buf = store.get_buffer(conn, tenant="local", name=name)
+        rows = conn.execute(
+            f"SELECT c.text, v.span_start, v.span_end, v.embedding::text FROM chunk_vectors_b{buf.id} v "
+            "JOIN chunks c ON c.id = v.chunk_id"
+        ).fetchall()
+        return {text[a:b]: vec for text, a, b, vec in rows}
+
+    assert stored("again-1") == stored("again-2") and len(stored("again-1")) == len(first)
+    (src / "tides.txt").write_text("\n\n".join(paras + ["A new closing paragraph names the harbour master."]) + "\n")
+    load_paths(conn, buffer="again-1", paths=[src], embedder=counting, chunk_size=300, overlap=0)
+    sent = [t for call in counting.calls for t in call][len(first) :]
+    assert sent and set(sent).isdisjoint(first), sent
+    assert set(stored("again-1")) - set(first) == set(sent)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from .chunkers import Chunk, chunk_document, outline, validate_chunk_params
 from .documents import Document, read_document
 from .embed import get_embedder
 from .files import discover, under
+from .vector_memo import VectorMemo
 from .writes import IdBlocks, Writer
 
 if TYPE_CHECKING:
@@ -453,6 +456,27 @@ def _take(windows: list[str], owners: list[Owner], n: int) -> tuple[list[str], l
     return batch, who
 
 
+#: window vectors kept per encoder object in a process (ingest/vector_memo.py), the 20,000 last used (30 MB at 384
+#: dimensions): a long-lived process that loads a text again (a folder uploaded anew, a file reloaded after an edit,
+#: one document in two buffers) encodes only the windows it has not seen.  Per object, not per model: an encoder
+#: wrapped to fail or to count its calls must see every call the loader makes of it.
+WINDOW_MEMO_SIZE = 20_000
+_window_memos: weakref.WeakKeyDictionary[Any, VectorMemo] = weakref.WeakKeyDictionary()
+_window_memos_lock = threading.Lock()
+
+
+def _memo_of(embedder: Any) -> VectorMemo | None:
+    """The encoder's window memo; None for one that cannot be weakly referenced (it is then never memoised)."""
+    with _window_memos_lock:
+        try:
+            memo = _window_memos.get(embedder)
+            if memo is None:
+                memo = _window_memos[embedder] = VectorMemo(WINDOW_MEMO_SIZE)
+        except TypeError:
+            return None
+        return memo
+
+
 def encode_rows(batch: list[str], who: list[Owner], batch_size: int, embedder: Any) -> list[vectors.WindowRow]:
     """The vector store's rows of these windows.
 
@@ -461,7 +485,11 @@ def encode_rows(batch: list[str], who: list[Owner], batch_size: int, embedder: A
     7 % of the windows of a Python package (bench/RESULTS.md#ingest-2x).  Identical windows then also get
     identical vectors, which the int8 runtime's per-batch scales did not quite give them."""
     unique = list(dict.fromkeys(batch))
-    vecs = embedder.encode(unique, batch_size=batch_size)
+    if (memo := _memo_of(embedder)) is None:
+        vecs = embedder.encode(unique, batch_size=batch_size)
+    else:
+        # one memo per encoder object: no other encoder's vectors are in it to tell apart by name
+        vecs = memo.encode("", unique, lambda texts: embedder.encode(texts, batch_size=batch_size))
     at = {text: i for i, text in enumerate(unique)}
     return [(cid, w, vecs[at[text]], a, b) for text, (cid, w, a, b) in zip(batch, who, strict=True)]
 

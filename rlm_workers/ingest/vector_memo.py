@@ -1,9 +1,10 @@
 """Vectors this process already computed, by encoder and text, the least recently used dropped first.
 
-The offline provider ranks a buffer's passages by meaning for every question asked over it: a chat's next
-turn, a thinking round, each ``--scope all`` read of the same logs bring the same passages back, and encoding them
-is most of its CPU on a small machine.  A vector is 1.5 KB, so tens of thousands cost tens of megabytes; keys
-are digests, so a memo's size does not grow with the length of what it keeps.
+The offline provider ranks a buffer's passages by meaning for every question asked over it: a chat's next turn, a
+thinking round, each ``--scope all`` read of the same logs bring the same passages back, and encoding them is most
+of its CPU on a small machine.  The loader keeps one per encoder for the windows it stores, so a long-lived process
+that loads a text again encodes only what it has not seen (ingest/loader.py).  A vector is 1.5 KB, so tens of
+thousands cost tens of megabytes; keys are digests, so a memo's size does not grow with the length of what it keeps.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class VectorMemo:
         wanted = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
         if wanted:
             fresh = np.asarray(compute(list(wanted.values())), dtype=np.float32)
-            new = dict(zip(wanted, fresh, strict=True))
+            # each row a copy: a kept view would hold its whole batch's array in memory
+            new = {k: row.copy() for k, row in zip(wanted, fresh, strict=True)}
             found.update(new)
             with self._lock:
                 self._vectors.update(new)
