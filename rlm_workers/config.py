@@ -115,6 +115,13 @@ class Settings(BaseSettings):
     local_llm_parallel: int = Field(
         2, ge=1, le=8, description="Requests the local model server runs at once (its slots); small CPUs: 1-2."
     )
+    local_llm_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="CPU threads of the local model server; unset: every core this process may use. On cores "
+        "busy with other work, fewer threads waste less time waiting for each other.",
+    )
     structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
         "auto",
         description=(

@@ -360,9 +360,9 @@ def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerS
         "models": [{"alias": m.name, "path": str(model_file(cache, m)), "port": ports[m.name]} for m in models],
         "ctx_per_slot": settings.local_llm_ctx or max(m.context for m in models),
         "parallel": settings.local_llm_parallel,
-        # every core: the server serves the whole machine, whichever process starts it (a prefork worker's own
-        # share of the cores would starve it)
-        "threads": usable_cores(),
+        # every core unless told: the server serves the whole machine, whichever process starts it (a prefork
+        # worker's own share of the cores would starve it)
+        "threads": settings.local_llm_threads or usable_cores(),
         "key_file": str(key_file),
         "binary": str(server_binary(cache)) if wheel_problem() else None,
     }
