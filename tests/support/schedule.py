@@ -35,7 +35,7 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def unit(module: str) -> str:
+def _unit(module: str) -> str:
     """The unit of work a module belongs to: the module itself, or the real-model modules together."""
     return "real-model" if module in REAL_MODEL_MODULES else module
 
@@ -62,21 +62,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     unknown = statistics.median(seconds.values())
     units: defaultdict[str, float] = defaultdict(float)
     for module in {_module(i.nodeid) for i in items}:
-        units[unit(module)] += seconds.get(module, unknown)
+        units[_unit(module)] += seconds.get(module, unknown)
     # stable: a unit's tests stay together and in their order
-    items.sort(key=lambda item: (-units[u := unit(_module(item.nodeid))], u))
+    items.sort(key=lambda item: (-units[u := _unit(_module(item.nodeid))], u))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, with the real-model modules one unit (``unit``)."""
+    """``--dist loadfile``, with the real-model modules one unit (``_unit``)."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class _Units(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return unit(super()._split_scope(nodeid))
+            return _unit(super()._split_scope(nodeid))
 
     return _Units(config, log)
 
