@@ -7,7 +7,9 @@ the passages the answer opens with, and the gold file is among the result's sour
 prints them with the rate of the gold line quoted first.
 
 One module per corpus, each loading only its own: the three loads and their questions run on separate pytest
-processes instead of one after another in one.
+processes instead of one after another in one.  In a module the load is one test, each question another (its job
+must end done, answered offline), and the gate a last one, which reads the answers the question tests kept and
+asks any question not asked yet (when it runs alone).
 
 This is a regression gate, not a measure of quality: the set is not held out (see offline_gold.py).  The
 figures to quote are bench/answer_eval.py's on its held-out set (bench/RESULTS.md#answer-eval-extractive).
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.offline_gold import CORPORA, first_quote
+from rlm_workers.models import QueryResult
+from tests.support.offline_gold import CORPORA, Gold, first_quote
 from tests.support.workers import extractive_env, running_workers
 
 #: the gates per corpus, (gold line among the opening passages, gold file in the sources), set with slack below
@@ -36,14 +39,15 @@ def env(rlm_env):
 
 @pytest.fixture(scope="module")
 def loaded(request, env, conn, embedder, tmp_path_factory):
-    """The module's corpus (its ``CORPUS`` names it), loaded as its buffer."""
+    """The module's corpus (its ``CORPUS`` names it), loaded as its buffer: the corpus, its folder and the load's
+    report."""
     from rlm_workers.ingest.loader import load_paths
 
     corpus = CORPORA[request.module.CORPUS]
     root = corpus.copy(tmp_path_factory.mktemp(corpus.name))
-    load_paths(conn, buffer=corpus.buffer, paths=[root], embedder=embedder)
+    report = load_paths(conn, buffer=corpus.buffer, paths=[root], embedder=embedder)
     conn.commit()
-    return corpus
+    return corpus, root, report
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +57,45 @@ def worker(env, loaded, tmp_path_factory):
         yield ws
 
 
-def check_corpus(conn, name: str) -> None:
-    """Ask every question of corpus ``name`` and hold its two rates to the gates."""
-    from rlm_workers.models import QueryResult
+@pytest.fixture(scope="module")
+def answers() -> dict[str, QueryResult]:
+    """The module's answers by question, kept as each is asked."""
+    return {}
+
+
+def check_loaded(loaded) -> None:
+    """Every file of the corpus became chunks, and nothing was skipped."""
+    corpus, root, report = loaded
+    files = sorted(p.name for p in root.glob("*.py"))
+    assert report.files_seen == report.files_loaded == len(files) > 10, (report, files)
+    assert report.chunks_written >= len(files) and not report.skipped, report
+    assert {g.path for g in corpus.gold} <= set(files)
+
+
+def ask(conn, name: str, gold: Gold, answers: dict[str, QueryResult]) -> QueryResult:
+    """``gold``'s question asked of corpus ``name`` in instant mode, once per module: the job ends done, answered
+    by the offline provider."""
     from rlm_workers.submit import submit_query, wait_for_job
 
-    corpus = CORPORA[name]
-    missed, lost, first = [], [], 0
-    for gold in corpus.gold:
+    if gold.question not in answers:
         job_id, _ = submit_query(
-            conn, tenant="local", query=gold.question, buffers=[corpus.buffer], options={"mode": "instant"}
+            conn, tenant="local", query=gold.question, buffers=[CORPORA[name].buffer], options={"mode": "instant"}
         )
         conn.commit()
         job = wait_for_job(conn, job_id, timeout=240)
         assert job.status == "done", (gold.question, job.status, job.error)
         result = QueryResult.model_validate(job.result)
         assert result.provider == "extractive"
+        answers[gold.question] = result
+    return answers[gold.question]
+
+
+def check_corpus(conn, name: str, answers: dict[str, QueryResult]) -> None:
+    """Hold corpus ``name``'s two rates to the gates, over every question's answer."""
+    corpus = CORPORA[name]
+    missed, lost, first = [], [], 0
+    for gold in corpus.gold:
+        result = ask(conn, name, gold, answers)
         first += gold.quoted_first(result.response)
         if not gold.quoted(result.response):
             missed.append(f"{gold.question!r}: {first_quote(result.response)[:120]}")
