@@ -225,18 +225,18 @@ def test_thinking_answers_a_two_hop_question_the_plain_fan_out_misses(conn, work
 # --------------------------------------------------------------------------- exhaustive aggregation
 
 
-def test_scope_all_counts_every_record_exactly(conn, workers, corpora):
+# the same logs chunked three ways (see ``corpora``): one test each, so that a miscount names its chunking
+@pytest.mark.parametrize("buffer", ["logs", "logs-fixed", "logs-fixed0"])
+def test_scope_all_counts_every_record_exactly(conn, workers, corpora, buffer):
     truth = corpora["truth"]
-    question = "How many errors of each kind are in the logs?"
-    for buffer in ("logs", "logs-fixed", "logs-fixed0"):
-        _, r = run_job(conn, question, [buffer], scope="all")
-        assert r.route == "exhaustive" and r.coverage == 1.0 and r.complete is True, (buffer, r.gaps)
-        assert r.chunks_analyzed == r.chunks_available
-        kinds = {row.value: row.count for row in r.records if row.label == "kind"}
-        assert kinds == dict(truth), buffer
-        levels = {row.value: row.count for row in r.records if row.label == "level"}
-        assert levels["ERROR"] == sum(truth.values()) and sum(levels.values()) == 1000
-        assert "Exact totals" in r.response and f"| {KINDS[0]} | {truth[KINDS[0]]} |" in r.response
+    _, r = run_job(conn, "How many errors of each kind are in the logs?", [buffer], scope="all")
+    assert r.route == "exhaustive" and r.coverage == 1.0 and r.complete is True, r.gaps
+    assert r.chunks_analyzed == r.chunks_available
+    kinds = {row.value: row.count for row in r.records if row.label == "kind"}
+    assert kinds == dict(truth)
+    levels = {row.value: row.count for row in r.records if row.label == "level"}
+    assert levels["ERROR"] == sum(truth.values()) and sum(levels.values()) == 1000
+    assert "Exact totals" in r.response and f"| {KINDS[0]} | {truth[KINDS[0]]} |" in r.response
 
 
 def test_scope_all_counts_the_rows_of_a_csv_table_by_its_header(conn, workers, corpora):
