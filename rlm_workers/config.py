@@ -122,6 +122,13 @@ class Settings(BaseSettings):
         description="CPU threads of the local model server; unset: every core this process may use. On cores "
         "busy with other work, fewer threads waste less time waiting for each other.",
     )
+    local_llm_batch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="CPU threads the local model server reads prompts with; unset: RLM_LOCAL_LLM_THREADS. Reading "
+        "a prompt is a few large matrix products that use more threads well; writing a reply token by token is not.",
+    )
     structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
         "auto",
         description=(

@@ -111,8 +111,13 @@ def test_the_cli_shows_the_server_and_refuses_bad_names(env, tmp_path):
     fake.with_suffix(".ok").write_text(json.dumps(marker))
     data = tmp_path / "data"
     with pytest.raises(ModelServerError, match="local model server") as ei:
-        endpoint(Settings(local_llm=MODEL, local_llm_dir=cache, data_dir=data, local_llm_threads=3))
+        endpoint(
+            Settings(
+                local_llm=MODEL, local_llm_dir=cache, data_dir=data, local_llm_threads=3, local_llm_batch_threads=5
+            )
+        )
     log = data / "llm" / "server.log"
     assert str(log) in ei.value.message and "Failed to init" in log.read_text()
-    assert json.loads((data / "llm" / "server-config.json").read_text())["threads"] == 3  # RLM_LOCAL_LLM_THREADS
+    written = json.loads((data / "llm" / "server-config.json").read_text())
+    assert (written["threads"], written["batch_threads"]) == (3, 5)  # RLM_LOCAL_LLM_THREADS, _BATCH_THREADS
     assert not any(cache.glob("**/llama-server"))

@@ -1,8 +1,9 @@
 """The local model server process: llama.cpp's HTTP server for one or more GGUF models, each on its own port.
 
 ``python -m rlm_workers.runtime.llm_server CONFIG`` is started, detached, by ``local_llm`` (docs/contract.md#local-llm).
-``CONFIG`` is a JSON file: the models (alias, GGUF path, port), the context per slot, the slots, the threads, the
-API key's file and, only where the prebuilt wheel cannot run, a ``llama-server`` binary built from source.
+``CONFIG`` is a JSON file: the models (alias, GGUF path, port), the context per slot, the slots, the threads (for
+the reply and for reading the prompt), the API key's file and, only where the prebuilt wheel cannot run, a
+``llama-server`` binary built from source.
 
 With the wheel (``xllamacpp``) every model is served in this very process, so one pid stands for the whole server:
 its watcher, ``rlm services stop`` and the idle stop all signal it.  With a built binary this process starts one
@@ -35,7 +36,8 @@ def _serve_in_process(cfg: dict[str, Any], key: str) -> list[Any]:
         # the context is shared by the slots: each request gets ctx_per_slot tokens
         p.n_ctx = cfg["ctx_per_slot"] * cfg["parallel"]
         p.n_parallel = cfg["parallel"]
-        p.cpuparams.n_threads = p.cpuparams_batch.n_threads = cfg["threads"]
+        p.cpuparams.n_threads = cfg["threads"]  # writing the reply, a token at a time
+        p.cpuparams_batch.n_threads = cfg.get("batch_threads", cfg["threads"])  # reading the prompt
         p.use_jinja = True  # the model's own chat template
         p.api_keys = [key]
         p.ui = False
@@ -64,6 +66,8 @@ def _serve_binaries(cfg: dict[str, Any]) -> list[subprocess.Popen]:
             str(cfg["parallel"]),
             "--threads",
             str(cfg["threads"]),
+            "--threads-batch",
+            str(cfg.get("batch_threads", cfg["threads"])),
             # the key lives in a 0600 file, never on the command line every local user can read in `ps`
             "--api-key-file",
             cfg["key_file"],

@@ -362,7 +362,8 @@ def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerS
         "parallel": settings.local_llm_parallel,
         # every core unless told: the server serves the whole machine, whichever process starts it (a prefork
         # worker's own share of the cores would starve it)
-        "threads": settings.local_llm_threads or usable_cores(),
+        "threads": (threads := settings.local_llm_threads or usable_cores()),
+        "batch_threads": settings.local_llm_batch_threads or threads,
         "key_file": str(key_file),
         "binary": str(server_binary(cache)) if wheel_problem() else None,
     }
