@@ -69,11 +69,10 @@ def env(rlm_env, local_model, tmp_path_factory, request):
         "RLM_PROMPT_DIR": str(prompts),
         "HF_HUB_OFFLINE": "1",
         "RLM_DIRECT_MAX_TOKENS": "2000",
-        # one request at a time, on both cores (the suite's default is one thread, tests/conftest.py): the next
-        # analyst or plan reuses the prompt the server kept from the last one, and a prompt is read faster. Alone,
-        # the thinking job took 51 s this way against 69 s with two slots on one thread (bench/RESULTS.md#suite)
+        # one request at a time, its prompt read on both cores and its reply written on one (tests/conftest.py): the
+        # next analyst or plan reuses the prompt the server kept from the last one (bench/RESULTS.md#suite)
         "RLM_LOCAL_LLM_PARALLEL": "1",
-        "RLM_LOCAL_LLM_THREADS": "2",
+        "RLM_LOCAL_LLM_BATCH_THREADS": "2",
         **getattr(request.module, "EXTRA_ENV", {}),
     }
     with patched_env(extra):
