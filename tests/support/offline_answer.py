@@ -7,9 +7,10 @@ the passages the answer opens with, and the gold file is among the result's sour
 prints them with the rate of the gold line quoted first.
 
 One module per corpus, each loading only its own: the three loads and their questions run on separate pytest
-processes instead of one after another in one.  In a module the load is one test, each question another (its job
-must end done, answered offline), and the gate a last one, which reads the answers the question tests kept and
-asks any question not asked yet (when it runs alone).
+processes instead of one after another in one.  A module names its corpus (``CORPUS``) and subclasses
+``OfflineGate``: the load is one test, each question another (its job must end done, answered offline), and the
+gate a last one, which reads the answers the question tests kept and asks any question not asked yet (when it runs
+alone).
 
 This is a regression gate, not a measure of quality: the set is not held out (see offline_gold.py).  The
 figures to quote are bench/answer_eval.py's on its held-out set (bench/RESULTS.md#answer-eval-extractive).
@@ -107,3 +108,23 @@ def check_corpus(conn, name: str, answers: dict[str, QueryResult]) -> None:
     assert n >= 20
     assert (n - len(missed)) / n >= min_quoted, "\n".join(missed)
     assert (n - len(lost)) / n >= min_file, lost
+
+
+class OfflineGate:
+    """The tests, in the order they run; a module's ``Test…`` subclass runs them on the corpus its ``CORPUS`` names."""
+
+    @staticmethod
+    def pytest_generate_tests(metafunc) -> None:
+        # a test taking ``gold`` runs once per question of the module's corpus
+        if "gold" in metafunc.fixturenames:
+            gold = CORPORA[metafunc.module.CORPUS].gold
+            metafunc.parametrize("gold", gold, ids=[f"q{i:02d}" for i in range(1, len(gold) + 1)])
+
+    def test_the_corpus_loads_whole(self, loaded):
+        check_loaded(loaded)
+
+    def test_each_question_is_answered_offline(self, request, conn, worker, answers, gold):
+        ask(conn, request.module.CORPUS, gold, answers)
+
+    def test_the_first_quote_is_the_line_that_answers(self, request, conn, worker, answers):
+        check_corpus(conn, request.module.CORPUS, answers)
