@@ -6,9 +6,11 @@ real model or load a corpus at the end, where one process ran them while the oth
 the quick modules fill the end instead.  ``tests/module_seconds.json`` holds each module's seconds from a run
 (``make test PYTEST_ARGS=--store-module-seconds`` rewrites it); a module it does not name counts as the median.
 
-The modules that run a real model (marked ``real_model``) are one unit, taken by one process one after another:
-each starts its own local model server, and two servers beside each other on 2 cores, each with a thread per core,
-made each model call take about twice as long as one server did.
+The two modules whose jobs take a real model through every stage are one unit, taken by one process one after
+another, last: each starts its own local model server, and beside three processes loading corpora their jobs took
+1.5-1.8x as long as alone (60-80 s against 42-46 s, bench/RESULTS.md#suite); last, the others are finishing.  The
+third module that starts a model server (``test_local_default``, one short query) keeps its place by length, long
+before them.
 """
 
 from __future__ import annotations
@@ -25,19 +27,24 @@ import pytest
 SECONDS_FILE = Path(__file__).resolve().parents[1] / "module_seconds.json"
 
 
-#: modules that run a local model server: one process runs them in turn (a module marked ``real_model`` must be here)
+#: modules that run a local model server (a module marked ``real_model`` must be here)
 REAL_MODEL_MODULES = frozenset(
     {"tests/test_local_default.py", "tests/test_real_model.py", "tests/test_real_model_tools.py"}
 )
+#: those whose jobs take the model through every stage: one unit, which one process runs last (the module docstring)
+REAL_MODEL_UNIT = frozenset({"tests/test_real_model.py", "tests/test_real_model_tools.py"})
 
 
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+REAL = "real-model"
+
+
 def _unit(module: str) -> str:
-    """The unit of work a module belongs to: the module itself, or the real-model modules together."""
-    return "real-model" if module in REAL_MODEL_MODULES else module
+    """The unit of work a module belongs to: the module itself, or the real-model unit."""
+    return REAL if module in REAL_MODEL_UNIT else module
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,8 +70,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     units: defaultdict[str, float] = defaultdict(float)
     for module in {_module(i.nodeid) for i in items}:
         units[_unit(module)] += seconds.get(module, unknown)
-    # stable: a unit's tests stay together and in their order
-    items.sort(key=lambda item: (-units[u := _unit(_module(item.nodeid))], u))
+    # stable: a unit's tests stay together and in their order; the real-model unit last (the module docstring)
+    items.sort(key=lambda item: ((u := _unit(_module(item.nodeid))) == REAL, -units[u], u))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
