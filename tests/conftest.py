@@ -24,8 +24,8 @@ os.environ.setdefault("RLM_ENCODER_DIR", str(Path(tempfile.gettempdir()) / "rlm-
 for _var in ("OPENAI_API_KEY", "RLM_API_KEY", "OPENAI_BASE_URL", "RLM_BASE_URL", "RLM_PROVIDER"):
     os.environ.pop(_var, None)
 os.environ["RLM_LOCAL_LLM"] = "off"
-# The real-model tests' server gets one thread: the suite runs 4 processes on 2 cores, where a second thread mostly
-# waits for the first (bench/RESULTS.md#suite: the thinking job's module 117 -> 98 CPU-s and 129 -> 110 s)
+# The local model server writes replies on one thread: the suite runs 4 processes on 2 cores, where a second thread
+# mostly waits for the first (bench/RESULTS.md#suite; tests/support/real_model.py reads prompts on two)
 os.environ.setdefault("RLM_LOCAL_LLM_THREADS", "1")
 # Every data dir of embedded servers the test processes start lies under one directory per run, made by the first
 # process (the xdist controller, or the only one) and removed when it ends: a worker stopped before its teardown

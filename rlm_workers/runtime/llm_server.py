@@ -37,7 +37,7 @@ def _serve_in_process(cfg: dict[str, Any], key: str) -> list[Any]:
         p.n_ctx = cfg["ctx_per_slot"] * cfg["parallel"]
         p.n_parallel = cfg["parallel"]
         p.cpuparams.n_threads = cfg["threads"]  # writing the reply, a token at a time
-        p.cpuparams_batch.n_threads = cfg.get("batch_threads", cfg["threads"])  # reading the prompt
+        p.cpuparams_batch.n_threads = cfg["batch_threads"]  # reading the prompt
         p.use_jinja = True  # the model's own chat template
         p.api_keys = [key]
         p.ui = False
@@ -67,7 +67,7 @@ def _serve_binaries(cfg: dict[str, Any]) -> list[subprocess.Popen]:
             "--threads",
             str(cfg["threads"]),
             "--threads-batch",
-            str(cfg.get("batch_threads", cfg["threads"])),
+            str(cfg["batch_threads"]),
             # the key lives in a 0600 file, never on the command line every local user can read in `ps`
             "--api-key-file",
             cfg["key_file"],

@@ -33,13 +33,11 @@ REAL_MODEL_MODULES = frozenset(
 )
 #: those whose jobs take the model through every stage: one unit, which one process runs last (the module docstring)
 REAL_MODEL_UNIT = frozenset({"tests/test_real_model.py", "tests/test_real_model_tools.py"})
+REAL = "real-model"
 
 
 def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
-
-
-REAL = "real-model"
 
 
 def _unit(module: str) -> str:
