@@ -5,7 +5,7 @@ fixed latency (docs/contract.md#modes, #recursion).
         [--parts instant,auto,fanout,thinking,exhaustive] [--batches 200] [--quiet-wait 180] [--no-write]
         [--keep-servers]
 
-A scripted OpenAI-protocol server (``python -m tests.support.scripted_llm --responder modes:responder``, a
+A scripted OpenAI-protocol server (``python -m tests.support.scripted_llm --responder modes_setup:responder``, a
 process of its own, TCP_NODELAY on) answers every call after exactly ``--latency-ms``: the planner with a
 plan (no route, so ``auto`` routes by its rules), each analyst with one entry per ``### Chunk`` block it was
 sent (and, when the message asks for records, the count of log lines per level in the chunk's text), the

@@ -135,7 +135,7 @@ class Responder:
 
 
 def responder() -> Responder:
-    """``--responder modes:responder``: the model above, on a server with Nagle off.
+    """``--responder modes_setup:responder``: the model above, on a server with Nagle off.
 
     http.server writes a response's headers and body in two send() calls; on a reused keep-alive connection
     Nagle would hold the body until the client's delayed ACK (~40 ms a call).  A real API server sets
@@ -159,7 +159,7 @@ class Server:
         argv = [sys.executable, "-m", "tests.support.scripted_llm", "--port", "0", "--latency-ms", f"{latency_ms:g}"]
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(
-            [*argv, "--responder", "modes:responder"],
+            [*argv, "--responder", "modes_setup:responder"],
             cwd=harness.REPO,
             env=env,
             stdout=subprocess.PIPE,
