@@ -1,8 +1,13 @@
-"""Hybrid fusion (search/fusion.py): Reciprocal Rank Fusion, the lexical arm counted only when its scores stand out."""
+"""Hybrid fusion (search/fusion.py): Reciprocal Rank Fusion, the lexical arm counted only when its scores stand out,
+and a top k that holds each arm's first k // 2."""
 
 from __future__ import annotations
 
-from rlm_workers.search.fusion import RANK_K, SHARP_AT, SHARPNESS, fuse_arms, lexical_stands_out
+import random
+
+import pytest
+
+from rlm_workers.search.fusion import RANK_K, SHARP_AT, SHARPNESS, fuse_arms, fused_top, lexical_stands_out
 
 
 def _sharp(ids: list[int]) -> list[tuple[int, float]]:
@@ -72,3 +77,37 @@ def test_when_the_lexical_arm_stands_out():
     assert lexical_stands_out(tenth + [0.1] * 5)
     assert lexical_stands_out([6.0, 5.0, 2.9]) and not lexical_stands_out([6.0, 5.0, 3.1])
     assert lexical_stands_out([3.0, 1.0, -0.5])  # a last score at or below zero: any positive best stands out
+
+
+def test_the_top_k_holds_a_gated_lexical_arms_first_half():
+    # the flat list is left out of the fusion, yet its first five are what bm25 alone would have shown at 5
+    dense = _dense([99, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20])
+    lexical = _flat([50, 51, 10, 52, 53, 54, 55])
+    assert not lexical_stands_out([s for _, s in lexical])
+    top = fused_top(lexical, dense, 10)
+    # the fused order first; 50, 51, 52 and 53 take the places of the semantic list's last four, in bm25's order
+    assert _ids(top) == [99, 10, 11, 12, 13, 14, 50, 51, 52, 53]
+    assert top == [(c, s) for c, s in fuse_arms(lexical, dense) if c in set(_ids(top))]
+
+
+def test_the_top_k_is_the_fused_top_k_when_the_arms_agree():
+    dense = _dense(list(range(1, 21)))
+    lexical = _sharp(list(range(1, 21)))
+    assert fused_top(lexical, dense, 10) == fuse_arms(lexical, dense)[:10]
+    assert fused_top(lexical, dense, 0) == []
+    assert _ids(fused_top(lexical[:2], dense[:1], 10)) == [1, 2]  # fewer than k chunks in all: every one
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_no_chunk_either_arm_ranks_in_its_first_half_is_lost(seed):
+    rnd = random.Random(seed)
+    pool = list(range(rnd.randint(1, 60)))
+    k = rnd.randint(1, 20)
+    dense = _dense(rnd.sample(pool, min(len(pool), 2 * k)))
+    ids = rnd.sample(pool, min(len(pool), 2 * k))
+    lexical = _sharp(ids) if rnd.random() < 0.5 else _flat(ids)
+    top = _ids(fused_top(lexical, dense, k))
+    assert len(top) == len(set(top)) == min(k, len(set(ids) | {c for c, _ in dense}))
+    assert {c for c, _ in dense[: k // 2]} | set(ids[: k // 2]) <= set(top)
+    order = _ids(fuse_arms(lexical, dense))
+    assert top == sorted(top, key=order.index)  # in the fused order

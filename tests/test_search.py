@@ -92,14 +92,14 @@ def test_hybrid_finds_paraphrase_that_bm25_misses(conn, settings, db_url, loaded
 
 
 def test_hybrid_is_the_fusion_of_the_arms_as_searched(conn, settings, db_url, loaded):
-    from rlm_workers.search.fusion import RANK_K, fuse_arms
+    from rlm_workers.search.fusion import RANK_K, fused_top
 
     rows = [store.get_buffer(conn, tenant="local", name="notes")]
     query = "semaphore shared by workers"
     lex = rank(conn, settings=settings, url=db_url, rows=rows, query=query, mode="bm25", top_k=10, threshold=None)
     sem = rank(conn, settings=settings, url=db_url, rows=rows, query=query, mode="semantic", top_k=10, threshold=0.0)
     hyb = rank(conn, settings=settings, url=db_url, rows=rows, query=query, mode="hybrid", top_k=5, threshold=0.0)
-    want = fuse_arms([(r.chunk_id, r.score) for r in lex], [(r.chunk_id, r.score) for r in sem])[:5]
+    want = fused_top([(r.chunk_id, r.score) for r in lex], [(r.chunk_id, r.score) for r in sem], 5)
     assert [r.chunk_id for r in hyb] == [c for c, _ in want]
     assert [r.score for r in hyb] == pytest.approx([s for _, s in want])
     assert hyb[0].chunk_id == lex[0].chunk_id == sem[0].chunk_id  # the rate-limit note wins both arms

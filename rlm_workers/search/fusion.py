@@ -13,6 +13,11 @@ fewer).  Key words or an identifier make the first scores stand far above the re
 still follows the semantic one, in its own order, so a buffer without vectors (or a threshold that
 left nothing) still gets bm25's ranking.
 
+Neither rule may lose what an arm alone would have shown: **each arm's first ``k // 2`` chunks are always in
+the fused top k** (``fused_top``), in their fused order, in the places the fused list's own last ones would have
+held.  At k = 10 that is every chunk either arm ranks in its top 5, whether the gate counted the lexical arm or
+not; the places above them keep the fused order, so what a direct answer reads first does not move.
+
 bench/RESULTS.md#fusion measures this against RRF alone, weighted RRF, score fusions and a best-rank
 fusion on three question sets, and says why the best-rank one (higher recall on code) was not kept.
 """
@@ -22,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["RANK_K", "SHARPNESS", "SHARP_AT", "fuse_arms", "lexical_stands_out"]
+__all__ = ["RANK_K", "SHARPNESS", "SHARP_AT", "fuse_arms", "fused_top", "lexical_stands_out"]
 
 #: the fusion constant of the original RRF paper
 RANK_K = 60
@@ -64,3 +69,20 @@ def fuse_arms(lexical: Sequence[tuple[int, float]], dense: Sequence[tuple[int, f
         tail = dict.fromkeys(c for c, _ in lexical if c not in scores)
         out += [(cid, 1.0 / (RANK_K + len(scores) + i)) for i, cid in enumerate(tail, start=1)]
     return out
+
+
+def fused_top(
+    lexical: Sequence[tuple[int, float]], dense: Sequence[tuple[int, float]], k: int
+) -> list[tuple[int, float]]:
+    """The top ``k`` of ``fuse_arms``, holding each arm's first ``k // 2`` chunks: a chunk the fusion ranked lower
+    takes the place of the fused list's last one not so held, and keeps its fused order and score."""
+    fused = fuse_arms(lexical, dense)
+    if len(fused) <= k:
+        return fused[: max(0, k)]
+    sure = k // 2
+    picked = {c for ranking in (dense, lexical) for c in list(dict.fromkeys(c for c, _ in ranking))[:sure]}
+    for cid, _ in fused:
+        if len(picked) >= k:
+            break
+        picked.add(cid)
+    return [(cid, score) for cid, score in fused if cid in picked]

@@ -22,7 +22,7 @@ from ..models import SearchHit, SearchMode, Threshold, TopK, check_storable_text
 from ..store.buffers import BufferRow, get_chunks, require_buffers
 from ..store.vectors import Near
 from . import bm25_cache
-from .fusion import fuse_arms
+from .fusion import fused_top
 from .provenance import fields
 from .semantic import semantic_search
 from .tokenize import tokenize
@@ -149,7 +149,7 @@ def rank(
     top_k: int,
     threshold: float | None,
 ) -> list[Ranked]:
-    """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses them (``fusion.fuse_arms``)."""
+    """Chunk ids best first; hybrid fetches 2×top_k from each arm and fuses them (``fusion.fused_top``)."""
     depth = top_k * 2 if mode == "hybrid" else top_k
     lexical: list[tuple[int, float]] = []
     dense: list[Near] = []
@@ -171,9 +171,9 @@ def rank(
     if mode == "semantic":
         return [Ranked(n.chunk_id, n.similarity, n) for n in dense[:top_k]]
 
-    fused = fuse_arms(lexical, [(n.chunk_id, n.similarity) for n in dense])
+    fused = fused_top(lexical, [(n.chunk_id, n.similarity) for n in dense], top_k)
     near = {n.chunk_id: n for n in dense}
-    return [Ranked(c, s, near.get(c)) for c, s in fused[:top_k]]
+    return [Ranked(c, s, near.get(c)) for c, s in fused]
 
 
 def search(
