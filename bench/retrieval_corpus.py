@@ -107,27 +107,30 @@ def holds(chunk_text: str, fact: str) -> bool:
     return fact in " ".join(chunk_text.split())
 
 
-def build_corpus(essays: dict[str, str]) -> Corpus:
+def build_corpus(essays: dict[str, str], facts: list = FACTS) -> Corpus:
+    """The essays with ``facts`` (default: this bench's 48) planted one per essay, cut as ``rlm load`` cuts them."""
     from rlm_workers.ingest.chunkers import chunk_text
     from rlm_workers.search.tokenize import tokenize
 
-    missing = [f.essay for f in FACTS if f.essay not in essays]
+    missing = [f.essay for f in facts if f.essay not in essays]
     if missing:
         raise SystemExit(f"essays not in the wheel: {', '.join(missing)}")
-    if len({f.essay for f in FACTS}) != len(FACTS):
+    if len({f.essay for f in facts}) != len(facts):
         raise SystemExit("two facts name the same essay: each fact goes into its own file")
     # depths evenly over 0..1, handed to the essays in a fixed shuffled order so depth and file size do not correlate
-    order = sorted(range(len(FACTS)), key=lambda i: hashlib.sha256(FACTS[i].essay.encode()).hexdigest())
-    want = {FACTS[i].essay: rank / max(1, len(FACTS) - 1) for rank, i in enumerate(order)}
+    order = sorted(range(len(facts)), key=lambda i: hashlib.sha256(facts[i].essay.encode()).hexdigest())
+    want = {facts[i].essay: rank / max(1, len(facts) - 1) for rank, i in enumerate(order)}
     texts, depths = {}, {}
-    for f in FACTS:
+    for f in facts:
         texts[f.essay], depths[f.essay] = plant(essays[f.essay], f.text, want[f.essay])
+    for name in {f.essay for f in FACTS}:  # another set's haystack is the same 48 essays, planted or not
+        texts.setdefault(name, essays[name])
     chunks: list[ChunkRec] = []
     for name in sorted(texts):
         for ch in chunk_text(texts[name], path=name, chunker=CHUNKER, chunk_size=CHUNK_SIZE, overlap=OVERLAP):
             chunks.append(ChunkRec(len(chunks), name, ch.text, ch.start_line, ch.end_line))
-    holders = [{c.cid for c in chunks if c.essay == f.essay and holds(c.text, f.text)} for f in FACTS]
-    lost = [f.essay for f, h in zip(FACTS, holders, strict=True) if not h]
+    holders = [{c.cid for c in chunks if c.essay == f.essay and holds(c.text, f.text)} for f in facts]
+    lost = [f.essay for f, h in zip(facts, holders, strict=True) if not h]
     if lost:
         raise SystemExit(f"no chunk holds the whole fact planted in {', '.join(lost)}: the chunker cut it")
     h = hashlib.sha256()

@@ -103,13 +103,13 @@ def rrf(rankings: list[list[int]], weights: list[float]) -> list[int]:
 def fused(
     lex: list[tuple[int, float]], dense: list[int], scores, k: int, semantic_weight: float | None = None
 ) -> list[int]:
-    """service.rank's hybrid: each arm fetched at 2×k, fused by ``search.fusion.fuse_arms``, top k; with a
+    """service.rank's hybrid: each arm fetched at 2×k, fused by ``search.fusion.fused_top``; with a
     ``semantic_weight``, RRF with the semantic arm weighted so (not what the service does)."""
-    from rlm_workers.search.fusion import fuse_arms
+    from rlm_workers.search.fusion import fused_top
 
     if semantic_weight is not None:
         return rrf([[c for c, _ in lex[: 2 * k]], dense[: 2 * k]], [1.0, semantic_weight])[:k]
-    return [c for c, _ in fuse_arms(lex[: 2 * k], [(c, float(scores[c])) for c in dense[: 2 * k]])[:k]]
+    return [c for c, _ in fused_top(lex[: 2 * k], [(c, float(scores[c])) for c in dense[: 2 * k]], k)]
 
 
 def first_hit(ranking: list[int], holders: set[int]) -> int | None:
