@@ -129,6 +129,14 @@ class Settings(BaseSettings):
         description="CPU threads the local model server reads prompts with; unset: RLM_LOCAL_LLM_THREADS. Reading "
         "a prompt is a few large matrix products that use more threads well; writing a reply token by token is not.",
     )
+    local_llm_gpu_layers: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="Layers of each local model the server puts on a GPU (llama.cpp's --n-gpu-layers): 0 runs it on "
+        "the CPU, more than the model has puts all of it there. Unset: all where the installed xllamacpp build sees "
+        "a GPU (the PyPI wheel is built for the CPU only), else 0.",
+    )
     structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
         "auto",
         description=(

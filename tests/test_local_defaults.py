@@ -20,7 +20,14 @@ from rlm_workers.pipeline.evidence import evidence_lines, grounded
 from rlm_workers.pipeline.params import make_batches
 from rlm_workers.pipeline.route import analyst_batch_tokens, analyst_reply_tokens
 from rlm_workers.pipeline.synthesize import _report_of
-from rlm_workers.runtime.local_models import DEFAULT_STAGE_MODELS, MODELS, host_problem, resolve_model
+from rlm_workers.runtime.local_models import (
+    DEFAULT_STAGE_MODELS,
+    MODELS,
+    gpu_driver_present,
+    host_problem,
+    resolve_model,
+    wheel_problem,
+)
 
 LOCAL = "qwen2.5-coder-0.5b"
 
@@ -28,6 +35,89 @@ LOCAL = "qwen2.5-coder-0.5b"
 def _chunk(cid: int, text: str, path: str = "a.md", start: int = 1) -> ChunkForPrompt:
     lines = text.count("\n") + 1
     return ChunkForPrompt(chunk_id=cid, buffer="b", path=path, start_line=start, end_line=start + lines - 1, text=text)
+
+
+# ---------------------------------------------------------------- where the local model server runs
+
+
+def test_every_layer_goes_to_a_gpu_only_where_the_wheels_build_sees_one(tmp_path, monkeypatch):
+    """RLM_LOCAL_LLM_GPU_LAYERS when set; unset, all where the wheel lists a GPU (simulated here), else 0."""
+    from rlm_workers.runtime import local_llm
+    from rlm_workers.runtime.llm_server import ALL_GPU_LAYERS
+
+    def layers(**given) -> int:
+        return local_llm.gpu_layers(Settings(local_llm_dir=tmp_path, **given))
+
+    monkeypatch.setattr(local_llm, "wheel_problem", lambda: None)
+    monkeypatch.setattr(local_llm, "wheel_gpus", lambda: ("CUDA0 (NVIDIA H200, 140 GiB)",))
+    assert (layers(), layers(local_llm_gpu_layers=0), layers(local_llm_gpu_layers=12)) == (ALL_GPU_LAYERS, 0, 12)
+    monkeypatch.setattr(local_llm, "wheel_gpus", lambda: ())
+    assert (layers(), layers(local_llm_gpu_layers=12)) == (0, 12)
+    # the source-built fallback is built for the CPU: a GPU the wheel would see does not count
+    monkeypatch.setattr(local_llm, "wheel_problem", lambda: "this CPU lacks AVX2")
+    monkeypatch.setattr(local_llm, "wheel_gpus", lambda: ("CUDA0 (NVIDIA H200, 140 GiB)",))
+    assert layers() == 0
+
+
+def test_the_gpu_probe_asks_the_wheel_only_beside_a_driver_and_never_fails(monkeypatch):
+    """Without a GPU driver nothing is started to ask; beside one, the installed wheel is asked in a child process,
+    and a probe that fails or hangs means the CPU."""
+    import subprocess
+
+    from rlm_workers.runtime import local_llm
+
+    if wheel_problem():
+        pytest.skip(f"the prebuilt local model server cannot run here: {wheel_problem()}")
+    probe = local_llm.wheel_gpus.__wrapped__  # uncached: each case asks again
+    real_run = subprocess.run
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(local_llm, "gpu_driver_present", lambda: False)
+    monkeypatch.setattr(subprocess, "run", no_child)
+    assert probe() == ()
+    monkeypatch.setattr(subprocess, "run", real_run)
+    monkeypatch.setattr(local_llm, "gpu_driver_present", lambda: True)
+    found = probe()  # the real wheel, asked as on a GPU host
+    assert isinstance(found, tuple) and all(isinstance(d, str) for d in found)
+    if not gpu_driver_present():  # no build sees a GPU on a host without its driver
+        assert found == ()
+    monkeypatch.setattr(local_llm, "GPU_PROBE_SECONDS", 0.001)
+    assert probe() == ()
+
+
+def test_only_gpu_devices_count_and_the_servers_log_says_where_a_model_runs():
+    from rlm_workers.runtime.llm_server import ALL_GPU_LAYERS, _placement, gpu_devices
+
+    def kind(name: str) -> SimpleNamespace:
+        return SimpleNamespace(name=f"GGML_BACKEND_DEVICE_TYPE_{name}")
+
+    listed = [
+        {"name": "CPU", "description": "AMD EPYC", "memory_total": 64 * 2**30, "type": kind("CPU")},
+        {"name": "CUDA0", "description": "NVIDIA H200", "memory_total": 140 * 2**30, "type": kind("GPU")},
+    ]
+    gpus = gpu_devices(SimpleNamespace(get_device_info=lambda: listed))
+    assert gpus == ["CUDA0 (NVIDIA H200, 140 GiB)"]
+    assert _placement(ALL_GPU_LAYERS, gpus) == "every layer on the GPU: CUDA0 (NVIDIA H200, 140 GiB)"
+    assert _placement(12, gpus) == "12 layers on the GPU: CUDA0 (NVIDIA H200, 140 GiB)"
+    assert _placement(0, gpus) == "on the CPU (0 layers on the GPU)"
+    assert _placement(12, []) == "on the CPU (12 layers asked for the GPU, but this xllamacpp build sees no GPU)"
+
+
+def test_a_bad_gpu_layer_count_is_an_invalid_setting(monkeypatch):
+    from rlm_workers.config import load_settings
+    from rlm_workers.errors import ConfigError
+
+    for value in ("-1", "abc", "1000001"):
+        monkeypatch.setenv("RLM_LOCAL_LLM_GPU_LAYERS", value)
+        with pytest.raises(ConfigError) as ei:
+            load_settings()
+        assert (
+            ei.value.message.startswith("invalid setting RLM_LOCAL_LLM_GPU_LAYERS: ") and "\n" not in ei.value.message
+        )
+    monkeypatch.setenv("RLM_LOCAL_LLM_GPU_LAYERS", "0")
+    assert load_settings().local_llm_gpu_layers == 0
 
 
 # ---------------------------------------------------------------- who answers

@@ -81,17 +81,8 @@ def _rlm(env: dict, *args: str, drop: tuple[str, ...] = (), **extra: str):
     )
 
 
-def test_the_cli_shows_the_server_and_refuses_bad_names(env, tmp_path):
-    """`rlm services status` shows the running server whatever the shell's settings; a typo is one line, exit 2;
-    a model server that cannot start is one error naming it and its log, at once and once: nothing is retried
-    and nothing is compiled."""
-    import json
-
-    from rlm_workers.config import Settings
-    from rlm_workers.errors import ModelServerError
-    from rlm_workers.runtime.local_llm import endpoint, model_file
-    from rlm_workers.runtime.local_models import resolve_model
-
+def test_the_cli_shows_the_server_and_refuses_bad_names(env):
+    """`rlm services status` shows the running server whatever the shell's settings; a typo is one line, exit 2."""
     drop = ("RLM_LOCAL_LLM", "OPENAI_BASE_URL", "RLM_API_KEY")
     status = _rlm(env, "services", "status", drop=drop)
     assert status.returncode == 0 and f"{MODEL} on port" in status.stdout, status.stdout
@@ -100,6 +91,21 @@ def test_the_cli_shows_the_server_and_refuses_bad_names(env, tmp_path):
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert "unknown local model 'qwen'" in bad.stderr
 
+
+def test_a_server_that_cannot_start_is_one_error_naming_its_log(tmp_path):
+    """A model server that cannot start is one error naming it and its log, at once and once: nothing is retried
+    and nothing is compiled.  The config it was started with holds the settings' threads and GPU layers; unset, no
+    GPU layer where the wheel sees no GPU (no running server needed: seconds)."""
+    import json
+
+    from rlm_workers.config import Settings
+    from rlm_workers.errors import ModelServerError
+    from rlm_workers.runtime.llm_server import ALL_GPU_LAYERS
+    from rlm_workers.runtime.local_llm import endpoint, model_file, wheel_gpus
+    from rlm_workers.runtime.local_models import resolve_model, wheel_problem
+
+    if why := wheel_problem():
+        pytest.skip(f"the prebuilt local model server cannot run here: {why}")
     # a model file that is no model (a disk fault, a cut copy that kept its checksum marker): the server dies
     model = resolve_model(MODEL)
     cache = tmp_path / "cache"
@@ -109,15 +115,18 @@ def test_the_cli_shows_the_server_and_refuses_bad_names(env, tmp_path):
     st = fake.stat()
     marker = {"sha256": model.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     fake.with_suffix(".ok").write_text(json.dumps(marker))
-    data = tmp_path / "data"
-    with pytest.raises(ModelServerError, match="local model server") as ei:
-        endpoint(
-            Settings(
-                local_llm=MODEL, local_llm_dir=cache, data_dir=data, local_llm_threads=3, local_llm_batch_threads=5
-            )
-        )
-    log = data / "llm" / "server.log"
-    assert str(log) in ei.value.message and "Failed to init" in log.read_text()
-    written = json.loads((data / "llm" / "server-config.json").read_text())
-    assert (written["threads"], written["batch_threads"]) == (3, 5)  # RLM_LOCAL_LLM_THREADS, _BATCH_THREADS
+    # RLM_LOCAL_LLM_THREADS, _BATCH_THREADS and _GPU_LAYERS set, then the GPU layers unset (the suite's environment
+    # sets the threads)
+    set_all = {"local_llm_threads": 3, "local_llm_batch_threads": 5, "local_llm_gpu_layers": 7}
+    for name, given, expected in (
+        ("set", set_all, {"threads": 3, "batch_threads": 5, "gpu_layers": 7}),
+        ("unset", {"local_llm_gpu_layers": None}, {"gpu_layers": ALL_GPU_LAYERS if wheel_gpus() else 0}),
+    ):
+        data = tmp_path / name
+        with pytest.raises(ModelServerError, match="local model server") as ei:
+            endpoint(Settings(local_llm=MODEL, local_llm_dir=cache, data_dir=data, **given))
+        log = data / "llm" / "server.log"
+        assert str(log) in ei.value.message and "Failed to init" in log.read_text()
+        written = json.loads((data / "llm" / "server-config.json").read_text())
+        assert {k: written[k] for k in expected} == expected, name
     assert not any(cache.glob("**/llama-server"))

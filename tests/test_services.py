@@ -133,6 +133,28 @@ def test_bad_setting_is_one_clear_line(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("-1", "Input should be greater than or equal to 0"),
+        ("abc", "Input should be a valid integer, unable to parse string as an integer"),
+    ],
+)
+def test_a_bad_gpu_layer_count_is_one_clear_line(tmp_path, value, why):
+    """RLM_LOCAL_LLM_GPU_LAYERS is refused like every setting, before a model is fetched or a server started."""
+    env = {**os.environ, "RLM_LOCAL_LLM_GPU_LAYERS": value, "RLM_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlm_api.cli", "services", "setup-llm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: invalid setting RLM_LOCAL_LLM_GPU_LAYERS: {why}"
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("command", [["buffers"], ["worker", "-Q", "rlm.control"]])
 def test_a_job_timeout_not_below_the_visibility_timeout_is_refused_at_start_up(tmp_path, command):
     """It was cut to the visibility timeout in the watchdog without a word."""

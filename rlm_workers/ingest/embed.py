@@ -26,6 +26,7 @@ import numpy as np
 
 from ..config import get_settings
 from ..errors import ConfigError
+from ..runtime.local_models import gpu_driver_present
 from . import onnxenc
 from .fastbert import FastBertEncoder, supports
 from .windows import DEFAULT_WINDOWS, WindowSpec, cut, query_windows
@@ -68,9 +69,6 @@ _RANKED_AS = {CUDA_RUNTIME: "torch"}
 GPU_BATCH = 256
 #: batches tokenized ahead of the GPU at most (each on its own thread)
 _TOKENIZE_AHEAD = 8
-#: files whose presence says this host has a GPU driver (NVIDIA, WSL's, ROCm's): without one torch sees no
-#: CUDA device, and looking costs no torch import (an API or `rlm search` process never imports it to decide)
-_GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
 
 
 def ranked_as(runtime: str) -> str:
@@ -217,11 +215,6 @@ def model_id_for(name: str | None) -> str:
     if not name or name in (BUNDLED_MODEL_ID, "all-MiniLM-L6-v2"):
         return BUNDLED_MODEL_ID
     return name
-
-
-def gpu_driver_present() -> bool:
-    """Whether this host shows a GPU driver; without one no torch sees a CUDA device (no torch imported)."""
-    return any(Path(p).exists() for p in _GPU_DRIVER_FILES)
 
 
 def _torch_sees_cuda() -> bool:

@@ -2,8 +2,10 @@
 
 ``python -m rlm_workers.runtime.llm_server CONFIG`` is started, detached, by ``local_llm`` (docs/contract.md#local-llm).
 ``CONFIG`` is a JSON file: the models (alias, GGUF path, port), the context per slot, the slots, the threads (for
-the reply and for reading the prompt), the API key's file and, only where the prebuilt wheel cannot run, a
-``llama-server`` binary built from source.
+the reply and for reading the prompt), the layers of each model to put on a GPU, the API key's file and, only where
+the prebuilt wheel cannot run, a ``llama-server`` binary built from source.  ``python -m
+rlm_workers.runtime.llm_server --gpus`` prints, as a JSON list, the GPU devices the wheel's build can use here:
+``local_llm`` asks it in a child process, so that no long-lived process opens the GPU just to find out.
 
 With the wheel (``xllamacpp``) every model is served in this very process, so one pid stands for the whole server:
 its watcher, ``rlm services stop`` and the idle stop all signal it.  With a built binary this process starts one
@@ -22,10 +24,35 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: more layers than any model here has: llama.cpp then puts every layer, and the output layer, on the GPU
+ALL_GPU_LAYERS = 999
+
+
+def gpu_devices(xllamacpp: Any) -> list[str]:
+    """The GPU devices this build of the wheel can put layers on ("CUDA0 (NVIDIA H200, 140 GiB)"); none for the
+    PyPI wheel, which is built for the CPU only."""
+    return [
+        f"{d['name']} ({d['description']}, {d['memory_total'] / 2**30:.0f} GiB)"
+        for d in xllamacpp.get_device_info()
+        if d["type"].name.endswith(("_GPU", "_IGPU"))
+    ]
+
+
+def _placement(layers: int, gpus: list[str]) -> str:
+    """Where a model runs, for the server's log."""
+    if layers == 0:
+        return "on the CPU (0 layers on the GPU)"
+    asked = "every layer" if layers >= ALL_GPU_LAYERS else f"{layers} layers"
+    if not gpus:
+        return f"on the CPU ({asked} asked for the GPU, but this xllamacpp build sees no GPU)"
+    return f"{asked} on the GPU: {', '.join(gpus)}"
+
 
 def _serve_in_process(cfg: dict[str, Any], key: str) -> list[Any]:
     import xllamacpp  # the heavy edge: a 34 MB native library, loaded only by this process
 
+    layers = cfg["gpu_layers"]
+    where = _placement(layers, gpu_devices(xllamacpp) if layers else [])
     servers = []
     for m in cfg["models"]:
         p = xllamacpp.CommonParams()
@@ -38,12 +65,15 @@ def _serve_in_process(cfg: dict[str, Any], key: str) -> list[Any]:
         p.n_parallel = cfg["parallel"]
         p.cpuparams.n_threads = cfg["threads"]  # writing the reply, a token at a time
         p.cpuparams_batch.n_threads = cfg["batch_threads"]  # reading the prompt
+        p.n_gpu_layers = layers
+        # 0 means the CPU: a GPU build would still send a long prompt's matrix products to the GPU (op offload)
+        p.no_op_offload = layers == 0
         p.use_jinja = True  # the model's own chat template
         p.api_keys = [key]
         p.ui = False
         p.endpoint_slots = True  # GET /slots: the provider waits for an idle slot before it retries
         servers.append(xllamacpp.Server(p))
-        print(f"serving {m['alias']} on 127.0.0.1:{m['port']}", flush=True)
+        print(f"serving {m['alias']} on 127.0.0.1:{m['port']}, {where}", flush=True)
     return servers
 
 
@@ -68,6 +98,9 @@ def _serve_binaries(cfg: dict[str, Any]) -> list[subprocess.Popen]:
             str(cfg["threads"]),
             "--threads-batch",
             str(cfg["batch_threads"]),
+            # built for the CPU (local_llm.build_server): more than 0 only where the setting asks, and then ignored
+            "--n-gpu-layers",
+            str(cfg["gpu_layers"]),
             # the key lives in a 0600 file, never on the command line every local user can read in `ps`
             "--api-key-file",
             cfg["key_file"],
@@ -81,7 +114,12 @@ def _serve_binaries(cfg: dict[str, Any]) -> list[subprocess.Popen]:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.exit("usage: python -m rlm_workers.runtime.llm_server CONFIG")
+        sys.exit("usage: python -m rlm_workers.runtime.llm_server CONFIG | --gpus")
+    if args[0] == "--gpus":
+        import xllamacpp
+
+        print(json.dumps(gpu_devices(xllamacpp)), flush=True)
+        return
     cfg = json.loads(Path(args[0]).read_text())
     children: list[subprocess.Popen] = []
 

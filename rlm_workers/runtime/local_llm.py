@@ -17,6 +17,7 @@ A server that cannot start is one error naming it and its log, never a retry loo
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -41,10 +42,12 @@ import psutil
 
 from ..config import Settings, usable_cores
 from ..errors import ConfigError, ModelServerError
+from .llm_server import ALL_GPU_LAYERS
 from .local_models import (
     LLAMA_CPP_PACKAGE,
     LLAMA_CPP_VERSION,
     LocalModel,
+    gpu_driver_present,
     host_problem,
     resolve_model,
     server_binary,
@@ -59,6 +62,8 @@ LLM_DIRNAME = "llm"
 SERVER_MODULE = "rlm_workers.runtime.llm_server"
 #: how long a started server gets to load its models and answer /health
 START_TIMEOUT_SECONDS = 180.0
+#: how long the wheel gets to list its GPU devices (a GPU build opens the driver); past it, the server runs on the CPU
+GPU_PROBE_SECONDS = 30.0
 
 Say = Callable[[str], None]
 #: (bytes done, bytes in all) as a model is fetched
@@ -343,6 +348,43 @@ def _serving(data_dir: Path, wanted: list[str]) -> ServerState | None:
     return state
 
 
+@functools.cache
+def wheel_gpus() -> tuple[str, ...]:
+    """The GPU devices the installed xllamacpp build can put layers on here; none where it cannot (never raises).
+
+    Asked only where a GPU driver is present, and then in a child process: a GPU build opens the GPU to list it,
+    which would hold GPU memory for as long as the asking worker or API process lives.  The PyPI wheel is built for
+    the CPU and lists none."""
+    if wheel_problem() or not gpu_driver_present():
+        return ()
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", SERVER_MODULE, "--gpus"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=GPU_PROBE_SECONDS,
+        )
+        listed = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else []
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        listed = []
+    return tuple(str(d) for d in listed) if isinstance(listed, list) else ()
+
+
+def gpu_layers(settings: Settings) -> int:
+    """Layers of each model the server puts on a GPU (docs/contract.md#local-llm): RLM_LOCAL_LLM_GPU_LAYERS when
+    set; unset, every layer where the xllamacpp build sees a GPU, else 0.  The source-built fallback is built for
+    the CPU, so unset it gets 0."""
+    if settings.local_llm_gpu_layers is not None:
+        return settings.local_llm_gpu_layers
+    if wheel_problem():
+        return 0
+    return ALL_GPU_LAYERS if wheel_gpus() else 0
+
+
 def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerState:
     d = _llm_dir(data_dir := settings.data_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -364,6 +406,7 @@ def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerS
         # worker's own share of the cores would starve it)
         "threads": (threads := settings.local_llm_threads or usable_cores()),
         "batch_threads": settings.local_llm_batch_threads or threads,
+        "gpu_layers": (layers := gpu_layers(settings)),
         "key_file": str(key_file),
         "binary": str(server_binary(cache)) if wheel_problem() else None,
     }
@@ -403,7 +446,9 @@ def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerS
     # reaped when it exits, so a long-lived process (worker, API) keeps no zombie of it
     threading.Thread(target=proc.wait, name="rlm-llm-reaper", daemon=True).start()
     (d / "server.json").write_text(json.dumps({"pid": proc.pid, "ports": ports}))
-    log.info("started the local model server for %s (pid %d, ports %s)", names, proc.pid, ports)
+    on = "every layer" if layers >= ALL_GPU_LAYERS else f"{layers} layers"
+    where = f"{on} on the GPU" if layers else "on the CPU"
+    log.info("started the local model server for %s (pid %d, ports %s, %s)", names, proc.pid, ports, where)
     return ServerState(pid=proc.pid, ports=ports, api_key=api_key)
 
 

