@@ -61,6 +61,11 @@ def test_two_tenants_split_the_limit_as_slots_come_free(r):
     a = _take(lim, "a", 4)
     assert lim.try_acquire("b") is None  # full: b now waits
     assert lim.crowding("a") is True  # a holds more than its half while b waits with none
+    lim.queued("a", 2)
+    assert lim.start_unless_crowding("a") is False  # a's task steps aside: nothing counted …
+    assert lim.queued("a", 0) == 2
+    assert lim.start_unless_crowding("b") is True  # … b's goes ahead and counts as started
+    assert lim.queued("a", -2) == 0
     lim.release(a.pop())
     assert lim.try_acquire("a") is None  # the freed slot is kept for b, below its share …
     b = _take(lim, "b", 1)

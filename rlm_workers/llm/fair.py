@@ -117,10 +117,11 @@ def defer_seconds(tenant: str | None, deferrals: int = 0) -> float | None:
     if limiter is None:
         return None
     try:
-        if deferrals < MAX_DEFERRALS and limiter.crowding(tenant):
+        if deferrals >= MAX_DEFERRALS:
+            limiter.queued(tenant, -1)
+        elif not limiter.start_unless_crowding(tenant):  # one round trip per task, as most tasks go ahead
             metrics.fair_deferred()
             return min(DEFER_CAP, DEFER_BASE * 2**deferrals) * random.uniform(0.5, 1.5)
-        limiter.queued(tenant, -1)
     except ServiceUnavailable as exc:
         log.warning("fair share unknown (%s); the task goes ahead", exc)
     return None

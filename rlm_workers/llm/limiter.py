@@ -17,6 +17,7 @@ clocks still agree on when a lease or a window entry expires.
 
 from __future__ import annotations
 
+
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import constants
@@ -176,12 +177,14 @@ return 1
 # KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights.  1 = the tenant crowds another one out.
 _CROWDING_LUA = LUA_NOW_MS + _FAIR_LUA + "return crowding() and 1 or 0\n"
 
-# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, tasks (+n queued, -1 started), pending_ms, wait_ms.
+# KEYS[1] lease zset; ARGV: limit, lease_ms, tenant, weights, tasks (+n queued, -1 started), pending_ms, wait_ms,
+# and 1 to check crowding first (a task about to start: -1 and nothing counted when its tenant crowds another out).
 # A task that starts is about to ask for a slot: it counts as waiting until it does.
 _PENDING_LUA = (
     LUA_NOW_MS
     + _FAIR_LUA
     + """
+if ARGV[8] == '1' and crowding() then return -1 end
 local n, pending_ms, wait_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local pk = pre .. 'pend:' .. tenant
 local left = redis.call('INCRBY', pk, n)
@@ -224,6 +227,8 @@ class Lease:
     id: str
     key: str
     tenant: str = DEFAULT_TENANT
+    #: the slot was not free at once: the holder waited for it (and what it checked before may have changed)
+    waited: bool = False
 
 
 def parse_weights(raw: str | None) -> dict[str, float]:
@@ -310,7 +315,7 @@ class ConcurrencyLimiter:
                     waiters.cond.wait(pause)  # a release in this process ends it early
                 lease = self.try_acquire(tenant)
                 if lease is not None:
-                    return lease
+                    return replace(lease, waited=True)
         finally:
             with waiters.cond:
                 waiters.count -= 1
@@ -334,8 +339,17 @@ class ConcurrencyLimiter:
     def queued(self, tenant: str | None, n: int) -> int:
         """Count ``n`` tasks of ``tenant`` queued (a fan-out), or ``-1`` for one that starts; the tenant counts as
         waiting while any are queued.  Returns how many are still queued."""
-        args = self._args(tenant or DEFAULT_TENANT, int(n), int(PENDING_SECONDS * 1000), int(WAIT_SECONDS * 1000))
-        return int(redis_call(self._pending, keys=[self.key], args=args))
+        return int(redis_call(self._pending, keys=[self.key], args=self._pending_args(tenant, int(n), check=False)))
+
+    def start_unless_crowding(self, tenant: str | None) -> bool:
+        """``crowding`` and, when it is not, ``queued(tenant, -1)``, in one round trip: False (nothing counted) when
+        the task should step aside, True when it starts."""
+        args = self._pending_args(tenant, -1, check=True)
+        return int(redis_call(self._pending, keys=[self.key], args=args)) >= 0
+
+    def _pending_args(self, tenant: str | None, n: int, *, check: bool) -> list[Any]:
+        ms = (int(PENDING_SECONDS * 1000), int(WAIT_SECONDS * 1000))
+        return self._args(tenant or DEFAULT_TENANT, n, *ms, 1 if check else 0)
 
     def held_by(self, tenant: str | None) -> int:
         """Live leases of ``tenant`` right now."""

@@ -163,13 +163,9 @@ def shared_rows(calls: Sequence[LLMCall], shares: Sequence[Share]) -> list[tuple
 def write(conn: psycopg.Connection | None, rows: Sequence[tuple[str, LLMCall]], *, what: str) -> None:
     """The rows, each on its job, through ``conn`` (or a pooled connection when None): all or none."""
 
-    def insert(c: psycopg.Connection) -> None:
-        # all rows or none: a retry after the database dropped half-way must not log (and bill) a call twice
-        with c.transaction():
-            for job_id, call in rows:
-                job_store.record_llm_call(c, job_id=job_id, call=call)
-
-    durable_write(conn, insert, what=what)
+    # all rows or none (one statement): a retry after the database dropped half-way must not log (and bill) a call
+    # twice
+    durable_write(conn, lambda c: job_store.record_llm_calls(c, rows=rows), what=what)
 
 
 # --------------------------------------------------------------------------- a call, paid

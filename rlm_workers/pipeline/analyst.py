@@ -497,14 +497,13 @@ def _analyse_claimed(
     # cap a 64-thread analyst worker at 20 calls in flight. Logging and storing check one out again.
     with contextlib.ExitStack() as stack:
         try:
-            slot = _job_slot(job_id, params.concurrency, job.batches_total, settings)
-            stack.enter_context(slot)
+            lease = stack.enter_context(_job_slot(job_id, params.concurrency, job.batches_total, settings))
         except TimeoutError as exc:
             raise LimiterBusy(
                 f"rate limiter busy: the job's concurrency slot stayed taken ({exc}); the batch was not sent"
             ) from exc
         # the claim saw the job open; only a wait for the job's slot leaves time for a cancel to come in between
-        waited = not isinstance(slot, contextlib.nullcontext)
+        waited = lease is not None and lease.waited
         findings, unanswered = _ask(
             job_id, batch_no, messages, read, present, settings, check_open=waited, answering=answering
         )

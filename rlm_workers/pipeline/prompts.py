@@ -10,6 +10,8 @@ the planner's focus topics) are quoted instead: one JSON string on one line.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -50,7 +52,8 @@ def _read(path: Path | Traversable) -> str | None:
 def load_prompt(name: str, *, prompt_dir: str | Path | None = None) -> str:
     """The system prompt ``name``: ``RLM_PROMPT_DIR/name.md`` when present, else the shipped one.
 
-    Read on every call, so an override takes effect at the next query without a restart.
+    An override is read on every call, so it takes effect at the next query without a restart; the shipped one
+    is read once per process (it is the installed package's, and an analyst asks for it per batch).
     """
     if name not in PROMPT_NAMES:
         raise ValueError(f"unknown prompt {name!r}")
@@ -58,6 +61,11 @@ def load_prompt(name: str, *, prompt_dir: str | Path | None = None) -> str:
         text = _read(Path(prompt_dir).expanduser() / f"{name}.md")
         if text:
             return text
+    return _shipped_text(name)
+
+
+@functools.cache
+def _shipped_text(name: str) -> str:
     text = _read(_shipped(name))
     if text:
         return text

@@ -433,40 +433,47 @@ def finish_batch(
 ) -> bool:
     """Store a batch's outcome once; False (nothing stored) if a salvage already marked it lost.
     ``unanswered``: chunks of an ``ok`` batch the analyst gave no entry for (reported, never dropped silently)."""
-    with conn.transaction():
-        if (
-            conn.execute(
-                """UPDATE job_batches SET status = %s, error = %s, unanswered = %s, finished_at = now()
-               WHERE job_id = %s AND batch_no = %s AND status = 'pending' RETURNING batch_no""",
-                ("failed" if error else "ok", _json(JobError, error or None), list(unanswered), job_id, batch_no),
-            ).fetchone()
-            is None
-        ):
-            return False
-        conn.execute("DELETE FROM job_findings WHERE job_id = %s AND batch_no = %s", (job_id, batch_no))
-        if findings:
-            # one statement over one JSON document, not a row per finding: a batch of 50 chunks paid 50 rows of
-            # parameter adaptation (three JSON dumps each) in the analyst's thread, under the worker's one GIL
-            rows = {
-                f.chunk_id: {
-                    "chunk_id": f.chunk_id,
-                    "relevance": str(getattr(f.relevance, "value", f.relevance)),
-                    "findings": f.findings,
-                    "summary": f.summary,
-                    "follow_up": f.follow_up,
-                    "records": [r.model_dump() for r in f.records],
-                }
-                for f in findings  # a chunk twice: the later finding wins, as row-by-row upserts had it
-            }
-            conn.execute(
-                """INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up,
-                                             records)
-                   SELECT %s, %s, f.chunk_id, f.relevance, f.findings, f.summary, f.follow_up, f.records
-                   FROM jsonb_to_recordset(%s) AS f(chunk_id bigint, relevance text, findings jsonb, summary text,
-                                                    follow_up jsonb, records jsonb)""",
-                (job_id, batch_no, Jsonb(list(rows.values()))),
-            )
-    return True
+    # one statement, so atomic without a transaction of its own and one round trip: the batch leaves pending and
+    # its findings go in together, or nothing changes.  Findings are only ever written by the statement that ends
+    # a pending batch, so none should be there already; if some were, the upsert replaces them.
+    # The findings travel as one JSON document, not a row each: a batch of 50 chunks paid 50 rows of parameter
+    # adaptation (three JSON dumps each) in the analyst's thread, under the worker's one GIL
+    rows = {
+        f.chunk_id: {
+            "chunk_id": f.chunk_id,
+            "relevance": str(getattr(f.relevance, "value", f.relevance)),
+            "findings": f.findings,
+            "summary": f.summary,
+            "follow_up": f.follow_up,
+            "records": [r.model_dump() for r in f.records],
+        }
+        for f in findings  # a chunk twice: the later finding wins, as row-by-row upserts had it
+    }
+    row = conn.execute(
+        """WITH done AS (
+               UPDATE job_batches SET status = %(status)s, error = %(error)s, unanswered = %(unanswered)s,
+                                      finished_at = now()
+               WHERE job_id = %(job)s AND batch_no = %(batch)s AND status = 'pending' RETURNING batch_no),
+           stored AS (
+               INSERT INTO job_findings (job_id, batch_no, chunk_id, relevance, findings, summary, follow_up, records)
+               SELECT %(job)s, %(batch)s, f.chunk_id, f.relevance, f.findings, f.summary, f.follow_up, f.records
+               FROM jsonb_to_recordset(%(rows)s) AS f(chunk_id bigint, relevance text, findings jsonb, summary text,
+                                                       follow_up jsonb, records jsonb)
+               WHERE EXISTS (SELECT 1 FROM done)
+               ON CONFLICT (job_id, batch_no, chunk_id) DO UPDATE SET relevance = EXCLUDED.relevance,
+                   findings = EXCLUDED.findings, summary = EXCLUDED.summary, follow_up = EXCLUDED.follow_up,
+                   records = EXCLUDED.records)
+           SELECT count(*) FROM done""",
+        {
+            "status": "failed" if error else "ok",
+            "error": _json(JobError, error or None),
+            "unanswered": list(unanswered),
+            "job": job_id,
+            "batch": batch_no,
+            "rows": Jsonb(list(rows.values())),
+        },
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def fail_unfinished_batches(conn: psycopg.Connection, *, job_id: str, reason: JobError | Mapping[str, Any]) -> int:
@@ -526,12 +533,20 @@ def findings_of(conn: psycopg.Connection, *, job_id: str) -> list[tuple[int, Fin
     ]
 
 
-def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCall) -> None:
-    conn.execute(
-        """INSERT INTO llm_calls (job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms,
-                                  status, error, cached_tokens, cost_usd, shared, solo_tokens_in, via, parse_ok)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-        (
+_CALL_COLS = (
+    "job_id, stage, batch_no, provider, model, tokens_in, tokens_out, latency_ms, status, error, cached_tokens, "
+    "cost_usd, shared, solo_tokens_in, via, parse_ok"
+)
+
+
+def record_llm_calls(conn: psycopg.Connection, *, rows: Sequence[tuple[str | None, LLMCall]]) -> None:
+    """Log (job id, call) rows in one statement: all or none without a transaction of its own, in one round trip
+    (an analyst logs a call per batch from a worker whose threads share one GIL)."""
+    if not rows:
+        return
+    values = []
+    for job_id, call in rows:
+        values += [
             job_id,
             call.stage,
             call.batch,
@@ -548,8 +563,9 @@ def record_llm_call(conn: psycopg.Connection, *, job_id: str | None, call: LLMCa
             call.solo_tokens_in,
             call.via,
             call.parse_ok,
-        ),
-    )
+        ]
+    one = "(" + ", ".join(["%s"] * 16) + ")"
+    conn.execute(f"INSERT INTO llm_calls ({_CALL_COLS}) VALUES " + ", ".join([one] * len(rows)), values)
 
 
 @dataclass(frozen=True)
