@@ -437,3 +437,74 @@ def copy_package_sources(root: Path, package: str, budget: int | None) -> tuple[
         dest.write_bytes(data)
         files, total = files + 1, total + len(data)
     return files, total
+
+
+#: colours of a chart's lines, in order (dark enough to read on white)
+_CHART_COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44), (148, 103, 189), (255, 127, 14), (23, 190, 207))
+
+
+def line_chart(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    lines: dict[str, list[tuple[float, float]]],
+    *,
+    log_x: bool = False,
+    log_y: bool = False,
+) -> Path:
+    """A PNG line chart of ``lines`` (name → (x, y) points), drawn with Pillow (already a locked dependency), so a
+    bench's curve needs no plotting library; ``log_x``/``log_y`` put that axis on a log-10 scale."""
+    import math
+
+    from PIL import Image, ImageDraw
+
+    w, h, left, right, top, bottom = 900, 560, 90, 30, 50, 70
+    img = Image.new("RGB", (w, h), "white")
+    d = ImageDraw.Draw(img)
+    pts = [p for ps in lines.values() for p in ps]
+    fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
+    fy = (lambda v: math.log10(v)) if log_y else (lambda v: v)
+    xs, ys = [fx(x) for x, _ in pts], [fy(y) for _, y in pts]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = (min(ys), max(ys)) if log_y else (0.0, max(ys) * 1.1)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 1, y1 + 1
+    pad = (y1 - y0) * 0.05 if log_y else 0.0
+    y0, y1 = y0 - pad, y1 + pad
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        px = left + (fx(x) - x0) / (x1 - x0) * (w - left - right)
+        py = h - bottom - (fy(y) - y0) / (y1 - y0) * (h - top - bottom)
+        return px, py
+
+    d.rectangle([left, top, w - right, h - bottom], outline=(0, 0, 0))
+    d.text((left, 15), title, fill=(0, 0, 0))
+    d.text(((w - len(xlabel) * 6) / 2, h - 25), xlabel, fill=(0, 0, 0))
+    d.text((10, top - 20), ylabel, fill=(0, 0, 0))
+    ticks_x = sorted({x for x, _ in pts})
+    for x in ticks_x:
+        px, _ = at(x, 10**y0 if log_y else y0)
+        d.line([px, h - bottom, px, h - bottom + 5], fill=(0, 0, 0))
+        d.text((px - 12, h - bottom + 8), f"{x:,g}", fill=(0, 0, 0))
+    for i in range(6):
+        v = y0 + (y1 - y0) * i / 5
+        label = 10**v if log_y else v
+        py = h - bottom - (v - y0) / (y1 - y0) * (h - top - bottom)
+        d.line([left - 5, py, left, py], fill=(0, 0, 0))
+        d.line([left, py, w - right, py], fill=(230, 230, 230))
+        d.text((10, py - 6), f"{label:,.3g}", fill=(0, 0, 0))
+    for n, (name, ps) in enumerate(lines.items()):
+        colour = _CHART_COLOURS[n % len(_CHART_COLOURS)]
+        xy = [at(x, y) for x, y in sorted(ps)]
+        if len(xy) > 1:
+            d.line(xy, fill=colour, width=2)
+        for px, py in xy:
+            d.ellipse([px - 4, py - 4, px + 4, py + 4], fill=colour)
+        d.rectangle([left + 15, top + 10 + n * 18, left + 29, top + 20 + n * 18], fill=colour)
+        d.text((left + 35, top + 9 + n * 18), name, fill=(0, 0, 0))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return path

@@ -13,7 +13,7 @@ completeness check with 3 follow-ups at round 0, 2 at round 1, then ``complete``
 the questions listed under ``## Asked already``), the synthesizer and the direct answer in one call each (no
 tool turn).  Real ``rlm worker`` processes (``ctl``: rlm.control, threads -c 8; ``an``: rlm.analyst, threads
 -c 100, one thread per call in flight), the embedded Valkey and PostgreSQL+pgvector, RLM_MAX_CONCURRENCY=100,
-RLM_MAX_CHUNKS_PER_JOB=10000.
+RLM_MAX_CHUNKS_PER_JOB=10000 (raised with ``--batches`` over 200, as RLM_MAX_BATCHES_PER_JOB).
 
 Two buffers (built once under bench/_data/modes, load times reported apart):
 
@@ -25,9 +25,12 @@ Two buffers (built once under bench/_data/modes, load times reported apart):
   10,000 chunks, the ``xlarge`` tier (batches of 50 → 200 batches, 100 calls at once), for ``--scope all``.
   The count of lines per level written into the files is the ground truth of the exact totals.  It runs
   twice: ``exhaustive`` with one analyst process of 100 threads, as the issue asks, and ``exhaustive-2p``
-  with two processes of 50 threads, to show what one process's GIL costs.  ``--batches N`` (a multiple of 5,
-  at most 200) runs ``--scope all`` over the first N/5 files instead: a buffer of their own
-  (``modes-logs-<N>``, N × 50 chunks, still the ``xlarge`` tier), so 50 batches is one wave of calls.
+  with two processes of 50 threads, to show what one process's GIL costs (``exhaustive-4p``, four of 25, when
+  named in ``--parts``).  ``--batches N`` (a multiple of 5, at most 1,000) runs ``--scope all`` over the first
+  N/5 files instead: a buffer of their own (``modes-logs-<N>``, N × 50 chunks, still the ``xlarge`` tier; past
+  200 batches, more files of the same kind), so 50 batches is one wave of calls.  After each ``--scope all``
+  series the last run's calls are sent again from one asyncio process (``asyncio_floor``): the model client's
+  own floor on this machine.  ``--json PATH`` writes each series' medians (bench/fanout_curve.py reads them).
 
 What each run is held against is the **ideal**: the calls the tree actually made, laid end to end as the
 design says they depend on each other, each taking exactly the scripted latency L.  Per round: one plan step
@@ -52,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402 - after the path tweak, before any project import
 
 sys.path.insert(0, str(harness.REPO))  # tests.support.* (scripted server, worker processes)
-from modes_report import Series, report  # noqa: E402
-from modes_runs import CPU_DATA_DIR, CPU_GROUPS, run_one  # noqa: E402
+from modes_report import Series, medians, report  # noqa: E402
+from modes_runs import CPU_DATA_DIR, CPU_GROUPS, asyncio_floor, run_one  # noqa: E402
 from modes_setup import (  # noqa: E402
     ANALYST_THREADS,
     BATCHES_PER_FILE,
@@ -68,6 +71,7 @@ from modes_setup import (  # noqa: E402
     LOG_CHUNKS_PER_FILE,
     LOG_FILES,
     MAX_CONCURRENCY,
+    MAX_LOG_FILES,
     MODE_RUNS,
     QUERY,
     Server,
@@ -90,7 +94,7 @@ def main() -> None:
         "--batches",
         type=int,
         default=LOG_FILES * BATCHES_PER_FILE,
-        help="`--scope all` batches of 50 chunks (a multiple of 5, at most 200; default 200)",
+        help="`--scope all` batches of 50 chunks (a multiple of 5, at most 1000; default 200)",
     )
     ap.add_argument(
         "--analyst-threads",
@@ -101,6 +105,7 @@ def main() -> None:
     ap.add_argument("--quiet-wait", type=float, default=180.0, help="seconds to wait for a quiet CPU before a series")
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md alone")
     ap.add_argument("--keep-servers", action="store_true", help="leave the embedded PostgreSQL and Valkey running")
+    ap.add_argument("--json", type=Path, default=None, help="also write each series' medians to this JSON file")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     known = {name for name, _ in MODE_RUNS} | {name for name, _ in EXHAUSTIVE_RUNS}
@@ -108,8 +113,8 @@ def main() -> None:
         ap.error(f"--parts: some of {', '.join(sorted(known))}")
     if args.repeats < 1 or args.exhaustive_repeats < 1:
         ap.error("--repeats and --exhaustive-repeats must be >= 1")
-    if not (0 < args.batches <= LOG_FILES * BATCHES_PER_FILE and args.batches % BATCHES_PER_FILE == 0):
-        most = LOG_FILES * BATCHES_PER_FILE
+    if not (0 < args.batches <= MAX_LOG_FILES * BATCHES_PER_FILE and args.batches % BATCHES_PER_FILE == 0):
+        most = MAX_LOG_FILES * BATCHES_PER_FILE
         ap.error(f"--batches: a multiple of {BATCHES_PER_FILE} from {BATCHES_PER_FILE} to {most}")
     log_files = args.batches // BATCHES_PER_FILE
     log_buffer = LOG_BUFFER if log_files == LOG_FILES else f"{LOG_BUFFER}-{args.batches}"
@@ -134,9 +139,11 @@ def main() -> None:
         {
             "RLM_CHECK_MODEL": "check-model",
             "RLM_MAX_CONCURRENCY": str(MAX_CONCURRENCY),
-            "RLM_MAX_CHUNKS_PER_JOB": "10000",
+            # a count over more than the 200 default batches needs both limits raised to its size
+            "RLM_MAX_CHUNKS_PER_JOB": str(max(10_000, log_files * LOG_CHUNKS_PER_FILE)),
+            "RLM_MAX_BATCHES_PER_JOB": str(max(200, args.batches)),
         },
-        ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM", "RLM_MAX_BATCHES_PER_JOB", "RLM_BATCH_SIZE"),
+        ("RLM_API_KEY", "RLM_BASE_URL", "RLM_RPM", "RLM_TPM", "RLM_BATCH_SIZE"),
     )
     workers: list = []
     series: list[Series] = []
@@ -222,11 +229,16 @@ def main() -> None:
                     f"route {r.result.get('route')}, others' CPU {r.other_cpu:.0%}",
                     flush=True,
                 )
+            if name.startswith("exhaustive"):
+                s.floor = asyncio_floor(srv, args.exhaustive_repeats)
+                print(f"{name:>10} floor (one asyncio process): {', '.join(f'{x:.3f} s' for x in s.floor)}")
             s.load = (s.load[0], harness.loadavg())
             series.append(s)
     finally:
         harness.stop_run(workers, srv, conn, data_dir, keep_servers=args.keep_servers)
 
+    if args.json is not None:
+        args.json.write_text(json.dumps([medians(s) for s in series], indent=1))
     harness.publish("modes", report(series, args, setup), None, write=not args.no_write)
 
 

@@ -42,11 +42,27 @@ class Series:
     quiet: float = 0.0  # other processes' CPU share just before the series
     batches: int = 0  # `--scope all` batches of the series (0 for the other modes)
     threads: int = ANALYST_THREADS  # rlm.analyst threads, over all its processes
+    floor: list[float] = field(default_factory=list)  # the last run's calls from one asyncio process (s)
+
+
+def medians(s: Series) -> dict:
+    """A series as the numbers a curve needs (``--json``): medians over its runs."""
+    return {
+        "part": s.part,
+        "batches": s.batches,
+        "analyst_processes": s.analyst_processes,
+        "runs": len(s.runs),
+        "client_s": _med([r.client for r in s.runs]),
+        "ideal_s": _med([r.ideal for r in s.runs]),
+        "floor_s": _med(s.floor) if s.floor else None,
+        "cpu_s": _med([sum(r.cpu.values()) for r in s.runs]),
+        **{k: _med([r.round_trips.get(k, 0) for r in s.runs]) for k in ("pg_xacts", "valkey_cmds")},
+    }
 
 
 def _target(s: Series) -> float | None:
     target = TARGETS.get(s.part)
-    if target is not None and s.part.startswith("exhaustive") and s.batches < LOG_FILES * BATCHES_PER_FILE:
+    if target is not None and s.part.startswith("exhaustive") and s.batches != LOG_FILES * BATCHES_PER_FILE:
         return SMALL_EXHAUSTIVE_TARGET
     return target
 
@@ -80,9 +96,11 @@ def report(series: list[Series], args: argparse.Namespace, setup: dict) -> str:
         f"- command: `{harness.command_line()}` at {harness.revision()}",
         f"- scripted OpenAI-protocol server in its own process, fixed **L = {lat:g} s** per call; workers `ctl` "
         f"(rlm.control, threads, -c {CONTROL_THREADS}) and one `an` (rlm.analyst, threads, -c {args.analyst_threads}; "
-        f"`exhaustive-2p`: two processes of {args.analyst_threads // 2} threads); "
-        f"RLM_MAX_CONCURRENCY={MAX_CONCURRENCY}, RLM_MAX_CHUNKS_PER_JOB=10000, RLM_MAX_BATCHES_PER_JOB=200 "
-        "(default), RLM_CHECK_MODEL=check-model; embedded Valkey and PostgreSQL+pgvector.",
+        f"`exhaustive-2p`: two processes of {args.analyst_threads // 2} threads, `exhaustive-4p`: four of "
+        f"{args.analyst_threads // 4}); RLM_MAX_CONCURRENCY={MAX_CONCURRENCY}, "
+        f"RLM_MAX_CHUNKS_PER_JOB={max(10_000, setup['logs']['chunks'])}, "
+        f"RLM_MAX_BATCHES_PER_JOB={max(200, args.batches)}, RLM_CHECK_MODEL=check-model; embedded Valkey and "
+        "PostgreSQL+pgvector.",
         f"- buffers: `{CODE_BUFFER}` {setup['code']['chunks']} chunks (120 celery modules, first 2400 chars each; "
         f"tier medium) for instant/auto/fanout/thinking; `{setup['log_buffer']}` {setup['logs']['chunks']} chunks "
         f"({setup['log_files']} synthetic log files, `fixed` chunker, 250 chars, overlap 0; tier xlarge) for "
@@ -250,8 +268,29 @@ def _target_line(s: Series, setup: dict) -> str:
             f"{fact('r0: analyst tasks claimed, first → last (s)'):.2f} s); last analyst answered → synthesis sent "
             f"{_seg(s, 'analysts answered'):.2f} s (collect stage {collect:.2f} s); the an worker's CPU "
             f"{_med([r.cpu.get('an worker(s)', 0.0) for r in s.runs]) / max(1, s.batches) * 1000:.1f} ms a batch."
+            + _trips_text(s)
+            + _floor_text(s, ideal)
         )
     return head + "."
+
+
+def _trips_text(s: Series) -> str:
+    per = {k: _med([r.round_trips.get(k, 0) for r in s.runs]) / max(1, s.batches) for k in ("pg_xacts", "valkey_cmds")}
+    return (
+        f" Round trips a batch (the whole run's, over its batches): {per['pg_xacts']:.1f} PostgreSQL transactions, "
+        f"{per['valkey_cmds']:.1f} Valkey commands."
+    )
+
+
+def _floor_text(s: Series, ideal: float) -> str:
+    if not s.floor:
+        return ""
+    fl = _med(s.floor)
+    return (
+        f" The same {s.runs[-1].result.get('llm_calls')} calls sent by one asyncio process (`openai.AsyncOpenAI`, no "
+        f"queue, database or limiter; {len(s.floor)} runs): {fl:.2f} s = {fl / ideal:.3f} × ideal, the floor of "
+        "the model client alone on this machine."
+    )
 
 
 def _level_totals(result: dict) -> dict[str, int]:

@@ -4,13 +4,14 @@ attributed to the plan's steps and waves, with the CPU each process used.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ class Run:
     peak: int  # calls in flight at once, as the scripted server saw them
     cpu: dict[str, float]  # CPU seconds each part of the system used, submit → job seen
     other_cpu: float  # share of the machine's CPU used by processes outside the bench during the run
+    #: PostgreSQL transactions (each statement outside a transaction is one) and Valkey commands, whole run
+    round_trips: dict[str, int] = field(default_factory=dict)
 
 
 def _tree(conn, root: str) -> list[dict]:
@@ -141,6 +144,7 @@ def run_one(conn, srv: Server, part: str, buffer: str, query: str, options: dict
     from rlm_workers.submit import submit_query, wait_for_job
 
     srv.reset()
+    trips0 = _round_trips(conn)
     cpu0 = _cpu_snapshot()
     other = harness.OtherCpu()
     t_submit = time.time()
@@ -172,6 +176,9 @@ def run_one(conn, srv: Server, part: str, buffer: str, query: str, options: dict
     segments["job finished → client saw it"] = t_seen - finished
     facts = _facts(calls, jobs, job_id, latency, _batches(conn, jobs))
     root = next(j for j in jobs if j["id"] == job_id)
+    # a backend flushes its statistics at most once a second: wait that out before counting (after the timing)
+    time.sleep(STATS_FLUSH_S)
+    trips = {k: v - trips0[k] for k, v in _round_trips(conn).items()}
     return Run(
         part=part,
         job_id=job_id,
@@ -186,6 +193,7 @@ def run_one(conn, srv: Server, part: str, buffer: str, query: str, options: dict
         peak=int(stats.get("max_concurrency") or 0),
         cpu=cpu,
         other_cpu=other_share,
+        round_trips=trips,
     )
 
 
@@ -232,6 +240,26 @@ CPU_GROUPS: dict[str, list[int]] = {}
 CPU_DATA_DIR: list[Path] = []
 
 
+#: how long PostgreSQL may keep a backend's counts before they show in pg_stat_database
+STATS_FLUSH_S = 1.5
+
+
+def _round_trips(conn) -> dict[str, int]:
+    """PostgreSQL's transactions so far in the bench's database (committed or not) and Valkey's commands so far:
+    every statement the workers send outside a transaction is one transaction, so with the commands these count the
+    round trips the system made, whatever the machine's speed."""
+    import redis
+
+    from rlm_workers.config import get_settings
+    from rlm_workers.runtime.local_servers import broker_url
+
+    row = conn.execute(
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    cmds = redis.Redis.from_url(broker_url(get_settings())).info("stats")["total_commands_processed"]
+    return {"pg_xacts": int(row[0]), "valkey_cmds": int(cmds)}
+
+
 def _cpu_snapshot() -> dict[str, float]:
     """CPU seconds used so far by each part: this process (client), the scripted server, each worker,
     PostgreSQL (postmaster, backends, and those already gone) and Valkey."""
@@ -242,3 +270,41 @@ def _cpu_snapshot() -> dict[str, float]:
         pg = harness.postgres_cpu(CPU_DATA_DIR[0])
         out["PostgreSQL"] = 0.0 if math.isnan(pg) else pg
     return out
+
+
+def asyncio_floor(srv: Server, repeats: int) -> list[float]:
+    """Seconds the calls of the server's last run take when one asyncio process sends them itself: the same
+    request bodies through ``openai.AsyncOpenAI``, the plan first, then the analysts at most ``MAX_CONCURRENCY``
+    at once (each reply's JSON parsed), then the rest in order.  No queue, database, limiter or second process:
+    what the model client alone costs on this machine, the floor under any orchestration of these calls."""
+    import asyncio
+
+    import openai
+
+    bodies = [r["body"] for r in srv.requests() if r["path"].endswith("/chat/completions")]
+    plan = [b for b in bodies if b.get("model") == "plan-model"]
+    analysts = [b for b in bodies if b.get("model") == "analyst-model"]
+    rest = [b for b in bodies if b.get("model") not in ("plan-model", "analyst-model")]
+
+    async def series() -> list[float]:
+        client = openai.AsyncOpenAI(base_url=srv.base_url, api_key="bench", max_retries=0, timeout=120)
+        gate = asyncio.Semaphore(MAX_CONCURRENCY)
+
+        async def analyst(body: dict) -> None:
+            async with gate:
+                reply = await client.chat.completions.create(**body)
+                json.loads(reply.choices[0].message.content or "null")
+
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for body in plan:
+                await client.chat.completions.create(**body)
+            await asyncio.gather(*(analyst(b) for b in analysts))
+            for body in rest:
+                await client.chat.completions.create(**body)
+            out.append(time.perf_counter() - t0)
+        await client.close()
+        return out
+
+    return asyncio.run(series())
