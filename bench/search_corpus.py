@@ -440,6 +440,10 @@ def write_buffer(conn, plan: Plan, corpus: Corpus) -> dict:
                         corpus.token_counts[i],
                         corpus.hashes[i],
                         corpus.terms[i],
+                        # pages and heading path, as the loader stores them (`loader.chunk_fields`)
+                        ch.page_start,
+                        ch.page_end,
+                        list(ch.heading_path) or None,
                     )
                 )
                 stats["text_bytes"] += len(ch.text.encode())
