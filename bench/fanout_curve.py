@@ -31,16 +31,6 @@ CHUNKS_PER_BATCH = 50
 LABELS = {"exhaustive": "1 analyst process × 100 threads", "exhaustive-4p": "4 analyst processes × 25 threads"}
 
 
-def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of y against x."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
-    return my - slope * mx, slope
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="10,100,200,1000", help="batch counts, multiples of 5 up to 1000")
@@ -121,7 +111,7 @@ def main() -> None:
         pts = [(r["batches"], r["client_s"] - r["ideal_s"]) for r in rows if r["part"] == p]
         if len(pts) < 2:
             continue
-        a, b = fit(pts)
+        a, b = harness.fit_line(pts)
         waves = -(-batches_at // 100)
         ideal_at = (2 + waves) * args.latency_ms / 1000
         over = a + b * batches_at
