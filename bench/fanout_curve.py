@@ -2,12 +2,13 @@
 of 50 chunks, against a scripted model of fixed latency, with one and with four analyst processes.
 
     .venv/bin/python bench/fanout_curve.py [--sizes 10,100,200,1000] [--parts exhaustive,exhaustive-4p]
-        [--repeats 3] [--latency-ms 1000] [--no-write]
+        [--repeats 3] [--latency-ms 1000] [--no-write] [--replot]
 
 Each size is one run of ``bench/modes.py --parts … --batches N --json …`` (its workers, buffers and scripted
 server; RESULTS.md#modes says how a run is timed and what its ideal is), one warm-up and ``--repeats`` measured
 runs per series, and after each series the same calls from one asyncio process (the model client's floor).  The
-medians go into a table and a picture (``bench/curves/fanout.png``); a straight line through the overhead
+medians go into a table and a picture (``bench/curves/fanout.png``, its figures in ``fanout.json`` beside it:
+``--replot`` draws it again from them); a straight line through the overhead
 (client − ideal) against the batches says what a count over 100M chunks would cost.
 """
 
@@ -25,10 +26,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402 - after the path tweak, before any project import
 
 CHART = harness.BENCH_DIR / "curves" / "fanout.png"
+#: the medians behind the picture, kept beside it so ``--replot`` can draw it again
+DATA = CHART.with_suffix(".json")
 #: what the prediction is for: chunks of a count, cut into batches of the xlarge tier's 50
 PREDICT_CHUNKS = 100_000_000
 CHUNKS_PER_BATCH = 50
 LABELS = {"exhaustive": "1 analyst process × 100 threads", "exhaustive-4p": "4 analyst processes × 25 threads"}
+
+
+def draw(rows: list[dict], parts: list[str], latency_ms: float) -> None:
+    """The picture of a run's medians: each series' client time, the ideal and the asyncio floor."""
+    lines = {LABELS.get(p, p): [(r["batches"], r["client_s"]) for r in rows if r["part"] == p] for p in parts}
+    ideal = {r["batches"]: r["ideal_s"] for r in rows}
+    lines["ideal (the calls end to end, each L)"] = sorted(ideal.items())
+    floors = {r["batches"]: r["floor_s"] for r in rows if r["part"] == parts[0] and r["floor_s"]}
+    lines["the same calls from one asyncio process"] = sorted(floors.items())
+    harness.line_chart(
+        CHART,
+        f"--scope all: wall time against batches of 50 chunks (L = {latency_ms:g} ms, 100 calls in flight)",
+        "batches (log scale)",
+        "seconds",
+        lines,
+        log_x=True,
+    )
 
 
 def main() -> None:
@@ -38,7 +58,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per series")
     ap.add_argument("--latency-ms", type=float, default=1000.0, help="the scripted model's fixed latency")
     ap.add_argument("--no-write", action="store_true", help="print the markdown, leave RESULTS.md and the PNG alone")
+    ap.add_argument("--replot", action="store_true", help=f"only draw the PNG again from {DATA.name}")
     args = ap.parse_args()
+    if args.replot:
+        if not DATA.exists():
+            ap.error(f"--replot: no {DATA} (a run writes it)")
+        draw(json.loads(DATA.read_text()), args.parts.split(","), args.latency_ms)
+        print(f"wrote {CHART}")
+        return
     try:
         sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
     except ValueError:
@@ -78,11 +105,6 @@ def main() -> None:
                 )
             rows += got
     parts = [p for p in args.parts.split(",") if p]
-    lines = {LABELS.get(p, p): [(r["batches"], r["client_s"]) for r in rows if r["part"] == p] for p in parts}
-    ideal = {r["batches"]: r["ideal_s"] for r in rows}
-    lines["ideal (the calls end to end, each L)"] = sorted(ideal.items())
-    floors = {r["batches"]: r["floor_s"] for r in rows if r["part"] == parts[0] and r["floor_s"]}
-    lines["the same calls from one asyncio process"] = sorted(floors.items())
 
     md = [
         "## Fan-out wall time against batches (`bench/fanout_curve.py`, issue #43)",
@@ -123,15 +145,9 @@ def main() -> None:
         )
     md += ["", f"Whole bench run: {time.time() - t0:.0f} s."]
     if not args.no_write:
-        harness.line_chart(
-            CHART,
-            f"--scope all: wall time against batches of 50 chunks (L = {args.latency_ms:g} ms, 100 calls in flight)",
-            "batches (log scale)",
-            "seconds",
-            lines,
-            log_x=True,
-        )
-        print(f"wrote {CHART}")
+        DATA.write_text(json.dumps(rows, indent=1))
+        draw(rows, parts, args.latency_ms)
+        print(f"wrote {CHART} and {DATA}")
     harness.publish("fanout-curve", "\n".join(md), machine, write=not args.no_write)
 
 

@@ -469,6 +469,11 @@ def line_chart(
 
     from PIL import Image, ImageDraw
 
+    # Pillow's built-in font has no glyph for these: they would print as boxes
+    plain = str.maketrans({"×": "x", "−": "-", "–": "-", "≤": "<=", "≥": ">=", "≈": "~"})
+    title, xlabel, ylabel = (t.translate(plain) for t in (title, xlabel, ylabel))
+    lines = {name.translate(plain): ps for name, ps in lines.items()}
+
     w, h, left, right, top, bottom = 900, 560, 90, 30, 50, 70
     img = Image.new("RGB", (w, h), "white")
     d = ImageDraw.Draw(img)
