@@ -11,7 +11,6 @@ the planner's focus topics) are quoted instead: one JSON string on one line.
 from __future__ import annotations
 
 import functools
-
 import json
 import re
 from collections.abc import Mapping, Sequence

@@ -16,7 +16,8 @@ left nothing) still gets bm25's ranking.
 Neither rule may lose what an arm alone would have shown: **each arm's first ``k // 2`` chunks are always in
 the fused top k** (``fused_top``), in their fused order, in the places the fused list's own last ones would have
 held.  At k = 10 that is every chunk either arm ranks in its top 5, whether the gate counted the lexical arm or
-not; the places above them keep the fused order, so what a direct answer reads first does not move.
+not.  The fused order is kept, so what a direct answer reads first changes only where the two arms' first halves,
+with nothing in common, fill every place between them.
 
 bench/RESULTS.md#fusion measures this against RRF alone, weighted RRF, score fusions and a best-rank
 fusion on three question sets, and says why the best-rank one (higher recall on code) was not kept.
