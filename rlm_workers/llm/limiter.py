@@ -17,7 +17,6 @@ clocks still agree on when a lease or a window entry expires.
 
 from __future__ import annotations
 
-
 import json
 import logging
 import os
