@@ -503,7 +503,7 @@ def line_chart(
     for x in ticks_x:
         px, _ = at(x, 10**y0 if log_y else y0)
         d.line([px, h - bottom, px, h - bottom + 5], fill=(0, 0, 0))
-        d.text((px - 12, h - bottom + 8), f"{x:,g}", fill=(0, 0, 0))
+        d.text((px - 12, h - bottom + 8), f"{x:,.3g}", fill=(0, 0, 0))
     for i in range(6):
         v = y0 + (y1 - y0) * i / 5
         label = 10**v if log_y else v
