@@ -70,6 +70,8 @@ def main() -> None:
         sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
     except ValueError:
         ap.error("--sizes: comma-separated whole numbers")
+    if not sizes or any(n <= 0 or n > 1000 or n % 5 for n in sizes):
+        ap.error("--sizes: batch counts that are multiples of 5, from 5 to 1000 (modes.py's --batches)")
     machine = harness.machine_markdown()
     t0 = time.time()
     rows: list[dict] = []
