@@ -38,11 +38,16 @@ def gpu_devices(xllamacpp: Any) -> list[str]:
     ]
 
 
+def layers_text(layers: int) -> str:
+    """A count of GPU layers as the logs say it ("every layer" from ``ALL_GPU_LAYERS`` on)."""
+    return "every layer" if layers >= ALL_GPU_LAYERS else f"{layers} layers"
+
+
 def _placement(layers: int, gpus: list[str]) -> str:
     """Where a model runs, for the server's log."""
     if layers == 0:
         return "on the CPU (0 layers on the GPU)"
-    asked = "every layer" if layers >= ALL_GPU_LAYERS else f"{layers} layers"
+    asked = layers_text(layers)
     if not gpus:
         return f"on the CPU ({asked} asked for the GPU, but this xllamacpp build sees no GPU)"
     return f"{asked} on the GPU: {', '.join(gpus)}"

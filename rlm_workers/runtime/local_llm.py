@@ -42,7 +42,7 @@ import psutil
 
 from ..config import Settings, usable_cores
 from ..errors import ConfigError, ModelServerError
-from .llm_server import ALL_GPU_LAYERS
+from .llm_server import ALL_GPU_LAYERS, layers_text
 from .local_models import (
     LLAMA_CPP_PACKAGE,
     LLAMA_CPP_VERSION,
@@ -446,8 +446,7 @@ def _start(settings: Settings, models: list[LocalModel], cache: Path) -> ServerS
     # reaped when it exits, so a long-lived process (worker, API) keeps no zombie of it
     threading.Thread(target=proc.wait, name="rlm-llm-reaper", daemon=True).start()
     (d / "server.json").write_text(json.dumps({"pid": proc.pid, "ports": ports}))
-    on = "every layer" if layers >= ALL_GPU_LAYERS else f"{layers} layers"
-    where = f"{on} on the GPU" if layers else "on the CPU"
+    where = f"{layers_text(layers)} on the GPU" if layers else "on the CPU"
     log.info("started the local model server for %s (pid %d, ports %s, %s)", names, proc.pid, ports, where)
     return ServerState(pid=proc.pid, ports=ports, api_key=api_key)
 

@@ -564,8 +564,8 @@ def record_llm_calls(conn: psycopg.Connection, *, rows: Sequence[tuple[str | Non
             call.via,
             call.parse_ok,
         ]
-    one = "(" + ", ".join(["%s"] * 16) + ")"
-    conn.execute(f"INSERT INTO llm_calls ({_CALL_COLS}) VALUES " + ", ".join([one] * len(rows)), values)
+    marks = "(" + ", ".join(["%s"] * len(_CALL_COLS.split(","))) + ")"  # one placeholder a column
+    conn.execute(f"INSERT INTO llm_calls ({_CALL_COLS}) VALUES " + ", ".join([marks] * len(rows)), values)
 
 
 @dataclass(frozen=True)
