@@ -51,3 +51,15 @@ MAX_CONVERT_SECONDS = 300
 #: address space a large file's conversion may add to its child process: a bound that holds whatever a document
 #: library does with hostile bytes (lxml trees take ~10 bytes of memory per byte of XML)
 MAX_CONVERT_MEMORY_BYTES = 1024 * 1024 * 1024
+
+# The code sandbox (docs/architecture.md#sandbox): what one model-written program may cost its worker.
+#: seconds a round may run, not counting the time its API calls wait on the worker (search, sub-model calls)
+MAX_CODE_ROUND_SECONDS = 60
+#: address space of the sandbox process: the interpreter takes ~100 MB of it, the program the rest
+MAX_CODE_MEMORY_BYTES = 1024 * 1024 * 1024
+#: CPU seconds of one sandbox process over all its rounds (the kernel stops it there)
+MAX_CODE_CPU_SECONDS = 600
+#: characters of a round's printed output kept and shown to the model; printing ten times this stops the round
+MAX_CODE_OUTPUT_CHARS = 20_000
+#: bytes of one message from the sandbox (a round's result, an API call's arguments): more is refused
+MAX_CODE_FRAME_BYTES = 8 * 1024 * 1024

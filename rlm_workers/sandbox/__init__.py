@@ -1,0 +1,1 @@
+"""The sandbox that runs model-written programs (docs/architecture.md#sandbox)."""
