@@ -21,7 +21,7 @@ from .cli_types import Fmt, TenantOpt, new_typer, open_db, resolve_tenant, uniqu
 if TYPE_CHECKING:
     import psycopg
 
-    from rlm_workers.engine import JobRow
+    from rlm_workers.engine import CodeRound, JobRow
 
     from .schemas import ChildView, JobSummary, JobView
 
@@ -154,9 +154,29 @@ def _print_view(v: JobView) -> None:
         )
     if v.error is not None:
         typer.echo(f"  error:    {v.error.type}: {_one_line(v.error.message, 200)}")
+    for r in v.code_rounds:
+        _print_round(r)
     if v.children:
         typer.echo("  children:")
         _print_children(v.children, "    ")
+
+
+def _print_round(r: CodeRound) -> None:
+    """One round of code mode: its program, then what it printed (cut as the model saw it) and its error."""
+    sub = f", {r.sub_calls} sub-model calls" if r.sub_calls else ""
+    ended = ", sandbox restarted after it" if r.ended else ""
+    typer.echo(f"  round {r.round}: {r.calls} calls{sub}, {r.seconds:.2f}s{ended}")
+    for line in (r.code or "(no program)").splitlines():
+        typer.echo(f"    | {line}")
+    if r.output:
+        cut = f" (first {len(r.output)} of {r.output_chars} characters)" if r.output_chars > len(r.output) else ""
+        typer.echo(f"    output{cut}:")
+        for line in r.output.rstrip("\n").splitlines():
+            typer.echo(f"      {line}")
+    if r.error:
+        typer.echo("    error:")
+        for line in r.error.splitlines():
+            typer.echo(f"      {line}")
 
 
 def _print_children(kids: list[ChildView], indent: str) -> None:

@@ -67,7 +67,9 @@ def query(
     mode: Annotated[
         Mode | None,
         typer.Option(
-            "--mode", help="instant: one call; auto (default): routed by size and question; thinking: follow-up rounds."
+            "--mode",
+            help="instant: one call; auto (default): routed by size and question; thinking: follow-up rounds; "
+            "code: the model writes programs that read the buffers.",
         ),
     ] = None,
     depth: Annotated[

@@ -497,8 +497,11 @@ def build_server(*, local_tenant: str | None, host: str = "127.0.0.1", port: int
         buffers: Annotated[Buffers | BufferName, Field(description="A buffer name, or a list of them.")],
         ctx: Context,
         mode: Annotated[
-            Literal["instant", "auto", "thinking"] | None,
-            Field(description="instant: one call; auto (default): routed by size; thinking: follow-up rounds."),
+            Literal["instant", "auto", "thinking", "code"] | None,
+            Field(
+                description="instant: one call; auto (default): routed by size; thinking: follow-up rounds; "
+                "code: the model writes programs that read the buffers."
+            ),
         ] = None,
         wait: Annotated[bool, Field(description="Wait for the report (true) or return the job id at once.")] = True,
         timeout_s: Annotated[

@@ -14,6 +14,7 @@ from rlm_workers.engine import (
     MIN_CHUNK_SIZE,
     BufferInfo,
     ChunkId,
+    CodeRound,
     InvalidInput,
     LLMCall,
     Location,
@@ -223,6 +224,9 @@ class JobView(BaseModel):
     batches: list[BatchView] = Field(default_factory=list, description="The chord's analyst batches.")
     calls: list[LLMCall] = Field(default_factory=list, description="Every LLM call logged for this job.")
     children: list[ChildView] = Field(default_factory=list, description="Follow-up jobs, as a tree.")
+    code_rounds: list[CodeRound] = Field(
+        default_factory=list, description="Code mode's rounds so far: each program, its output and its calls."
+    )
     usage: Usage = Field(default_factory=Usage)
     task_ids: list[str] = Field(default_factory=list, description="Celery task ids (as Flower shows them).")
     spec: dict | None = Field(

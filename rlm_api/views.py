@@ -86,6 +86,7 @@ def job_view(conn: psycopg.Connection, job: JobRow) -> JobView:
         ],
         calls=engine.llm_calls_of(conn, job_id=job.id),
         children=_child_tree(below, job.id),
+        code_rounds=engine.code_rounds_of(conn, job_id=job.id) if job.route == "code" else [],
         usage=usage_of(engine.job_usage(conn, job_ids=[job.id]).get(job.id)),
         task_ids=list(job.task_ids),
         spec=job.spec.stored() if job.spec else None,

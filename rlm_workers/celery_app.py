@@ -66,6 +66,7 @@ def celery_config(settings: Settings) -> dict:
         "task_routes": {
             "rlm.analyst": {"queue": QUEUE_ANALYST},
             "rlm.read": {"queue": QUEUE_ANALYST},
+            "rlm.subcall": {"queue": QUEUE_ANALYST},
             "rlm.ingest": {"queue": QUEUE_INGEST},
             "rlm.ingest.group": {"queue": QUEUE_INGEST},
             "rlm.embed": {"queue": QUEUE_INGEST},

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
         description="Completeness checker of `thinking` mode; unset means RLM_PRIMARY_MODEL (docs/contract.md#modes).",
     )
     max_depth: int = Field(2, ge=0, le=5, description="Default recursion depth of `thinking` mode (--depth).")
+    code_max_rounds: int = Field(
+        10, ge=1, le=100, description="Programs the model may write for one `--mode code` query before it must answer."
+    )
     direct_max_tokens: int = Field(
         16_000,
         ge=0,

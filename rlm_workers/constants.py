@@ -10,6 +10,8 @@ ALL_QUEUES = (QUEUE_CONTROL, QUEUE_ANALYST, QUEUE_INGEST)
 #: Redis key prefixes (everything the project writes to Redis starts with "rlm:")
 LIMITER_KEY_PREFIX = "rlm:limiter:"
 RATE_KEY_PREFIX = "rlm:rate:"
+#: code mode's sub-model calls in flight: prompts, replies and the chord's done signal (pipeline/subcalls.py)
+CODE_KEY_PREFIX = "rlm:code:"
 #: held by the worker whose reconciler sweeps this interval
 RECONCILE_LOCK_KEY = "rlm:reconcile:lock"
 #: PostgreSQL NOTIFY channel: the id of every job that just ended (waiters wake without polling)

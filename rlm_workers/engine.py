@@ -18,7 +18,7 @@ store's dataclasses such as ``JobRow``, ``UploadRow``, ``OvernightRow``, ``KeyIn
   ``get_buffer``, ``require_buffers``, ``delete_buffer``, ``reembed_buffer``, ``get_chunks``, ``warm_bm25``
 - search: ``search_buffers``, ``search``, ``read_outline``, ``read_section``, ``matched_lines``
 - queries: ``ask``, ``submit_query``, ``wait_for_job``, ``cancel_query``, ``get_job``, ``list_jobs``,
-  ``tree_of``, ``llm_calls_of``, ``job_usage``, ``batch_states``, ``status_line``
+  ``tree_of``, ``llm_calls_of``, ``code_rounds_of``, ``job_usage``, ``batch_states``, ``status_line``
 - sessions: ``create_session``, ``post_message``, ``session_view``, ``cited_sources``
 - keys: ``create_key``, ``revoke_key``, ``list_keys``, ``tenant_for_key``
 - batches: ``submit_overnight``, ``start_overnight``, ``get_overnight``, ``list_overnight``, ``status_of``,
@@ -64,6 +64,7 @@ from rlm_workers.models import (
     BufferInfo,
     ChunkId,
     ChunkView,
+    CodeRound,
     FileInfo,
     JobStatus,
     LLMCall,
@@ -158,6 +159,7 @@ if TYPE_CHECKING:
         require_buffers,
         validate_buffer_name,
     )
+    from rlm_workers.store.code import rounds_of as code_rounds_of
     from rlm_workers.store.db import POOL_MAX_SIZE, connect, connection, resolve_url
     from rlm_workers.store.jobs import (
         JobRow,
@@ -224,6 +226,7 @@ _LAZY = {
     "job_usage": "rlm_workers.store.jobs:job_usage",
     "list_jobs": "rlm_workers.store.jobs:list_jobs",
     "llm_calls_of": "rlm_workers.store.jobs:llm_calls_of",
+    "code_rounds_of": "rlm_workers.store.code:rounds_of",
     "tree_of": "rlm_workers.store.jobs:tree_of",
     "BROKER_OUTAGE": "rlm_workers.pipeline.flow:BROKER_OUTAGE",
     "status_line": "rlm_workers.pipeline.report:status_line",
@@ -583,6 +586,7 @@ __all__ = [
     "JobStatus",
     "KeyInfo",
     "LLMCall",
+    "CodeRound",
     "Location",
     "Mode",
     "QueryOptions",
@@ -658,6 +662,7 @@ __all__ = [
     "job_usage",
     "list_jobs",
     "llm_calls_of",
+    "code_rounds_of",
     "tree_of",
     "BROKER_OUTAGE",
     "ORDER",

@@ -26,6 +26,8 @@ class Mode(StrEnum):
     instant = "instant"
     auto = "auto"
     thinking = "thinking"
+    #: the model writes programs against the buffers in a sandbox, its sub-model calls fanned out as chords
+    code = "code"
 
 
 class Scope(StrEnum):
@@ -41,6 +43,8 @@ class Route(StrEnum):
     direct = "direct"
     fanout = "fanout"
     exhaustive = "exhaustive"
+    #: code mode: the model's programs choose what is read (docs/contract.md#code-mode)
+    code = "code"
 
 
 class Relevance(StrEnum):
@@ -86,6 +90,13 @@ MaxCost = Annotated[float, Field(strict=True, gt=0, le=1_000_000, allow_inf_nan=
 Deadline = Annotated[float, Field(strict=True, gt=0, le=7 * 86400, allow_inf_nan=False)]
 
 
+#: what steers the search, the analysts' batches and child jobs: code mode runs none of them
+_SEARCH_KNOBS = (
+    "search_mode", "threshold", "top_k", "max_chunks", "batch_size", "num_agents", "scope", "finding_threshold",
+    "depth",
+)  # fmt: skip
+
+
 class QueryOptions(BaseModel):
     """What the user asked for (CLI flags or the API body); unset knobs resolve through
     plan → scaling profile → config → default (``pipeline/params.py``)."""
@@ -119,6 +130,13 @@ class QueryOptions(BaseModel):
                 raise ValueError("scope all reads every chunk with a fan-out: not with mode instant (one call)")
             if self.batch_size is not None or self.num_agents is not None:
                 raise ValueError("mode instant makes one call: batch_size and num_agents do not apply")
+        if self.mode == Mode.code:
+            given = [k for k in _SEARCH_KNOBS if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} do not apply in mode code: its programs choose what is read, and its "
+                    "sub-model calls are single calls, not child jobs"
+                )
         return self
 
     def stored(self) -> dict:
@@ -182,6 +200,8 @@ class Stage(StrEnum):
     queued = "queued"
     plan = "plan"
     search = "search"
+    #: code mode's rounds: the model writes a program, the sandbox runs it, until it calls final()
+    code = "code"
     #: the direct route's one call (instant, or auto on a small context)
     answer = "answer"
     fan_out = "fan_out"
@@ -201,6 +221,7 @@ ORDER: tuple[Stage, ...] = (
     Stage.queued,
     Stage.plan,
     Stage.search,
+    Stage.code,
     Stage.answer,
     Stage.fan_out,
     Stage.collect,
@@ -361,6 +382,24 @@ class ToolCallRecord(BaseModel):
     error: str | None = None
 
 
+class CodeRound(BaseModel):
+    """One round of code mode (docs/contract.md#code-mode): the program the model wrote and what running it did."""
+
+    round: int
+    code: str
+    #: what the program printed, cut to limits.MAX_CODE_OUTPUT_CHARS (``output_chars`` says how much it printed)
+    output: str = ""
+    output_chars: int = 0
+    error: str | None = None
+    #: API calls the program made (search, grep, read…), and the sub-model calls among them
+    calls: int = 0
+    sub_calls: int = 0
+    #: the program's own seconds, without the time its calls waited on the workers
+    seconds: float = 0.0
+    #: the sandbox process ended with this round (a limit, a cancel): the next round started without its variables
+    ended: bool = False
+
+
 class ChildSummary(BaseModel):
     """One child job of a query's tree: a follow-up of thinking mode or a query_subset call."""
 
@@ -431,7 +470,7 @@ class QueryResult(BaseModel):
     caps_applied: list[str] = Field(default_factory=list)
     # --- modes, recursion and budgets (docs/contract.md#modes) ---
     mode: str = "auto"
-    #: direct, fanout or exhaustive
+    #: direct, fanout, exhaustive or code
     route: str = "fanout"
     route_reason: str | None = None
     #: the last completeness check's verdict; None where no check ran (and, for an aggregation, from coverage)
@@ -450,6 +489,8 @@ class QueryResult(BaseModel):
     budget: BudgetReport = Field(default_factory=lambda: BudgetReport())
     #: typed records summed over every chunk analysed (exhaustive scope)
     records: list[AggregateRow] = Field(default_factory=list)
+    #: code mode's rounds, in order (empty in the other modes)
+    code_rounds: list[CodeRound] = Field(default_factory=list)
 
     @field_validator("elapsed", mode="before")
     @classmethod

@@ -308,6 +308,19 @@ def test_scope_all_over_code_counts_no_keyword_arguments(conn, workers, corpora)
     assert "wakes up" in r.response
 
 
+# --------------------------------------------------------------------------- code mode
+
+
+def test_code_mode_needs_a_model_and_the_job_says_so(conn, workers):
+    from rlm_workers.submit import submit_query, wait_for_job
+
+    job_id, _ = submit_query(conn, tenant="local", query=QUESTION, buffers=["essays"], options={"mode": "code"})
+    conn.commit()
+    job = wait_for_job(conn, job_id, timeout=120)
+    assert job.status == "failed" and "mode code needs a model that writes programs" in job.error.message
+    assert calls_of_tree(conn, job_id) == []  # nothing was asked of the offline provider
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -323,6 +336,7 @@ def test_scope_all_over_code_counts_no_keyword_arguments(conn, workers, corpora)
         (["--max-cost", "-0.5"], "max-cost"),
         (["--deadline", "inf"], "deadline"),
         (["--mode", "instant", "--scope", "all"], "instant"),
+        (["--mode", "code", "--top-k", "5"], "mode code"),
         (["--scope", "everything"], "--scope"),
     ],
 )
@@ -355,6 +369,7 @@ def test_options_are_checked_the_same_way_for_the_api(env):
         {"max_cost": float("nan")},
         {"deadline": -2},
         {"scope": "all", "mode": "instant"},
+        {"mode": "code", "batch_size": 4},
     ):
         with pytest.raises(ValidationError) as err:
             QueryRequest.model_validate({"query": "q", "buffers": ["b"], "options": options})

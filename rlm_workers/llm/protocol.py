@@ -14,8 +14,9 @@ from typing import Any, Literal, Protocol
 
 from .stage_input import StageInput
 
-#: "check": the completeness check of thinking mode; "direct": one answer straight from chunks (instant/direct)
-Role = Literal["plan", "analyst", "synthesizer", "check", "direct"]
+#: "check": the completeness check of thinking mode; "direct": one answer straight from chunks (instant/direct);
+#: "code": code mode's program writer; "subcall": a sub-model call a program made
+Role = Literal["plan", "analyst", "synthesizer", "check", "direct", "code", "subcall"]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from ..llm.stage_input import ChunkForPrompt, DirectInput
 from ..llm.structured import answer_schema, parse_answer, render_answer, render_cited
 from ..llm.tokens import CHARS_PER_TOKEN, estimate_tokens
 from ..records.totals import RECORDS_INSTRUCTION
-from ..search.preview import shorten
 from ..store import jobs as job_store
 from ..store.buffers import get_chunks
 from ..store.db import durable_write
@@ -34,7 +33,7 @@ from .calls import call_llm
 from .evidence import grounded
 from .flow import OK, Stage, StageContext, StageLease, StageTimer
 from .prompts import chunk_source_line, content_block, escape_content, load_prompt, system_message
-from .report import store_report
+from .report import cited_entry, store_report
 from .route import direct_answer_tokens, direct_budget
 from .sessions import conversation_section
 
@@ -127,8 +126,6 @@ def grounded_report(reply: str, query: str, chunks: Sequence[ChunkForPrompt]) ->
 
 log = logging.getLogger("rlm.pipeline.answer")
 
-SNIPPET_CHARS = 300
-
 
 def run(ctx: StageContext) -> str:
     conn, settings = ctx.conn, ctx.settings
@@ -174,7 +171,7 @@ def run(ctx: StageContext) -> str:
                 log.warning("direct answer failed for job %s: %s", job.id, exc)
                 response, error = "", exc
         cited = cited_chunk_ids(response, by_id)
-        kept = [_cited(rows[cid], by_id[cid].text) for cid in cited if cid in rows]
+        kept = [cited_entry(rows[cid], by_id[cid].text, "cited by the answer") for cid in cited if cid in rows]
         collected = Collected(kept=kept, filtered=0, records={})
         unread = [cid for cid in batch.chunk_ids if cid in rows and cid not in by_id]
 
@@ -192,22 +189,3 @@ def run(ctx: StageContext) -> str:
 
         durable_write(conn, store, what=f"direct answer of job {job.id}")
     return OK
-
-
-def _cited(chunk, shown: str) -> dict:
-    text = " ".join(shown.split())
-    return {
-        "chunk_id": chunk.id,
-        "buffer": chunk.buffer,
-        "ordinal": chunk.ordinal,
-        "path": chunk.path,
-        "start_line": chunk.start_line,
-        "end_line": chunk.end_line,
-        "page_start": chunk.page_start,
-        "page_end": chunk.page_end,
-        "heading_path": list(chunk.heading_path),
-        "relevance": "high",
-        "findings": [shorten(text, SNIPPET_CHARS)],
-        "summary": "cited by the answer",
-        "follow_up": [],
-    }

@@ -59,6 +59,7 @@ PASS_ON: frozenset[Stage] = frozenset({Stage.plan, Stage.search, Stage.collect})
 TASK: dict[Stage, str] = {
     Stage.plan: "rlm.plan",
     Stage.search: "rlm.search",
+    Stage.code: "rlm.code",
     Stage.answer: "rlm.answer",
     Stage.fan_out: "rlm.fan_out",
     Stage.collect: "rlm.collect",
@@ -73,6 +74,7 @@ RESEND: dict[Stage, Stage] = {
     Stage.queued: Stage.plan,
     Stage.plan: Stage.plan,
     Stage.search: Stage.search,
+    Stage.code: Stage.code,
     Stage.answer: Stage.answer,
     Stage.check: Stage.check,
     Stage.merge: Stage.merge,
@@ -83,7 +85,7 @@ FINISHING: frozenset[Stage] = frozenset({Stage.collect, Stage.synthesize})
 PAST_FANOUT: frozenset[Stage] = frozenset({Stage.check, Stage.children, Stage.merge})
 #: stages that time themselves: synthesize ends the job, so its time must be stored before the report is; the
 #: fan-out's time is its analysts' too, from the chord's start to Collect's (``store.jobs.set_stage``)
-SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize, Stage.answer, Stage.fan_out})
+SELF_TIMED: frozenset[Stage] = frozenset({Stage.synthesize, Stage.answer, Stage.code, Stage.fan_out})
 #: the broker (or Celery's Redis result backend) away while a stage sends a task: not the job's fault either.
 #: The task fails and the job stays where it was, for the reconciler or an overnight batch's broker-epoch check
 #: to pick up (a retry would need the very broker that is gone).
@@ -104,7 +106,8 @@ def next_stage(stage: Stage, job: JobRow) -> Stage | None:
     if stage == Stage.search:
         with connection() as conn:
             fresh = job_store.get_job(conn, job_id=job.id)
-        return Stage.answer if fresh is not None and fresh.route == "direct" else Stage.fan_out
+        route = fresh.route if fresh is not None else None
+        return {"direct": Stage.answer, "code": Stage.code}.get(route or "", Stage.fan_out)
     if stage == Stage.collect:
         # only a thinking tree's root checks its rounds; every other job goes on to its report
         thinking = job.options.mode == "thinking" and job.parent_id is None

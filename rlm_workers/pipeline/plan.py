@@ -131,8 +131,8 @@ def run(ctx: StageContext) -> str:
     conn, settings = ctx.conn, ctx.settings
     # a chat turn first becomes a standalone question (docs/contract.md#sessions), whatever the mode
     job = ctx.job = resolve_question(conn, ctx.job, settings)
-    if job.plan is not None or job.options.skip_plan or job.options.mode == "instant":
-        return OK  # instant never plans: its one call is the answer
+    if job.plan is not None or job.options.skip_plan or job.options.mode in ("instant", "code"):
+        return OK  # instant never plans: its one call is the answer; code mode's programs choose what to read
     if not settings.plans_with_model(settings.primary_model):
         return OK  # RLM_PLANNER: the defaults, not a small model's guesses (docs/contract.md#providers)
     chunks, size, runtime = buffer_stats(conn, tenant=job.tenant, names=job.buffers)

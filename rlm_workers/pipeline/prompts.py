@@ -22,7 +22,9 @@ from typing import Any
 from ..llm.stage_input import ChunkForPrompt, ShownFinding
 from ..search.provenance import page_span, section_of
 
-PROMPT_NAMES = ("primary", "subcall", "answering", "synthesizer", "check", "direct", "rewrite", "shared")
+PROMPT_NAMES = (
+    "primary", "subcall", "answering", "synthesizer", "check", "direct", "rewrite", "shared", "code", "subquery",
+)  # fmt: skip
 #: a prompt file larger than this is a mistake, not a prompt
 MAX_PROMPT_BYTES = 256 * 1024
 

@@ -19,6 +19,7 @@ from ..models import (
     JobStatus,
     QueryResult,
     Record,
+    Route,
     Source,
     ToolCallRecord,
 )
@@ -26,6 +27,7 @@ from ..records.totals import aggregate, is_aggregation_question, records_markdow
 from ..runtime.resources import provider
 from ..search.preview import shorten
 from ..search.provenance import fields
+from ..store import code as code_store
 from ..store import jobs as job_store
 from ..store.job_state import CheckRecord, Collected, JobError
 from ..store.jobs import BatchRecord
@@ -60,6 +62,27 @@ def sources_from(collected: Sequence[dict[str, Any]]) -> list[Source]:
             )
         )
     return out
+
+
+def cited_entry(chunk: Any, shown: str, summary: str) -> dict[str, Any]:
+    """A chunk an answer cites, as a kept finding (``Collected.kept``), so its source is listed like an analyst's:
+    the direct answer's and code mode's citations (``chunk``: a ``store.buffers.ChunkRow``)."""
+    text = " ".join(shown.split())
+    return {
+        "chunk_id": chunk.id,
+        "buffer": chunk.buffer,
+        "ordinal": chunk.ordinal,
+        "path": chunk.path,
+        "start_line": chunk.start_line,
+        "end_line": chunk.end_line,
+        "page_start": chunk.page_start,
+        "page_end": chunk.page_end,
+        "heading_path": list(chunk.heading_path),
+        "relevance": "high",
+        "findings": [shorten(text, SNIPPET_CHARS)],
+        "summary": summary,
+        "follow_up": [],
+    }
 
 
 def not_run_for_budget(error: JobError | None) -> bool:
@@ -267,6 +290,10 @@ def result_for(
         result.budget = budget
     if root:
         result.models = job_store.tree_models(conn, root_id=job.id)
+    if job.route == Route.code:
+        # code mode reads what its programs chose: every chunk one was handed counts as read
+        result.analyzed_chunk_ids, result.chunks_analyzed = sorted(collected.read), len(collected.read)
+        result.code_rounds = code_store.rounds_of(conn, job_id=job.id)
     available = result.chunks_available
     result.coverage = round(min(1.0, result.chunks_analyzed / available), 4) if available else 0.0
     result.confidence, result.complete, result.gaps = completeness(

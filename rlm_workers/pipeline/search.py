@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import NoChunks
-from ..models import AnalysisPlan, QueryOptions, Route, Scope
+from ..models import AnalysisPlan, Mode, QueryOptions, Route, Scope
 from ..records.totals import holds_records
 from ..runtime.local_servers import database_url
 from ..search.service import rank
@@ -44,6 +44,8 @@ def run(ctx: StageContext) -> str:
     total = count_chunks(conn, buffer_ids=[r.id for r in rows])
     profile = scaling_profile(total)
     opts = QueryOptions.model_validate(job.options)
+    if opts.mode == Mode.code:
+        return _code_route(ctx, total, profile.tier)
     # the plan held to the question's kind (a counting question reads every match), except under --scope search
     # (a follow-up child's too), which keeps the search's cut-off; the stored plan stays as the planner wrote it,
     # the correction is said on the route's reason
@@ -127,6 +129,20 @@ def run(ctx: StageContext) -> str:
             chunks_available=total,
             chunk_load_failures=0,
             batches=batches,
+        )
+    return OK
+
+
+def _code_route(ctx: StageContext, total: int, tier: str) -> str:
+    """Code mode searches nothing here: its programs search and read as they choose (``program.py``)."""
+    if not total:
+        raise NoChunks(f"the buffers {', '.join(ctx.job.buffers)} hold no chunks")
+    with ctx.conn.transaction():
+        job_store.save_route(
+            ctx.conn, job_id=ctx.job.id, route=Route.code, reason="mode code: the model's programs choose what to read"
+        )
+        job_store.save_search(
+            ctx.conn, job_id=ctx.job.id, params={}, tier=tier, chunks_available=total, chunk_load_failures=0, batches=[]
         )
     return OK
 

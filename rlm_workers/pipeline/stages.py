@@ -14,7 +14,7 @@ from ..errors import RLMError
 from ..runtime.logs import stage_context
 from ..store import jobs as job_store
 from ..store.db import DB_OUTAGE, connection
-from . import answer, collect, fanout, plan, search, synthesize
+from . import answer, collect, fanout, plan, program, search, synthesize
 from .flow import (
     BROKER_OUTAGE,
     FAIL_PREFIX,
@@ -41,6 +41,7 @@ log = logging.getLogger("rlm.pipeline")
 RUNNERS: dict[Stage, Callable[[StageContext], str]] = {
     Stage.plan: plan.run,
     Stage.search: search.run,
+    Stage.code: program.run,
     Stage.answer: answer.run,
     Stage.fan_out: fanout.run,
     Stage.collect: collect.run,

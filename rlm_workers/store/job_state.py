@@ -120,6 +120,8 @@ class Collected(StoredModel):
     filtered: int = 0
     #: chunk id (as a JSON key) → the records its analyst counted
     records: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)
+    #: code mode: the ids of every chunk its programs were handed (what it read)
+    read: list[int] = Field(default_factory=list)
 
 
 class SynthState(StoredModel):

@@ -527,6 +527,24 @@ END
 $$;
 """
 
+#: code mode's rounds (docs/contract.md#code-mode): each program and what it did, written as the round ends
+M021_CODE_ROUNDS = """
+CREATE TABLE code_rounds (
+    job_id        text NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    round         integer NOT NULL,
+    code          text NOT NULL,
+    output        text NOT NULL DEFAULT '',
+    output_chars  bigint NOT NULL DEFAULT 0,
+    error         text,
+    calls         integer NOT NULL DEFAULT 0,
+    sub_calls     integer NOT NULL DEFAULT 0,
+    seconds       double precision NOT NULL DEFAULT 0,
+    ended         boolean NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, round)
+);
+"""
+
 MIGRATIONS: list[tuple[str, str]] = [
     ("m001_initial", M001_INITIAL),
     ("m002_jobs", M002_JOBS),
@@ -548,6 +566,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("m018_overnight_batch_names", M018_OVERNIGHT_BATCH_NAMES),
     ("m019_document_provenance", M019_DOCUMENT_PROVENANCE),
     ("m020_window_spans", M020_WINDOW_SPANS),
+    ("m021_code_rounds", M021_CODE_ROUNDS),
 ]
 
 

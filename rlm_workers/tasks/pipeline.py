@@ -14,6 +14,7 @@ from ..llm import fair
 from ..pipeline import analyst as analyst_stage
 from ..pipeline import reads as reads_stage
 from ..pipeline import salvage as salvage_stage
+from ..pipeline import subcalls
 from ..pipeline.flow import Stage
 from ..pipeline.stages import run_stage
 from .base import DurableTask
@@ -32,6 +33,21 @@ def search(self: DurableTask, job_id: str) -> str:
 @shared_task(name="rlm.answer", base=DurableTask, bind=True)
 def answer(self: DurableTask, job_id: str) -> str:
     return run_stage(job_id, Stage.answer)
+
+
+@shared_task(name="rlm.code", base=DurableTask, bind=True)
+def code(self: DurableTask, job_id: str) -> str:
+    return run_stage(job_id, Stage.code)
+
+
+@shared_task(name="rlm.subcall", base=DurableTask, bind=True)
+def subcall(self: DurableTask, job_id: str, chord_no: int, index: int, deferrals: int = 0) -> dict:
+    return fair.in_turn(self, fair.tenant_of(job_id), deferrals, lambda: subcalls.run_subcall(job_id, chord_no, index))
+
+
+@shared_task(name="rlm.subcalls_done", base=DurableTask, bind=True)
+def subcalls_done(self: DurableTask, job_id: str, chord_no: int) -> str:
+    return subcalls.subcalls_done(job_id, chord_no)
 
 
 @shared_task(name="rlm.check", base=DurableTask, bind=True)

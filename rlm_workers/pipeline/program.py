@@ -1,0 +1,295 @@
+"""Code mode's stage (docs/contract.md#code-mode, docs/architecture.md#code-mode): the model programs its own reading.
+
+Each round the root model (``RLM_PRIMARY_MODEL``) is shown the question, the buffers' outline and what its last
+program printed, and writes a Python program; the sandbox (``sandbox/runner.py``) runs it with the functions of
+``program_api.py``, whose ``llm_query_batched`` fans sub-model calls out as a chord.  The rounds end when a
+program calls ``final(answer, citations)``, the rounds run out (``RLM_CODE_MAX_ROUNDS``: the job fails, its
+rounds kept), the budget is spent (the job ends with what the last round printed, said so) or the job is
+cancelled (the sandbox is killed).
+
+The stage holds the job's lease for its whole life and its task runs on the control queue, so a chord it waits
+on never needs the slot it holds.  A sandbox cannot outlive its worker: a stage sent again after a worker died
+starts the program over, from round 1.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BudgetExhausted, JobCancelled, RLMError
+from ..limits import MAX_CODE_OUTPUT_CHARS
+from ..llm.protocol import CompletionRequest
+from ..llm.replies import cited_chunk_ids
+from ..llm.stage_input import ChunkForPrompt
+from ..llm.structured import CitedAnswer, render_cited
+from ..llm.tokens import CHARS_PER_TOKEN, estimate_tokens
+from ..models import CodeRound, Stage
+from ..runtime.resources import provider
+from ..sandbox.runner import RoundResult, Sandbox
+from ..store import code as code_store
+from ..store import jobs as job_store
+from ..store.buffers import get_chunks
+from ..store.db import durable_write
+from ..store.job_state import Collected
+from .calls import call_llm
+from .flow import OK, StageContext, StageLease, StageTimer, fail_job
+from .program_api import ProgramApi
+from .prompts import content_block, escape_content, load_prompt, system_message
+from .report import cited_entry, result_for, store_report
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..config import Settings
+    from ..store.jobs import JobRow
+
+log = logging.getLogger("rlm.pipeline.program")
+
+#: tokens the root model may write a round: a program, not an essay
+CODE_MAX_TOKENS = 2048
+#: characters of an older round's output kept in the conversation; the last round's is shown whole
+OLD_OUTPUT_CHARS = 1500
+#: files the first message lists per buffer (outline() gives them all)
+SHOWN_FILES = 40
+#: a round message's words around its output, and each message's own overhead, in tokens
+_ROUND_FRAME_TOKENS = 200
+_MESSAGE_TOKENS = 4
+#: the least of a round's output the model is shown, however small its context
+_MIN_OUTPUT_TOKENS = 100
+#: how often a running round asks whether the job was cancelled
+_STOP_CHECK_SECONDS = 1.0
+_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S | re.I)
+
+
+def extract_program(reply: str) -> str | None:
+    """The program a reply holds: its fenced Python blocks, joined, or the whole reply when it parses as Python
+    and does something; None when there is none."""
+    blocks = [b.strip("\n") for b in _FENCE.findall(reply or "") if b.strip()]
+    if blocks:
+        return "\n\n".join(blocks)
+    text = (reply or "").strip()
+    if not text:
+        return None
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    # a bare name or a sentence that happens to parse is not a program
+    return text if any(not isinstance(n, ast.Expr) or isinstance(n.value, ast.Call) for n in tree.body) else None
+
+
+class _StopCheck:
+    """Whether the job has ended (cancelled, or ended elsewhere), asked at most once a second."""
+
+    def __init__(self, conn: psycopg.Connection, job_id: str) -> None:
+        self.conn, self.job_id = conn, job_id
+        self.stopped = False
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self.stopped and now >= self._next:
+            self._next = now + _STOP_CHECK_SECONDS
+            self.stopped = not job_store.is_open(self.conn, job_id=self.job_id)
+        return self.stopped
+
+
+def first_message(job: JobRow, outline: dict[str, Any], max_rounds: int) -> str:
+    lines = []
+    for b in outline["buffers"]:
+        lines.append(f"- buffer `{b['name']}`: {b['file_count']} files, {b['chunk_count']} chunks, {b['bytes']} bytes")
+        lines += [f"  - {f['path']} ({f['bytes']} bytes, {f['chunks']} chunks)" for f in b["files"][:SHOWN_FILES]]
+        if b["file_count"] > SHOWN_FILES:
+            lines.append(f"  - … {b['file_count'] - SHOWN_FILES} more: outline() lists them")
+    return (
+        f"## Question\n\n{escape_content(job.query)}\n\n## Buffers\n\n" + "\n".join(lines) + "\n\n"
+        f"## Reply\n\nWrite the first program: one ```python block. You have {max_rounds} rounds; "
+        "call final(answer, citations) as soon as the output shows the answer."
+    )
+
+
+def round_message(result: RoundResult, number: int, left: int, max_output_chars: int | None = None) -> str:
+    """What the model is shown of a round: its output (at most ``max_output_chars``, the cut said), its error."""
+    shown = result.output[:max_output_chars] if max_output_chars is not None else result.output
+    parts = [f"## Round {number} output\n\n{content_block(shown) if shown else '(nothing printed)'}"]
+    if result.output_chars > len(shown):
+        parts.append(f"[output cut: {len(shown)} of {result.output_chars} characters shown]")
+    if result.error:
+        parts.append(f"## Error\n\n{content_block(result.error)}")
+    if result.ended:
+        parts.append("The sandbox was restarted: variables from earlier rounds are gone.")
+    if left == 1:
+        parts.append("This is your last round: call final(answer, citations) with the best answer you have.")
+    else:
+        parts.append(f"{left} rounds left. Write the next program, or call final(answer, citations).")
+    return "\n\n".join(parts)
+
+
+def reply_tokens(settings: Settings) -> int:
+    """What a round's reply may take: a program, within a quarter of a small model's context."""
+    return min(CODE_MAX_TOKENS, settings.model_context // 4) if settings.model_context else CODE_MAX_TOKENS
+
+
+def _conversation_tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(estimate_tokens(m["content"]) + _MESSAGE_TOKENS for m in messages)
+
+
+def output_room(messages: list[dict[str, Any]], settings: Settings) -> int:
+    """Characters of the newest round's output the model can be shown, after making room: older rounds' outputs
+    are cut to ``OLD_OUTPUT_CHARS`` and, under a small context (``RLM_MODEL_CONTEXT``), the oldest rounds are
+    dropped, their programs with them (``messages`` ends with the reply of the round being shown)."""
+    for m in messages[2:]:
+        if m["role"] == "user" and len(m["content"]) > OLD_OUTPUT_CHARS:
+            m["content"] = m["content"][:OLD_OUTPUT_CHARS] + "\n[…older output cut]"
+    if not settings.model_context:
+        return MAX_CODE_OUTPUT_CHARS
+    limit = settings.model_context - reply_tokens(settings) - _ROUND_FRAME_TOKENS
+    while _conversation_tokens(messages) > limit - _MIN_OUTPUT_TOKENS and len(messages) > 3:
+        del messages[2:4]  # the oldest round: its program and what it printed
+    room = (limit - _conversation_tokens(messages)) * CHARS_PER_TOKEN
+    return max(_MIN_OUTPUT_TOKENS * CHARS_PER_TOKEN, min(MAX_CODE_OUTPUT_CHARS, room))
+
+
+def run(ctx: StageContext) -> str:
+    conn, settings = ctx.conn, ctx.settings
+    if provider().name == "extractive":
+        raise RLMError(
+            "mode code needs a model that writes programs, and none is configured (the offline provider answers "
+            "by rules): set OPENAI_API_KEY or OPENAI_BASE_URL, or RLM_LOCAL_LLM (docs/contract.md#providers)"
+        )
+    with StageLease(conn, ctx.job.id, settings) as lease:
+        if not lease.acquired:
+            return "running elsewhere"
+        job = job_store.get_job(conn, job_id=ctx.job.id)
+        if job is None or job.terminal:
+            return "skipped"
+        with StageTimer(conn, job.id, Stage.code):
+            return _rounds(conn, job, settings, lease)
+
+
+def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: StageLease) -> str:
+    code_store.clear_rounds(conn, job_id=job.id)  # a sandbox cannot be resumed: a new delivery starts over
+    stop = _StopCheck(conn, job.id)
+    api = ProgramApi(conn, job, settings, stop)
+    max_rounds = settings.code_max_rounds
+    messages: list[dict[str, Any]] = [
+        system_message(load_prompt("code", prompt_dir=settings.prompt_dir)),
+        {"role": "user", "content": first_message(job, api.outline(), max_rounds)},
+    ]
+    last: RoundResult | None = None
+    spent: BudgetExhausted | None = None
+    with Sandbox(api.functions(), should_stop=stop) as box:
+        for number in range(1, max_rounds + 1):
+            lease.beat()
+            request = CompletionRequest(
+                role="code", model=settings.primary_model, messages=messages, max_tokens=reply_tokens(settings)
+            )
+            try:
+                reply = call_llm(conn, job_id=job.id, stage="code", request=request).text
+            except BudgetExhausted as exc:
+                spent = exc
+                break
+            program = extract_program(reply)
+            sub_before = api.sub_calls
+            if program is None:
+                last = RoundResult(error="the reply held no program: write one ```python block")
+            else:
+                try:
+                    last = box.run(program)
+                except JobCancelled:
+                    return "cancelled"
+            code_store.save_round(
+                conn, job_id=job.id, entry=_entry(number, program or "", last, api.sub_calls - sub_before)
+            )
+            log.info(
+                "job %s: round %d: %d calls, error=%s, final=%s",
+                job.id,
+                number,
+                last.calls,
+                bool(last.error),
+                bool(last.final),
+            )
+            if stop.stopped:
+                return "cancelled"
+            if last.final is not None:
+                return _finish(conn, job, api, last)
+            messages.append({"role": "assistant", "content": reply})
+            room = output_room(messages, settings)
+            messages.append({"role": "user", "content": round_message(last, number, max_rounds - number, room)})
+    if spent is not None:
+        said = f"\n\n```text\n{last.output}\n```" if last is not None and last.output else ""
+        response = (
+            f"_The budget was exhausted ({spent.reason}) before the program gave its answer; its last output:_{said}"
+        )
+        _store(conn, job, response, Collected(read=sorted(api.seen)), None)
+        return OK
+    error = RLMError(
+        f"the program gave no answer within {max_rounds} rounds (RLM_CODE_MAX_ROUNDS); its rounds are in the report"
+    )
+    durable_write(
+        conn,
+        lambda c: fail_job(
+            c,
+            job_id=job.id,
+            exc=error,
+            result=result_for(c, job_store.reread_job(c, job_id=job.id), "", Collected(read=sorted(api.seen)), []),
+        ),
+        what=f"code mode's end of job {job.id}",
+    )
+    return "failed"
+
+
+def _entry(number: int, code: str, result: RoundResult, sub_calls: int) -> CodeRound:
+    return CodeRound(
+        round=number,
+        code=code,
+        output=result.output,
+        output_chars=result.output_chars,
+        error=result.error,
+        calls=result.calls,
+        sub_calls=sub_calls,
+        seconds=result.seconds,
+        ended=result.ended,
+    )
+
+
+def _finish(conn: psycopg.Connection, job: JobRow, api: ProgramApi, last: RoundResult) -> str:
+    """The report of ``final()``: the answer, its citations resolved to the chunks the program was handed."""
+    assert last.final is not None
+    citations = last.final.citations
+    ids = [_chunk_id(c) for c in citations]
+    usable = [i for i in dict.fromkeys(ids) if i is not None and i in api.seen]
+    rows = get_chunks(conn, tenant=job.tenant, chunk_ids=usable)
+    shown = {cid: ChunkForPrompt.of(rows[cid]) for cid in usable if cid in rows}
+    response = render_cited(CitedAnswer(answer=last.final.answer or "(empty answer)", cited_chunks=list(shown)), shown)
+    if left_out := [str(c)[:40] for c, i in zip(citations, ids, strict=True) if i not in shown]:
+        more = " …" if len(left_out) > 20 else ""
+        response += f"\n\n_Cited but left out, not chunks the program was handed: {', '.join(left_out[:20])}{more}_"
+    cited = cited_chunk_ids(response, shown)
+    kept = [cited_entry(rows[cid], shown[cid].text, "cited by the program's answer") for cid in cited if cid in rows]
+    _store(conn, job, response, Collected(kept=kept, read=sorted(api.seen)), None)
+    return OK
+
+
+def _chunk_id(cited: int | str) -> int | None:
+    if isinstance(cited, bool):
+        return None
+    if isinstance(cited, int):
+        return cited
+    digits = cited.strip()
+    return int(digits) if digits.isdigit() and len(digits) <= 18 else None
+
+
+def _store(
+    conn: psycopg.Connection, job: JobRow, response: str, collected: Collected, error: BaseException | None
+) -> None:
+    def store(c: psycopg.Connection) -> None:
+        with c.transaction():
+            job_store.save_collected(c, job_id=job.id, collected=collected)
+            store_report(c, job_store.reread_job(c, job_id=job.id), response, collected, error)
+
+    durable_write(conn, store, what=f"code mode's report of job {job.id}")

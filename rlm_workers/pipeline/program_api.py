@@ -1,0 +1,259 @@
+"""What a code-mode program can call (docs/contract.md#code-mode): the job's buffers as data, search, and
+sub-model calls.  Every function runs here, in the worker, when the sandbox asks (``sandbox/runner.py``).
+
+The arguments come from a model-written program, so each is checked (type, size) and a bad one is a
+``CallError`` the program sees as ``ApiError``; reads are scoped to the job's tenant and buffers.  The chunk ids
+the program was handed are remembered (``seen``): the answer may cite those, and only those.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..limits import MAX_CODE_FRAME_BYTES, MAX_QUERY_BYTES
+from ..models import SearchMode
+from ..runtime.local_servers import database_url
+from ..sandbox.runner import CallError
+from ..search.sections import stitch
+from ..search.service import search
+from ..store.buffers import chunks_in_lines, file_outline, iter_chunk_texts, list_buffers, list_files, require_buffers
+from . import subcalls
+from .tools import ToolError, compile_regex
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from ..config import Settings
+    from ..store.jobs import JobRow
+
+#: characters of chunk text one chunks() call hands a program: more is a file at a time (the sandbox has 1 GiB)
+MAX_CHUNKS_CHARS = MAX_CODE_FRAME_BYTES * 4
+#: lines one grep() returns
+MAX_GREP_LINES = 10_000
+#: files per buffer the outline lists
+MAX_OUTLINE_FILES = 1000
+#: calls one llm_query_batched may send, and characters of one call's prompt and text together
+MAX_SUBCALLS_PER_BATCH = 1000
+MAX_SUBCALL_CHARS = 400_000
+#: how long the program waits on one chord before the missing replies are marked
+SUBCALL_WAIT_SECONDS = 3600.0
+
+
+class ProgramApi:
+    """The functions handed to one job's sandbox, and what they handed out."""
+
+    def __init__(
+        self, conn: psycopg.Connection, job: JobRow, settings: Settings, should_stop: Callable[[], bool]
+    ) -> None:
+        self.conn, self.job, self.settings, self.should_stop = conn, job, settings, should_stop
+        #: chunk ids the program received from chunks(), grep() or search()
+        self.seen: set[int] = set()
+        self.sub_calls = 0
+        self._chords = itertools.count(1)
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "outline": self.outline,
+            "read": self.read,
+            "chunks": self.chunks,
+            "grep": self.grep,
+            "search": self.search,
+            "llm_query": self.llm_query,
+            "llm_query_batched": self.llm_query_batched,
+        }
+
+    def outline(self) -> dict[str, Any]:
+        """The job's buffers, their files (path, bytes, chunks) and totals."""
+        out = []
+        for name in self.job.buffers:
+            [row] = require_buffers(self.conn, tenant=self.job.tenant, names=[name])
+            [info] = list_buffers(self.conn, tenant=self.job.tenant, name=name)
+            files = list_files(self.conn, buffer_id=row.id, limit=MAX_OUTLINE_FILES + 1)
+            entry: dict[str, Any] = {
+                "name": name,
+                "files": [{"path": f.path, "bytes": f.bytes, "chunks": f.chunks} for f in files[:MAX_OUTLINE_FILES]],
+                "file_count": info.files,
+                "chunk_count": info.chunks,
+                "bytes": info.bytes,
+            }
+            if len(files) > MAX_OUTLINE_FILES:
+                entry["files_cut"] = f"first {MAX_OUTLINE_FILES} of {info.files} files listed"
+            out.append(entry)
+        return {"buffers": out}
+
+    def read(self, path: str, start_line: int = 1, end_line: int | None = None, buffer: str | None = None) -> str:
+        """A file's text, or its lines ``start_line``..``end_line``, stitched from its chunks with each overlap
+        taken once: what a program counts lines in."""
+        if not isinstance(path, str):
+            raise CallError("path must be a str")
+        _bounded_int(start_line, "start_line", 1, 2**31 - 1)
+        if end_line is not None:
+            _bounded_int(end_line, "end_line", start_line, 2**31 - 1)
+        names = self._buffers(buffer)
+        for row in require_buffers(self.conn, tenant=self.job.tenant, names=names):
+            f = file_outline(self.conn, buffer_id=row.id, path=path)
+            if f is None:
+                continue
+            last = end_line or 2**31 - 1
+            spans = chunks_in_lines(
+                self.conn,
+                buffer_id=row.id,
+                file_id=f.id,
+                start_line=start_line,
+                end_line=last,
+                max_chars=MAX_CHUNKS_CHARS,
+            )
+            if sum(len(c.text) for c in spans) >= MAX_CHUNKS_CHARS:  # the read stopped there: more may follow
+                raise CallError(f"{path} is larger than {MAX_CHUNKS_CHARS} characters: read it in line ranges")
+            text, first = stitch(spans)
+            self.seen.update(c.id for c in spans)
+            lines = text.split("\n")[start_line - first : (last - first + 1)] if spans else []
+            return "\n".join(lines)
+        raise CallError(f"no file {path!r} in {', '.join(names)}; outline() lists the files")
+
+    def chunks(self, path: str | None = None, buffer: str | None = None) -> list[dict[str, Any]]:
+        """Every chunk of the job's buffers (or of one buffer, or one file) in reading order, with its text.
+        Neighbouring chunks may overlap by a few lines: count lines with ``read`` or ``grep``, not here."""
+        _optional_str(path, "path")
+        names = self._buffers(buffer)
+        rows = require_buffers(self.conn, tenant=self.job.tenant, names=names)
+        out: list[dict[str, Any]] = []
+        size = 0
+        texts = iter_chunk_texts(self.conn, buffer_ids=[r.id for r in rows])
+        try:
+            for cid, buf, file_path, start, text in texts:
+                if path is not None and file_path != path:
+                    continue
+                size += len(text)
+                if size > MAX_CHUNKS_CHARS:
+                    raise CallError(
+                        f"chunks() would hand over more than {MAX_CHUNKS_CHARS} characters; "
+                        "read one file at a time (chunks(path=...)) or grep()/search() first"
+                    )
+                end = start + text.count("\n")
+                out.append(
+                    {"id": cid, "buffer": buf, "path": file_path, "start_line": start, "end_line": end, "text": text}
+                )
+        finally:
+            texts.close()
+        if path is not None and not out:
+            raise CallError(f"no file {path!r} in {', '.join(names)}; outline() lists the files")
+        self.seen.update(c["id"] for c in out)
+        return out
+
+    def grep(self, pattern: str, max_results: int = 1000, buffer: str | None = None) -> list[dict[str, Any]]:
+        """Lines matching an RE2 pattern: chunk id, buffer, path, line number and the line."""
+        try:
+            regex = compile_regex(pattern)
+        except ToolError as exc:
+            raise CallError(str(exc)) from None
+        _bounded_int(max_results, "max_results", 1, MAX_GREP_LINES)
+        rows = require_buffers(self.conn, tenant=self.job.tenant, names=self._buffers(buffer))
+        matches: list[dict[str, Any]] = []
+        #: (buffer, path) → the last line already searched: chunks overlap, and a line is matched once
+        done: dict[tuple[str, str], int] = {}
+        texts = iter_chunk_texts(self.conn, buffer_ids=[r.id for r in rows])
+        try:
+            for cid, buf, path, start, text in texts:
+                upto = done.get((buf, path), 0)
+                lines = text.split("\n")
+                done[(buf, path)] = max(upto, start + len(lines) - 1)
+                for offset, line in enumerate(lines):
+                    if start + offset <= upto:
+                        continue
+                    if regex.search(line):
+                        matches.append(
+                            {"chunk_id": cid, "buffer": buf, "path": path, "line": start + offset, "text": line}
+                        )
+                        if len(matches) >= max_results:
+                            break
+                if len(matches) >= max_results:
+                    break
+        finally:
+            texts.close()
+        self.seen.update(m["chunk_id"] for m in matches)
+        return matches
+
+    def search(self, query: str, top_k: int = 10, mode: str = "hybrid") -> list[dict[str, Any]]:
+        """The chunks a hybrid (or bm25, semantic) search ranks first, with their text."""
+        if not isinstance(query, str) or not query.strip() or len(query.encode()) > MAX_QUERY_BYTES:
+            raise CallError(f"query must be a non-empty string of at most {MAX_QUERY_BYTES} bytes")
+        _bounded_int(top_k, "top_k", 1, 200)
+        if mode not in {m.value for m in SearchMode}:
+            raise CallError(f"mode must be one of {', '.join(m.value for m in SearchMode)}")
+        hits = search(
+            self.conn,
+            settings=self.settings,
+            url=database_url(self.settings),
+            tenant=self.job.tenant,
+            buffers=self.job.buffers,
+            query=query,
+            mode=mode,
+            top_k=top_k,
+        )
+        self.seen.update(h.chunk_id for h in hits)
+        return [
+            {
+                "chunk_id": h.chunk_id,
+                "buffer": h.buffer,
+                "path": h.path,
+                "start_line": h.start_line,
+                "end_line": h.end_line,
+                "score": h.score,
+                "text": h.text,
+            }
+            for h in hits
+        ]
+
+    def llm_query(self, prompt: str, text: str = "") -> str:
+        """One sub-model call (a chord of one): the model's reply."""
+        return self.llm_query_batched([[prompt, text]])[0]
+
+    def llm_query_batched(self, prompts: list[Any]) -> list[str]:
+        """Sub-model calls run at once across the workers, as one chord; replies in the order asked."""
+        if not isinstance(prompts, list) or not prompts:
+            raise CallError("llm_query_batched() takes a non-empty list of prompts (str, or [prompt, text] pairs)")
+        if len(prompts) > MAX_SUBCALLS_PER_BATCH:
+            raise CallError(f"at most {MAX_SUBCALLS_PER_BATCH} prompts per llm_query_batched() call")
+        calls = [_subcall(p, i) for i, p in enumerate(prompts)]
+        chord_no = next(self._chords)
+        subcalls.launch(self.job, chord_no, calls)
+        self.sub_calls += len(calls)
+        return subcalls.wait(
+            self.job.id, chord_no, len(calls), should_stop=self.should_stop, timeout=SUBCALL_WAIT_SECONDS
+        )
+
+    def _buffers(self, buffer: str | None) -> list[str]:
+        _optional_str(buffer, "buffer")
+        if buffer is None:
+            return list(self.job.buffers)
+        if buffer not in self.job.buffers:
+            raise CallError(f"buffer {buffer!r} is not one this query reads ({', '.join(self.job.buffers)})")
+        return [buffer]
+
+
+def _subcall(item: Any, i: int) -> subcalls.SubCall:
+    prompt, text = (
+        (item, "") if isinstance(item, str) else (item if isinstance(item, list) and len(item) == 2 else (None, None))
+    )
+    if not isinstance(prompt, str) or not isinstance(text, str) or not prompt.strip():
+        raise CallError(f"prompt {i}: give a non-empty str, or a [prompt, text] pair of str")
+    if len(prompt) + len(text) > MAX_SUBCALL_CHARS:
+        raise CallError(
+            f"prompt {i}: prompt and text hold {len(prompt) + len(text)} characters; at most {MAX_SUBCALL_CHARS}"
+        )
+    if "\x00" in prompt or "\x00" in text:
+        raise CallError(f"prompt {i}: contains a NUL character")
+    return subcalls.SubCall(prompt=prompt, text=text)
+
+
+def _optional_str(value: Any, name: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise CallError(f"{name} must be a str")
+
+
+def _bounded_int(value: Any, name: str, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise CallError(f"{name} must be an integer from {low} to {high}")

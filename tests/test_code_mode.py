@@ -1,0 +1,342 @@
+"""Code mode end to end (docs/contract.md#code-mode): real worker processes, Redis and PostgreSQL, the scripted
+OpenAI-protocol server writing the root model's programs, the sandbox running them, and the programs'
+sub-model calls fanned out as a chord of ``rlm.subcall`` tasks on the analyst workers.
+
+The corpus is a log of user actions whose exact counts the test computes itself, and a notes file."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from tests.support.jobs import wait_for
+from tests.support.scripted_llm import Reply, last_user_message
+from tests.support.workers import running_workers, scripted_env
+
+pytestmark = pytest.mark.slow
+
+BUFFER = "codelog"
+USERS = ("alice", "bob", "carol", "dave")
+ACTIONS = ("login", "upload", "error", "logout")
+#: (prompt, completion) tokens each model's replies report, so the tree's totals can be recomputed
+TOKENS = {"plan-model": (200, 40), "analyst-model": (50, 5)}
+
+
+def log_lines() -> list[str]:
+    """600 lines: user and action cycle with different periods, so every count differs and none is guessable."""
+    out = []
+    for i in range(600):
+        user = USERS[(i * 7 + i // 5) % len(USERS)]
+        action = ACTIONS[(i * 3 + i // 11) % len(ACTIONS)]
+        detail = "disk full" if action == "error" and i % 3 == 0 else "timeout" if action == "error" else "ok"
+        out.append(f"2026-03-{1 + i // 50:02d}T{i % 24:02d}:00 user={user} action={action} detail={detail}")
+    return out
+
+
+LINES = log_lines()
+CAROL_ERRORS = [ln for ln in LINES if "user=carol" in ln and "action=error" in ln]
+DISK = sum("disk full" in ln for ln in CAROL_ERRORS)
+
+COUNT_PROGRAM = """
+files = [f['path'] for b in outline()['buffers'] for f in b['files']]
+lines = [ln for p in files for ln in read(p).splitlines() if ln.startswith('2026-')]
+errs = [ln for ln in lines if 'user=carol' in ln and 'action=error' in ln]
+print(len(lines), len(errs))
+"""
+CLASSIFY_PROGRAM = """
+hits = grep(r'user=carol .*action=error')
+labels = llm_query_batched([["Is this error about the disk? Answer disk or other.", h['text']] for h in hits])
+disk = sum(1 for x in labels if x.strip() == 'disk')
+final(f"carol has {len(errs)} error lines, {disk} of them about the disk", sorted({h['chunk_id'] for h in hits}))
+"""
+
+
+class Script:
+    """The root model writes ``programs`` in turn (the last repeats); the helper model answers ``disk``/``other``."""
+
+    def __init__(self) -> None:
+        self.programs: list[str] = [COUNT_PROGRAM, CLASSIFY_PROGRAM]
+        self.roots: list[dict] = []
+        self.lock = threading.Lock()
+        self.on_sub: Callable[[str], None] | None = None
+
+    def reply(self, model: str, content: str) -> Reply:
+        prompt, completion = TOKENS[model]
+        return Reply.text(content, prompt_tokens=prompt, completion_tokens=completion)
+
+    def __call__(self, req: dict) -> Reply:
+        if req.get("model") == "plan-model":
+            with self.lock:
+                self.roots.append(req)
+                n = sum(1 for m in req["messages"] if m["role"] == "assistant")
+            program = self.programs[min(n, len(self.programs) - 1)]
+            return self.reply("plan-model", f"Here is the program.\n\n```python\n{program.strip()}\n```\n")
+        text = last_user_message(req)
+        if self.on_sub is not None:
+            self.on_sub(text)
+        return self.reply("analyst-model", "disk" if "disk full" in text else "other")
+
+
+@pytest.fixture(scope="module")
+def env(rlm_env, llm):
+    with scripted_env(
+        rlm_env, llm, RLM_LLM_RETRIES="0", RLM_LLM_TIMEOUT="30", RLM_CODE_MAX_ROUNDS="4", RLM_JOB_TIMEOUT="60"
+    ) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def corpus(env, conn, embedder, tmp_path_factory):
+    from rlm_workers.ingest.loader import load_paths
+
+    root = tmp_path_factory.mktemp("code") / "logs"
+    root.mkdir()
+    (root / "app.log").write_text("\n".join(LINES) + "\n")
+    (root / "notes.md").write_text("# Notes\n\nThe on-call rota changes every Monday.\n")
+    load_paths(conn, buffer=BUFFER, paths=[root], embedder=embedder)
+    conn.commit()
+
+
+@pytest.fixture(scope="module")
+def workers(env, corpus, tmp_path_factory):
+    pools = {"ctl": ("rlm.control", 2), "an": ("rlm.analyst", 4)}
+    with running_workers(env, tmp_path_factory.mktemp("worker-logs"), pools) as ws:
+        yield ws
+
+
+@pytest.fixture()
+def script(fresh):
+    s = Script()
+    before = fresh.responder
+    fresh.responder = s
+    try:
+        yield s
+    finally:
+        fresh.responder = before
+
+
+def submit(conn, query: str, **options) -> str:
+    from rlm_workers.submit import submit_query
+
+    job_id, _ = submit_query(conn, tenant="local", query=query, buffers=[BUFFER], options={"mode": "code", **options})
+    conn.commit()
+    return job_id
+
+
+def finished(conn, job_id: str, timeout: float = 120):
+    from rlm_workers.submit import wait_for_job
+
+    return wait_for_job(conn, job_id, timeout=timeout)
+
+
+def result_of(job):
+    from rlm_workers.models import QueryResult
+
+    assert job.result is not None, (job.status, job.error)
+    return QueryResult.model_validate(job.result)
+
+
+def calls_logged(conn, job_id: str) -> Counter:
+    rows = conn.execute("SELECT stage FROM llm_calls WHERE job_id = %s", (job_id,)).fetchall()
+    conn.commit()
+    return Counter(r[0] for r in rows)
+
+
+def sandboxes_running() -> list[int]:
+    """Pids of sandbox processes on this machine (the workers' children)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sandbox/child.py" in f.read():
+                        out.append(int(pid))
+            except OSError:
+                continue
+    return out
+
+
+def test_a_program_counts_exactly_and_fans_its_sub_calls_out_as_a_chord(conn, script, workers, llm):
+    job = finished(conn, submit(conn, "How many error lines does carol have, and how many are about the disk?"))
+    result = result_of(job)
+    assert job.status == "done", job.error
+    assert f"carol has {len(CAROL_ERRORS)} error lines, {DISK} of them about the disk" in result.response
+    assert result.mode == "code" and result.route == "code"
+    # every round is on the report: the program as written and what it printed
+    assert [r.round for r in result.code_rounds] == [1, 2]
+    assert result.code_rounds[0].output == f"{len(LINES)} {len(CAROL_ERRORS)}\n"
+    assert result.code_rounds[1].sub_calls == len(CAROL_ERRORS) and result.code_rounds[1].error is None
+    assert "llm_query_batched" in result.code_rounds[1].code
+    # one sub-model call per error line, each its own rlm.subcall task on the analyst worker
+    subs = [r.body for r in llm.requests if r.body.get("model") == "analyst-model"]
+    assert len(subs) == len(CAROL_ERRORS)
+    assert "rlm.subcall" in workers["an"].log_path.read_text()
+    # accounting is exact: every call logged once, and the report's totals are the server's
+    assert calls_logged(conn, job.id) == Counter({"code": 2, "subcall": len(CAROL_ERRORS)})
+    assert result.llm_calls == 2 + len(CAROL_ERRORS)
+    assert result.tokens_in == 2 * 200 + len(CAROL_ERRORS) * 50
+    assert result.tokens_out == 2 * 40 + len(CAROL_ERRORS) * 5
+    # the citations are the chunks the program read, resolved to their place in the log
+    assert result.sources and all(s.path.endswith("app.log") for s in result.sources)
+    assert result.chunks_analyzed >= len(result.sources)
+
+
+def test_the_second_round_sees_the_first_rounds_output_as_data(conn, script, workers):
+    job = finished(conn, submit(conn, "How many error lines does carol have?"))
+    assert job.status == "done"
+    second = script.roots[1]["messages"]
+    shown = second[-1]["content"]
+    assert "## Round 1 output" in shown and f"{len(LINES)} {len(CAROL_ERRORS)}" in shown
+    assert "<content>" in shown  # the output is fenced as data
+    assert second[-2]["role"] == "assistant" and "read(p)" in second[-2]["content"]
+
+
+def test_a_hostile_program_is_stopped_and_the_next_round_goes_on(conn, script, workers):
+    script.programs = [
+        "g = [c for c in object.__subclasses__() if c.__name__ == '_wrap_close'][0].__init__.__globals__\n"
+        "print(g['open']('/etc/passwd', 0))",
+        "import os",
+        "final('nothing to see', [])",
+    ]
+    job = finished(conn, submit(conn, "What does the log say?"))
+    result = result_of(job)
+    assert job.status == "done" and result.response.startswith("nothing to see")
+    first, second = result.code_rounds[0], result.code_rounds[1]
+    assert "Operation not permitted" in first.error and "root:" not in first.output
+    assert "import of 'os' is not allowed in the sandbox" in second.error
+    assert all(w.alive for w in workers.values())
+
+
+def test_cancel_kills_the_running_program(conn, script, workers):
+    from rlm_workers.submit import cancel_query
+
+    script.programs = ["while True:\n    pass"]
+    job_id = submit(conn, "Loop forever")
+    assert wait_for(lambda: bool(sandboxes_running()), timeout=60), "the program never started"
+    cancel_query(conn, job_id=job_id, tenant="local")
+    conn.commit()
+    assert wait_for(lambda: not sandboxes_running(), timeout=30), "the sandbox outlived its cancelled job"
+    job = finished(conn, job_id)
+    assert job.status == "cancelled"
+    # the worker goes on: the next job runs
+    script.programs = ["final('still here', [])"]
+    assert finished(conn, submit(conn, "Are you there?")).status == "done"
+
+
+def test_a_cancel_while_sub_calls_run_ends_the_job_and_its_waiting(conn, script, workers):
+    from rlm_workers.submit import cancel_query
+
+    started = threading.Event()
+    release = threading.Event()
+
+    def hold(_text: str) -> None:
+        started.set()
+        release.wait(30)
+
+    script.on_sub = hold
+    script.programs = ["labels = llm_query_batched(['first', 'second', 'third'])\nfinal(str(labels), [])"]
+    job_id = submit(conn, "Ask three things")
+    assert started.wait(60), "no sub-call reached the model"
+    cancel_query(conn, job_id=job_id, tenant="local")
+    conn.commit()
+    release.set()
+    assert finished(conn, job_id).status == "cancelled"
+    assert wait_for(lambda: not sandboxes_running(), timeout=30)
+
+
+def test_the_budget_holds_for_sub_calls_and_the_report_says_it_ran_out(conn, script, workers, llm):
+    script.programs = [
+        "labels = llm_query_batched([f'question {i}' for i in range(6)])\nprint(labels)",
+        "final('unreachable', [])",
+    ]
+    job = finished(conn, submit(conn, "Ask six things", max_llm_calls=4))
+    result = result_of(job)
+    assert job.status == "done"
+    logged = calls_logged(conn, job.id)
+    assert sum(logged.values()) == result.llm_calls <= 4
+    said = result.code_rounds[0].output
+    assert said.count("not run: the budget is spent") == 6 - logged["subcall"]
+    assert "budget was exhausted" in result.response and result.budget.exhausted
+
+
+def test_no_final_within_the_rounds_fails_the_job_with_its_rounds(conn, script, workers):
+    script.programs = ["print('thinking')"]
+    job = finished(conn, submit(conn, "Never answers"))
+    assert job.status == "failed" and "no answer within 4 rounds" in job.error.message
+    result = result_of(job)
+    assert [r.output for r in result.code_rounds] == ["thinking\n"] * 4
+
+
+def test_a_reply_without_a_program_is_told_so(conn, script, workers):
+    script.programs = ["", "final('ok', [])"]
+    job = finished(conn, submit(conn, "Say ok"))
+    assert job.status == "done"
+    assert "held no program" in result_of(job).code_rounds[0].error
+
+
+def test_citations_the_program_never_read_are_left_out_and_said(conn, script, workers):
+    script.programs = ["hits = search('on-call rota', top_k=1)\nfinal('Mondays', [hits[0]['chunk_id'], 999999, 'x'])"]
+    result = result_of(finished(conn, submit(conn, "When does the rota change?")))
+    assert [s.path.rsplit("/", 1)[-1] for s in result.sources] == ["notes.md"]
+    assert re.search(r"left out, not chunks the program was handed: 999999, x", result.response)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"scope": "all"}, {"batch_size": 5}, {"search_mode": "bm25"}, {"depth": 2}],
+)
+def test_search_options_are_refused_in_code_mode(conn, options):
+    from rlm_workers.errors import InvalidInput
+    from rlm_workers.submit import validate_options
+
+    with pytest.raises(InvalidInput, match="do not apply in mode code"):
+        validate_options({"mode": "code", **options})
+
+
+def test_code_prompt_lists_exactly_what_the_sandbox_allows():
+    from rlm_workers.limits import MAX_CODE_OUTPUT_CHARS
+    from rlm_workers.pipeline.program_api import ProgramApi
+    from rlm_workers.pipeline.prompts import load_prompt
+    from rlm_workers.sandbox.child import ALLOWED_MODULES
+
+    prompt = load_prompt("code")
+    listed = re.search(r"You may import only: ([a-z, ]+)\.", prompt).group(1).split(", ")
+    assert listed == list(ALLOWED_MODULES)
+    assert f"{MAX_CODE_OUTPUT_CHARS:,}" in prompt
+    offered = ProgramApi(None, None, None, lambda: False).functions()  # type: ignore[arg-type]
+    for name in [*offered, "final"]:
+        assert f"`{name}(" in prompt, name
+
+
+def test_the_program_is_read_from_fenced_blocks_or_a_reply_that_is_code():
+    from rlm_workers.pipeline.program import extract_program
+
+    assert extract_program("Let me look.\n```python\nprint(1)\n```\nand\n```py\nx = 2\n```") == "print(1)\n\nx = 2"
+    assert extract_program("x = read('a')\nprint(len(x))") == "x = read('a')\nprint(len(x))"
+    assert extract_program("The answer is 42.") is None
+    assert extract_program("answer") is None  # a bare name parses, but does nothing
+    assert extract_program("") is None
+
+
+def test_a_small_context_drops_the_oldest_rounds_and_cuts_the_newest_output():
+    from rlm_workers.config import Settings
+    from rlm_workers.pipeline.program import output_room, reply_tokens
+
+    small = Settings(model_context=2048, provider="extractive")
+    messages = [{"role": "system", "content": "s" * 2000}, {"role": "user", "content": "q" * 400}]
+    for n in range(6):
+        messages += [{"role": "assistant", "content": f"print({n})" * 40}, {"role": "user", "content": "o" * 6000}]
+    messages.append({"role": "assistant", "content": "print('last')"})
+    room = output_room(messages, small)
+    kept = sum(len(m["content"]) for m in messages) // 4 + room // 4
+    assert kept <= 2048 - reply_tokens(small)  # what is shown next still leaves the reply its room
+    assert messages[-1]["content"] == "print('last')" and messages[1]["content"] == "q" * 400
+    assert len(messages) < 15 and all(len(m["content"]) <= 1600 for m in messages[2:])
+    assert (
+        output_room([*messages[:2], {"role": "assistant", "content": "x"}], Settings(provider="extractive")) == 20_000
+    )
