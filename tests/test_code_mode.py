@@ -272,6 +272,17 @@ def test_no_final_within_the_rounds_fails_the_job_with_its_rounds(conn, script, 
     assert [r.output for r in result.code_rounds] == ["thinking\n"] * 4
 
 
+def test_a_program_that_writes_its_own_api_gets_the_real_one_back_and_is_told(conn, script, workers):
+    script.programs = [
+        "def read(path):\n    return 'fake'\nprint(read('logs/app.log'))",
+        "print(len(read('logs/app.log').splitlines()))\nfinal('done', [])",
+    ]
+    result = result_of(finished(conn, submit(conn, "How long is the log?")))
+    assert [r.output for r in result.code_rounds] == ["fake\n", f"{len(LINES)}\n"]
+    told = script.roots[1]["messages"][-1]["content"]
+    assert "Your program wrote its own read()" in told and "call them, never define them" in told
+
+
 def test_a_reply_without_a_program_is_told_so(conn, script, workers):
     script.programs = ["", "final('ok', [])"]
     job = finished(conn, submit(conn, "Say ok"))

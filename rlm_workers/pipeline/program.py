@@ -18,6 +18,7 @@ import ast
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BudgetExhausted, JobCancelled, RLMError
@@ -37,7 +38,7 @@ from ..store.db import durable_write
 from ..store.job_state import Collected
 from .calls import call_llm
 from .flow import OK, StageContext, StageLease, StageTimer, fail_job
-from .program_api import ProgramApi
+from .program_api import API_NAMES, ProgramApi
 from .prompts import content_block, escape_content, load_prompt, system_message
 from .report import cited_entry, result_for, store_report
 
@@ -49,8 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlm.pipeline.program")
 
-#: tokens the root model may write a round: a program, not an essay
-CODE_MAX_TOKENS = 2048
+#: tokens the root model may write a round: a program, not an essay (a small model that runs on writes the
+#: same lines again until it is cut, at a minute a thousand tokens on two cores)
+CODE_MAX_TOKENS = 1024
 #: characters of an older round's output kept in the conversation; the last round's is shown whole
 OLD_OUTPUT_CHARS = 1500
 #: files the first message lists per buffer (outline() gives them all)
@@ -112,10 +114,35 @@ def first_message(job: JobRow, outline: dict[str, Any], max_rounds: int) -> str:
     )
 
 
-def round_message(result: RoundResult, number: int, left: int, max_output_chars: int | None = None) -> str:
-    """What the model is shown of a round: its output (at most ``max_output_chars``, the cut said), its error."""
+def redefined(program: str, names: set[str]) -> list[str]:
+    """The API functions a program defines or assigns itself, in its own words (a small model rewrites them)."""
+    try:
+        tree = ast.parse(program)
+    except SyntaxError:
+        return []
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name in names:
+            found.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names:
+            found.add(node.id)
+    return sorted(found)
+
+
+def round_message(
+    result: RoundResult, number: int, left: int, max_output_chars: int | None = None, redefined: Sequence[str] = ()
+) -> str:
+    """What the model is shown of a round: its output (at most ``max_output_chars``, the cut said), its error,
+    and what it did wrong that raised no error."""
     shown = result.output[:max_output_chars] if max_output_chars is not None else result.output
-    parts = [f"## Round {number} output\n\n{content_block(shown) if shown else '(nothing printed)'}"]
+    nothing = "(nothing printed: print() what you need to see)"
+    parts = [f"## Round {number} output\n\n{content_block(shown) if shown else nothing}"]
+    if redefined:
+        listed = ", ".join(f"{n}()" for n in redefined)
+        parts.append(
+            f"Your program wrote its own {listed}. They already exist and read the real data: call them, never "
+            "define them. Yours were replaced by the real ones for the next round."
+        )
     if result.output_chars > len(shown):
         parts.append(f"[output cut: {len(shown)} of {result.output_chars} characters shown]")
     if result.error:
@@ -219,7 +246,9 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 return _finish(conn, job, api, last)
             messages.append({"role": "assistant", "content": reply})
             room = output_room(messages, settings)
-            messages.append({"role": "user", "content": round_message(last, number, max_rounds - number, room)})
+            mine = redefined(program or "", {*API_NAMES, "final"})
+            shown = round_message(last, number, max_rounds - number, room, mine)
+            messages.append({"role": "user", "content": shown})
     if spent is not None:
         said = f"\n\n```text\n{last.output}\n```" if last is not None and last.output else ""
         response = (

@@ -41,6 +41,10 @@ MAX_SUBCALL_CHARS = 400_000
 SUBCALL_WAIT_SECONDS = 3600.0
 
 
+#: what a program may call besides ``final`` (the sandbox's own): the names ``ProgramApi.functions`` hands in
+API_NAMES = frozenset({"outline", "read", "chunks", "grep", "search", "llm_query", "llm_query_batched"})
+
+
 class ProgramApi:
     """The functions handed to one job's sandbox, and what they handed out."""
 
@@ -54,15 +58,7 @@ class ProgramApi:
         self._chords = itertools.count(1)
 
     def functions(self) -> dict[str, Callable[..., Any]]:
-        return {
-            "outline": self.outline,
-            "read": self.read,
-            "chunks": self.chunks,
-            "grep": self.grep,
-            "search": self.search,
-            "llm_query": self.llm_query,
-            "llm_query_batched": self.llm_query_batched,
-        }
+        return {name: getattr(self, name) for name in sorted(API_NAMES)}
 
     def outline(self) -> dict[str, Any]:
         """The job's buffers, their files (path, bytes, chunks) and totals."""

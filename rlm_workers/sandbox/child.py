@@ -319,10 +319,10 @@ def main(argv):
     allowed = frozenset(ALLOWED_MODULES)
     user_builtins = {k: v for k, v in vars(builtins).items() if k not in REMOVED_BUILTINS}
     user_builtins["__import__"] = _guarded_import(allowed)
-    namespace = {"__name__": "__sandbox__", "__builtins__": user_builtins, "ApiError": ApiError}
-    for name in api_names:
-        namespace[name] = _api_function(channel, name)
-    namespace["final"] = _final_function(state)
+    api = {name: _api_function(channel, name) for name in api_names}
+    api["final"] = _final_function(state)
+    api["ApiError"] = ApiError
+    namespace = {"__name__": "__sandbox__", "__builtins__": user_builtins}
     sys.stdin = None
     sys.stdout = sys.stderr = _Discard()
     channel.send({"t": "ready"})
@@ -332,6 +332,7 @@ def main(argv):
         if frame.get("t") != "run":
             return 0
         number += 1
+        namespace.update(api)  # a program that defined its own read() or final() gets the real ones back
         channel.send(_run(str(frame.get("code", "")), number, namespace, state, output_limit))
 
 
