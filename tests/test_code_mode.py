@@ -283,6 +283,15 @@ def test_a_program_that_writes_its_own_api_gets_the_real_one_back_and_is_told(co
     assert "Your program wrote its own read()" in told and "call them, never define them" in told
 
 
+def test_a_program_run_twice_is_said_and_the_question_is_asked_again(conn, script, workers):
+    script.programs = ["print(6 * 7)", "print(6 * 7)", "final('42', [])"]
+    result = result_of(finished(conn, submit(conn, "What is six times seven?")))
+    assert result.response.startswith("42")
+    first, second = (script.roots[n]["messages"][-1]["content"] for n in (1, 2))
+    assert "The question: What is six times seven?" in first and "one of round" not in first
+    assert "This program is the one of round 1" in second
+
+
 def test_a_reply_without_a_program_is_told_so(conn, script, workers):
     script.programs = ["", "final('ok', [])"]
     job = finished(conn, submit(conn, "Say ok"))

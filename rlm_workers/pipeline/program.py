@@ -64,12 +64,13 @@ _MESSAGE_TOKENS = 4
 _MIN_OUTPUT_TOKENS = 100
 #: how often a running round asks whether the job was cancelled
 _STOP_CHECK_SECONDS = 1.0
-_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S | re.I)
+_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
 def extract_program(reply: str) -> str | None:
-    """The program a reply holds: its fenced Python blocks, joined, or the whole reply when it parses as Python
-    and does something; None when there is none."""
+    """The program a reply holds: its fenced Python blocks, joined (a block the reply's length limit cut ends
+    where the reply does), or the whole reply when it parses as Python and does something; None when there is
+    none."""
     blocks = [b.strip("\n") for b in _FENCE.findall(reply or "") if b.strip()]
     if blocks:
         return "\n\n".join(blocks)
@@ -130,10 +131,18 @@ def redefined(program: str, names: set[str]) -> list[str]:
 
 
 def round_message(
-    result: RoundResult, number: int, left: int, max_output_chars: int | None = None, redefined: Sequence[str] = ()
+    result: RoundResult,
+    number: int,
+    left: int,
+    *,
+    question: str,
+    max_output_chars: int | None = None,
+    redefined: Sequence[str] = (),
+    repeat_of: int | None = None,
 ) -> str:
     """What the model is shown of a round: its output (at most ``max_output_chars``, the cut said), its error,
-    and what it did wrong that raised no error."""
+    what it did wrong that raised no error (``redefined`` the API, ran round ``repeat_of``'s program again), and
+    the question again, which a small model loses after a few rounds of output."""
     shown = result.output[:max_output_chars] if max_output_chars is not None else result.output
     nothing = "(nothing printed: print() what you need to see)"
     parts = [f"## Round {number} output\n\n{content_block(shown) if shown else nothing}"]
@@ -149,6 +158,12 @@ def round_message(
         parts.append(f"## Error\n\n{content_block(result.error)}")
     if result.ended:
         parts.append("The sandbox was restarted: variables from earlier rounds are gone.")
+    if repeat_of is not None:
+        parts.append(
+            f"This program is the one of round {repeat_of}: running it again shows nothing new. Write the program "
+            "that computes the answer from what you have seen."
+        )
+    parts.append(f"The question: {escape_content(question)}")
     if left == 1:
         parts.append("This is your last round: call final(answer, citations) with the best answer you have.")
     else:
@@ -209,6 +224,8 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     ]
     last: RoundResult | None = None
     spent: BudgetExhausted | None = None
+    #: each program run, by its text: the round it first ran in
+    ran: dict[str, int] = {}
     with Sandbox(api.functions(), should_stop=stop) as box:
         for number in range(1, max_rounds + 1):
             lease.beat()
@@ -223,7 +240,8 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
             program = extract_program(reply)
             sub_before = api.sub_calls
             if program is None:
-                last = RoundResult(error="the reply held no program: write one ```python block")
+                said = " ".join(reply.split())[:300]
+                last = RoundResult(error=f"the reply held no program: write one ```python block (it said: {said!r})")
             else:
                 try:
                     last = box.run(program)
@@ -246,8 +264,17 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 return _finish(conn, job, api, last)
             messages.append({"role": "assistant", "content": reply})
             room = output_room(messages, settings)
-            mine = redefined(program or "", {*API_NAMES, "final"})
-            shown = round_message(last, number, max_rounds - number, room, mine)
+            shown = round_message(
+                last,
+                number,
+                max_rounds - number,
+                question=job.query,
+                max_output_chars=room,
+                redefined=redefined(program or "", {*API_NAMES, "final"}),
+                repeat_of=ran.get(program) if program else None,
+            )
+            if program:
+                ran.setdefault(program, number)
             messages.append({"role": "user", "content": shown})
     if spent is not None:
         said = f"\n\n```text\n{last.output}\n```" if last is not None and last.output else ""
