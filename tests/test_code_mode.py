@@ -147,17 +147,23 @@ def calls_logged(conn, job_id: str) -> Counter:
     return Counter(r[0] for r in rows)
 
 
-def sandboxes_running() -> list[int]:
-    """Pids of sandbox processes on this machine (the workers' children)."""
+def sandboxes_running(workers) -> list[int]:
+    """Pids of sandbox processes whose parent is one of the module's workers (other modules run sandboxes too)."""
+    parents = {w.proc.pid for w in workers.values() if w.proc is not None}
     out = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"sandbox/child.py" in f.read():
-                        out.append(int(pid))
-            except OSError:
-                continue
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"sandbox/child.py" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid in parents:
+            out.append(int(pid))
     return out
 
 
@@ -217,10 +223,10 @@ def test_cancel_kills_the_running_program(conn, script, workers):
 
     script.programs = ["while True:\n    pass"]
     job_id = submit(conn, "Loop forever")
-    assert wait_for(lambda: bool(sandboxes_running()), timeout=60), "the program never started"
+    assert wait_for(lambda: bool(sandboxes_running(workers)), timeout=60), "the program never started"
     cancel_query(conn, job_id=job_id, tenant="local")
     conn.commit()
-    assert wait_for(lambda: not sandboxes_running(), timeout=30), "the sandbox outlived its cancelled job"
+    assert wait_for(lambda: not sandboxes_running(workers), timeout=30), "the sandbox outlived its cancelled job"
     job = finished(conn, job_id)
     assert job.status == "cancelled"
     # the worker goes on: the next job runs
@@ -246,7 +252,7 @@ def test_a_cancel_while_sub_calls_run_ends_the_job_and_its_waiting(conn, script,
     conn.commit()
     release.set()
     assert finished(conn, job_id).status == "cancelled"
-    assert wait_for(lambda: not sandboxes_running(), timeout=30)
+    assert wait_for(lambda: not sandboxes_running(workers), timeout=30)
 
 
 def test_the_budget_holds_for_sub_calls_and_the_report_says_it_ran_out(conn, script, workers, llm):
@@ -272,15 +278,18 @@ def test_no_final_within_the_rounds_fails_the_job_with_its_rounds(conn, script, 
     assert [r.output for r in result.code_rounds] == ["thinking\n"] * 4
 
 
-def test_a_program_that_writes_its_own_api_gets_the_real_one_back_and_is_told(conn, script, workers):
+def test_a_program_that_writes_its_own_api_runs_with_the_real_one_and_is_told(conn, script, workers):
     script.programs = [
-        "def read(path):\n    return 'fake'\nprint(read('logs/app.log'))",
-        "print(len(read('logs/app.log').splitlines()))\nfinal('done', [])",
+        "def read(path):\n    return 'fake'\nprint(len(read('logs/app.log').splitlines()))",
+        "if True:\n    def final(a, c):\n        print('mine')\nfinal('done', [])",  # nested: put back next round
+        "final('done', [])",
     ]
     result = result_of(finished(conn, submit(conn, "How long is the log?")))
-    assert [r.output for r in result.code_rounds] == ["fake\n", f"{len(LINES)}\n"]
+    assert [r.output for r in result.code_rounds] == [f"{len(LINES)}\n", "mine\n", ""]
+    assert result.code_rounds[0].code.startswith("def read(path):")  # the round keeps what the model wrote
     told = script.roots[1]["messages"][-1]["content"]
     assert "Your program wrote its own read()" in told and "call them, never define them" in told
+    assert result.response.startswith("done")
 
 
 def test_a_program_run_twice_is_said_and_the_question_is_asked_again(conn, script, workers):

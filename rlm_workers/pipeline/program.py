@@ -115,19 +115,34 @@ def first_message(job: JobRow, outline: dict[str, Any], max_rounds: int) -> str:
     )
 
 
-def redefined(program: str, names: set[str]) -> list[str]:
-    """The API functions a program defines or assigns itself, in its own words (a small model rewrites them)."""
+def keep_api(program: str, names: set[str]) -> tuple[str, list[str]]:
+    """The program to run, without its own top-level definitions of the API's names (a small model writes its own
+    ``read()``, ``final()``… with ``open()`` and placeholders, which would shadow the real ones), and those names.
+    A program that does not parse is run as written, for its error."""
     try:
         tree = ast.parse(program)
     except SyntaxError:
-        return []
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name in names:
-            found.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names:
-            found.add(node.id)
-    return sorted(found)
+        return program, []
+    dropped: set[str] = set()
+    kept = []
+    for node in tree.body:
+        own = _defined_names(node)
+        if own and own <= names:
+            dropped |= own
+            continue
+        kept.append(node)
+    if not dropped:
+        return program, []
+    tree.body = kept
+    return ast.unparse(tree), sorted(dropped)
+
+
+def _defined_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return set()
 
 
 def round_message(
@@ -150,7 +165,7 @@ def round_message(
         listed = ", ".join(f"{n}()" for n in redefined)
         parts.append(
             f"Your program wrote its own {listed}. They already exist and read the real data: call them, never "
-            "define them. Yours were replaced by the real ones for the next round."
+            "define them. Your definitions were left out and the rest of the program ran with the real ones."
         )
     if result.output_chars > len(shown):
         parts.append(f"[output cut: {len(shown)} of {result.output_chars} characters shown]")
@@ -239,12 +254,14 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 break
             program = extract_program(reply)
             sub_before = api.sub_calls
+            mine: list[str] = []
             if program is None:
                 said = " ".join(reply.split())[:300]
                 last = RoundResult(error=f"the reply held no program: write one ```python block (it said: {said!r})")
             else:
+                runnable, mine = keep_api(program, {*API_NAMES, "final"})
                 try:
-                    last = box.run(program)
+                    last = box.run(runnable)
                 except JobCancelled:
                     return "cancelled"
             code_store.save_round(
@@ -270,7 +287,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 max_rounds - number,
                 question=job.query,
                 max_output_chars=room,
-                redefined=redefined(program or "", {*API_NAMES, "final"}),
+                redefined=mine,
                 repeat_of=ran.get(program) if program else None,
             )
             if program:
