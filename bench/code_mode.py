@@ -241,7 +241,8 @@ def main() -> None:
     md = table(rows)
     print(md)
     (REPO / "bench" / "_data").mkdir(exist_ok=True)
-    (REPO / "bench" / "_data" / f"code_mode_{args.what}.json").write_text(json.dumps(rows, indent=1))
+    tag = f"{args.what}_{args.set}_{args.modes.replace(',', '-')}" if args.what == "local" else args.what
+    (REPO / "bench" / "_data" / f"code_mode_{tag}.json").write_text(json.dumps(rows, indent=1))
     publish(name, md, machine_markdown(), write=args.write)
 
 

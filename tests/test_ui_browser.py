@@ -330,6 +330,33 @@ def test_a_thinking_jobs_follow_ups_show_as_a_tree(page, api, keys, analysts):
     page.wait_for_function("() => document.getElementById('report').textContent.includes('follow-up job')")
 
 
+def test_a_code_mode_jobs_rounds_show_as_a_trace_of_text(page, api, keys, analysts, conn):
+    from rlm_workers.models import CodeRound
+    from rlm_workers.store.code import save_round
+
+    sign_in(page, api, keys["a"])
+    job_id = submit(page, api, "How many widgets are there?", "evil", options='{"mode": "code"}')
+    wait_status(page, "failed")  # no model here to write programs: the job says so
+    assert "needs a model that writes programs" in page.text_content("#job-error")
+    # the rounds a model's programs would have left, written by the store as the code stage writes them
+    save_round(conn, job_id=job_id, entry=CodeRound(round=1, code=f"print('{SCRIPT}')", output=f"{IMG}\n", calls=1))
+    save_round(
+        conn,
+        job_id=job_id,
+        entry=CodeRound(round=2, code="x = 1 / 0", output="y" * 50, output_chars=9000, error="ZeroDivisionError"),
+    )
+    conn.commit()
+    page.reload()
+    page.wait_for_selector("#rounds-card:not([hidden]) #rounds li[data-round='2']")
+    programs = page.locator("#rounds pre.program").all_text_contents()
+    assert programs == [f"print('{SCRIPT}')", "x = 1 / 0"]
+    outputs = page.locator("#rounds pre.output").all_text_contents()
+    assert outputs[0] == f"{IMG}\n" and outputs[1].endswith("[first 50 of 9000 characters]")
+    assert page.text_content("#rounds pre.error") == "ZeroDivisionError"
+    assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
+    assert page.dialogs == []
+
+
 def test_buffers_files_and_upload(page, api, keys, tmp_path):
     sign_in(page, api, keys["a"])
     page.goto(f"{api.base}/ui/buffers")

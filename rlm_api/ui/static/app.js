@@ -238,6 +238,15 @@ function jobPage() {
       cell.addEventListener("click", () => setText("batch-detail", detail));
       return cell;
     }));
+    // code mode's trace: each program and what it printed, as text (it quotes user files and model output)
+    show("rounds-card", v.code_rounds.length > 0);
+    $("rounds").replaceChildren(...v.code_rounds.map((r) => el("li", { "data-round": String(r.round) },
+      el("div", { class: "muted", text: r.calls + " calls" + (r.sub_calls ? ", " + r.sub_calls + " sub-model calls" : "") +
+        ", " + r.seconds.toFixed(2) + " s" + (r.ended ? ", sandbox restarted after it" : "") }),
+      el("pre", { class: "program", text: r.code || "(no program)" }),
+      r.output ? el("pre", { class: "output", text: r.output +
+        (r.output_chars > r.output.length ? "\n[first " + r.output.length + " of " + r.output_chars + " characters]" : "") }) : "",
+      r.error ? el("pre", { class: "error", text: r.error }) : "")));
     show("children-card", v.children.length > 0);
     $("children").replaceChildren(...tree(v.children));
     const sources = v.result ? v.result.sources : [];
