@@ -182,6 +182,7 @@ def test_a_program_counts_exactly_and_fans_its_sub_calls_out_as_a_chord(conn, sc
     subs = [r.body for r in llm.requests if r.body.get("model") == "analyst-model"]
     assert len(subs) == len(CAROL_ERRORS)
     assert "rlm.subcall" in workers["an"].log_path.read_text()
+    assert len(job.task_ids) == len(CAROL_ERRORS) + 1  # the chord and its header: Flower links, cancel revokes
     # accounting is exact: every call logged once, and the report's totals are the server's
     assert calls_logged(conn, job.id) == Counter({"code": 2, "subcall": len(CAROL_ERRORS)})
     assert result.llm_calls == 2 + len(CAROL_ERRORS)

@@ -215,7 +215,7 @@ class ProgramApi:
             raise CallError(f"at most {MAX_SUBCALLS_PER_BATCH} prompts per llm_query_batched() call")
         calls = [_subcall(p, i) for i, p in enumerate(prompts)]
         chord_no = next(self._chords)
-        subcalls.launch(self.job, chord_no, calls)
+        subcalls.launch(self.conn, self.job, chord_no, calls)
         self.sub_calls += len(calls)
         return subcalls.wait(
             self.job.id, chord_no, len(calls), should_stop=self.should_stop, timeout=SUBCALL_WAIT_SECONDS

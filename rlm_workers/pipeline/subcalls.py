@@ -29,10 +29,13 @@ from ..errors import BudgetExhausted, JobCancelled, LLMError
 from ..llm import fair
 from ..llm.protocol import CompletionRequest
 from ..runtime.resources import redis_client
+from ..store import jobs as job_store
 from .calls import call_llm
 from .prompts import content_block, load_prompt, system_message
 
 if TYPE_CHECKING:
+    import psycopg
+
     from ..store.jobs import JobRow
 
 log = logging.getLogger("rlm.pipeline.subcalls")
@@ -57,8 +60,9 @@ def _key(job_id: str, chord_no: int) -> str:
     return f"{CODE_KEY_PREFIX}{job_id}:{chord_no}"
 
 
-def launch(job: JobRow, chord_no: int, calls: Sequence[SubCall]) -> None:
-    """Store the calls and send the chord: one ``rlm.subcall`` per call, ``rlm.subcalls_done`` after them."""
+def launch(conn: psycopg.Connection, job: JobRow, chord_no: int, calls: Sequence[SubCall]) -> None:
+    """Store the calls and send the chord: one ``rlm.subcall`` per call, ``rlm.subcalls_done`` after them.  Its
+    task ids join the job's, so Flower links them and a cancel revokes those still queued."""
     app = get_app()
     r = redis_client()
     key = _key(job.id, chord_no)
@@ -79,7 +83,9 @@ def launch(job: JobRow, chord_no: int, calls: Sequence[SubCall]) -> None:
         argsrepr=f"job={job.id} chord={chord_no}", priority=own
     )
     fair.note_queued(job.tenant, n)
-    chord(header, app=app)(body)
+    result = chord(header, app=app)(body)
+    ids = [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]
+    job_store.add_task_ids(conn, job_id=job.id, task_ids=ids)
 
 
 def wait(job_id: str, chord_no: int, n: int, *, should_stop: Callable[[], bool], timeout: float) -> list[str]:
