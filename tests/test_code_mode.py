@@ -173,6 +173,9 @@ def test_a_program_counts_exactly_and_fans_its_sub_calls_out_as_a_chord(conn, sc
     assert job.status == "done", job.error
     assert f"carol has {len(CAROL_ERRORS)} error lines, {DISK} of them about the disk" in result.response
     assert result.mode == "code" and result.route == "code"
+    from rlm_workers.pipeline.report import status_line
+
+    assert "Mode: code (code) | Rounds: 2 |" in status_line(result)
     # every round is on the report: the program as written and what it printed
     assert [r.round for r in result.code_rounds] == [1, 2]
     assert result.code_rounds[0].output == f"{len(LINES)} {len(CAROL_ERRORS)}\n"
