@@ -1,7 +1,10 @@
 """Code mode against ``--scope all`` and ``auto`` on the aggregation sets (#44): accuracy, calls, tokens, wall time.
 
-    python -m bench.code_mode local --set heldout [--modes code,all,auto] [--questions ID,...] [--rounds 4] [--write]
-    python -m bench.code_mode scripted [--write]
+    python -m bench.code_mode local --set heldout [--modes code,all,auto] [--questions ID,...] [--rounds 4]
+    python -m bench.code_mode scripted
+    python -m bench.code_mode report bench/_data/code_mode_*.json --section ID --title T --what W --write
+
+Each run saves its rows under bench/_data; ``report`` writes saved runs into one section of bench/RESULTS.md.
 
 ``local``: the default provider (the local model on this machine), one ``rlm query`` per question and mode
 through the CLI with its in-process worker, as a user runs it.  The held-out set is the headline; it is never
@@ -28,9 +31,11 @@ from bench.aggregation_sets import DEV, HELDOUT, AggregationSet, Question, score
 from bench.harness import (
     REPO,
     ScriptedRun,
+    command_line,
     isolated_env,
     machine_markdown,
     publish,
+    revision,
     stop_servers,
 )
 
@@ -216,6 +221,26 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def save(rows: list[dict], tag: str) -> Path:
+    """The run's rows with what produced them, for ``report`` to publish."""
+    out = REPO / "bench" / "_data" / f"code_mode_{tag}.json"
+    out.parent.mkdir(exist_ok=True)
+    meta = {
+        "command": command_line(),
+        "revision": revision(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return out
+
+
+def section(title: str, runs: list[dict], what: str) -> str:
+    lines = [f"## {title} (`bench/code_mode.py`, issue #44)", ""]
+    lines += [f"- command: `{r['meta']['command']}` at {r['meta']['revision']}; {r['meta']['date']}" for r in runs]
+    lines += [f"- {what}", ""]
+    return "\n".join(lines) + table([row for r in runs for row in r["rows"]])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -226,24 +251,28 @@ def main() -> None:
     local.add_argument("--rounds", type=int, default=4, help="RLM_CODE_MAX_ROUNDS for the runs")
     local.add_argument("--timeout", type=float, default=1800.0, help="seconds one query may take")
     local.add_argument("--keep-servers", action="store_true")
-    local.add_argument("--write", action="store_true", help="write the section of bench/RESULTS.md")
-    scripted = sub.add_parser("scripted", help="the machinery with reference programs, dev set")
-    scripted.add_argument("--write", action="store_true")
+    sub.add_parser("scripted", help="the machinery with reference programs, dev set")
+    report = sub.add_parser("report", help="publish saved runs as one section of bench/RESULTS.md")
+    report.add_argument("runs", nargs="+", type=Path, help="bench/_data/code_mode_*.json files")
+    report.add_argument("--section", required=True, help="the section's id in RESULTS.md")
+    report.add_argument("--title", required=True)
+    report.add_argument("--what", required=True, help="one line: what was run")
+    report.add_argument("--write", action="store_true")
     args = p.parse_args()
+    if args.what == "report":
+        runs = [json.loads(f.read_text()) for f in args.runs]
+        publish(args.section, section(args.title, runs, args.what), machine_markdown(), write=args.write)
+        return
     if args.what == "local":
         if any(m not in MODES for m in args.modes.split(",")):
             p.error(f"--modes: each of {', '.join(MODES)}")
         rows = run_local(args)
-        name = f"Code mode, local model, {args.set} set"
+        tag = f"local_{args.set}_{args.modes.replace(',', '-')}"
     else:
         rows = run_scripted(args)
-        name = "Code mode, scripted server (machinery), dev set"
-    md = table(rows)
-    print(md)
-    (REPO / "bench" / "_data").mkdir(exist_ok=True)
-    tag = f"{args.what}_{args.set}_{args.modes.replace(',', '-')}" if args.what == "local" else args.what
-    (REPO / "bench" / "_data" / f"code_mode_{tag}.json").write_text(json.dumps(rows, indent=1))
-    publish(name, md, machine_markdown(), write=args.write)
+        tag = "scripted"
+    print(table(rows))
+    print(f"saved {save(rows, tag)}")
 
 
 if __name__ == "__main__":
