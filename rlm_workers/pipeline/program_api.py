@@ -150,9 +150,16 @@ class ProgramApi:
         matches: list[dict[str, Any]] = []
         #: (buffer, path) → the last line already searched: chunks overlap, and a line is matched once
         done: dict[tuple[str, str], int] = {}
+        scanned = 0
         texts = iter_chunk_texts(self.conn, buffer_ids=[r.id for r in rows])
         try:
             for cid, buf, path, start, text in texts:
+                scanned += len(text)
+                if scanned > MAX_CHUNKS_CHARS:  # the worker's time is the job's too: one call reads a bounded amount
+                    raise CallError(
+                        f"grep() reads at most {MAX_CHUNKS_CHARS} characters a call and these buffers hold more; "
+                        "give buffer=, or search() first"
+                    )
                 upto = done.get((buf, path), 0)
                 lines = text.split("\n")
                 done[(buf, path)] = max(upto, start + len(lines) - 1)
