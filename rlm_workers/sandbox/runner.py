@@ -118,6 +118,8 @@ class Sandbox:
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, cwd="/"
         )
+        assert self._proc.stdin is not None
+        os.set_blocking(self._proc.stdin.fileno(), False)  # _send writes what the pipe takes, with a deadline
         self._pending = b""
         frame = self._read_frame(time.monotonic() + _START_SECONDS)
         if isinstance(frame, dict) and frame.get("t") == "ready":
@@ -130,7 +132,8 @@ class Sandbox:
         """Run one program; its output, error and final answer come back, never an exception of its own."""
         fresh = not self.running
         self.start()
-        self._send({"t": "run", "code": code})
+        if why := self._send({"t": "run", "code": code}):
+            return self._ended(why, calls=0, fresh=fresh)
         started = time.monotonic()
         waited = 0.0
         calls = 0
@@ -145,7 +148,8 @@ class Sandbox:
                 began = time.monotonic()
                 reply = self._call(frame)
                 waited += time.monotonic() - began
-                self._send(reply)
+                if why := self._send(reply):
+                    return self._ended(why, calls=calls, fresh=fresh)
             elif kind == "done":
                 return self._done(frame, calls, time.monotonic() - started - waited, fresh)
             else:
@@ -196,13 +200,29 @@ class Sandbox:
         self.close()
         return RoundResult(error=why, calls=calls, seconds=round(max(seconds, 0.0), 3), ended=True, fresh=fresh)
 
-    def _send(self, frame: dict[str, Any]) -> None:
+    def _send(self, frame: dict[str, Any]) -> str | None:
+        """Write a frame, never blocking past the round's limit: a program that stops reading its pipe (it can,
+        through the interpreter's internals) must not hold the worker.  Why it could not, or None."""
         assert self._proc is not None and self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(json.dumps(frame).encode() + b"\n")
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # the process has gone: the next read sees its end and says why
+        data = memoryview(json.dumps(frame).encode() + b"\n")
+        fd = self._proc.stdin.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        deadline = time.monotonic() + self.round_seconds
+        while data:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.should_stop():
+                return f"the sandbox stopped reading its input; the round was stopped after {self.round_seconds:g} s"
+            if not poller.poll(min(left, _POLL_SECONDS) * 1000):
+                continue
+            try:
+                sent = os.write(fd, data[: 1 << 16])
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                return None  # the process has gone: the next read sees its end and says why
+            data = data[sent:]
+        return None
 
     def _read_frame(self, deadline: float) -> dict[str, Any] | str:
         """The next frame, or why there is none (time, stop, limit, the process gone)."""

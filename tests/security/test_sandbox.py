@@ -180,6 +180,17 @@ def test_printing_a_gigabyte_is_cut_and_stopped(box):
     assert_alive(box)
 
 
+def test_a_program_that_stops_reading_cannot_hold_the_worker():
+    def big() -> str:
+        return "x" * 10_000_000  # far more than a pipe holds
+
+    with Sandbox({"big": big}, round_seconds=2) as box:
+        frame = '{"t": "call", "name": "big", "args": [], "kwargs": {}}\\n'
+        result = box.run(OS + f"g['write'](1, b'{frame}')\nwhile True:\n    pass")
+        assert result.ended and "stopped reading its input" in result.error
+        assert_alive(box)
+
+
 def test_cancel_stops_a_running_round_and_kills_its_process():
     stop = threading.Event()
     with Sandbox({}, round_seconds=30, should_stop=stop.is_set) as box:
