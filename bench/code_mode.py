@@ -243,7 +243,7 @@ def section(title: str, runs: list[dict], what: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="what", required=True)
+    sub = p.add_subparsers(dest="command", required=True)
     local = sub.add_parser("local", help="the local model through the CLI")
     local.add_argument("--set", choices=sorted(SETS), default="heldout")
     local.add_argument("--modes", default="code,all,auto")
@@ -259,11 +259,11 @@ def main() -> None:
     report.add_argument("--what", required=True, help="one line: what was run")
     report.add_argument("--write", action="store_true")
     args = p.parse_args()
-    if args.what == "report":
+    if args.command == "report":
         runs = [json.loads(f.read_text()) for f in args.runs]
         publish(args.section, section(args.title, runs, args.what), machine_markdown(), write=args.write)
         return
-    if args.what == "local":
+    if args.command == "local":
         if any(m not in MODES for m in args.modes.split(",")):
             p.error(f"--modes: each of {', '.join(MODES)}")
         rows = run_local(args)
