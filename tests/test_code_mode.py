@@ -64,6 +64,9 @@ class Script:
         self.roots: list[dict] = []
         self.lock = threading.Lock()
         self.on_sub: Callable[[str], None] | None = None
+        #: the root model's context, in characters of the whole request (None: no limit)
+        self.context_chars: int | None = None
+        self.refused = 0
 
     def reply(self, model: str, content: str) -> Reply:
         prompt, completion = TOKENS[model]
@@ -71,6 +74,14 @@ class Script:
 
     def __call__(self, req: dict) -> Reply:
         if req.get("model") == "plan-model":
+            size = sum(len(m.get("content") or "") for m in req["messages"])
+            if self.context_chars is not None and size > self.context_chars:
+                self.refused += 1
+                error = {
+                    "message": f"maximum context length exceeded ({size} characters)",
+                    "code": "context_length_exceeded",
+                }
+                return Reply(content=None, status=400, error={"type": "invalid_request_error", **error})
             with self.lock:
                 self.roots.append(req)
                 n = sum(1 for m in req["messages"] if m["role"] == "assistant")
@@ -303,6 +314,23 @@ def test_a_program_run_twice_is_said_and_the_question_is_asked_again(conn, scrip
     first, second = (script.roots[n]["messages"][-1]["content"] for n in (1, 2))
     assert "The question: What is six times seven?" in first and "one of round" not in first
     assert "This program is the one of round 1" in second
+
+
+def test_a_conversation_over_the_models_context_is_cut_and_asked_again(conn, script, workers):
+    script.programs = ["print('x' * 15000)", "final('it fits', [])"]
+    script.context_chars = len(load_code_prompt()) + 12_000
+    job = finished(conn, submit(conn, "Print a lot"))
+    assert job.status == "done", job.error
+    result = result_of(job)
+    assert result.response.startswith("it fits") and script.refused == 1
+    shown = script.roots[-1]["messages"][-1]["content"]
+    assert "[…cut to fit the model's context]" in shown and "The question: Print a lot" in shown
+
+
+def load_code_prompt() -> str:
+    from rlm_workers.pipeline.prompts import load_prompt
+
+    return load_prompt("code")
 
 
 def test_a_reply_without_a_program_is_told_so(conn, script, workers):

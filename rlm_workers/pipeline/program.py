@@ -21,13 +21,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BudgetExhausted, JobCancelled, RLMError
+from ..errors import BudgetExhausted, ContextExceeded, JobCancelled, RLMError
 from ..limits import MAX_CODE_OUTPUT_CHARS
 from ..llm.protocol import CompletionRequest
 from ..llm.replies import cited_chunk_ids
 from ..llm.stage_input import ChunkForPrompt
 from ..llm.structured import CitedAnswer, render_cited
-from ..llm.tokens import CHARS_PER_TOKEN, estimate_tokens
 from ..models import CodeRound, Stage
 from ..runtime.resources import provider
 from ..sandbox.runner import RoundResult, Sandbox
@@ -62,6 +61,12 @@ _ROUND_FRAME_TOKENS = 200
 _MESSAGE_TOKENS = 4
 #: the least of a round's output the model is shown, however small its context
 _MIN_OUTPUT_TOKENS = 100
+#: characters a token of a round's output: the data it quotes tokenizes denser than prose (llm/tokens.py's 4)
+_DATA_CHARS_PER_TOKEN = 3
+#: asks of one round's reply, each smaller, when the server says the conversation is over its context
+_FIT_ATTEMPTS = 4
+#: what cutting the newest message keeps of its end: the round's error, the question, the rounds left
+_KEPT_TAIL_CHARS = 600
 #: how often a running round asks whether the job was cancelled
 _STOP_CHECK_SECONDS = 1.0
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
@@ -192,7 +197,39 @@ def reply_tokens(settings: Settings) -> int:
 
 
 def _conversation_tokens(messages: list[dict[str, Any]]) -> int:
-    return sum(estimate_tokens(m["content"]) + _MESSAGE_TOKENS for m in messages)
+    # output quotes data (times, ids, numbers), which tokenizes denser than prose: counted at 3 characters a token
+    return sum(len(m["content"]) // _DATA_CHARS_PER_TOKEN + _MESSAGE_TOKENS for m in messages)
+
+
+def _ask(conn: psycopg.Connection, job_id: str, settings: Settings, messages: list[dict[str, Any]]) -> str:
+    """The root model's reply to the conversation; a server that finds it longer than its context has it made
+    smaller (``shrink``) and asked again, a few times, instead of failing the job."""
+    for attempt in range(_FIT_ATTEMPTS):
+        request = CompletionRequest(
+            role="code", model=settings.primary_model, messages=messages, max_tokens=reply_tokens(settings)
+        )
+        try:
+            return call_llm(conn, job_id=job_id, stage="code", request=request).text
+        except ContextExceeded:
+            if attempt == _FIT_ATTEMPTS - 1 or not shrink(messages):
+                raise
+            log.info("job %s: the conversation was over the model's context; asking again smaller", job_id)
+    raise AssertionError("unreachable")
+
+
+def shrink(messages: list[dict[str, Any]]) -> bool:
+    """Make the conversation smaller: drop the oldest round, or, with none left to drop, cut the newest message
+    to half, keeping its end (the question and what to do next).  False when there is nothing left to cut."""
+    if len(messages) > 4:
+        del messages[2:4]
+        return True
+    last = messages[-1]
+    text = last["content"]
+    if len(messages) < 3 or len(text) < 2 * _KEPT_TAIL_CHARS:
+        return False
+    head = text[: max(0, len(text) // 2 - _KEPT_TAIL_CHARS)]
+    last["content"] = f"{head}\n[…cut to fit the model's context]\n{text[-_KEPT_TAIL_CHARS:]}"
+    return True
 
 
 def output_room(messages: list[dict[str, Any]], settings: Settings) -> int:
@@ -207,8 +244,8 @@ def output_room(messages: list[dict[str, Any]], settings: Settings) -> int:
     limit = settings.model_context - reply_tokens(settings) - _ROUND_FRAME_TOKENS
     while _conversation_tokens(messages) > limit - _MIN_OUTPUT_TOKENS and len(messages) > 3:
         del messages[2:4]  # the oldest round: its program and what it printed
-    room = (limit - _conversation_tokens(messages)) * CHARS_PER_TOKEN
-    return max(_MIN_OUTPUT_TOKENS * CHARS_PER_TOKEN, min(MAX_CODE_OUTPUT_CHARS, room))
+    room = (limit - _conversation_tokens(messages)) * _DATA_CHARS_PER_TOKEN
+    return max(_MIN_OUTPUT_TOKENS * _DATA_CHARS_PER_TOKEN, min(MAX_CODE_OUTPUT_CHARS, room))
 
 
 def run(ctx: StageContext) -> str:
@@ -244,11 +281,8 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     with Sandbox(api.functions(), should_stop=stop) as box:
         for number in range(1, max_rounds + 1):
             lease.beat()
-            request = CompletionRequest(
-                role="code", model=settings.primary_model, messages=messages, max_tokens=reply_tokens(settings)
-            )
             try:
-                reply = call_llm(conn, job_id=job.id, stage="code", request=request).text
+                reply = _ask(conn, job.id, settings, messages)
             except BudgetExhausted as exc:
                 spent = exc
                 break
