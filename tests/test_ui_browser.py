@@ -189,6 +189,8 @@ def test_cancel_a_running_job(page, api, keys, control, tmp_path):
     wait_status(page, "running")
     page.wait_for_selector("#grid .cell.queued")
     assert page.is_visible("#cancel")
+    # the batches are stored before the chord is sent and its task ids with it: the next poll shows them
+    page.wait_for_selector("#tasks a")
     tasks = page.locator("#tasks a")
     assert tasks.count() >= 1 and tasks.first.get_attribute("href").startswith("http://flower.test:5555/task/")
     shot(page, tmp_path, "job-running")
