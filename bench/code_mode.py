@@ -238,7 +238,7 @@ def section(title: str, runs: list[dict], what: str) -> str:
     lines = [f"## {title} (`bench/code_mode.py`, issue #44)", ""]
     lines += [f"- command: `{r['meta']['command']}` at {r['meta']['revision']}; {r['meta']['date']}" for r in runs]
     lines += [f"- {what}", ""]
-    return "\n".join(lines) + table([row for r in runs for row in r["rows"]])
+    return "\n".join(lines) + "\n" + table([row for r in runs for row in r["rows"]])
 
 
 def main() -> None:
