@@ -211,12 +211,11 @@ def _api_function(channel, name):
     def call(*args, **kwargs):
         frame = {"t": "call", "name": name, "args": list(args), "kwargs": kwargs}
         try:
-            json.dumps(frame)
+            channel.send(frame)  # encoded before anything is written: a value that is not JSON sends nothing
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"{name}(): arguments must be JSON values (str, int, float, bool, None, list, dict): {exc}"
             ) from None
-        channel.send(frame)
         reply = channel.receive()
         if reply.get("t") == "result":
             return reply.get("value")

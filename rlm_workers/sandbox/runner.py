@@ -132,7 +132,7 @@ class Sandbox:
         """Run one program; its output, error and final answer come back, never an exception of its own."""
         fresh = not self.running
         self.start()
-        if why := self._send({"t": "run", "code": code}):
+        if why := self._send(_line({"t": "run", "code": code})):
             return self._ended(why, calls=0, fresh=fresh)
         started = time.monotonic()
         waited = 0.0
@@ -166,20 +166,19 @@ class Sandbox:
             if pipe is not None:
                 pipe.close()
 
-    def _call(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, frame: dict[str, Any]) -> bytes:
+        """The answer to a call frame, encoded: the function's JSON value, or the error the program is told."""
         name = frame.get("name")
         fn = self.api.get(name) if isinstance(name, str) else None
         args, kwargs = frame.get("args"), frame.get("kwargs")
         if fn is None or not isinstance(args, list) or not isinstance(kwargs, dict):
-            return {"t": "error", "message": f"no such API function: {str(name)[:80]!r}"}
+            return _line({"t": "error", "message": f"no such API function: {str(name)[:80]!r}"})
         try:
-            reply = {"t": "result", "value": fn(*args, **kwargs)}
-            json.dumps(reply)
+            return _line({"t": "result", "value": fn(*args, **kwargs)})
         except CallError as exc:
-            return {"t": "error", "message": str(exc)}
+            return _line({"t": "error", "message": str(exc)})
         except TypeError as exc:  # wrong arguments from the program: its error, told to it
-            return {"t": "error", "message": f"{name}(): {exc}"}
-        return reply
+            return _line({"t": "error", "message": f"{name}(): {exc}"})
 
     def _done(self, frame: dict[str, Any], calls: int, seconds: float, fresh: bool) -> RoundResult:
         try:
@@ -200,11 +199,11 @@ class Sandbox:
         self.close()
         return RoundResult(error=why, calls=calls, seconds=round(max(seconds, 0.0), 3), ended=True, fresh=fresh)
 
-    def _send(self, frame: dict[str, Any]) -> str | None:
-        """Write a frame, never blocking past the round's limit: a program that stops reading its pipe (it can,
-        through the interpreter's internals) must not hold the worker.  Why it could not, or None."""
+    def _send(self, line: bytes) -> str | None:
+        """Write an encoded frame, never blocking past the round's limit: a program that stops reading its pipe (it
+        can, through the interpreter's internals) must not hold the worker.  Why it could not, or None."""
         assert self._proc is not None and self._proc.stdin is not None
-        data = memoryview(json.dumps(frame).encode() + b"\n")
+        data = memoryview(line)
         fd = self._proc.stdin.fileno()
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
@@ -258,3 +257,8 @@ class Sandbox:
         if code < 0:
             return f"the sandbox process was killed by signal {-code}"
         return f"the sandbox process exited (status {code})"
+
+
+def _line(frame: dict[str, Any]) -> bytes:
+    """A frame as the child reads it: one line of JSON (a value that is not JSON raises TypeError)."""
+    return json.dumps(frame).encode() + b"\n"
