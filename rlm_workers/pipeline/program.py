@@ -40,6 +40,7 @@ from .flow import OK, StageContext, StageLease, StageTimer, fail_job
 from .program_api import API_NAMES, ProgramApi
 from .prompts import content_block, escape_content, load_prompt, system_message
 from .report import cited_entry, result_for, store_report
+from .tools import as_chunk_id
 
 if TYPE_CHECKING:
     import psycopg
@@ -368,7 +369,7 @@ def _finish(conn: psycopg.Connection, job: JobRow, api: ProgramApi, last: RoundR
     """The report of ``final()``: the answer, its citations resolved to the chunks the program was handed."""
     assert last.final is not None
     citations = last.final.citations
-    ids = [_chunk_id(c) for c in citations]
+    ids = [as_chunk_id(c) for c in citations]
     usable = [i for i in dict.fromkeys(ids) if i is not None and i in api.seen]
     rows = get_chunks(conn, tenant=job.tenant, chunk_ids=usable)
     shown = {cid: ChunkForPrompt.of(rows[cid]) for cid in usable if cid in rows}
@@ -380,15 +381,6 @@ def _finish(conn: psycopg.Connection, job: JobRow, api: ProgramApi, last: RoundR
     kept = [cited_entry(rows[cid], shown[cid].text, "cited by the program's answer") for cid in cited if cid in rows]
     _store(conn, job, response, Collected(kept=kept, read=sorted(api.seen)), None)
     return OK
-
-
-def _chunk_id(cited: int | str) -> int | None:
-    if isinstance(cited, bool):
-        return None
-    if isinstance(cited, int):
-        return cited
-    digits = cited.strip()
-    return int(digits) if digits.isdigit() and len(digits) <= 18 else None
 
 
 def _store(

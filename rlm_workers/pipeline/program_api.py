@@ -9,7 +9,8 @@ the program was handed are remembered (``seen``): the answer may cite those, and
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 from ..limits import MAX_CODE_FRAME_BYTES, MAX_QUERY_BYTES
@@ -114,26 +115,22 @@ class ProgramApi:
         Neighbouring chunks may overlap by a few lines: count lines with ``read`` or ``grep``, not here."""
         _optional_str(path, "path")
         names = self._buffers(buffer)
-        rows = require_buffers(self.conn, tenant=self.job.tenant, names=names)
-        out: list[dict[str, Any]] = []
-        size = 0
-        texts = iter_chunk_texts(self.conn, buffer_ids=[r.id for r in rows])
-        try:
-            for cid, buf, file_path, start, text in texts:
-                if path is not None and file_path != path:
-                    continue
-                size += len(text)
-                if size > MAX_CHUNKS_CHARS:
-                    raise CallError(
-                        f"chunks() would hand over more than {MAX_CHUNKS_CHARS} characters; "
-                        "read one file at a time (chunks(path=...)) or grep()/search() first"
-                    )
-                end = start + text.count("\n")
-                out.append(
-                    {"id": cid, "buffer": buf, "path": file_path, "start_line": start, "end_line": end, "text": text}
-                )
-        finally:
-            texts.close()
+        too_much = (
+            f"chunks() would hand over more than {MAX_CHUNKS_CHARS} characters; "
+            "read one file at a time (chunks(path=...)) or grep()/search() first"
+        )
+        with closing(self._texts(names, too_much, path=path)) as texts:
+            out: list[dict[str, Any]] = [
+                {
+                    "id": cid,
+                    "buffer": buf,
+                    "path": p,
+                    "start_line": start,
+                    "end_line": start + text.count("\n"),
+                    "text": text,
+                }
+                for cid, buf, p, start, text in texts
+            ]
         if path is not None and not out:
             raise CallError(f"no file {path!r} in {', '.join(names)}; outline() lists the files")
         self.seen.update(c["id"] for c in out)
@@ -146,20 +143,15 @@ class ProgramApi:
         except ToolError as exc:
             raise CallError(str(exc)) from None
         _bounded_int(max_results, "max_results", 1, MAX_GREP_LINES)
-        rows = require_buffers(self.conn, tenant=self.job.tenant, names=self._buffers(buffer))
         matches: list[dict[str, Any]] = []
         #: (buffer, path) → the last line already searched: chunks overlap, and a line is matched once
         done: dict[tuple[str, str], int] = {}
-        scanned = 0
-        texts = iter_chunk_texts(self.conn, buffer_ids=[r.id for r in rows])
-        try:
+        too_much = (
+            f"grep() reads at most {MAX_CHUNKS_CHARS} characters a call and these buffers hold more; "
+            "give buffer=, or search() first"
+        )
+        with closing(self._texts(self._buffers(buffer), too_much)) as texts:
             for cid, buf, path, start, text in texts:
-                scanned += len(text)
-                if scanned > MAX_CHUNKS_CHARS:  # the worker's time is the job's too: one call reads a bounded amount
-                    raise CallError(
-                        f"grep() reads at most {MAX_CHUNKS_CHARS} characters a call and these buffers hold more; "
-                        "give buffer=, or search() first"
-                    )
                 upto = done.get((buf, path), 0)
                 lines = text.split("\n")
                 done[(buf, path)] = max(upto, start + len(lines) - 1)
@@ -174,8 +166,6 @@ class ProgramApi:
                             break
                 if len(matches) >= max_results:
                     break
-        finally:
-            texts.close()
         self.seen.update(m["chunk_id"] for m in matches)
         return matches
 
@@ -227,6 +217,26 @@ class ProgramApi:
         return subcalls.wait(
             self.job.id, chord_no, len(calls), should_stop=self.should_stop, timeout=SUBCALL_WAIT_SECONDS
         )
+
+    def _texts(
+        self, names: list[str], too_much: str, *, path: str | None = None
+    ) -> Generator[tuple[int, str, str, int, str], None, None]:
+        """(chunk id, buffer, path, start line, text) of the buffers' chunks (one file's, with ``path``) in reading
+        order; past ``MAX_CHUNKS_CHARS`` characters, ``too_much`` as a ``CallError``: the worker's time is the job's
+        too, so one call reads a bounded amount.  Close it (``contextlib.closing``) to end the cursor at once."""
+        rows = require_buffers(self.conn, tenant=self.job.tenant, names=names)
+        size = 0
+        texts = iter_chunk_texts(self.conn, buffer_ids=[r.id for r in rows])
+        try:
+            for row in texts:
+                if path is not None and row[2] != path:
+                    continue
+                size += len(row[4])
+                if size > MAX_CHUNKS_CHARS:
+                    raise CallError(too_much)
+                yield row
+        finally:
+            texts.close()
 
     def _buffers(self, buffer: str | None) -> list[str]:
         _optional_str(buffer, "buffer")

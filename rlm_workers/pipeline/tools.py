@@ -259,12 +259,23 @@ def _buffers(ctx: ToolContext, args: dict[str, Any]) -> list[str]:
     return names
 
 
+def as_chunk_id(value: Any) -> int | None:
+    """A chunk id a model gave: an int, or a digit string (small models quote numbers, "5"); None for anything
+    else (a bool, a word, a number too long to be an id)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 18:
+        return int(value)
+    return None
+
+
 def _get_chunks(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    ids = args.get("chunk_ids")
-    if isinstance(ids, list):
-        # small models quote numbers ("5"); a digit string means the same id, anything else is refused below
-        ids = [int(i) if isinstance(i, str) and i.strip().isdigit() and len(i.strip()) <= 18 else i for i in ids]
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    given = args.get("chunk_ids")
+    found = [as_chunk_id(i) for i in given] if isinstance(given, list) else [None]
+    ids = [i for i in found if i is not None]
+    if len(ids) != len(found):
         raise ToolError("chunk_ids must be a list of integers")
     if len(ids) > MAX_CHUNKS_PER_CALL:
         raise ToolError(f"at most {MAX_CHUNKS_PER_CALL} chunk ids per call")
