@@ -19,6 +19,8 @@ from .flow import TASK, Stage, StageContext
 from .salvage import watchdog_countdown
 
 if TYPE_CHECKING:
+    from celery import Celery, Signature
+
     from ..store.jobs import JobRow
 
 
@@ -39,6 +41,14 @@ def run(ctx: StageContext) -> str:
         return _launch(ctx, job)
 
 
+def send_chord(app: Celery, header: list[Signature], body: Signature, *, tenant: str) -> list[str]:
+    """Send a flat chord of ``tenant``'s tasks; the ids of its callback and header tasks, for the job's record.
+    The fan-out's analysts and a code-mode program's sub-calls are both sent here."""
+    fair.note_queued(tenant, len(header))  # its tasks may queue behind another tenant's: docs/contract.md#fair-share
+    result = chord(header, app=app)(body)
+    return [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]
+
+
 def _launch(ctx: StageContext, job: JobRow) -> str:
     app = get_app()
 
@@ -55,9 +65,7 @@ def _launch(ctx: StageContext, job: JobRow) -> str:
     # the callback is sent by whichever analyst ends last: named here, its priority is the job's, not the tail's
     body = app.signature(TASK[Stage.collect], (job.id,), immutable=True).set(argsrepr=f"job={job.id}", priority=own)
     body.link_error(app.signature("rlm.salvage", (job.id,), immutable=True).set(argsrepr=f"job={job.id}", priority=own))
-    fair.note_queued(job.tenant, n)  # its tasks may queue behind another tenant's: docs/contract.md#fair-share
-    result = chord(header, app=app)(body)
-    ids = [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]
+    ids = send_chord(app, header, body, tenant=job.tenant)
     job_store.add_task_ids(ctx.conn, job_id=job.id, task_ids=ids)
     app.send_task("rlm.watchdog", (job.id,), countdown=watchdog_countdown(ctx.settings), argsrepr=f"job={job.id}")
     return f"{n} batches"

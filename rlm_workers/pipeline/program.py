@@ -221,8 +221,7 @@ def _ask(conn: psycopg.Connection, job_id: str, settings: Settings, messages: li
 def shrink(messages: list[dict[str, Any]]) -> bool:
     """Make the conversation smaller: drop the oldest round, or, with none left to drop, cut the newest message
     to half, keeping its end (the question and what to do next).  False when there is nothing left to cut."""
-    if len(messages) > 4:
-        del messages[2:4]
+    if _drop_oldest_round(messages):
         return True
     last = messages[-1]
     text = last["content"]
@@ -230,6 +229,15 @@ def shrink(messages: list[dict[str, Any]]) -> bool:
         return False
     head = text[: max(0, len(text) // 2 - _KEPT_TAIL_CHARS)]
     last["content"] = f"{head}\n[…cut to fit the model's context]\n{text[-_KEPT_TAIL_CHARS:]}"
+    return True
+
+
+def _drop_oldest_round(messages: list[dict[str, Any]], keep: int = 2) -> bool:
+    """Drop the oldest round (its program and what it printed) when more than ``keep`` messages follow the system
+    prompt and the question; whether one was dropped."""
+    if len(messages) - 2 <= keep:
+        return False
+    del messages[2:4]
     return True
 
 
@@ -243,8 +251,8 @@ def output_room(messages: list[dict[str, Any]], settings: Settings) -> int:
     if not settings.model_context:
         return MAX_CODE_OUTPUT_CHARS
     limit = settings.model_context - reply_tokens(settings) - _ROUND_FRAME_TOKENS
-    while _conversation_tokens(messages) > limit - _MIN_OUTPUT_TOKENS and len(messages) > 3:
-        del messages[2:4]  # the oldest round: its program and what it printed
+    while _conversation_tokens(messages) > limit - _MIN_OUTPUT_TOKENS and _drop_oldest_round(messages, keep=1):
+        pass
     room = (limit - _conversation_tokens(messages)) * _DATA_CHARS_PER_TOKEN
     return max(_MIN_OUTPUT_TOKENS * _DATA_CHARS_PER_TOKEN, min(MAX_CODE_OUTPUT_CHARS, room))
 
@@ -333,7 +341,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
         response = (
             f"_The budget was exhausted ({spent.reason}) before the program gave its answer; its last output:_{said}"
         )
-        _store(conn, job, response, Collected(read=sorted(api.seen)), None)
+        _store(conn, job, response, Collected(read=sorted(api.seen)))
         return OK
     error = RLMError(
         f"the program gave no answer within {max_rounds} rounds (RLM_CODE_MAX_ROUNDS); its rounds are in the report"
@@ -379,16 +387,16 @@ def _finish(conn: psycopg.Connection, job: JobRow, api: ProgramApi, last: RoundR
         response += f"\n\n_Cited but left out, not chunks the program was handed: {', '.join(left_out[:20])}{more}_"
     cited = cited_chunk_ids(response, shown)
     kept = [cited_entry(rows[cid], shown[cid].text, "cited by the program's answer") for cid in cited if cid in rows]
-    _store(conn, job, response, Collected(kept=kept, read=sorted(api.seen)), None)
+    _store(conn, job, response, Collected(kept=kept, read=sorted(api.seen)))
     return OK
 
 
-def _store(
-    conn: psycopg.Connection, job: JobRow, response: str, collected: Collected, error: BaseException | None
-) -> None:
+def _store(conn: psycopg.Connection, job: JobRow, response: str, collected: Collected) -> None:
+    """End the job done, with its report."""
+
     def store(c: psycopg.Connection) -> None:
         with c.transaction():
             job_store.save_collected(c, job_id=job.id, collected=collected)
-            store_report(c, job_store.reread_job(c, job_id=job.id), response, collected, error)
+            store_report(c, job_store.reread_job(c, job_id=job.id), response, collected, None)
 
     durable_write(conn, store, what=f"code mode's report of job {job.id}")

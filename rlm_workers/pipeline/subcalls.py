@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from celery import chord
-
 from ..celery_app import get_app
 from ..config import get_settings
 from ..constants import CODE_KEY_PREFIX
@@ -31,6 +29,7 @@ from ..llm.protocol import CompletionRequest
 from ..runtime.resources import redis_client
 from ..store import jobs as job_store
 from .calls import call_llm
+from .fanout import send_chord
 from .prompts import content_block, load_prompt, system_message
 
 if TYPE_CHECKING:
@@ -82,10 +81,7 @@ def launch(conn: psycopg.Connection, job: JobRow, chord_no: int, calls: Sequence
     body = app.signature("rlm.subcalls_done", (job.id, chord_no), immutable=True).set(
         argsrepr=f"job={job.id} chord={chord_no}", priority=own
     )
-    fair.note_queued(job.tenant, n)
-    result = chord(header, app=app)(body)
-    ids = [result.id] + [r.id for r in (result.parent.results if result.parent is not None else [])]
-    job_store.add_task_ids(conn, job_id=job.id, task_ids=ids)
+    job_store.add_task_ids(conn, job_id=job.id, task_ids=send_chord(app, header, body, tenant=job.tenant))
 
 
 def wait(job_id: str, chord_no: int, n: int, *, should_stop: Callable[[], bool], timeout: float) -> list[str]:
