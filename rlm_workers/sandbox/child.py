@@ -330,7 +330,8 @@ def main(argv):
         frame = channel.receive()
         if frame.get("t") != "run":
             return 0
-        number += 1
+        # the worker's round number, so a traceback names the round the model is shown; a count when not sent
+        number = frame["round"] if isinstance(frame.get("round"), int) else number + 1
         namespace.update(api)  # a program that defined its own read() or final() gets the real ones back
         channel.send(_run(str(frame.get("code", "")), number, namespace, state, output_limit))
 

@@ -128,11 +128,15 @@ class Sandbox:
         detail = frame.get("message") if isinstance(frame, dict) else frame
         raise SandboxUnavailable(f"the code sandbox could not start on this host: {detail}")
 
-    def run(self, code: str) -> RoundResult:
-        """Run one program; its output, error and final answer come back, never an exception of its own."""
+    def run(self, code: str, number: int | None = None) -> RoundResult:
+        """Run one program (round ``number``, which its traceback names); its output, error and final answer come
+        back, never an exception of its own."""
         fresh = not self.running
         self.start()
-        if why := self._send(_line({"t": "run", "code": code})):
+        request: dict[str, Any] = {"t": "run", "code": code}
+        if number is not None:
+            request["round"] = number
+        if why := self._send(_line(request)):
             return self._ended(why, calls=0, fresh=fresh)
         started = time.monotonic()
         waited = 0.0
