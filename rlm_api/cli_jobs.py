@@ -165,7 +165,8 @@ def _print_round(r: CodeRound) -> None:
     """One round of code mode: its program, then what it printed (cut as the model saw it) and its error."""
     sub = f", {r.sub_calls} sub-model calls" if r.sub_calls else ""
     ended = ", sandbox restarted after it" if r.ended else ""
-    typer.echo(f"  round {r.round}: {r.calls} calls{sub}, {r.seconds:.2f}s{ended}")
+    look = " (the stage's look at the data, no model call)" if r.round == 0 else ""
+    typer.echo(f"  round {r.round}{look}: {r.calls} calls{sub}, {r.seconds:.2f}s{ended}")
     for line in (r.code or "(no program)").splitlines():
         typer.echo(f"    | {line}")
     if r.output:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+from rlm_workers.pipeline.program import LOOK_PROGRAM as LOOK
 from tests.support.jobs import wait_for
 from tests.support.scripted_llm import Reply, last_user_message
 from tests.support.workers import running_workers, scripted_env
@@ -84,7 +85,8 @@ class Script:
                 return Reply(content=None, status=400, error={"type": "invalid_request_error", **error})
             with self.lock:
                 self.roots.append(req)
-                n = sum(1 for m in req["messages"] if m["role"] == "assistant")
+                # the stage's own round 0 is not one of these programs (and a small context may have dropped it)
+                n = sum(1 for m in req["messages"] if m["role"] == "assistant" and LOOK not in m["content"])
             program = self.programs[min(n, len(self.programs) - 1)]
             return self.reply("plan-model", f"Here is the program.\n\n```python\n{program.strip()}\n```\n")
         text = last_user_message(req)
@@ -188,10 +190,12 @@ def test_a_program_counts_exactly_and_fans_its_sub_calls_out_as_a_chord(conn, sc
 
     assert "Mode: code (code) | Rounds: 2 |" in status_line(result)
     # every round is on the report: the program as written and what it printed
-    assert [r.round for r in result.code_rounds] == [1, 2]
-    assert result.code_rounds[0].output == f"{len(LINES)} {len(CAROL_ERRORS)}\n"
-    assert result.code_rounds[1].sub_calls == len(CAROL_ERRORS) and result.code_rounds[1].error is None
-    assert "llm_query_batched" in result.code_rounds[1].code
+    assert [r.round for r in result.code_rounds] == [0, 1, 2]
+    look = result.code_rounds[0]  # the stage's own look at the data, before any model call
+    assert look.output.startswith("2 files\n") and LINES[0] in look.output and look.error is None
+    assert result.code_rounds[1].output == f"{len(LINES)} {len(CAROL_ERRORS)}\n"
+    assert result.code_rounds[2].sub_calls == len(CAROL_ERRORS) and result.code_rounds[2].error is None
+    assert "llm_query_batched" in result.code_rounds[2].code
     # one sub-model call per error line, each its own rlm.subcall task on the analyst worker
     subs = [r.body for r in llm.requests if r.body.get("model") == "analyst-model"]
     assert len(subs) == len(CAROL_ERRORS)
@@ -227,7 +231,7 @@ def test_a_hostile_program_is_stopped_and_the_next_round_goes_on(conn, script, w
     job = finished(conn, submit(conn, "What does the log say?"))
     result = result_of(job)
     assert job.status == "done" and result.response.startswith("nothing to see")
-    first, second = result.code_rounds[0], result.code_rounds[1]
+    first, second = result.code_rounds[1], result.code_rounds[2]
     assert "Operation not permitted" in first.error and "root:" not in first.output
     assert "import of 'os' is not allowed in the sandbox" in second.error
     assert all(w.alive for w in workers.values())
@@ -280,7 +284,7 @@ def test_the_budget_holds_for_sub_calls_and_the_report_says_it_ran_out(conn, scr
     assert job.status == "done"
     logged = calls_logged(conn, job.id)
     assert sum(logged.values()) == result.llm_calls <= 4
-    said = result.code_rounds[0].output
+    said = result.code_rounds[1].output
     assert said.count("not run: the budget is spent") == 6 - logged["subcall"]
     assert "budget was exhausted" in result.response and result.budget.exhausted
 
@@ -290,7 +294,7 @@ def test_no_final_within_the_rounds_fails_the_job_with_its_rounds(conn, script, 
     job = finished(conn, submit(conn, "Never answers"))
     assert job.status == "failed" and "no answer within 4 rounds" in job.error.message
     result = result_of(job)
-    assert [r.output for r in result.code_rounds] == ["thinking\n"] * 4
+    assert [r.output for r in result.code_rounds[1:]] == ["thinking\n"] * 4
 
 
 def test_a_program_that_writes_its_own_api_runs_with_the_real_one_and_is_told(conn, script, workers):
@@ -300,8 +304,8 @@ def test_a_program_that_writes_its_own_api_runs_with_the_real_one_and_is_told(co
         "final('done', [])",
     ]
     result = result_of(finished(conn, submit(conn, "How long is the log?")))
-    assert [r.output for r in result.code_rounds] == [f"{len(LINES)}\n", "mine\n", ""]
-    assert result.code_rounds[0].code.startswith("def read(path):")  # the round keeps what the model wrote
+    assert [r.output for r in result.code_rounds[1:]] == [f"{len(LINES)}\n", "mine\n", ""]
+    assert result.code_rounds[1].code.startswith("def read(path):")  # the round keeps what the model wrote
     told = script.roots[1]["messages"][-1]["content"]
     assert "Your program wrote its own read()" in told and "call them, never define them" in told
     assert result.response.startswith("done")
@@ -322,7 +326,8 @@ def test_a_conversation_over_the_models_context_is_cut_and_asked_again(conn, scr
     job = finished(conn, submit(conn, "Print a lot"))
     assert job.status == "done", job.error
     result = result_of(job)
-    assert result.response.startswith("it fits") and script.refused == 1
+    # asked again twice: without the oldest round (the stage's round 0), then with the newest output cut
+    assert result.response.startswith("it fits") and script.refused == 2
     shown = script.roots[-1]["messages"][-1]["content"]
     assert "[…cut to fit the model's context]" in shown and "The question: Print a lot" in shown
 
@@ -337,7 +342,7 @@ def test_a_reply_without_a_program_is_told_so(conn, script, workers):
     script.programs = ["", "final('ok', [])"]
     job = finished(conn, submit(conn, "Say ok"))
     assert job.status == "done"
-    assert "held no program" in result_of(job).code_rounds[0].error
+    assert "held no program" in result_of(job).code_rounds[1].error
 
 
 def test_citations_the_program_never_read_are_left_out_and_said(conn, script, workers):
@@ -370,8 +375,9 @@ def test_code_prompt_lists_exactly_what_the_sandbox_allows():
     assert listed == list(ALLOWED_MODULES)
     assert f"{MAX_CODE_OUTPUT_CHARS:,}" in prompt
     offered = ProgramApi(None, None, None, lambda: False).functions()  # type: ignore[arg-type]
+    api = prompt.split("## What a program can call", 1)[1].split("\n## ", 1)[0]
     for name in [*offered, "final"]:
-        assert f"`{name}(" in prompt, name
+        assert re.search(rf"`(\w+ = )?{name}\(", api), name
 
 
 def test_the_program_is_read_from_fenced_blocks_or_a_reply_that_is_code():

@@ -38,7 +38,7 @@ from ..store.job_state import Collected
 from .calls import call_llm
 from .flow import OK, StageContext, StageLease, StageTimer, fail_job
 from .program_api import API_NAMES, ProgramApi
-from .prompts import content_block, escape_content, load_prompt, system_message
+from .prompts import content_block, escape_content, load_prompt, quote_field, system_message
 from .report import cited_entry, result_for, store_report
 from .tools import as_chunk_id
 
@@ -57,6 +57,15 @@ CODE_MAX_TOKENS = 1024
 OLD_OUTPUT_CHARS = 1500
 #: files the first message lists per buffer (outline() gives them all)
 SHOWN_FILES = 40
+#: round 0, the stage's own program (no model call): the files and their first lines.  The model starts from a
+#: conversation that already calls the API on its data, which a small model follows instead of writing its own
+#: ``read()``, and writes its first filter against how the lines really look
+LOOK_PROGRAM = """\
+files = [(b["name"], f["path"]) for b in outline()["buffers"] for f in b["files"]]
+print(len(files), "files")
+for buffer, path in files[:3]:
+    print(f"--- {path} ({buffer}), lines 1-8:")
+    print(read(path, 1, 8, buffer=buffer))"""
 #: a round message's words around its output, and each message's own overhead, in tokens
 _ROUND_FRAME_TOKENS = 200
 _MESSAGE_TOKENS = 4
@@ -108,15 +117,21 @@ class _StopCheck:
 
 
 def first_message(job: JobRow, outline: dict[str, Any], max_rounds: int) -> str:
+    """The question and the buffers' files (names quoted: they are the uploader's)."""
     lines = []
     for b in outline["buffers"]:
-        lines.append(f"- buffer `{b['name']}`: {b['file_count']} files, {b['chunk_count']} chunks, {b['bytes']} bytes")
-        lines += [f"  - {f['path']} ({f['bytes']} bytes, {f['chunks']} chunks)" for f in b["files"][:SHOWN_FILES]]
+        lines.append(
+            f"- buffer {quote_field(b['name'])}: {b['file_count']} files, {b['chunk_count']} chunks, {b['bytes']} bytes"
+        )
+        lines += [
+            f"  - {quote_field(f['path'])} ({f['bytes']} bytes, {f['chunks']} chunks)" for f in b["files"][:SHOWN_FILES]
+        ]
         if b["file_count"] > SHOWN_FILES:
             lines.append(f"  - … {b['file_count'] - SHOWN_FILES} more: outline() lists them")
     return (
-        f"## Question\n\n{escape_content(job.query)}\n\n## Buffers\n\n" + "\n".join(lines) + "\n\n"
-        f"## Reply\n\nWrite the first program: one ```python block. You have {max_rounds} rounds; "
+        f"## Question\n\n{escape_content(job.query)}\n\n## Buffers\n\n"
+        + "\n".join(lines)
+        + f"\n\n## Reply\n\nWrite the first program: one ```python block. You have {max_rounds} rounds; "
         "call final(answer, citations) as soon as the output shows the answer."
     )
 
@@ -288,6 +303,15 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     #: each program run, by its text: the round it first ran in
     ran: dict[str, int] = {}
     with Sandbox(api.functions(), should_stop=stop) as box:
+        try:
+            look = box.run(LOOK_PROGRAM, 0)
+        except JobCancelled:
+            return "cancelled"
+        code_store.save_round(conn, job_id=job.id, entry=_entry(0, LOOK_PROGRAM, look, 0))
+        messages.append({"role": "assistant", "content": f"```python\n{LOOK_PROGRAM}\n```"})
+        messages.append(
+            {"role": "user", "content": round_message(look, 0, max_rounds, question=job.query, max_output_chars=4000)}
+        )
         for number in range(1, max_rounds + 1):
             lease.beat()
             try:
@@ -304,7 +328,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
             else:
                 runnable, mine = keep_api(program, {*API_NAMES, "final"})
                 try:
-                    last = box.run(runnable)
+                    last = box.run(runnable, number)
                 except JobCancelled:
                     return "cancelled"
             code_store.save_round(

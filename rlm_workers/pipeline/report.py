@@ -323,7 +323,8 @@ def status_line(r: QueryResult) -> str:
     )
     confidence = "n/a" if r.confidence is None else f"{r.confidence:.2f}"
     complete = {True: "yes", False: "no", None: "unknown"}[r.complete]
-    rounds = len(r.code_rounds) if r.route == "code" else r.rounds  # code mode's rounds are its programs
+    # code mode's rounds are the model's programs, not the stage's own round 0
+    rounds = sum(x.round > 0 for x in r.code_rounds) if r.route == "code" else r.rounds
     modes = (
         f"Mode: {r.mode} ({r.route}) | Rounds: {rounds} | Children: {len(r.children)} | Confidence: {confidence} | "
         f"Complete: {complete} | Coverage: {r.coverage:.0%} | Cost: ${r.cost_usd:.4f}"

@@ -240,8 +240,8 @@ function jobPage() {
     }));
     // code mode's trace: each program and what it printed, as text (it quotes user files and model output)
     show("rounds-card", v.code_rounds.length > 0);
-    $("rounds").replaceChildren(...v.code_rounds.map((r) => el("li", { "data-round": String(r.round) },
-      el("div", { class: "muted", text: r.calls + " calls" + (r.sub_calls ? ", " + r.sub_calls + " sub-model calls" : "") +
+    $("rounds").replaceChildren(...v.code_rounds.map((r) => el("li", { "data-round": String(r.round), value: r.round },
+      el("div", { class: "muted", text: (r.round === 0 ? "the stage's look at the data, no model call: " : "") + r.calls + " calls" + (r.sub_calls ? ", " + r.sub_calls + " sub-model calls" : "") +
         ", " + r.seconds.toFixed(2) + " s" + (r.ended ? ", sandbox restarted after it" : "") }),
       el("pre", { class: "program", text: r.code || "(no program)" }),
       r.output ? el("pre", { class: "output", text: r.output +
