@@ -134,20 +134,28 @@ _PAYMENT = re.compile(r"declined|issuer|funds|gateway", re.I)
 
 
 class ReferenceModel:
-    """The root model writes the reference program of the question it is asked; the helper labels a remark."""
+    """Code mode's root model writes the reference program of the question it is asked, its helper labels a
+    remark; every other stage (the planner, analysts, synthesizer of ``--scope all`` and ``auto``) gets the
+    pipeline's scripted model (tests/support/pipeline_model.py), which reads no meaning."""
 
     def __init__(self) -> None:
+        from tests.support.pipeline_model import Model
+
         self.by_text = {q.text: REFERENCE[q.id] for q in DEV.questions}
+        self.pipeline = Model()
 
     def __call__(self, req: dict):
         from tests.support.scripted_llm import Reply, last_user_message
 
         text = last_user_message(req)
-        if req.get("model") == "plan-model":
+        system = (req.get("messages") or [{}])[0].get("content") or ""
+        if "writing Python programs" in system:
             asked = re.search(r"## Question\n\n(.*?)\n\n## ", req["messages"][1]["content"], re.S)
             program = _PATH + self.by_text.get(asked.group(1) if asked else "", "final('?', [])")
             return Reply.text(f"```python\nimport re\n{program}\n```", prompt_tokens=1500, completion_tokens=120)
-        return Reply.text("payment" if _PAYMENT.search(text) else "other", prompt_tokens=80, completion_tokens=2)
+        if req.get("model") == "analyst-model" and "## Question" not in text and "### Chunk" not in text:
+            return Reply.text("payment" if _PAYMENT.search(text) else "other", prompt_tokens=80, completion_tokens=2)
+        return self.pipeline(req)
 
 
 def run_scripted(args: argparse.Namespace) -> list[dict]:
@@ -160,8 +168,6 @@ def run_scripted(args: argparse.Namespace) -> list[dict]:
             (corpus / rel).parent.mkdir(parents=True, exist_ok=True)
             (corpus / rel).write_text(text)
         from rlm_workers.ingest.embed import get_embedder
-        from rlm_workers.models import QueryResult
-        from rlm_workers.submit import submit_query, wait_for_job
 
         run.load("agg-dev", corpus, embedder=get_embedder())
         run.ready()
@@ -169,29 +175,41 @@ def run_scripted(args: argparse.Namespace) -> list[dict]:
         for w in workers:
             w.start()
         for q in DEV.questions:
-            t0 = time.perf_counter()
-            job_id, _ = submit_query(
-                run.conn, tenant="local", query=q.text, buffers=["agg-dev"], options={"mode": "code"}
-            )
-            job = wait_for_job(run.conn, job_id, timeout=600)
-            wall = time.perf_counter() - t0
-            r = QueryResult.model_validate(job.result)
-            row = {
-                "question": q.id,
-                "mode": "code",
-                "expected": q.answer,
-                "correct": score(q, r.response),
-                "answer": r.response[:80],
-                "llm_calls": r.llm_calls,
-                "tokens": r.total_tokens,
-                "sub_calls": sum(x.sub_calls for x in r.code_rounds),
-                "wall_s": round(wall, 2),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for mode in args.modes.split(","):
+                row = _scripted_row(run, q, mode)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     finally:
         run.stop(workers)
     return rows
+
+
+#: the options each mode sends, as the CLI's flags of ``MODES`` do
+_OPTIONS = {"code": {"mode": "code"}, "all": {"scope": "all"}, "auto": {}}
+
+
+def _scripted_row(run: ScriptedRun, q: Question, mode: str) -> dict:
+    from rlm_workers.models import QueryResult
+    from rlm_workers.submit import submit_query, wait_for_job
+
+    t0 = time.perf_counter()
+    job_id, _ = submit_query(run.conn, tenant="local", query=q.text, buffers=["agg-dev"], options=_OPTIONS[mode])
+    job = wait_for_job(run.conn, job_id, timeout=600)
+    wall = time.perf_counter() - t0
+    r = QueryResult.model_validate(job.result)
+    return {
+        "question": q.id,
+        "mode": mode,
+        "expected": q.answer,
+        # the scripted analysts and synthesizer read no meaning: only code mode's answer is worth scoring here
+        "correct": score(q, r.response) if mode == "code" else None,
+        "answer": r.response[:80],
+        "llm_calls": r.llm_calls,
+        "tokens": r.total_tokens,
+        "sub_calls": sum(x.sub_calls for x in r.code_rounds),
+        "chunks": r.chunks_analyzed,
+        "wall_s": round(wall, 2),
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -202,11 +220,12 @@ def table(rows: list[dict]) -> str:
     out = ["| mode | right | LLM calls | tokens | wall (s) |", "| --- | --- | --- | --- | --- |"]
     for m in modes:
         mine = [r for r in rows if r["mode"] == m]
-        right = sum(r["correct"] for r in mine)
+        scored = [r["correct"] for r in mine if r["correct"] is not None]
+        right = f"{sum(scored)}/{len(mine)}" if len(scored) == len(mine) else "n/a"
         calls = sum(r.get("llm_calls", 0) for r in mine)
         tokens = sum(r.get("tokens", 0) for r in mine)
         wall = sum(r["wall_s"] for r in mine)
-        out.append(f"| {m} | {right}/{len(mine)} | {calls} | {tokens} | {wall:.0f} |")
+        out.append(f"| {m} | {right} | {calls} | {tokens} | {wall:.0f} |")
     out += [
         "",
         "| question | mode | expected | right | calls | wall (s) | answer (start) |",
@@ -215,10 +234,14 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         said = str(r.get("answer") or r.get("error") or "").replace("|", "\\|")[:70]
         out.append(
-            f"| {r['question']} | {r['mode']} | {r['expected']} | {'yes' if r['correct'] else 'no'} | "
+            f"| {r['question']} | {r['mode']} | {r['expected']} | {_verdict(r['correct'])} | "
             f"{r.get('llm_calls', '-')} | {r['wall_s']} | {said} |"
         )
     return "\n".join(out)
+
+
+def _verdict(correct: bool | None) -> str:
+    return "n/a" if correct is None else "yes" if correct else "no"
 
 
 def save(rows: list[dict], tag: str) -> Path:
@@ -251,7 +274,8 @@ def main() -> None:
     local.add_argument("--rounds", type=int, default=4, help="RLM_CODE_MAX_ROUNDS for the runs")
     local.add_argument("--timeout", type=float, default=1800.0, help="seconds one query may take")
     local.add_argument("--keep-servers", action="store_true")
-    sub.add_parser("scripted", help="the machinery with reference programs, dev set")
+    scripted = sub.add_parser("scripted", help="the machinery with reference programs, dev set")
+    scripted.add_argument("--modes", default="code,all,auto")
     report = sub.add_parser("report", help="publish saved runs as one section of bench/RESULTS.md")
     report.add_argument("runs", nargs="+", type=Path, help="bench/_data/code_mode_*.json files")
     report.add_argument("--section", required=True, help="the section's id in RESULTS.md")
@@ -263,9 +287,9 @@ def main() -> None:
         runs = [json.loads(f.read_text()) for f in args.runs]
         publish(args.section, section(args.title, runs, args.what), machine_markdown(), write=args.write)
         return
+    if any(m not in MODES for m in args.modes.split(",")):
+        p.error(f"--modes: each of {', '.join(MODES)}")
     if args.command == "local":
-        if any(m not in MODES for m in args.modes.split(",")):
-            p.error(f"--modes: each of {', '.join(MODES)}")
         rows = run_local(args)
         tag = f"local_{args.set}_{args.modes.replace(',', '-')}"
     else:
