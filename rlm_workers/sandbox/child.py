@@ -228,9 +228,11 @@ def _api_function(channel, name):
 def _final_function(state):
     def final(answer, citations=()):
         """End the program with its answer, citing the chunk ids it read (from the API's results)."""
-        if not isinstance(answer, str):
-            raise TypeError("final(): the answer must be a str")
-        cites = list(citations)
+        if answer is None:
+            raise TypeError("final(): give the answer, in words")
+        if not isinstance(answer, str):  # a count or a list is an answer too: said as Python writes it
+            answer = str(answer)
+        cites = [citations] if isinstance(citations, (str, int)) else list(citations)
         if not all(isinstance(c, (str, int)) and not isinstance(c, bool) for c in cites):
             raise TypeError("final(): citations must be chunk ids (int or str)")
         state["final"] = {"answer": answer, "citations": cites}

@@ -66,8 +66,12 @@ def test_final_ends_the_round_with_its_answer_and_citations(box):
     assert result.final is not None and result.final.answer == "three retries" and result.final.citations == [7, 9]
     caught = box.run("try:\n    final('x')\nexcept Exception:\n    print('swallowed')")
     assert caught.final is not None and caught.output == ""
-    bad = box.run("final(42)")
-    assert bad.final is None and "the answer must be a str" in bad.error
+    count = box.run("final(42, 7)")  # a number is an answer, one id a citation
+    assert count.final is not None and count.final.answer == "42" and count.final.citations == [7]
+    bad = box.run("final(None)")
+    assert bad.final is None and "give the answer" in bad.error
+    bad = box.run("final('x', [object()])")
+    assert bad.final is None and "citations must be chunk ids" in bad.error
 
 
 def test_errors_show_only_the_programs_frames(box):
