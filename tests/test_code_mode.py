@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import pytest
 
-from rlm_workers.pipeline.program import LOOK_PROGRAM as LOOK
 from tests.support.jobs import wait_for
 from tests.support.scripted_llm import Reply, last_user_message
 from tests.support.workers import running_workers, scripted_env
@@ -68,6 +67,7 @@ class Script:
         #: the root model's context, in characters of the whole request (None: no limit)
         self.context_chars: int | None = None
         self.refused = 0
+        self.asked: Counter[str] = Counter()
 
     def reply(self, model: str, content: str) -> Reply:
         prompt, completion = TOKENS[model]
@@ -85,8 +85,9 @@ class Script:
                 return Reply(content=None, status=400, error={"type": "invalid_request_error", **error})
             with self.lock:
                 self.roots.append(req)
-                # the stage's own round 0 is not one of these programs (and a small context may have dropped it)
-                n = sum(1 for m in req["messages"] if m["role"] == "assistant" and LOOK not in m["content"])
+                # the n-th program of this job (the question is the first user message)
+                n = self.asked[req["messages"][1]["content"]]
+                self.asked[req["messages"][1]["content"]] += 1
             program = self.programs[min(n, len(self.programs) - 1)]
             return self.reply("plan-model", f"Here is the program.\n\n```python\n{program.strip()}\n```\n")
         text = last_user_message(req)
@@ -311,13 +312,17 @@ def test_a_program_that_writes_its_own_api_runs_with_the_real_one_and_is_told(co
     assert result.response.startswith("done")
 
 
-def test_a_program_run_twice_is_said_and_the_question_is_asked_again(conn, script, workers):
+def test_a_program_run_again_is_left_out_of_the_conversation_and_said(conn, script, workers):
     script.programs = ["print(6 * 7)", "print(6 * 7)", "final('42', [])"]
     result = result_of(finished(conn, submit(conn, "What is six times seven?")))
     assert result.response.startswith("42")
-    first, second = (script.roots[n]["messages"][-1]["content"] for n in (1, 2))
-    assert "The question: What is six times seven?" in first and "one of round" not in first
-    assert "This program is the one of round 1" in second
+    assert [r.code for r in result.code_rounds[1:]] == script.programs  # every round is on the report
+    first, second = (script.roots[n]["messages"] for n in (1, 2))
+    assert "The question: What is six times seven?" in first[-1]["content"] and "again" not in first[-1]["content"]
+    # the repeat is not in the third request; the second round's output message says it was left out
+    assert len(second) == len(first) and second[:-1] == first[:-1]
+    assert "Round 2 wrote the program of round 1 again" in second[-1]["content"]
+    assert "The question: What is six times seven?" in second[-1]["content"].rsplit("## Round 2", 1)[1]
 
 
 def test_a_conversation_over_the_models_context_is_cut_and_asked_again(conn, script, workers):

@@ -174,11 +174,10 @@ def round_message(
     question: str,
     max_output_chars: int | None = None,
     redefined: Sequence[str] = (),
-    repeat_of: int | None = None,
 ) -> str:
     """What the model is shown of a round: its output (at most ``max_output_chars``, the cut said), its error,
-    what it did wrong that raised no error (``redefined`` the API, ran round ``repeat_of``'s program again), and
-    the question again, which a small model loses after a few rounds of output."""
+    what it did wrong that raised no error (``redefined`` the API), and the question again, which a small model
+    loses after a few rounds of output."""
     shown = result.output[:max_output_chars] if max_output_chars is not None else result.output
     nothing = "(nothing printed: print() what you need to see)"
     parts = [f"## Round {number} output\n\n{content_block(shown) if shown else nothing}"]
@@ -194,17 +193,28 @@ def round_message(
         parts.append(f"## Error\n\n{content_block(result.error)}")
     if result.ended:
         parts.append("The sandbox was restarted: variables from earlier rounds are gone.")
-    if repeat_of is not None:
-        parts.append(
-            f"This program is the one of round {repeat_of}: running it again shows nothing new. Write the program "
-            "that computes the answer from what you have seen."
-        )
     parts.append(f"The question: {escape_content(question)}")
     if left == 1:
         parts.append("This is your last round: call final(answer, citations) with the best answer you have.")
     else:
         parts.append(f"{left} rounds left. Write the next program, or call final(answer, citations).")
     return "\n\n".join(parts)
+
+
+def repeat_note(number: int, first: int, left: int, question: str) -> str:
+    """What replaces a round that ran an earlier round's program again and printed the same."""
+    then = (
+        "This was your last round: the job ends without an answer."
+        if left == 0
+        else "This is your last round: call final(answer, citations) with the best answer you have."
+        if left == 1
+        else f"{left} rounds left."
+    )
+    return (
+        f"## Round {number}\n\nRound {number} wrote the program of round {first} again and it printed the same, "
+        "so it is left out here. Write a different program: one that computes the answer from what you have seen, "
+        f"or call final(answer, citations).\n\nThe question: {escape_content(question)}\n\n{then}"
+    )
 
 
 def reply_tokens(settings: Settings) -> int:
@@ -300,8 +310,8 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     ]
     last: RoundResult | None = None
     spent: BudgetExhausted | None = None
-    #: each program run, by its text: the round it first ran in
-    ran: dict[str, int] = {}
+    #: each program run, by its text: the round it first ran in, and what it printed and raised there
+    ran: dict[str, tuple[int, str, str | None]] = {}
     with Sandbox(api.functions(), should_stop=stop) as box:
         try:
             look = box.run(LOOK_PROGRAM, 0)
@@ -346,19 +356,19 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 return "cancelled"
             if last.final is not None:
                 return _finish(conn, job, api, last)
+            first = ran.get(program) if program else None
+            if first is not None and first[1:] == (last.output, last.error):
+                # the same program, printing the same: kept out of the conversation, whose last message now
+                # says so, so a small model does not take its own repeat as the pattern to follow again
+                messages[-1]["content"] += "\n\n" + repeat_note(number, first[0], max_rounds - number, job.query)
+                continue
             messages.append({"role": "assistant", "content": reply})
             room = output_room(messages, settings)
             shown = round_message(
-                last,
-                number,
-                max_rounds - number,
-                question=job.query,
-                max_output_chars=room,
-                redefined=mine,
-                repeat_of=ran.get(program) if program else None,
+                last, number, max_rounds - number, question=job.query, max_output_chars=room, redefined=mine
             )
-            if program:
-                ran.setdefault(program, number)
+            if program and first is None:
+                ran[program] = (number, last.output, last.error)
             messages.append({"role": "user", "content": shown})
     if spent is not None:
         said = f"\n\n```text\n{last.output}\n```" if last is not None and last.output else ""
