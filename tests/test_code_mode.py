@@ -312,7 +312,18 @@ def test_a_program_that_writes_its_own_api_runs_with_the_real_one_and_is_told(co
     assert result.response.startswith("done")
 
 
+def test_grep_hands_each_line_with_its_number(conn, script, workers):
+    script.programs = [
+        "h = grep(r'user=carol .*action=error')[0]\nfinal(f\"{h['line_number']}: {h['text']}\", h['chunk_id'])"
+    ]
+    result = result_of(finished(conn, submit(conn, "Where is carol's first error?")))
+    assert result.response.startswith(f"{LINES.index(CAROL_ERRORS[0]) + 1}: {CAROL_ERRORS[0]}")
+    assert [s.path.rsplit("/", 1)[-1] for s in result.sources] == ["app.log"]
+
+
 def test_a_program_run_again_is_left_out_of_the_conversation_and_said(conn, script, workers):
+    from rlm_workers.pipeline.program import REPEAT_TEMPERATURE
+
     script.programs = ["print(6 * 7)", "print(6 * 7)", "final('42', [])"]
     result = result_of(finished(conn, submit(conn, "What is six times seven?")))
     assert result.response.startswith("42")
@@ -323,6 +334,8 @@ def test_a_program_run_again_is_left_out_of_the_conversation_and_said(conn, scri
     assert len(second) == len(first) and second[:-1] == first[:-1]
     assert "Round 2 wrote the program of round 1 again" in second[-1]["content"]
     assert "The question: What is six times seven?" in second[-1]["content"].rsplit("## Round 2", 1)[1]
+    # asked with some temperature: at 0 the same conversation gets the same program
+    assert [r.get("temperature") for r in script.roots[:3]] == [0.0, 0.0, REPEAT_TEMPERATURE]
 
 
 def test_a_conversation_over_the_models_context_is_cut_and_asked_again(conn, script, workers):

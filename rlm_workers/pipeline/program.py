@@ -73,6 +73,8 @@ _MESSAGE_TOKENS = 4
 _MIN_OUTPUT_TOKENS = 100
 #: characters a token of a round's output: the data it quotes tokenizes denser than prose (llm/tokens.py's 4)
 _DATA_CHARS_PER_TOKEN = 3
+#: the temperature of the ask after a repeated program: at 0 a small model that ignored the note writes it again
+REPEAT_TEMPERATURE = 0.7
 #: asks of one round's reply, each smaller, when the server says the conversation is over its context
 _FIT_ATTEMPTS = 4
 #: what cutting the newest message keeps of its end: the round's error, the question, the rounds left
@@ -227,12 +229,18 @@ def _conversation_tokens(messages: list[dict[str, Any]]) -> int:
     return sum(len(m["content"]) // _DATA_CHARS_PER_TOKEN + _MESSAGE_TOKENS for m in messages)
 
 
-def _ask(conn: psycopg.Connection, job_id: str, settings: Settings, messages: list[dict[str, Any]]) -> str:
+def _ask(
+    conn: psycopg.Connection, job_id: str, settings: Settings, messages: list[dict[str, Any]], temperature: float
+) -> str:
     """The root model's reply to the conversation; a server that finds it longer than its context has it made
     smaller (``shrink``) and asked again, a few times, instead of failing the job."""
     for attempt in range(_FIT_ATTEMPTS):
         request = CompletionRequest(
-            role="code", model=settings.primary_model, messages=messages, max_tokens=reply_tokens(settings)
+            role="code",
+            model=settings.primary_model,
+            messages=messages,
+            max_tokens=reply_tokens(settings),
+            temperature=temperature,
         )
         try:
             return call_llm(conn, job_id=job_id, stage="code", request=request).text
@@ -312,6 +320,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     spent: BudgetExhausted | None = None
     #: each program run, by its text: the round it first ran in, and what it printed and raised there
     ran: dict[str, tuple[int, str, str | None]] = {}
+    repeated = False
     with Sandbox(api.functions(), should_stop=stop) as box:
         try:
             look = box.run(LOOK_PROGRAM, 0)
@@ -325,7 +334,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
         for number in range(1, max_rounds + 1):
             lease.beat()
             try:
-                reply = _ask(conn, job.id, settings, messages)
+                reply = _ask(conn, job.id, settings, messages, REPEAT_TEMPERATURE if repeated else 0.0)
             except BudgetExhausted as exc:
                 spent = exc
                 break
@@ -361,7 +370,9 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 # the same program, printing the same: kept out of the conversation, whose last message now
                 # says so, so a small model does not take its own repeat as the pattern to follow again
                 messages[-1]["content"] += "\n\n" + repeat_note(number, first[0], max_rounds - number, job.query)
+                repeated = True
                 continue
+            repeated = False
             messages.append({"role": "assistant", "content": reply})
             room = output_room(messages, settings)
             shown = round_message(

@@ -160,7 +160,7 @@ class ProgramApi:
                         continue
                     if regex.search(line):
                         matches.append(
-                            {"chunk_id": cid, "buffer": buf, "path": path, "line": start + offset, "text": line}
+                            {"chunk_id": cid, "buffer": buf, "path": path, "line_number": start + offset, "text": line}
                         )
                         if len(matches) >= max_results:
                             break
