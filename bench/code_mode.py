@@ -33,6 +33,7 @@ from bench.harness import (
     ScriptedRun,
     command_line,
     isolated_env,
+    machine_line,
     machine_markdown,
     publish,
     revision,
@@ -252,6 +253,7 @@ def save(rows: list[dict], tag: str) -> Path:
         "command": command_line(),
         "revision": revision(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine_line(),
     }
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return out
@@ -259,7 +261,11 @@ def save(rows: list[dict], tag: str) -> Path:
 
 def section(title: str, runs: list[dict], what: str) -> str:
     lines = [f"## {title} (`bench/code_mode.py`, issue #44)", ""]
-    lines += [f"- command: `{r['meta']['command']}` at {r['meta']['revision']}; {r['meta']['date']}" for r in runs]
+    lines += [
+        f"- command: `{r['meta']['command']}` at {r['meta']['revision']}; {r['meta']['date']}"
+        + (f"; {r['meta']['machine']}" if r["meta"].get("machine") else "")
+        for r in runs
+    ]
     lines += [f"- {what}", ""]
     return "\n".join(lines) + "\n" + table([row for r in runs for row in r["rows"]])
 
