@@ -338,6 +338,15 @@ def test_a_program_run_again_is_left_out_of_the_conversation_and_said(conn, scri
     assert [r.get("temperature") for r in script.roots[:3]] == [0.0, 0.0, REPEAT_TEMPERATURE]
 
 
+def test_the_stage_s_own_look_written_again_is_a_repeat(conn, script, workers):
+    from rlm_workers.pipeline.program import LOOK_PROGRAM
+
+    script.programs = [LOOK_PROGRAM, "final('seen', [])"]
+    result = result_of(finished(conn, submit(conn, "What do the files hold?")))
+    assert result.response.startswith("seen")
+    assert "Round 1 wrote the program of round 0 again" in script.roots[1]["messages"][-1]["content"]
+
+
 def test_a_conversation_over_the_models_context_is_cut_and_asked_again(conn, script, workers):
     script.programs = ["print('x' * 15000)", "final('it fits', [])"]
     script.context_chars = len(load_code_prompt()) + 12_000

@@ -327,6 +327,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
         except JobCancelled:
             return "cancelled"
         code_store.save_round(conn, job_id=job.id, entry=_entry(0, LOOK_PROGRAM, look, 0))
+        ran[LOOK_PROGRAM] = (0, look.output, look.error)  # a model that writes it again is told so, as any repeat
         messages.append({"role": "assistant", "content": f"```python\n{LOOK_PROGRAM}\n```"})
         messages.append(
             {"role": "user", "content": round_message(look, 0, max_rounds, question=job.query, max_output_chars=4000)}
