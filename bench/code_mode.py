@@ -79,6 +79,8 @@ def ask(q: Question, buffer: str, mode: str, env: dict[str, str], timeout: float
         "llm_calls": result["llm_calls"],
         "tokens": result["total_tokens"],
         "rounds": len(result.get("code_rounds") or []),
+        "route": result.get("route"),
+        "chunks": result.get("chunks_analyzed"),
     }
     if proc.returncode:
         row["error"] = proc.stderr.strip().splitlines()[-1:]
@@ -208,6 +210,7 @@ def _scripted_row(run: ScriptedRun, q: Question, mode: str) -> dict:
         "llm_calls": r.llm_calls,
         "tokens": r.total_tokens,
         "sub_calls": sum(x.sub_calls for x in r.code_rounds),
+        "route": r.route,
         "chunks": r.chunks_analyzed,
         "wall_s": round(wall, 2),
     }
@@ -229,14 +232,14 @@ def table(rows: list[dict]) -> str:
         out.append(f"| {m} | {right} | {calls} | {tokens} | {wall:.0f} |")
     out += [
         "",
-        "| question | mode | expected | right | calls | wall (s) | answer (start) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| question | mode | route | expected | right | calls | chunks read | wall (s) | answer (start) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         said = str(r.get("answer") or r.get("error") or "").replace("|", "\\|")[:70]
         out.append(
-            f"| {r['question']} | {r['mode']} | {r['expected']} | {_verdict(r['correct'])} | "
-            f"{r.get('llm_calls', '-')} | {r['wall_s']} | {said} |"
+            f"| {r['question']} | {r['mode']} | {r.get('route') or '-'} | {r['expected']} | {_verdict(r['correct'])} | "
+            f"{r.get('llm_calls', '-')} | {r.get('chunks', '-')} | {r['wall_s']} | {said} |"
         )
     return "\n".join(out)
 
