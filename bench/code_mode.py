@@ -236,7 +236,7 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        said = str(r.get("answer") or r.get("error") or "").replace("|", "\\|")[:70]
+        said = " ".join(str(r.get("answer") or r.get("error") or "").split()).replace("|", "\\|")[:70]
         out.append(
             f"| {r['question']} | {r['mode']} | {r.get('route') or '-'} | {r['expected']} | {_verdict(r['correct'])} | "
             f"{r.get('llm_calls', '-')} | {r.get('chunks', '-')} | {r['wall_s']} | {said} |"
