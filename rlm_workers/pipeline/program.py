@@ -66,6 +66,8 @@ print(len(files), "files")
 for buffer, path in files[:3]:
     print(f"--- {path} ({buffer}), lines 1-8:")
     print(read(path, 1, 8, buffer=buffer))"""
+#: characters of round 0's output the model is shown: eight lines of a minified file can be one long line
+LOOK_OUTPUT_CHARS = 4000
 #: a round message's words around its output, and each message's own overhead, in tokens
 _ROUND_FRAME_TOKENS = 200
 _MESSAGE_TOKENS = 4
@@ -195,28 +197,25 @@ def round_message(
         parts.append(f"## Error\n\n{content_block(result.error)}")
     if result.ended:
         parts.append("The sandbox was restarted: variables from earlier rounds are gone.")
-    parts.append(f"The question: {escape_content(question)}")
-    if left == 1:
-        parts.append("This is your last round: call final(answer, citations) with the best answer you have.")
-    else:
-        parts.append(f"{left} rounds left. Write the next program, or call final(answer, citations).")
-    return "\n\n".join(parts)
+    return "\n\n".join([*parts, _closing(question, left)])
 
 
 def repeat_note(number: int, first: int, left: int, question: str) -> str:
     """What replaces a round that ran an earlier round's program again and printed the same."""
-    then = (
-        "This was your last round: the job ends without an answer."
-        if left == 0
-        else "This is your last round: call final(answer, citations) with the best answer you have."
-        if left == 1
-        else f"{left} rounds left."
-    )
     return (
         f"## Round {number}\n\nRound {number} wrote the program of round {first} again and it printed the same, "
         "so it is left out here. Write a different program: one that computes the answer from what you have seen, "
-        f"or call final(answer, citations).\n\nThe question: {escape_content(question)}\n\n{then}"
+        f"or call final(answer, citations).\n\n{_closing(question, left)}"
     )
+
+
+def _closing(question: str, left: int) -> str:
+    """How every message after a round ends: the question again, and the rounds left."""
+    if left == 1:
+        then = "This is your last round: call final(answer, citations) with the best answer you have."
+    else:
+        then = f"{left} rounds left. Write the next program, or call final(answer, citations)."
+    return f"The question: {escape_content(question)}\n\n{then}"
 
 
 def reply_tokens(settings: Settings) -> int:
@@ -330,7 +329,10 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
         ran[LOOK_PROGRAM] = (0, look.output, look.error)  # a model that writes it again is told so, as any repeat
         messages.append({"role": "assistant", "content": f"```python\n{LOOK_PROGRAM}\n```"})
         messages.append(
-            {"role": "user", "content": round_message(look, 0, max_rounds, question=job.query, max_output_chars=4000)}
+            {
+                "role": "user",
+                "content": round_message(look, 0, max_rounds, question=job.query, max_output_chars=LOOK_OUTPUT_CHARS),
+            }
         )
         for number in range(1, max_rounds + 1):
             lease.beat()
