@@ -74,7 +74,11 @@ def query(
     ] = None,
     depth: Annotated[
         int | None,
-        typer.Option("--depth", help=f"Most rounds of child jobs, {_range('depth')} (default RLM_MAX_DEPTH)."),
+        typer.Option(
+            "--depth",
+            help=f"Most rounds of child jobs, {_range('depth')} (default RLM_MAX_DEPTH; in mode code 0, and 1 or more "
+            "lets its programs start child jobs).",
+        ),
     ] = None,
     scope: Annotated[
         Scope | None, typer.Option("--scope", help="search: the search picks chunks; all: every chunk is analysed.")

@@ -90,10 +90,10 @@ MaxCost = Annotated[float, Field(strict=True, gt=0, le=1_000_000, allow_inf_nan=
 Deadline = Annotated[float, Field(strict=True, gt=0, le=7 * 86400, allow_inf_nan=False)]
 
 
-#: what steers the search, the analysts' batches and child jobs: code mode runs none of them
+#: what steers the search and the analysts' batches: code mode runs neither (its programs read); ``depth`` applies
+#: there, as whether a program may start child jobs
 _SEARCH_KNOBS = (
     "search_mode", "threshold", "top_k", "max_chunks", "batch_size", "num_agents", "scope", "finding_threshold",
-    "depth",
 )  # fmt: skip
 
 
@@ -134,8 +134,7 @@ class QueryOptions(BaseModel):
             given = [k for k in _SEARCH_KNOBS if getattr(self, k) is not None]
             if given:
                 raise ValueError(
-                    f"{', '.join(given)} do not apply in mode code: its programs choose what is read, and its "
-                    "sub-model calls are single calls, not child jobs"
+                    f"{', '.join(given)} do not apply in mode code: its programs choose what is read and how"
                 )
         return self
 
@@ -405,7 +404,7 @@ class ChildSummary(BaseModel):
 
     job_id: str
     parent_id: str
-    #: follow_up (thinking) or subset (query_subset)
+    #: follow_up (thinking), subset (query_subset) or program (a code-mode program's rlm_query)
     kind: str
     depth: int
     query: str

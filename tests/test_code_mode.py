@@ -11,6 +11,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,6 +57,24 @@ final(f"carol has {len(errs)} error lines, {disk} of them about the disk", sorte
 """
 
 
+#: what a child job's report says (its writer's words)
+CHILD_SAYS = "A child job read the log for this"
+CHILDREN_PROGRAMS = [
+    """
+asked = ["Which users appear in the log?", "What does the notes file say?", "Which users appear in the log?"]
+replies = rlm_query_batched(asked)
+print(len(replies), replies[0] == replies[2])
+""",
+    """
+import re
+again = rlm_query("Which users appear in the log?")
+cited = sorted({int(n) for r in replies for n in re.findall(r"\\d+", r.rsplit("sources:", 1)[1])})
+print(again == replies[0], cited)
+final(replies[0].split("\\n\\n[child job")[0], cited)
+""",
+]
+
+
 class Script:
     """The root model writes ``programs`` in turn (the last repeats); the helper model answers ``disk``/``other``."""
 
@@ -68,13 +87,18 @@ class Script:
         self.context_chars: int | None = None
         self.refused = 0
         self.asked: Counter[str] = Counter()
+        #: a child job's writer waits on the gate, and says it has been asked
+        self.child_gate = threading.Event()
+        self.child_gate.set()
+        self.child_writing = threading.Event()
 
     def reply(self, model: str, content: str) -> Reply:
         prompt, completion = TOKENS[model]
         return Reply.text(content, prompt_tokens=prompt, completion_tokens=completion)
 
     def __call__(self, req: dict) -> Reply:
-        if req.get("model") == "plan-model":
+        system = req["messages"][0].get("content") or ""
+        if req.get("model") == "plan-model" and "writing Python programs" in system:
             size = sum(len(m.get("content") or "") for m in req["messages"])
             if self.context_chars is not None and size > self.context_chars:
                 self.refused += 1
@@ -91,9 +115,23 @@ class Script:
             program = self.programs[min(n, len(self.programs) - 1)]
             return self.reply("plan-model", f"Here is the program.\n\n```python\n{program.strip()}\n```\n")
         text = last_user_message(req)
+        if req.get("model") != "analyst-model" or "### Chunk" in text:
+            return self.child(req, text)
         if self.on_sub is not None:
             self.on_sub(text)
         return self.reply("analyst-model", "disk" if "disk full" in text else "other")
+
+    def child(self, req: dict, text: str) -> Reply:
+        """A child job's planner, analysts and writer (``rlm_query``): the writer cites the first chunk it is shown."""
+        from tests.support.pipeline_model import Model
+
+        if req.get("model") == "synth-model":
+            self.child_writing.set()
+            self.child_gate.wait(60)
+            chunk = re.search(r"### Chunk (\d+)", text)
+            return Reply.text(f"## Answer\n\n{CHILD_SAYS} [chunk {chunk.group(1) if chunk else 0}]")
+        reply = Model()(req)
+        return reply if isinstance(reply, Reply) else Reply.text(reply)
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +313,58 @@ def test_a_cancel_while_sub_calls_run_ends_the_job_and_its_waiting(conn, script,
     assert wait_for(lambda: not sandboxes_running(workers), timeout=30)
 
 
+def test_a_program_asks_child_jobs_that_run_the_whole_pipeline_one_level_down(conn, script, workers, llm):
+    script.programs = list(CHILDREN_PROGRAMS)
+    job = finished(conn, submit(conn, "Ask the pipeline two things", depth=1))
+    result = result_of(job)
+    assert job.status == "done", job.error
+    assert [r.error for r in result.code_rounds] == [None, None, None]
+    assert result.code_rounds[1].output == "3 True\n" and result.code_rounds[2].output.startswith("True [")
+    assert result.response.startswith(f"## Answer\n\n{CHILD_SAYS} [chunk ")
+    # the root model was told of them; a question asked twice, or again in a later round, is one child
+    assert "## Child jobs" in script.roots[0]["messages"][0]["content"]
+    kids = result.children
+    assert sorted(k.query for k in kids) == ["What does the notes file say?", "Which users appear in the log?"]
+    assert all(k.kind == "program" and k.depth == 1 and k.status == "done" and k.parent_id == job.id for k in kids)
+    assert result.depth == 1
+    # each child ran its own plan and wrote its own report; the tree's totals are exactly what the server served
+    assert all(k.llm_calls >= 2 for k in kids)
+    assert result.llm_calls == 2 + sum(k.llm_calls for k in kids) == len(llm.requests)
+    assert result.tokens_in + result.tokens_out == llm.usage["total_tokens"]
+    # the chunks a child cited are the parent's to cite, resolved to their place
+    assert result.sources and all(s.path.endswith(("app.log", "notes.md")) for s in result.sources)
+
+
+def test_without_depth_a_program_has_no_child_jobs(conn, script, workers):
+    script.programs = ["rlm_query('Which users appear in the log?')", "final('none', [])"]
+    job = finished(conn, submit(conn, "Try a child job"))
+    result = result_of(job)
+    assert job.status == "done" and not result.children
+    assert "NameError" in result.code_rounds[1].error and "rlm_query" in result.code_rounds[1].error
+    assert "## Child jobs" not in script.roots[0]["messages"][0]["content"]
+
+
+def test_a_cancel_while_child_jobs_run_cancels_them_and_ends_the_waiting(conn, script, workers):
+    from rlm_workers.store.jobs import children_of
+    from rlm_workers.submit import cancel_query
+
+    script.child_gate.clear()
+    script.child_writing.clear()
+    script.programs = ["r = rlm_query('Which days are in the log?')\nfinal(r, [])"]
+    job_id = submit(conn, "Ask a child and wait", depth=2)
+    try:
+        assert script.child_writing.wait(60), "the child job never reached its writer"
+        cancel_query(conn, job_id=job_id, tenant="local")
+        conn.commit()
+        assert finished(conn, job_id).status == "cancelled"
+        assert wait_for(lambda: not sandboxes_running(workers), timeout=30)
+    finally:
+        script.child_gate.set()
+    kids = children_of(conn, job_id=job_id)
+    conn.commit()
+    assert len(kids) == 1 and kids[0].status == "cancelled"
+
+
 def test_the_budget_holds_for_sub_calls_and_the_report_says_it_ran_out(conn, script, workers, llm):
     script.programs = [
         "labels = llm_query_batched([f'question {i}' for i in range(6)])\nprint(labels)",
@@ -381,7 +471,7 @@ def test_citations_the_program_never_read_are_left_out_and_said(conn, script, wo
 
 @pytest.mark.parametrize(
     "options",
-    [{"scope": "all"}, {"batch_size": 5}, {"search_mode": "bm25"}, {"depth": 2}],
+    [{"scope": "all"}, {"batch_size": 5}, {"search_mode": "bm25"}, {"top_k": 5}],
 )
 def test_search_options_are_refused_in_code_mode(conn, options):
     from rlm_workers.errors import InvalidInput
@@ -401,10 +491,19 @@ def test_code_prompt_lists_exactly_what_the_sandbox_allows():
     listed = re.search(r"You may import only: ([a-z, ]+)\.", prompt).group(1).split(", ")
     assert listed == list(ALLOWED_MODULES)
     assert f"{MAX_CODE_OUTPUT_CHARS:,}" in prompt
-    offered = ProgramApi(None, None, None, lambda: False).functions()  # type: ignore[arg-type]
+
+    def offered(depth: int | None) -> set[str]:
+        job = SimpleNamespace(depth=0, options=SimpleNamespace(depth=depth))
+        return set(ProgramApi(None, job, None, lambda: False).functions())  # type: ignore[arg-type]
+
     api = prompt.split("## What a program can call", 1)[1].split("\n## ", 1)[0]
-    for name in [*offered, "final"]:
+    for name in [*offered(None), "final"]:
         assert re.search(rf"`(\w+ = )?{name}\(", api), name
+    # child jobs only where --depth allows them, and their functions only in their own part of the prompt
+    assert offered(None) == offered(0) and (children := offered(1) - offered(0))
+    assert not any(name in prompt for name in children)
+    extra = load_prompt("code_children")
+    assert extra.startswith("## Child jobs\n") and all(re.search(rf"`\w+ = {n}\(", extra) for n in children)
 
 
 def test_the_program_is_read_from_fenced_blocks_or_a_reply_that_is_code():

@@ -37,7 +37,7 @@ from ..store.db import durable_write
 from ..store.job_state import Collected
 from .calls import call_llm
 from .flow import OK, StageContext, StageLease, StageTimer, fail_job
-from .program_api import API_NAMES, ProgramApi
+from .program_api import ProgramApi
 from .prompts import content_block, escape_content, load_prompt, quote_field, system_message
 from .report import cited_entry, result_for, store_report
 from .tools import as_chunk_id
@@ -118,6 +118,14 @@ class _StopCheck:
             self._next = now + _STOP_CHECK_SECONDS
             self.stopped = not job_store.is_open(self.conn, job_id=self.job_id)
         return self.stopped
+
+
+def system_prompt(settings: Settings, *, children: bool) -> str:
+    """The root model's instructions; where the query allows child jobs, with the functions that start them."""
+    prompt = load_prompt("code", prompt_dir=settings.prompt_dir)
+    if children:
+        prompt += "\n\n" + load_prompt("code_children", prompt_dir=settings.prompt_dir)
+    return prompt
 
 
 def first_message(job: JobRow, outline: dict[str, Any], max_rounds: int) -> str:
@@ -312,7 +320,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     api = ProgramApi(conn, job, settings, stop)
     max_rounds = settings.code_max_rounds
     messages: list[dict[str, Any]] = [
-        system_message(load_prompt("code", prompt_dir=settings.prompt_dir)),
+        system_message(system_prompt(settings, children=api.children_allowed)),
         {"role": "user", "content": first_message(job, api.outline(), max_rounds)},
     ]
     last: RoundResult | None = None
@@ -320,7 +328,8 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
     #: each program run, by its text: the round it first ran in, and what it printed and raised there
     ran: dict[str, tuple[int, str, str | None]] = {}
     repeated = False
-    with Sandbox(api.functions(), should_stop=stop) as box:
+    functions = api.functions()
+    with Sandbox(functions, should_stop=stop) as box:
         try:
             look = box.run(LOOK_PROGRAM, 0)
         except JobCancelled:
@@ -348,7 +357,7 @@ def _rounds(conn: psycopg.Connection, job: JobRow, settings: Settings, lease: St
                 said = " ".join(reply.split())[:300]
                 last = RoundResult(error=f"the reply held no program: write one ```python block (it said: {said!r})")
             else:
-                runnable, mine = keep_api(program, {*API_NAMES, "final"})
+                runnable, mine = keep_api(program, {*functions, "final"})
                 try:
                     last = box.run(runnable, number)
                 except JobCancelled:

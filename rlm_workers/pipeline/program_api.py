@@ -1,5 +1,6 @@
-"""What a code-mode program can call (docs/contract.md#code-mode): the job's buffers as data, search, and
-sub-model calls.  Every function runs here, in the worker, when the sandbox asks (``sandbox/runner.py``).
+"""What a code-mode program can call (docs/contract.md#code-mode): the job's buffers as data, search, sub-model
+calls and, where ``--depth`` allows, child jobs.  Every function runs here, in the worker, when the sandbox asks
+(``sandbox/runner.py``).
 
 The arguments come from a model-written program, so each is checked (type, size) and a bad one is a
 ``CallError`` the program sees as ``ApiError``; reads are scoped to the job's tenant and buffers.  The chunk ids
@@ -14,13 +15,13 @@ from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 from ..limits import MAX_CODE_FRAME_BYTES, MAX_QUERY_BYTES
-from ..models import SearchMode
+from ..models import JobStatus, SearchMode
 from ..runtime.local_servers import database_url
 from ..sandbox.runner import CallError
 from ..search.sections import stitch
 from ..search.service import search
 from ..store.buffers import chunks_in_lines, file_outline, iter_chunk_texts, list_buffers, list_files, require_buffers
-from . import subcalls
+from . import subcalls, tree
 from .tools import ToolError, compile_regex
 
 if TYPE_CHECKING:
@@ -42,8 +43,16 @@ MAX_SUBCALL_CHARS = 400_000
 SUBCALL_WAIT_SECONDS = 3600.0
 
 
+#: questions one rlm_query_batched may ask: each is a whole query of its own
+MAX_CHILDREN_PER_BATCH = 100
+#: how long the program waits on its child jobs before it is told which are still running
+CHILD_WAIT_SECONDS = 3600.0
+
+
 #: what a program may call besides ``final`` (the sandbox's own): the names ``ProgramApi.functions`` hands in
 API_NAMES = frozenset({"outline", "read", "chunks", "grep", "search", "llm_query", "llm_query_batched"})
+#: handed in too where the query allows child jobs (``--depth`` of at least 1 in code mode)
+CHILD_API_NAMES = frozenset({"rlm_query", "rlm_query_batched"})
 
 
 class ProgramApi:
@@ -56,10 +65,18 @@ class ProgramApi:
         #: chunk ids the program received from chunks(), grep() or search()
         self.seen: set[int] = set()
         self.sub_calls = 0
+        #: child jobs the program asked for (a question asked again is its child again, not another)
+        self.children: dict[str, None] = {}
         self._chords = itertools.count(1)
 
+    @property
+    def children_allowed(self) -> bool:
+        """Whether the query's ``--depth`` lets the program start child jobs (code mode's default is 0: none)."""
+        return self.job.depth + 1 <= (self.job.options.depth or 0)
+
     def functions(self) -> dict[str, Callable[..., Any]]:
-        return {name: getattr(self, name) for name in sorted(API_NAMES)}
+        names = API_NAMES | CHILD_API_NAMES if self.children_allowed else API_NAMES
+        return {name: getattr(self, name) for name in sorted(names)}
 
     def outline(self) -> dict[str, Any]:
         """The job's buffers, their files (path, bytes, chunks) and totals."""
@@ -217,6 +234,38 @@ class ProgramApi:
         return subcalls.wait(
             self.job.id, chord_no, len(calls), should_stop=self.should_stop, timeout=SUBCALL_WAIT_SECONDS
         )
+
+    def rlm_query(self, question: str) -> str:
+        """One question answered by a child job: the whole pipeline (plan, search, analysts, report)."""
+        return self.rlm_query_batched([question])[0]
+
+    def rlm_query_batched(self, questions: list[Any]) -> list[str]:
+        """Questions answered by child jobs run at once, one level down the tree, over the same buffers and on the
+        tree's budget; each reply is the child's report, and the chunks of its sources become citable here."""
+        if not self.children_allowed:  # not handed in then; a redefinition would not reach here either
+            raise CallError("child jobs are off for this query: give --depth 1 or more")
+        if not isinstance(questions, list) or not questions:
+            raise CallError("rlm_query_batched() takes a non-empty list of questions (str)")
+        if len(questions) > MAX_CHILDREN_PER_BATCH:
+            raise CallError(f"at most {MAX_CHILDREN_PER_BATCH} questions per rlm_query_batched() call")
+        for i, q in enumerate(questions):
+            if not isinstance(q, str) or not q.strip() or len(q.encode()) > MAX_QUERY_BYTES or "\x00" in q:
+                raise CallError(f"question {i}: give a non-empty str of at most {MAX_QUERY_BYTES} bytes, without NUL")
+        ids = tree.start_program_children(self.conn, self.job, questions)
+        self.children.update(dict.fromkeys(ids))
+        done = tree.wait_children(self.conn, ids, should_stop=self.should_stop, timeout=CHILD_WAIT_SECONDS)
+        return [self._child_reply(kid, done.get(kid)) for kid in ids]
+
+    def _child_reply(self, kid: str, child: JobRow | None) -> str:
+        if child is None or not child.terminal:
+            return f"[child job {kid} has not ended after {CHILD_WAIT_SECONDS:.0f} s; ask again later for its answer]"
+        if child.status != JobStatus.done or child.result is None:
+            why = child.error.message if child.error else child.status
+            return f"[child job {kid} {child.status}: {why[:300]}]"
+        cited = [s.chunk_id for s in child.result.sources]
+        self.seen.update(cited)
+        ids = ", ".join(str(c) for c in cited) or "none"
+        return f"{child.result.response}\n\n[child job {kid}; its sources: {ids}]"
 
     def _texts(
         self, names: list[str], too_much: str, *, path: str | None = None

@@ -24,6 +24,7 @@ from ..search.provenance import page_span, section_of
 
 PROMPT_NAMES = (
     "primary", "subcall", "answering", "synthesizer", "check", "direct", "rewrite", "shared", "code", "subquery",
+    "code_children",
 )  # fmt: skip
 #: a prompt file larger than this is a mistake, not a prompt
 MAX_PROMPT_BYTES = 256 * 1024

@@ -61,7 +61,7 @@ def run(ctx: StageContext) -> str:
         opts,
         job.plan,
         job.query,
-        is_child=job.parent_id is not None,
+        is_child=job.merges_into_parent,
         has_records=lambda: holds_records(sample_chunks(conn, buffer_ids=[r.id for r in rows], limit=RECORD_SAMPLE)),
     )
     spec = job.spec or JobSpec()

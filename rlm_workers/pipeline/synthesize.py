@@ -481,7 +481,7 @@ def finish_with_report(
         if not lease.acquired:
             log.info("job %s is being synthesized by another worker; leaving it to that one", job.id)
             return False
-        if job.parent_id is not None:
+        if job.merges_into_parent:
             response = ""  # a child's findings go to its parent, which writes the one report
         elif not kept and not job.synth_state:
             response = _canned(conn, job)  # no evidence: no LLM call (PaperQA2 style)

@@ -7,23 +7,26 @@ waits in a worker thread: a child that ends sends ``rlm.merge`` to its parent (`
 and the reconciler sends it when that message was lost.  Merge unites the findings of the job and of all its
 children (one entry per chunk), then checks again; the tree stops at a complete verdict, at ``--depth``, when
 nothing new is left to follow, or when the budget is spent, and the root writes one report.
-query_subset children (``synthesize.py``) use the same machinery.  See docs/architecture.md#job-trees.
+query_subset children (``synthesize.py``) use the same machinery, and so do code mode's ``rlm_query`` children
+(``program_api.py``), whose parent's program waits on them instead of a merge.  See docs/architecture.md#job-trees.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..celery_app import get_app
-from ..errors import BudgetExhausted, ParseError, RLMError
+from ..errors import BudgetExhausted, JobCancelled, ParseError, RLMError
 from ..llm.protocol import CompletionRequest
 from ..llm.structured import response_schema
 from ..store import jobs as job_store
 from ..store.db import connection, durable_write
-from ..store.job_state import CheckRecord
+from ..store.job_state import PROGRAM_CHILD, CheckRecord
 from .budget import ledger_for_job
 from .calls import call_llm
 from .check import CHECK_MAX_TOKENS, CheckVerdict, check_input, fresh_follow_ups, parse_check, render_messages
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     from ..store.jobs import JobRow
 
 log = logging.getLogger("rlm.pipeline.tree")
+
+#: how often a program waiting on its child jobs looks at them (and at its own job: cancelled, ended)
+_CHILD_POLL_SECONDS = 1.0
 
 
 # --------------------------------------------------------------------------- the check and the children
@@ -174,9 +180,7 @@ def start_children(
     app = get_app()
 
     ids = []
-    options = {"scope": "search"}
-    if ft := parent.options.finding_threshold:
-        options["finding_threshold"] = ft
+    options = _child_options(parent)
     with conn.transaction():
         for k, (question, spec) in enumerate(tasks):
             kid = child_id(parent.id, tag, k)
@@ -189,6 +193,57 @@ def start_children(
         app.send_task("rlm.plan", (kid,), argsrepr=f"job={kid} parent={parent.id}")
     log.info("job %s: started %d children at depth %d (%s)", parent.id, len(ids), depth, tag)
     return ids
+
+
+def _child_options(parent: JobRow) -> dict[str, Any]:
+    options: dict[str, Any] = {"scope": "search"}
+    if ft := parent.options.finding_threshold:
+        options["finding_threshold"] = ft
+    return options
+
+
+def start_program_children(conn: psycopg.Connection, parent: JobRow, questions: Sequence[str]) -> list[str]:
+    """Code mode's child jobs (``rlm_query``): one per question, one level below ``parent``, sent at once, each
+    routed and reported as a plain query of the same buffers would be (``JobRow.merges_into_parent``).  A
+    child's id comes from its question, so a question asked again (in a later round, or by a stage sent again
+    after its worker died) finds the child it already has instead of starting another.  The parent keeps its
+    stage: its program waits on the children (``wait_children``), and nothing wakes it with a merge."""
+    ids = [child_id(parent.id, "program/" + hashlib.sha256(q.encode()).hexdigest()[:32], 0) for q in questions]
+    created = []
+    depth = parent.depth + 1
+    with conn.transaction():
+        for kid, question in dict(zip(ids, questions, strict=True)).items():
+            if job_store.create_child(
+                conn,
+                job_id=kid,
+                parent=parent,
+                query=question,
+                options={},  # asked as a plain query is: mode auto, its own route
+                depth=depth,
+                spec={"kind": PROGRAM_CHILD},
+            ):
+                created.append(kid)
+    app = get_app()
+    for kid in created:  # one created but never sent (a worker died between) is the reconciler's to send
+        app.send_task("rlm.plan", (kid,), argsrepr=f"job={kid} parent={parent.id}")
+    log.info("job %s: %d child jobs asked for, %d new, at depth %d", parent.id, len(ids), len(created), depth)
+    return ids
+
+
+def wait_children(
+    conn: psycopg.Connection, ids: Sequence[str], *, should_stop: Callable[[], bool], timeout: float
+) -> dict[str, JobRow]:
+    """The children, once each has ended or at ``timeout`` (those still open as they are then); ``JobCancelled``
+    when the waiting job ends meanwhile (a cancel of the tree has cancelled them too)."""
+    deadline = time.monotonic() + timeout
+    wanted = set(ids)
+    while True:
+        rows = {j.id: j for j in job_store.jobs_by_id(conn, job_ids=sorted(wanted))}
+        if all(j.terminal for j in rows.values()) or time.monotonic() > deadline:
+            return rows
+        if should_stop():
+            raise JobCancelled("the job has ended; the child jobs its program waited on are cancelled with it")
+        time.sleep(_CHILD_POLL_SECONDS)
 
 
 # --------------------------------------------------------------------------- children ending, and the merge

@@ -83,8 +83,13 @@ class JobParams(StoredModel):
     concurrency: int | None = None
 
 
+#: the kind of a child a code-mode program asked for (``rlm_query``): it answers as a query of its own
+PROGRAM_CHILD = "program"
+
+
 class JobSpec(StoredModel):
-    """A job's task: a child's (``follow_up``, ``subset``), a session turn's (``session``), a shared read's group."""
+    """A job's task: a child's (``follow_up``, ``subset``, ``program``), a session turn's (``session``), a shared
+    read's group."""
 
     # "allow": a spec is the task as its writer gave it; a key of an older version is kept as it was
     model_config = ConfigDict(extra="allow")

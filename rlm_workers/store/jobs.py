@@ -20,6 +20,7 @@ from ..models import Finding, JobStatus, LLMCall, QueryResult
 from ..runtime import metrics
 from .db import held_session_locks, release_session_lock, session_lock_key, transaction_lock, try_session_lock
 from .job_state import (
+    PROGRAM_CHILD,
     TIMINGS,
     CheckRecord,
     Collected,
@@ -91,6 +92,12 @@ class JobRow:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def merges_into_parent(self) -> bool:
+        """A child whose findings its parent takes in (thinking's follow-ups, query_subset's subsets): it fans out
+        and writes no report.  A code-mode program's child is asked as a query and answers as one."""
+        return self.parent_id is not None and not (self.spec is not None and self.spec.kind == PROGRAM_CHILD)
 
     @property
     def tree(self) -> str:
@@ -188,6 +195,12 @@ def get_job(conn: psycopg.Connection, *, job_id: str, tenant: str | None = None)
         args = (job_id, tenant)
     row = conn.execute(sql, args).fetchone()
     return JobRow.of(row) if row else None
+
+
+def jobs_by_id(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> list[JobRow]:
+    """The jobs of these ids that exist, in no set order."""
+    rows = conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE id = ANY(%s)", (list(job_ids),)).fetchall()
+    return [JobRow.of(r) for r in rows]
 
 
 def reread_job(conn: psycopg.Connection, *, job_id: str) -> JobRow:
