@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     code_max_rounds: int = Field(
         10, ge=1, le=100, description="Programs the model may write for one `--mode code` query before it must answer."
     )
+    code_child_waits: int = Field(
+        2,
+        ge=1,
+        le=1000,
+        description="Code-mode programs that may wait on child jobs at once, over all workers; below the control "
+        "pool's slots, so the children always find one.",
+    )
     direct_max_tokens: int = Field(
         16_000,
         ge=0,

@@ -12,6 +12,8 @@ LIMITER_KEY_PREFIX = "rlm:limiter:"
 RATE_KEY_PREFIX = "rlm:rate:"
 #: code mode's sub-model calls in flight: prompts, replies and the chord's done signal (pipeline/subcalls.py)
 CODE_KEY_PREFIX = "rlm:code:"
+#: the code stages waiting on child jobs now (a sorted set: job id → when its claim lapses unless renewed)
+CODE_CHILD_WAITS_KEY = "rlm:code-child-waits"
 #: held by the worker whose reconciler sweeps this interval
 RECONCILE_LOCK_KEY = "rlm:reconcile:lock"
 #: PostgreSQL NOTIFY channel: the id of every job that just ended (waiters wake without polling)

@@ -335,6 +335,27 @@ def test_a_program_asks_child_jobs_that_run_the_whole_pipeline_one_level_down(co
     assert result.sources and all(s.path.endswith(("app.log", "notes.md")) for s in result.sources)
 
 
+def test_programs_waiting_on_child_jobs_are_bounded_so_children_always_find_a_worker(conn, script, workers):
+    import time
+
+    from rlm_workers.constants import CODE_CHILD_WAITS_KEY
+    from rlm_workers.runtime.resources import redis_client
+
+    r = redis_client()
+    others = {"other-job-1": time.time() + 300, "other-job-2": time.time() + 300}  # RLM_CODE_CHILD_WAITS is 2
+    r.zadd(CODE_CHILD_WAITS_KEY, others)
+    try:
+        script.programs = ["rlm_query('Which users appear in the log?')", "final('not now', [])"]
+        job = finished(conn, submit(conn, "Ask a child while two programs wait", depth=1))
+    finally:
+        r.zrem(CODE_CHILD_WAITS_KEY, *others)
+    result = result_of(job)
+    assert job.status == "done" and not result.children
+    assert "2 programs wait on child jobs already" in result.code_rounds[1].error
+    assert "RLM_CODE_CHILD_WAITS" in result.code_rounds[1].error
+    assert r.zscore(CODE_CHILD_WAITS_KEY, job.id) is None  # a refused claim is not left behind, nor a used one
+
+
 def test_without_depth_a_program_has_no_child_jobs(conn, script, workers):
     script.programs = ["rlm_query('Which users appear in the log?')", "final('none', [])"]
     job = finished(conn, submit(conn, "Try a child job"))

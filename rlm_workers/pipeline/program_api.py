@@ -251,9 +251,18 @@ class ProgramApi:
         for i, q in enumerate(questions):
             if not isinstance(q, str) or not q.strip() or len(q.encode()) > MAX_QUERY_BYTES or "\x00" in q:
                 raise CallError(f"question {i}: give a non-empty str of at most {MAX_QUERY_BYTES} bytes, without NUL")
-        ids = tree.start_program_children(self.conn, self.job, questions)
-        self.children.update(dict.fromkeys(ids))
-        done = tree.wait_children(self.conn, ids, should_stop=self.should_stop, timeout=CHILD_WAIT_SECONDS)
+        limit = self.settings.code_child_waits
+        with tree.child_wait_claim(self.job.id, limit) as renew:
+            if renew is None:
+                raise CallError(
+                    f"{limit} programs wait on child jobs already, the most at once (RLM_CODE_CHILD_WAITS): "
+                    "answer without them, or ask again in a later round"
+                )
+            ids = tree.start_program_children(self.conn, self.job, questions)
+            self.children.update(dict.fromkeys(ids))
+            done = tree.wait_children(
+                self.conn, ids, should_stop=self.should_stop, timeout=CHILD_WAIT_SECONDS, on_tick=renew
+            )
         return [self._child_reply(kid, done.get(kid)) for kid in ids]
 
     def _child_reply(self, kid: str, child: JobRow | None) -> str:

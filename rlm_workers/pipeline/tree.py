@@ -13,17 +13,20 @@ query_subset children (``synthesize.py``) use the same machinery, and so do code
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..celery_app import get_app
+from ..constants import CODE_CHILD_WAITS_KEY
 from ..errors import BudgetExhausted, JobCancelled, ParseError, RLMError
 from ..llm.protocol import CompletionRequest
 from ..llm.structured import response_schema
+from ..runtime.resources import redis_client
 from ..store import jobs as job_store
 from ..store.db import connection, durable_write
 from ..store.job_state import PROGRAM_CHILD, CheckRecord
@@ -44,6 +47,8 @@ log = logging.getLogger("rlm.pipeline.tree")
 
 #: how often a program waiting on its child jobs looks at them (and at its own job: cancelled, ended)
 _CHILD_POLL_SECONDS = 1.0
+#: a waiting program's claim lapses this long after its last renewal (its worker died)
+_WAIT_CLAIM_SECONDS = 60.0
 
 
 # --------------------------------------------------------------------------- the check and the children
@@ -230,8 +235,36 @@ def start_program_children(conn: psycopg.Connection, parent: JobRow, questions: 
     return ids
 
 
+@contextlib.contextmanager
+def child_wait_claim(job_id: str, limit: int) -> Iterator[Callable[[], None] | None]:
+    """A claim to wait on child jobs, one of at most ``limit`` over all workers (``RLM_CODE_CHILD_WAITS``): it
+    yields the claim's renewal, or None when ``limit`` programs wait already.  A waiting program holds a control
+    slot while its children's stages need control slots too; kept below the pool's slots, the waits can never
+    hold them all.  Claims lapse unless renewed, so a dead worker's does not count for long."""
+    r = redis_client()
+
+    def renew() -> None:
+        r.zadd(CODE_CHILD_WAITS_KEY, {job_id: time.time() + _WAIT_CLAIM_SECONDS})
+
+    pipe = r.pipeline()
+    pipe.zremrangebyscore(CODE_CHILD_WAITS_KEY, "-inf", time.time())
+    pipe.zadd(CODE_CHILD_WAITS_KEY, {job_id: time.time() + _WAIT_CLAIM_SECONDS})
+    pipe.zcard(CODE_CHILD_WAITS_KEY)
+    waiting = pipe.execute()[-1]
+    try:
+        # two programs claiming together may both be refused, never both admitted past the limit
+        yield renew if waiting <= limit else None
+    finally:
+        r.zrem(CODE_CHILD_WAITS_KEY, job_id)
+
+
 def wait_children(
-    conn: psycopg.Connection, ids: Sequence[str], *, should_stop: Callable[[], bool], timeout: float
+    conn: psycopg.Connection,
+    ids: Sequence[str],
+    *,
+    should_stop: Callable[[], bool],
+    timeout: float,
+    on_tick: Callable[[], None],
 ) -> dict[str, JobRow]:
     """The children, once each has ended or at ``timeout`` (those still open as they are then); ``JobCancelled``
     when the waiting job ends meanwhile (a cancel of the tree has cancelled them too)."""
@@ -243,6 +276,7 @@ def wait_children(
             return rows
         if should_stop():
             raise JobCancelled("the job has ended; the child jobs its program waited on are cancelled with it")
+        on_tick()
         time.sleep(_CHILD_POLL_SECONDS)
 
 
