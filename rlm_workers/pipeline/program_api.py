@@ -65,8 +65,6 @@ class ProgramApi:
         #: chunk ids the program received from chunks(), grep() or search()
         self.seen: set[int] = set()
         self.sub_calls = 0
-        #: child jobs the program asked for (a question asked again is its child again, not another)
-        self.children: dict[str, None] = {}
         self._chords = itertools.count(1)
 
     @property
@@ -259,7 +257,6 @@ class ProgramApi:
                     "answer without them, or ask again in a later round"
                 )
             ids = tree.start_program_children(self.conn, self.job, questions)
-            self.children.update(dict.fromkeys(ids))
             done = tree.wait_children(
                 self.conn, ids, should_stop=self.should_stop, timeout=CHILD_WAIT_SECONDS, on_tick=renew
             )
