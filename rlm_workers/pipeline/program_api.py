@@ -240,8 +240,6 @@ class ProgramApi:
     def rlm_query_batched(self, questions: list[Any]) -> list[str]:
         """Questions answered by child jobs run at once, one level down the tree, over the same buffers and on the
         tree's budget; each reply is the child's report, and the chunks of its sources become citable here."""
-        if not self.children_allowed:  # not handed in then; a redefinition would not reach here either
-            raise CallError("child jobs are off for this query: give --depth 1 or more")
         if not isinstance(questions, list) or not questions:
             raise CallError("rlm_query_batched() takes a non-empty list of questions (str)")
         if len(questions) > MAX_CHILDREN_PER_BATCH:

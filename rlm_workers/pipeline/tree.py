@@ -185,7 +185,9 @@ def start_children(
     app = get_app()
 
     ids = []
-    options = _child_options(parent)
+    options = {"scope": "search"}
+    if ft := parent.options.finding_threshold:
+        options["finding_threshold"] = ft
     with conn.transaction():
         for k, (question, spec) in enumerate(tasks):
             kid = child_id(parent.id, tag, k)
@@ -198,13 +200,6 @@ def start_children(
         app.send_task("rlm.plan", (kid,), argsrepr=f"job={kid} parent={parent.id}")
     log.info("job %s: started %d children at depth %d (%s)", parent.id, len(ids), depth, tag)
     return ids
-
-
-def _child_options(parent: JobRow) -> dict[str, Any]:
-    options: dict[str, Any] = {"scope": "search"}
-    if ft := parent.options.finding_threshold:
-        options["finding_threshold"] = ft
-    return options
 
 
 def start_program_children(conn: psycopg.Connection, parent: JobRow, questions: Sequence[str]) -> list[str]:
@@ -269,15 +264,13 @@ def wait_children(
     """The children, once each has ended or at ``timeout`` (those still open as they are then); ``JobCancelled``
     when the waiting job ends meanwhile (a cancel of the tree has cancelled them too)."""
     deadline = time.monotonic() + timeout
-    wanted = set(ids)
-    while True:
-        rows = {j.id: j for j in job_store.jobs_by_id(conn, job_ids=sorted(wanted))}
-        if all(j.terminal for j in rows.values()) or time.monotonic() > deadline:
-            return rows
+    # each tick reads statuses only; the rows, reports and findings included, are read once at the end
+    while job_store.count_open(conn, job_ids=ids) and time.monotonic() <= deadline:
         if should_stop():
             raise JobCancelled("the job has ended; the child jobs its program waited on are cancelled with it")
         on_tick()
         time.sleep(_CHILD_POLL_SECONDS)
+    return {j.id: j for j in job_store.jobs_by_id(conn, job_ids=ids)}
 
 
 # --------------------------------------------------------------------------- children ending, and the merge

@@ -203,6 +203,14 @@ def jobs_by_id(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> list[JobR
     return [JobRow.of(r) for r in rows]
 
 
+def count_open(conn: psycopg.Connection, *, job_ids: Sequence[str]) -> int:
+    """How many of these jobs are still queued or running: a status read, cheap enough to ask once a second."""
+    row = conn.execute(
+        "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND status IN ('queued', 'running')", (list(job_ids),)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def reread_job(conn: psycopg.Connection, *, job_id: str) -> JobRow:
     """A job this worker already holds, read again for what changed since: jobs are never deleted, so it is there
     (a missing one fails loudly, as a ``LookupError``)."""
